@@ -1,0 +1,95 @@
+"""Every exception bigmm raises.
+
+Each class is rooted in a built-in type as well as :class:`BigmmError`, so callers can catch
+either ``bigmm.errors.ShapeError`` or plain ``ValueError``. Messages say what was expected and
+what was given ("Expected X. Got Y.").
+"""
+
+from __future__ import annotations
+
+
+class BigmmError(Exception):
+    """Base class of all bigmm errors."""
+
+
+class ShapeError(BigmmError, ValueError):
+    """Operands have the wrong rank or incompatible dimensions."""
+
+
+class DtypeError(BigmmError, TypeError):
+    """An operand's dtype is not float32 or float64, or operands disagree."""
+
+
+class SizeParseError(BigmmError, ValueError):
+    """A memory size such as "8GiB" could not be parsed."""
+
+
+class BudgetError(BigmmError, ValueError):
+    """A memory budget is below the minimum needed for one tile.
+
+    ``minimum`` holds the smallest budget (bytes) that would work.
+    """
+
+    def __init__(self, message: str, minimum: int | None = None):
+        super().__init__(message)
+        self.minimum = minimum
+
+
+class PlanError(BigmmError, ValueError):
+    """Explicit plan parameters (tile sizes, loop order) are invalid."""
+
+
+class SpecError(BigmmError, ValueError):
+    """An operand spec ("file.h5:/path") is malformed."""
+
+
+class OperandNotFound(BigmmError, FileNotFoundError):
+    """The file or the dataset named by an operand spec does not exist."""
+
+
+class OutputExistsError(BigmmError, FileExistsError):
+    """The output dataset exists and neither overwrite nor resume was asked for."""
+
+
+class OutputIsInputError(BigmmError, ValueError):
+    """The output names the same dataset as one of the inputs."""
+
+
+class OutputNotWritable(BigmmError, PermissionError):
+    """The output file or its directory cannot be written."""
+
+
+class IncompleteOutputError(BigmmError, RuntimeError):
+    """The output was left incomplete by an interrupted run (resume it with ``resume=True``)."""
+
+
+class ResumeError(BigmmError, RuntimeError):
+    """An output cannot be resumed: no journal, or the journal belongs to a different job."""
+
+
+class ReadError(BigmmError, OSError):
+    """Reading an input region failed; the message names the file and the region."""
+
+
+class WriteError(BigmmError, OSError):
+    """Writing an output region failed; the message names the file and the region."""
+
+
+class DiskFullError(WriteError):
+    """The output's filesystem is full; the output stays resumable once space is freed."""
+
+
+class BackendUnavailable(BigmmError, ImportError):
+    """The requested backend cannot be used here (e.g. no GPU or no cupy)."""
+
+
+class KernelError(BigmmError, RuntimeError):
+    """A CUDA kernel could not be compiled or launched, or got arguments it cannot take."""
+
+
+class VerificationError(BigmmError, ArithmeticError):
+    """A product failed verification."""
+
+
+class Interrupted(BigmmError, KeyboardInterrupt):
+    """The run was interrupted; the output is resumable."""
