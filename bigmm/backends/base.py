@@ -1,0 +1,61 @@
+"""The Backend protocol: what the executor needs from a compute device, and nothing more.
+
+Buffers are allocated once per run as flat 1-D arrays; a panel or tile is a contiguous view of
+a buffer's first rows*cols elements (``view``), so edge tiles need no strided kernels or copies.
+
+Ordering is expressed with streams and events. A backend whose compute memory is host memory
+(``staging = False``, NumPy) has trivial streams and events: every call completes before it
+returns. A GPU backend (``staging = True``) issues copies and kernels asynchronously; the
+executor orders them with ``record``/``wait`` and blocks the host only through ``synchronize``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Backend(Protocol):
+    #: Registry name ("numpy", "cupy").
+    name: str
+    #: True when device buffers are separate from host buffers (copies in and out are needed).
+    staging: bool
+
+    def host_buffer(self, size: int, dtype: np.dtype) -> np.ndarray:
+        """A flat host array of ``size`` elements (pinned where the backend copies)."""
+
+    def device_buffer(self, size: int, dtype: np.dtype) -> Any:
+        """A flat device array of ``size`` elements. Without staging: a host array."""
+
+    def view(self, buf: Any, shape: tuple[int, int]) -> Any:
+        """A C-contiguous 2-D view of the first rows*cols elements of ``buf``."""
+
+    def stream(self) -> Any:
+        """A new (non-blocking) stream."""
+
+    def copy_in(self, host: np.ndarray, dev: Any, stream: Any) -> None:
+        """Asynchronous host -> device copy of equal-shaped contiguous arrays on ``stream``."""
+
+    def copy_out(self, dev: Any, host: np.ndarray, stream: Any) -> None:
+        """Asynchronous device -> host copy on ``stream``."""
+
+    def gemm(self, a: Any, b: Any, c: Any, alpha: float, beta: float,
+             trans_a: bool, trans_b: bool, stream: Any) -> None:
+        """c = alpha * op(a) @ op(b) + beta * c on ``stream``; beta == 0 never reads c."""
+
+    def record(self, stream: Any) -> Any:
+        """An event that completes when the work issued so far on ``stream`` is done."""
+
+    def wait(self, stream: Any, event: Any) -> None:
+        """Make later work on ``stream`` wait for ``event`` (does not block the host)."""
+
+    def synchronize(self, event: Any) -> None:
+        """Block the host until ``event`` has completed."""
+
+    def memory_available(self) -> int:
+        """Bytes the backend could allocate now (free device memory, or available RAM)."""
+
+    def close(self) -> None:
+        """Release buffers, streams and handles."""
