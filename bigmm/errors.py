@@ -93,3 +93,7 @@ class VerificationError(BigmmError, ArithmeticError):
 
 class Interrupted(BigmmError, KeyboardInterrupt):
     """The run was interrupted; the output is resumable."""
+
+
+class OptionError(BigmmError, ValueError):
+    """An option has a value bigmm does not take (layout, compression, seed, sample count, ...)."""
