@@ -1,0 +1,191 @@
+"""Seeded random operands written to HDF5 block by block (never the whole matrix in memory).
+
+The matrix is defined independently of how it is written: its elements, in row-major order, are
+cut into fixed units of ``UNIT`` elements, and unit ``u`` is drawn from
+``SeedSequence(seed, spawn_key=(u,))`` (the ``u``-th child that ``SeedSequence(seed).spawn``
+would give). Standard-normal values are drawn in float64 and rounded to the dtype, so a float32
+matrix is the rounded float64 matrix of the same seed. Writes then go in row blocks of any
+size (aligned to the chunk rows where chunked), each block drawing only the units it overlaps:
+the result is the same for every block size, and memory stays bounded for matrices larger than
+RAM.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+
+from ..errors import DtypeError, OptionError, OutputExistsError, OutputNotWritable, ShapeError
+from ._h5 import COMPLETE_ATTR
+from .spec import parse_spec
+
+#: Elements per random unit (fixed: changing it changes every generated matrix).
+UNIT = 1 << 16
+#: Elements per write block (default; any value gives the same matrix).
+BLOCK_ELEMENTS = 1 << 23
+LAYOUTS = ("contiguous", "chunked", "compressed")
+COMPRESSIONS = ("gzip", "zstd", "lz4")
+DTYPES = ("float32", "float64")
+#: Default chunk edge for chunked and compressed layouts.
+CHUNK_EDGE = 512
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the dataset is stored: ``chunks`` None means contiguous."""
+
+    chunks: tuple[int, int] | None
+    filter: dict
+
+
+def generate(spec: str, shape, *, dtype: str = "float32", layout: str = "contiguous",
+             chunks=None, compression: str = "gzip", seed: int = 0, overwrite: bool = False,
+             block_elements: int = BLOCK_ELEMENTS) -> str:
+    """Write a seeded standard-normal matrix of ``shape`` to the dataset ``spec``; return the spec.
+
+    ``layout``: "contiguous", "chunked" (``chunks`` or 512 x 512) or "compressed" (chunked with
+    ``compression`` "gzip", "zstd" or "lz4"; the last two through hdf5plugin). An existing
+    dataset is replaced only with ``overwrite``. A failed write removes the partial dataset.
+    """
+    m, n = parse_shape(shape)
+    dtype = parse_dtype(dtype)
+    seed = _parse_seed(seed)
+    lay = parse_layout(layout, chunks, compression, (m, n))
+    path, name = _split_spec(spec)
+    f = _open_file(path)
+    try:
+        if name in f:
+            if not overwrite:
+                raise OutputExistsError(
+                    f"Expected {path}:{name} not to exist (pass overwrite to replace it). "
+                    f"Got an existing dataset.")
+            del f[name]
+        dset = f.create_dataset(name, shape=(m, n), dtype=dtype, chunks=lay.chunks,
+                                track_times=False, **lay.filter)
+        dset.attrs[COMPLETE_ATTR] = False  # a killed run leaves a dataset marked incomplete
+        try:
+            _fill(dset, seed, block_elements, lay.chunks)
+        except BaseException:
+            del f[name]
+            raise
+        dset.attrs["bigmm_seed"] = seed
+        dset.attrs[COMPLETE_ATTR] = True
+    finally:
+        f.close()
+    return f"{path}:{name}"
+
+
+def block(shape, seed: int, r0: int, r1: int, dtype: str = "float64") -> np.ndarray:
+    """Rows [r0, r1) of the matrix ``generate`` writes for ``shape`` and ``seed`` (in memory)."""
+    m, n = parse_shape(shape)
+    if not 0 <= r0 <= r1 <= m:
+        raise ShapeError(f"Expected 0 <= r0 <= r1 <= {m}. Got r0={r0}, r1={r1}.")
+    flat = _draw(seed, r0 * n, r1 * n)
+    return flat.reshape(r1 - r0, n).astype(parse_dtype(dtype), copy=False)
+
+
+# ----- parsing -----------------------------------------------------------------------------
+
+def parse_shape(shape) -> tuple[int, int]:
+    """(M, N) of positive integers."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = None
+    if (dims is None or len(dims) != 2
+            or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0
+                       for d in dims)):
+        raise ShapeError(f"Expected a shape of two positive integers (M, N). Got {shape!r}.")
+    return int(dims[0]), int(dims[1])
+
+
+def parse_dtype(dtype) -> str:
+    """'float32' or 'float64'."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in DTYPES:
+        raise DtypeError(f"Expected dtype float32 or float64. Got {dtype!r}.")
+    return name
+
+
+def parse_layout(layout: str, chunks, compression: str, shape: tuple[int, int]) -> Layout:
+    """Storage settings for h5py's ``create_dataset``."""
+    if layout not in LAYOUTS:
+        raise OptionError(f"Expected layout to be one of {', '.join(LAYOUTS)}. Got {layout!r}.")
+    if layout == "contiguous":
+        if chunks is not None:
+            raise OptionError(f"Expected no chunks for a contiguous layout. Got {chunks!r}.")
+        return Layout(None, {})
+    if chunks is None:
+        chunks = (min(shape[0], CHUNK_EDGE), min(shape[1], CHUNK_EDGE))
+    try:
+        chunks = parse_shape(chunks)
+    except ShapeError:
+        raise OptionError(f"Expected chunks as two positive integers. Got {chunks!r}.") from None
+    if chunks[0] > shape[0] or chunks[1] > shape[1]:
+        raise OptionError(f"Expected chunks no larger than the shape {shape}. Got {chunks}.")
+    if layout == "chunked":
+        return Layout(chunks, {})
+    return Layout(chunks, _filter(compression))
+
+
+def _filter(compression: str) -> dict:
+    if compression == "gzip":
+        return {"compression": "gzip", "compression_opts": 1}
+    if compression in ("zstd", "lz4"):
+        import hdf5plugin
+
+        return dict(hdf5plugin.Zstd() if compression == "zstd" else hdf5plugin.LZ4())
+    raise OptionError(
+        f"Expected compression to be one of {', '.join(COMPRESSIONS)}. Got {compression!r}.")
+
+
+def _parse_seed(seed) -> int:
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise OptionError(f"Expected seed to be a non-negative integer. Got {seed!r}.")
+    return int(seed)
+
+
+def _split_spec(spec) -> tuple[str, str]:
+    s = parse_spec(spec)
+    return s.path, s.dataset
+
+
+def _open_file(path: str) -> h5py.File:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise OutputNotWritable(f"Expected an existing directory for {path}. Got none at {directory}.")
+    try:
+        return h5py.File(path, "a")
+    except OSError as e:
+        raise OutputNotWritable(
+            f"Expected a writable HDF5 file at {path}. Got: {e.strerror or e}.") from None
+
+
+# ----- drawing -----------------------------------------------------------------------------
+
+def _draw(seed: int, e0: int, e1: int) -> np.ndarray:
+    """Elements [e0, e1) of the row-major matrix, in float64."""
+    out = np.empty(e1 - e0, dtype=np.float64)
+    u0, u1 = e0 // UNIT, -(-e1 // UNIT)
+    for u in range(u0, u1):
+        lo, hi = max(e0, u * UNIT), min(e1, (u + 1) * UNIT)
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(u,))))
+        vals = rng.standard_normal(hi - u * UNIT)  # a unit's prefix is the same at any length
+        out[lo - e0:hi - e0] = vals[lo - u * UNIT:]
+    return out
+
+
+def _fill(dset: h5py.Dataset, seed: int, block_elements: int, chunks) -> None:
+    m, n = dset.shape
+    rows = max(1, block_elements // n)
+    if chunks is not None:
+        rows = max(chunks[0], rows // chunks[0] * chunks[0])
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        dset[r0:r1] = _draw(seed, r0 * n, r1 * n).reshape(r1 - r0, n).astype(dset.dtype)
