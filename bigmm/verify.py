@@ -1,0 +1,258 @@
+"""Check a product C against alpha * op(A) @ op(B) + beta * C0 in float64, in bounded memory.
+
+Two methods, chosen by size (``exact_limit`` bounds M*N*K):
+
+* ``exact``: every element of C is recomputed in float64 from blocks of A and B read from disk.
+* ``sampled``: two checks in one pass over each operand, costing O(MK + KN + MN) flops instead of
+  O(MNK), so it stays cheap for matrices that took hours to multiply:
+
+  - Freivalds' check with ``probes`` random vectors x: C @ x against
+    alpha * op(A) @ (op(B) @ x) + beta * C0 @ x. It sees every element of C: a wrong tile, a
+    missed K panel, a NaN or a garbage row changes C @ x far beyond the rounding noise (a
+    single element is caught once its error exceeds about sqrt(N) times the per-element bound).
+  - ``samples`` random whole rows of C recomputed element by element (their rows of op(A) are
+    held in memory while op(B) streams past), which catches small errors confined to a row.
+
+Tolerance. Element (i, j) may differ from the float64 reference by about
+``eps * sqrt(K + 2) * s_ij`` with ``s_ij = |alpha| |a_i| |b_j| + |beta| |c0_ij|`` (``a_i`` a row of
+op(A), ``b_j`` a column of op(B), ``eps`` the dtype's machine epsilon): the probabilistic rounding
+error bound of a K-term dot product (Higham & Mary 2019) plus the final rounding to the dtype,
+with ``|a_i . b_j| <= |a_i| |b_j|`` standing in for the magnitudes. ``max_rel_error`` is the
+largest ``|c_ij - ref_ij| / s_ij`` (for a Freivalds probe, the error of (C @ x)_i over
+``sqrt(sum_j s_ij^2 x_j^2)``, the same bound carried through the sum); the check passes when it
+is at most ``tolerance = SAFETY * eps * sqrt(K + 2)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import OptionError, ShapeError
+from .io import open_input
+
+#: Default M*N*K up to which every element is checked (about 2 GFLOP in float64).
+EXACT_LIMIT = 1_000_000_000
+#: Default number of whole rows recomputed in the sampled check.
+SAMPLES = 16
+#: Random vectors in Freivalds' check.
+PROBES = 4
+#: Factor over the probabilistic rounding bound.
+SAFETY = 8.0
+#: Float64 elements per block read (bounds the memory used, about 32 MiB per block).
+BLOCK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of :func:`verify`. ``worst`` locates the largest error: (row, col) for an
+    element, (row, None) for a Freivalds probe of that row; None when nothing was off."""
+
+    passed: bool
+    max_rel_error: float
+    method: str
+    checked: int
+    tolerance: float
+    worst: tuple | None = None
+
+    def __str__(self) -> str:
+        verdict = "PASSED" if self.passed else "FAILED"
+        where = f" at {self.worst}" if self.worst and not self.passed else ""
+        return (f"{verdict}: max relative error {self.max_rel_error:.3g}{where} "
+                f"(tolerance {self.tolerance:.3g}, {self.method}, {self.checked} elements "
+                f"checked one by one)")
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "max_rel_error": self.max_rel_error,
+                "method": self.method, "checked": self.checked, "tolerance": self.tolerance,
+                "worst": list(self.worst) if self.worst else None}
+
+
+@dataclass(frozen=True)
+class _Op:
+    """op(X) of a source: rows and columns after the optional transpose, read in float64."""
+
+    src: object
+    trans: bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        r, c = self.src.shape
+        return (c, r) if self.trans else (r, c)
+
+    def read(self, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
+        if self.trans:
+            r0, r1, c0, c1 = c0, c1, r0, r1
+        buf = np.empty((r1 - r0, c1 - c0), dtype=self.src.dtype)
+        self.src.read(r0, r1, c0, c1, buf)
+        out = buf.astype(np.float64)
+        return out.T if self.trans else out
+
+    def row_blocks(self, elements: int):
+        """(r0, r1, block) over all rows, each block at most ``elements`` (at least one row)."""
+        m, n = self.shape
+        step = max(1, elements // max(n, 1))
+        for r0 in range(0, m, step):
+            r1 = min(m, r0 + step)
+            yield r0, r1, self.read(r0, r1, 0, n)
+
+
+def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: bool = False,
+           trans_b: bool = False, samples: int = SAMPLES, probes: int = PROBES, seed: int = 0,
+           exact_limit: int = EXACT_LIMIT, block_elements: int = BLOCK_ELEMENTS) -> VerifyResult:
+    """Check C = alpha * op(A) @ op(B) + beta * C0 (``c0``: the C before the run, when beta != 0).
+
+    Operands are specs ("file.h5:/path"), h5py datasets or arrays; an output left incomplete by
+    an interrupted run raises IncompleteOutputError. See the module docstring for the methods.
+    """
+    _check_counts(samples, probes, exact_limit)
+    if beta != 0 and c0 is None:
+        raise OptionError(f"Expected c0 (the C before the run) when beta != 0. Got beta={beta}.")
+    sources = []
+    try:
+        for x, name in ((a, "A"), (b, "B"), (c, "C")) + (((c0, "C0"),) if beta != 0 else ()):
+            sources.append(open_input(x, name=name))
+        opa, opb = _Op(sources[0], trans_a), _Op(sources[1], trans_b)
+        opc = _Op(sources[2], False)
+        opc0 = _Op(sources[3], False) if beta != 0 else None
+        m, k, n = _check_shapes(opa, opb, opc, opc0)
+        dtype = np.result_type(*(s.dtype for s in sources))
+        tol = SAFETY * float(np.finfo(dtype).eps) * math.sqrt(k + 2)
+        job = _Job(opa, opb, opc, opc0, float(alpha), float(beta), block_elements)
+        if m * n * k <= exact_limit:
+            err, worst = job.exact()
+            return _result(err, worst, tol, "exact", m * n)
+        rng = np.random.default_rng(seed)
+        rows = np.sort(rng.choice(m, size=min(samples, m), replace=False))
+        x = rng.standard_normal((n, probes))
+        err, worst = job.sampled(rows, x)
+        return _result(err, worst, tol, f"sampled ({len(rows)} rows, {probes} Freivalds probes)",
+                       len(rows) * n)
+    finally:
+        for s in sources:
+            s.close()
+
+
+def _result(err: float, worst, tol: float, method: str, checked: int) -> VerifyResult:
+    passed = bool(err <= tol)
+    return VerifyResult(passed, float(err), method, int(checked), tol, worst if err > 0 else None)
+
+
+def _check_counts(samples, probes, exact_limit) -> None:
+    for name, v, lo in (("samples", samples, 0), ("probes", probes, 1),
+                        ("exact_limit", exact_limit, 0)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
+            raise OptionError(f"Expected {name} to be an integer >= {lo}. Got {v!r}.")
+
+
+def _check_shapes(opa: _Op, opb: _Op, opc: _Op, opc0: _Op | None) -> tuple[int, int, int]:
+    (m, k), (k2, n) = opa.shape, opb.shape
+    if k != k2:
+        raise ShapeError(f"Expected op(A) columns to equal op(B) rows. Got op(A) {opa.shape} "
+                         f"and op(B) {opb.shape}.")
+    for name, op in (("C", opc), ("C0", opc0)):
+        if op is not None and op.shape != (m, n):
+            raise ShapeError(f"Expected {name} of shape {(m, n)}. Got {op.shape}.")
+    return m, k, n
+
+
+@dataclass(frozen=True)
+class _Job:
+    opa: _Op
+    opb: _Op
+    opc: _Op
+    opc0: _Op | None
+    alpha: float
+    beta: float
+    block: int
+
+    def exact(self) -> tuple[float, tuple | None]:
+        """Every element: op(B) in column blocks, op(A) and C in matching row blocks."""
+        (m, k), n = self.opa.shape, self.opc.shape[1]
+        cols = max(1, min(n, self.block // max(k, 1)))
+        rows = max(1, min(m, self.block // max(k, 1)))
+        worst = (0.0, None)
+        for j0 in range(0, n, cols):
+            j1 = min(n, j0 + cols)
+            bblk = self.opb.read(0, k, j0, j1)
+            bnorm = np.linalg.norm(bblk, axis=0)
+            for i0 in range(0, m, rows):
+                i1 = min(m, i0 + rows)
+                ablk = self.opa.read(i0, i1, 0, k)
+                ref = self.alpha * (ablk @ bblk)
+                scale = abs(self.alpha) * np.outer(np.linalg.norm(ablk, axis=1), bnorm)
+                if self.opc0 is not None:
+                    old = self.opc0.read(i0, i1, j0, j1)
+                    ref += self.beta * old
+                    scale += abs(self.beta) * np.abs(old)
+                err = _rel(self.opc.read(i0, i1, j0, j1) - ref, scale)
+                worst = _worse(worst, err, i0, j0)
+        return worst
+
+    def sampled(self, rows: np.ndarray, x: np.ndarray) -> tuple[float, tuple | None]:
+        """Freivalds' probes over all of C and whole ``rows`` of C, one pass per operand."""
+        (m, k), n = self.opa.shape, self.opc.shape[1]
+        arows = np.stack([self.opa.read(int(i), int(i) + 1, 0, k)[0] for i in rows]) \
+            if len(rows) else np.zeros((0, k))
+        z = np.empty((k, x.shape[1]))
+        prod_rows = np.zeros((len(rows), n))
+        bnorm2 = np.zeros(n)
+        for k0, k1, bblk in self.opb.row_blocks(self.block):  # op(B) streams once
+            z[k0:k1] = bblk @ x
+            prod_rows += arows[:, k0:k1] @ bblk
+            bnorm2 += np.einsum("ij,ij->j", bblk, bblk)
+        az = np.empty((m, x.shape[1]))
+        anorm = np.empty(m)
+        for i0, i1, ablk in self.opa.row_blocks(self.block):  # op(A) streams once
+            az[i0:i1] = ablk @ z
+            anorm[i0:i1] = np.linalg.norm(ablk, axis=1)
+        ref = self.alpha * az
+        # sqrt(sum_j s_ij^2 x_j^2), splitting s_ij into its alpha and beta parts (triangle rule)
+        spread = abs(self.alpha) * np.outer(anorm, np.sqrt(bnorm2 @ (x * x)))
+        ref_rows = self.alpha * prod_rows
+        scale_rows = abs(self.alpha) * np.outer(anorm[rows], np.sqrt(bnorm2))
+        if self.opc0 is not None:
+            c0x, c0spread, c0rows = self._stream_c(self.opc0, rows, x)
+            ref += self.beta * c0x
+            spread += abs(self.beta) * c0spread
+            ref_rows += self.beta * c0rows
+            scale_rows += abs(self.beta) * np.abs(c0rows)
+        cx, _, crows = self._stream_c(self.opc, rows, x)
+        worst = _worse((0.0, None), _rel(cx - ref, spread), 0, None)
+        return _worse(worst, _rel(crows - ref_rows, scale_rows), 0, 0, rows)
+
+    def _stream_c(self, op: _Op, rows: np.ndarray, x: np.ndarray):
+        """(C @ x, sqrt(C^2 @ x^2), C[rows]) in one pass over C."""
+        m, n = op.shape
+        cx = np.empty((m, x.shape[1]))
+        spread = np.empty((m, x.shape[1]))
+        picked = np.empty((len(rows), n))
+        for i0, i1, blk in op.row_blocks(self.block):
+            cx[i0:i1] = blk @ x
+            spread[i0:i1] = np.sqrt((blk * blk) @ (x * x))
+            sel = (rows >= i0) & (rows < i1)
+            picked[sel] = blk[rows[sel] - i0]
+        return cx, spread, picked
+
+
+def _rel(diff: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """|diff| / scale, with NaN or Inf anywhere counting as infinitely wrong."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        err = np.abs(diff) / scale
+    err[np.isnan(err) & (diff == 0)] = 0.0  # 0/0: an exact zero where the scale is zero
+    err[~np.isfinite(err)] = np.inf
+    return err
+
+
+def _worse(best: tuple, err: np.ndarray, i0: int, j0: int | None, rows=None) -> tuple:
+    if err.size == 0:
+        return best
+    flat = int(np.argmax(err))
+    i, j = np.unravel_index(flat, err.shape)
+    value = float(err[i, j])
+    if value <= best[0]:
+        return best
+    row = int(rows[i]) if rows is not None else i0 + int(i)
+    return value, (row, None if j0 is None else j0 + int(j))

@@ -1,0 +1,114 @@
+"""verify(): exact and sampled checks of C against alpha*op(A)@op(B) + beta*C0."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from bigmm.errors import IncompleteOutputError, OptionError, ShapeError
+from bigmm.io.generate import block, generate
+from bigmm.testing import reference_gemm
+from bigmm.verify import verify
+
+
+def _operands(tmp_path, m, k, n, dtype, trans_a=False, trans_b=False):
+    """Seeded A, B on disk (stored transposed where asked) and their in-memory copies."""
+    path = tmp_path / "ops.h5"
+    sa = (k, m) if trans_a else (m, k)
+    sb = (n, k) if trans_b else (k, n)
+    a = generate(f"{path}:/A", sa, dtype=dtype, seed=11)
+    b = generate(f"{path}:/B", sb, dtype=dtype, seed=12)
+    return a, b, block(sa, 11, 0, sa[0], dtype), block(sb, 12, 0, sb[0], dtype)
+
+
+def _write(tmp_path, name, array, complete=None):
+    path = tmp_path / f"{name}.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset(name, data=array)
+        if complete is not None:
+            d.attrs["bigmm_complete"] = complete
+    return f"{path}:/{name}"
+
+
+def _product(a, b, dtype, **kw):
+    return reference_gemm(a, b, **kw).astype(dtype)
+
+
+@pytest.mark.parametrize("m, k, n, dtype, trans_a, trans_b, alpha, beta, exact_limit", [
+    (23, 37, 19, "float32", False, False, 1.0, 0.0, None),   # plain product, exact
+    (1, 101, 1, "float64", False, False, -0.5, 0.0, None),   # 1x1 result, negative alpha
+    (31, 7, 29, "float32", True, False, 1.0, 2.5, None),     # A transposed, beta with C0
+    (17, 53, 41, "float64", False, True, 0.3, -1.0, None),   # B transposed, beta < 0
+    (43, 29, 13, "float32", True, True, 1.0, 0.0, 0),        # both transposed, sampled
+    (61, 47, 59, "float32", False, False, 2.0, 0.5, 0),      # sampled with C0
+])
+def test_correct_product_passes(tmp_path, m, k, n, dtype, trans_a, trans_b, alpha, beta,
+                                exact_limit):
+    a, b, xa, xb = _operands(tmp_path, m, k, n, dtype, trans_a, trans_b)
+    old = np.random.default_rng(5).standard_normal((m, n)).astype(dtype)
+    c = _product(xa, xb, dtype, alpha=alpha, beta=beta, c=old, trans_a=trans_a, trans_b=trans_b)
+    c0 = _write(tmp_path, "C0", old) if beta else None
+    kw = {} if exact_limit is None else {"exact_limit": exact_limit}
+    r = verify(a, b, _write(tmp_path, "C", c), alpha=alpha, beta=beta, c0=c0, trans_a=trans_a,
+               trans_b=trans_b, block_elements=97, **kw)
+    assert r.passed, r
+    assert r.method.startswith("exact" if exact_limit is None else "sampled")
+    assert 0 <= r.max_rel_error <= r.tolerance
+    assert r.checked == (m * n if exact_limit is None else min(16, m) * n)
+
+
+@pytest.mark.parametrize("damage, exact_limit", [
+    ("one element +1", None),                 # a single wrong element, exact mode
+    ("one element NaN", None),                # NaN must never pass
+    ("wrong row", 0),                         # a garbage row, sampled (Freivalds sees it)
+    ("missing K panel", 0),                   # one tile missed a K panel, sampled
+    ("one element NaN", 0),                   # NaN, sampled
+    ("sampled row element +1", 0),            # small error in a sampled row
+])
+def test_damaged_product_fails(tmp_path, damage, exact_limit):
+    m, k, n = 67, 83, 71
+    a, b, xa, xb = _operands(tmp_path, m, k, n, "float32")
+    c = _product(xa, xb, "float32")
+    if damage == "one element +1":
+        c[40, 13] += 1.0
+    elif damage == "one element NaN":
+        c[66, 70] = np.nan
+    elif damage == "wrong row":
+        c[5] = np.random.default_rng(1).standard_normal(n) * np.abs(c[5]).mean()
+    elif damage == "missing K panel":
+        c[16:32, 32:48] -= xa[16:32, 64:83] @ xb[64:83, 32:48]
+    else:  # the rows the sampled check picks with seed 0
+        rows = np.sort(np.random.default_rng(0).choice(m, size=16, replace=False))
+        c[rows[3], 9] += 1.0
+    kw = {} if exact_limit is None else {"exact_limit": exact_limit}
+    r = verify(a, b, _write(tmp_path, "C", c), block_elements=300, **kw)
+    assert not r.passed, r
+    assert r.max_rel_error > r.tolerance
+    assert r.worst is not None
+
+
+def test_incomplete_output_is_an_error(tmp_path):
+    a, b, xa, xb = _operands(tmp_path, 9, 8, 7, "float64")
+    c = _write(tmp_path, "C", _product(xa, xb, "float64"), complete=False)
+    with pytest.raises(IncompleteOutputError):
+        verify(a, b, c)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(beta=1.0), OptionError),            # beta without the old C
+    (dict(samples=-1), OptionError),          # negative sample count
+    (dict(trans_a=True), ShapeError),         # op(A) no longer matches op(B)
+])
+def test_bad_arguments(tmp_path, kwargs, error):
+    a, b, xa, xb = _operands(tmp_path, 9, 8, 7, "float64")
+    c = _write(tmp_path, "C", _product(xa, xb, "float64"))
+    with pytest.raises(error, match="Expected"):
+        verify(a, b, c, **kwargs)
+
+
+def test_wrong_output_shape(tmp_path):
+    a, b, xa, xb = _operands(tmp_path, 9, 8, 7, "float64")
+    c = _write(tmp_path, "C", _product(xa, xb, "float64")[:, :6])
+    with pytest.raises(ShapeError, match="Expected C of shape"):
+        verify(a, b, c)
