@@ -1,0 +1,434 @@
+"""The ``bigmm`` command: multiply | plan | generate | verify | demo | bench.
+
+Every error a user can cause ends in one line on stderr (``bigmm: error: ...``) and exit status 2;
+``--debug`` shows the traceback instead. ``verify`` exits 0 on pass and 1 on fail. An interrupted
+``multiply`` prints the command that resumes it and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from . import __version__
+from .errors import BigmmError
+from .units import format_bytes, format_seconds
+
+EXIT_FAIL, EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
+STAGES = ("read", "copy_in", "compute", "copy_out", "write")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line, like every other error."""
+
+    def error(self, message):
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ----- parser -------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error")
+    p = _Parser(prog="bigmm", parents=[common],
+                description="Out-of-core matrix multiplication of HDF5 matrices.")
+    p.add_argument("--version", action="version", version=f"bigmm {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    m = sub.add_parser("multiply", parents=[common], help="C = alpha*op(A)@op(B) + beta*C",
+                       description="Multiply two HDF5 matrices out of core.")
+    _operands(m)
+    m.add_argument("-o", "--out", required=True, metavar="C", help="output spec file.h5:/C")
+    _job_options(m)
+    m.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    m.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    m.add_argument("--io-threads", type=int, default=None, help="disk I/O threads")
+    m.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    m.add_argument("-q", "--quiet", action="store_true", help="no summary (errors only)")
+    m.set_defaults(func=cmd_multiply)
+
+    pl = sub.add_parser("plan", parents=[common], help="dry run: print the plan, write nothing",
+                        description="Print the schedule and the predicted time; write nothing.")
+    _operands(pl)
+    pl.add_argument("-o", "--out", default=None, metavar="C", help="output spec (optional)")
+    _job_options(pl)
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.set_defaults(func=cmd_plan)
+
+    g = sub.add_parser("generate", parents=[common], help="write a seeded random matrix",
+                       description="Write a seeded standard-normal matrix to HDF5.")
+    g.add_argument("spec", help="output spec file.h5:/A")
+    g.add_argument("--shape", nargs=2, type=int, required=True, metavar=("M", "N"))
+    g.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    g.add_argument("--layout", default="contiguous", choices=("contiguous", "chunked", "compressed"))
+    g.add_argument("--chunks", nargs=2, type=int, default=None, metavar=("R", "C"))
+    g.add_argument("--compression", default="gzip", choices=("gzip", "zstd", "lz4"))
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    g.set_defaults(func=cmd_generate)
+
+    v = sub.add_parser("verify", parents=[common], help="check C against A@B (exit 0 pass, 1 fail)",
+                       description="Check C = alpha*op(A)@op(B) + beta*C0 in float64. "
+                                   "Exit 0: pass, 1: fail, 2: error.")
+    _operands(v)
+    v.add_argument("c", metavar="C", help="product spec file.h5:/C")
+    v.add_argument("--alpha", type=float, default=1.0)
+    v.add_argument("--beta", type=float, default=0.0)
+    v.add_argument("--c0", default=None, help="C before the run (needed when beta != 0)")
+    v.add_argument("--trans-a", action="store_true")
+    v.add_argument("--trans-b", action="store_true")
+    v.add_argument("--samples", type=int, default=None, help="rows checked in sampled mode")
+    v.add_argument("--exact-limit", type=int, default=None,
+                   help="largest M*N*K checked element by element")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_verify)
+
+    d = sub.add_parser("demo", parents=[common], help="generate, multiply out of core, verify",
+                       description="Generate A and B, multiply them under a small memory budget, "
+                                   "verify the product and print the throughput.")
+    d.add_argument("--size", type=int, default=3000, help="n for n x n operands (default 3000)")
+    d.add_argument("--memory", default=None,
+                   help="device budget (default: an eighth of the inputs' size)")
+    d.add_argument("--backend", default="auto")
+    d.add_argument("--dir", default=None, help="keep the files in this directory")
+    d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", parents=[common], help="time bigmm against in-core numpy",
+                       description="Time one out-of-core multiply against in-memory numpy.matmul "
+                                   "on the same data (checked before it is timed).")
+    b.add_argument("--size", type=int, default=4000)
+    b.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    b.add_argument("--memory", default=None, help="device budget (default: a quarter of the inputs)")
+    b.add_argument("--backend", default="auto")
+    b.add_argument("--dir", default=None, help="directory for the operands (default: a temp dir)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def _operands(p) -> None:
+    p.add_argument("a", metavar="A", help="left operand spec file.h5:/A")
+    p.add_argument("b", metavar="B", help="right operand spec file.h5:/B")
+
+
+def _job_options(p) -> None:
+    p.add_argument("--memory", default=None, help="device memory budget, e.g. 8GiB")
+    p.add_argument("--host-memory", default=None, help="host staging budget, e.g. 16GiB")
+    p.add_argument("--backend", default="auto", help="auto, numpy or cupy")
+    p.add_argument("--alpha", type=float, default=1.0)
+    p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--trans-a", action="store_true", help="use A transposed")
+    p.add_argument("--trans-b", action="store_true", help="use B transposed")
+
+
+def _job_kwargs(args) -> dict:
+    return dict(alpha=args.alpha, beta=args.beta, trans_a=args.trans_a, trans_b=args.trans_b,
+                memory=args.memory, host_memory=args.host_memory, backend=args.backend)
+
+
+# ----- entry point --------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version and usage errors
+        return int(e.code or 0) if isinstance(e.code, int) else EXIT_ERROR
+    args.argv = argv
+    debug = getattr(args, "debug", False)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        _err("interrupted")
+        return EXIT_INTERRUPTED
+    except (BigmmError, OSError, MemoryError) as e:
+        if debug:
+            traceback.print_exc()
+        _err(_one_line(e))
+        return EXIT_ERROR
+    except Exception as e:  # a bug: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        _err(f"internal error: {type(e).__name__}: {_one_line(e)} (run with --debug for details)")
+        return EXIT_INTERNAL
+
+
+def _err(message: str) -> None:
+    print(f"bigmm: error: {message}", file=sys.stderr)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    if isinstance(e, OSError) and not isinstance(e, BigmmError) and e.filename:
+        text = f"{e.strerror or text}: {e.filename}"
+    return " ".join(text.split())
+
+
+# ----- multiply and plan --------------------------------------------------------------------
+
+def cmd_multiply(args) -> int:
+    from . import api
+
+    kwargs = _job_kwargs(args)
+    plan = api.plan(args.a, args.b, **kwargs)
+    with _progress_bar(enabled=not args.quiet and sys.stderr.isatty()) as progress:
+        try:
+            out, stats = api.matmul(args.a, args.b, args.out, **kwargs, progress=progress,
+                                    resume=args.resume, overwrite=args.overwrite,
+                                    io_threads=args.io_threads, stats=True)
+        except KeyboardInterrupt:
+            progress.stop()
+            _err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
+            return EXIT_INTERRUPTED
+    summary = run_summary(plan, stats, out, args.a, args.b)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    elif not args.quiet:
+        print(format_summary(summary))
+    return 0
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that resumes ``bigmm multiply argv`` (``--overwrite`` dropped)."""
+    words = [w for w in argv if w not in ("--overwrite", "--resume")]
+    return "bigmm " + shlex.join(words + ["--resume"])
+
+
+def cmd_plan(args) -> int:
+    from . import api
+
+    plan = api.plan(args.a, args.b, **_job_kwargs(args))
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, default=str))
+    else:
+        print(plan)
+        if plan.predicted_seconds is None:
+            print("predicted time  n/a (no rates for this backend)")
+    return 0
+
+
+def run_summary(plan, stats, out, a, b) -> dict:
+    """Machine-readable summary of a finished run (what ``--json`` prints)."""
+    seconds = max(float(stats.seconds), 1e-12)
+    moved = stats.bytes_read + stats.bytes_written
+    stages = {}
+    for name in STAGES:
+        busy = getattr(stats, f"{name}_busy", None)
+        if busy is not None:
+            stages[name] = {"busy_seconds": float(busy), "utilisation": float(busy) / seconds}
+    a_shape = (plan.k, plan.m) if plan.trans_a else (plan.m, plan.k)
+    b_shape = (plan.n, plan.k) if plan.trans_b else (plan.k, plan.n)
+    return {
+        "a": str(a), "b": str(b), "out": str(out),
+        "shape_a": list(a_shape), "shape_b": list(b_shape), "shape_c": [plan.m, plan.n],
+        "dtype": plan.dtype, "backend": getattr(stats, "backend", None),
+        "seconds": float(stats.seconds), "flops": int(stats.flops),
+        "tflops": stats.flops / seconds / 1e12, "gbps": moved / seconds / 1e9,
+        "bytes_read": int(stats.bytes_read), "bytes_written": int(stats.bytes_written),
+        "tiles_done": int(stats.tiles_done), "tiles_skipped": int(stats.tiles_skipped),
+        "tiles_total": plan.n_tiles, "tile": [plan.bm, plan.bn, plan.bk], "order": plan.order,
+        "stages": stages,
+    }
+
+
+def format_summary(s: dict) -> str:
+    lines = [
+        f"wrote {s['out']}: C[{s['shape_c'][0]} x {s['shape_c'][1]}] {s['dtype']}"
+        + (f" on {s['backend']}" if s["backend"] else ""),
+        f"time {format_seconds(s['seconds'])}, {s['tflops']:.3f} TFLOP/s, {s['gbps']:.2f} GB/s "
+        f"(read {format_bytes(s['bytes_read'])}, wrote {format_bytes(s['bytes_written'])})",
+        f"tiles {s['tiles_done']} done, {s['tiles_skipped']} skipped of {s['tiles_total']}",
+    ]
+    if s["stages"]:
+        lines.append("stages busy: " + ", ".join(
+            f"{k} {format_seconds(v['busy_seconds'])} ({100 * v['utilisation']:.0f}%)"
+            for k, v in s["stages"].items()))
+    return "\n".join(lines)
+
+
+class _progress_bar:
+    """Context manager giving a progress callback: a rich bar on stderr, or a no-op."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._bar = None
+        self._task = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            self._bar = Progress(TextColumn("multiply"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("tiles"), TimeElapsedColumn(), TextColumn("eta"),
+                                 TimeRemainingColumn(), TextColumn("{task.fields[rates]}"),
+                                 console=Console(stderr=True), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("multiply", total=None, rates="")
+        return self
+
+    def __call__(self, p) -> None:
+        if self._bar is None:
+            return
+        t = max(float(p.elapsed), 1e-9)
+        rates = (f"{p.flops_done / t / 1e12:.3f} TFLOP/s  "
+                 f"{(p.bytes_read + p.bytes_written) / t / 1e9:.2f} GB/s")
+        self._bar.update(self._task, completed=p.tiles_done, total=p.tiles_total, rates=rates)
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+# ----- generate and verify ------------------------------------------------------------------
+
+def cmd_generate(args) -> int:
+    from .io.generate import generate
+
+    t0 = time.perf_counter()
+    spec = generate(args.spec, tuple(args.shape), dtype=args.dtype, layout=args.layout,
+                    chunks=tuple(args.chunks) if args.chunks else None,
+                    compression=args.compression, seed=args.seed, overwrite=args.overwrite)
+    m, n = args.shape
+    size = m * n * (4 if args.dtype == "float32" else 8)
+    print(f"wrote {spec}: {m} x {n} {args.dtype}, {args.layout}, {format_bytes(size)}, "
+          f"seed {args.seed}, in {format_seconds(time.perf_counter() - t0)}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .verify import verify
+
+    kwargs = {}
+    if args.samples is not None:
+        kwargs["samples"] = args.samples
+    if args.exact_limit is not None:
+        kwargs["exact_limit"] = args.exact_limit
+    result = verify(args.a, args.b, args.c, alpha=args.alpha, beta=args.beta, c0=args.c0,
+                    trans_a=args.trans_a, trans_b=args.trans_b, seed=args.seed, **kwargs)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else str(result))
+    return 0 if result.passed else EXIT_FAIL
+
+
+# ----- demo and bench -----------------------------------------------------------------------
+
+def cmd_demo(args) -> int:
+    from . import api
+    from .io.generate import generate
+    from .verify import verify
+
+    n = _positive(args.size, "--size")
+    with _workdir(args.dir) as d:
+        a, b, c = (f"{d / 'demo.h5'}:/{x}" for x in "ABC")
+        t0 = time.perf_counter()
+        for spec, seed in ((a, 1), (b, 2)):
+            generate(spec, (n, n), dtype="float32", seed=seed, overwrite=True)
+        print(f"generated A and B: {n} x {n} float32 ({format_bytes(2 * 4 * n * n)}) in "
+              f"{format_seconds(time.perf_counter() - t0)}")
+        memory = args.memory or max(2 * 4 * n * n // 8, 1 << 20)
+        plan = api.plan(a, b, memory=memory, backend=args.backend)
+        print(plan, end="\n\n")
+        with _progress_bar(enabled=sys.stderr.isatty()) as progress:
+            out, stats = api.matmul(a, b, c, memory=memory, backend=args.backend,
+                                    progress=progress, overwrite=True, stats=True)
+        s = run_summary(plan, stats, out, a, b)
+        print(format_summary(s))
+        t0 = time.perf_counter()
+        result = verify(a, b, c)
+        print(f"verify: {result} in {format_seconds(time.perf_counter() - t0)}")
+        where = f"files kept in {d}" if args.dir else "temporary files removed"
+        print(f"demo {'passed' if result.passed else 'FAILED'}: "
+              f"{s['tflops']:.3f} TFLOP/s, {s['gbps']:.2f} GB/s on {s['backend'] or args.backend};"
+              f" {where}")
+    return 0 if result.passed else EXIT_FAIL
+
+
+def cmd_bench(args) -> int:
+    import numpy as np
+
+    from . import api
+    from .io.generate import generate
+    from .verify import verify
+
+    n = _positive(args.size, "--size")
+    w = 4 if args.dtype == "float32" else 8
+    with _workdir(args.dir) as d:
+        a, b, c = (f"{d / 'bench.h5'}:/{x}" for x in "ABC")
+        for spec, seed in ((a, 1), (b, 2)):
+            generate(spec, (n, n), dtype=args.dtype, seed=seed, overwrite=True)
+        memory = args.memory or max(2 * w * n * n // 4, 1 << 20)
+        out, stats = api.matmul(a, b, c, memory=memory, backend=args.backend, overwrite=True,
+                                stats=True)
+        check = verify(a, b, c)
+        import h5py
+
+        with h5py.File(d / "bench.h5", "r") as f:
+            x, y = f["A"][...], f["B"][...]
+        np.matmul(x, y)  # warm-up
+        t0 = time.perf_counter()
+        np.matmul(x, y)
+        t_numpy = time.perf_counter() - t0
+    flops = 2.0 * n ** 3
+    result = {"n": n, "dtype": args.dtype, "memory": str(memory),
+              "backend": getattr(stats, "backend", None), "verified": check.passed,
+              "bigmm_seconds": stats.seconds, "bigmm_tflops": flops / stats.seconds / 1e12,
+              "numpy_seconds": t_numpy, "numpy_tflops": flops / t_numpy / 1e12,
+              "ratio_to_numpy": t_numpy / stats.seconds}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"n={n} {args.dtype}, budget {memory}, backend {result['backend'] or args.backend}, "
+              f"product {'verified' if check.passed else 'WRONG'}")
+        print(f"bigmm out of core (from HDF5): {format_seconds(stats.seconds)}, "
+              f"{result['bigmm_tflops']:.3f} TFLOP/s")
+        print(f"numpy.matmul in memory:        {format_seconds(t_numpy)}, "
+              f"{result['numpy_tflops']:.3f} TFLOP/s")
+        print(f"bigmm / numpy throughput: {result['ratio_to_numpy']:.2f}")
+    return 0 if check.passed else EXIT_FAIL
+
+
+def _positive(v: int, name: str) -> int:
+    from .errors import OptionError
+
+    if v < 1:
+        raise OptionError(f"Expected {name} to be a positive integer. Got {v}.")
+    return v
+
+
+class _workdir:
+    """The given directory (created, kept) or a temporary one (removed)."""
+
+    def __init__(self, path):
+        self.path = path
+        self._tmp = None
+
+    def __enter__(self) -> Path:
+        if self.path is not None:
+            p = Path(self.path)
+            p.mkdir(parents=True, exist_ok=True)
+            return p
+        self._tmp = tempfile.TemporaryDirectory(prefix="bigmm-")
+        return Path(self._tmp.name)
+
+    def __exit__(self, *exc):
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        return False
