@@ -1,0 +1,54 @@
+"""Shared h5py helpers: the lock around h5py calls, filter registration, dtype checks."""
+
+from __future__ import annotations
+
+import threading
+
+import h5py
+import hdf5plugin  # noqa: F401  (registers Blosc, LZ4, Zstd, ... filters with HDF5)
+import numpy as np
+
+from ..errors import DtypeError, ShapeError
+
+#: Serialises every h5py call made by bigmm's I/O threads (h5py is not parallel anyway; the lock
+#: keeps multi-call sequences such as select + read atomic).
+H5LOCK = threading.RLock()
+
+#: Attribute on an output dataset: False while a run writes it, True once finished.
+COMPLETE_ATTR = "bigmm_complete"
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """A readable name for any HDF5 or NumPy dtype (string, compound, complex, ...)."""
+    dtype = np.dtype(dtype)
+    if h5py.check_string_dtype(dtype) is not None or dtype.kind in "SU":
+        return f"string ({dtype.str})"
+    if dtype.names:
+        return f"compound ({', '.join(dtype.names)})"
+    if h5py.check_vlen_dtype(dtype) is not None:
+        return "variable-length"
+    if dtype.kind == "O":
+        return "object"
+    order = " big-endian" if dtype.byteorder == ">" else ""
+    return f"{dtype.newbyteorder('=').name}{order}"
+
+
+def check_matrix(shape, dtype, label: str) -> np.dtype:
+    """Raise unless 2-D and float32/float64 (any byte order); return the native dtype."""
+    if len(shape) != 2:
+        raise ShapeError(
+            f"Expected a 2-D matrix for {label}. Got shape {tuple(shape)} ({len(shape)}-D).")
+    dtype = np.dtype(dtype)
+    native = dtype.newbyteorder("=") if dtype.kind == "f" else dtype
+    if dtype.names or native not in FLOAT_DTYPES:
+        raise DtypeError(f"Expected float32 or float64 for {label}. Got {dtype_name(dtype)}.")
+    return native
+
+
+def is_incomplete(dset: h5py.Dataset) -> bool:
+    """True when bigmm marked the dataset as left incomplete by an interrupted run."""
+    with H5LOCK:
+        flag = dset.attrs.get(COMPLETE_ATTR, None)
+    return flag is not None and not bool(flag)

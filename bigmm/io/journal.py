@@ -1,0 +1,124 @@
+"""The resume journal of an output: a JSON-lines file beside the HDF5 file.
+
+Line 1 is the header (the job, the output dataset, its shape and dtype, the name of the
+partial dataset when old C must survive). Each later line records one durable event:
+``{"tiles": [[i, j], ...]}`` after those tiles' bytes were fsynced, and ``{"swap": true}``
+before the partial dataset replaces the original. Every line is appended and fsynced; a torn
+last line (a crash mid-append) is ignored and cut off before the next append.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from urllib.parse import quote
+
+from ..errors import ResumeError
+from .spec import Spec
+
+SUFFIX = ".bigmm-journal"
+
+
+def journal_path(spec: Spec) -> str:
+    """``c.h5`` + ``/grp/C`` -> ``c.h5.grp%2FC.bigmm-journal`` (one journal per dataset)."""
+    return f"{spec.path}.{quote(spec.dataset.strip('/'), safe='')}{SUFFIX}"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def normalise(job) -> dict:
+    """The job as it reads back from JSON (tuples -> lists), for comparisons."""
+    return json.loads(json.dumps(job, sort_keys=True))
+
+
+class Journal:
+    """An open journal: ``header``, the committed ``tiles`` and whether a ``swap`` began."""
+
+    def __init__(self, path: str, header: dict, tiles: set, swap: bool, valid_bytes: int):
+        self.path, self.header, self.tiles, self.swap = path, header, tiles, swap
+        self._lock = threading.Lock()
+        self._fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        if os.fstat(self._fd).st_size != valid_bytes:  # cut a torn last line
+            os.ftruncate(self._fd, valid_bytes)
+            os.fsync(self._fd)
+
+    @classmethod
+    def create(cls, path: str, header: dict) -> "Journal":
+        """Write a fresh journal holding only ``header`` (atomically: temp file, rename)."""
+        line = (json.dumps(header, sort_keys=True) + "\n").encode()
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(path)
+        return cls(path, normalise(header), set(), False, len(line))
+
+    @classmethod
+    def load(cls, path: str) -> "Journal | None":
+        """Open an existing journal, or None when there is none."""
+        parsed = _parse(path)
+        return None if parsed is None else cls(path, *parsed)
+
+    def append(self, record: dict) -> None:
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        with self._lock:
+            os.lseek(self._fd, 0, os.SEEK_END)
+            os.write(self._fd, line)
+            os.fsync(self._fd)
+            if "tiles" in record:
+                self.tiles.update(tuple(t) for t in record["tiles"])
+            if record.get("swap"):
+                self.swap = True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def remove(self) -> None:
+        self.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+            _fsync_dir(self.path)
+
+
+def _parse(path: str):
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return None
+    header, tiles, swap, valid = None, set(), False, 0
+    lines = data.split(b"\n")
+    for k, raw in enumerate(lines):
+        last = k == len(lines) - 1  # text after the final newline: torn (or empty)
+        if last:
+            break
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            if k == len(lines) - 2 and not lines[-1]:
+                break  # the last complete-looking line is garbage: treat as torn
+            raise ResumeError(f"Expected a readable journal. Got a corrupt line {k + 1} "
+                              f"in {path}.") from None
+        valid += len(raw) + 1
+        if header is None:
+            header = record
+        elif "tiles" in record:
+            tiles.update(tuple(t) for t in record["tiles"])
+        elif record.get("swap"):
+            swap = True
+    if header is None:
+        return None
+    return header, tiles, swap, valid

@@ -1,0 +1,103 @@
+"""Where a dataset's bytes lie in its file: the facts the fast reader and writer rely on.
+
+:func:`probe_layout` proves what it can (plain POSIX driver, no user block, no filters, no
+external or virtual storage, float little- or big-endian) and returns a :class:`Layout`:
+
+* ``contiguous``: one row-major block at byte ``offset``;
+* ``chunked``: a grid of row-major chunks, ``chunk_offsets[i, j]`` the byte offset of chunk
+  (i, j) or -1 where the chunk was never written (it reads as the fill value);
+* ``h5py``: anything else; ``reason`` says why, and reads go through ``Dataset.read_direct``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import h5py
+import numpy as np
+from h5py import h5d
+
+from ._h5 import H5LOCK
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    kind: str  # "contiguous" | "chunked" | "h5py"
+    reason: str = ""
+    offset: int | None = None
+    chunks: tuple[int, int] | None = None
+    chunk_offsets: np.ndarray | None = field(default=None, repr=False)
+    swap: bool = False  # stored big-endian: bytes must be swapped after a raw read
+    fill: float = 0.0
+
+    @property
+    def fast(self) -> bool:
+        return self.kind != "h5py"
+
+
+def _fallback(reason: str, chunks=None) -> Layout:
+    return Layout("h5py", reason=reason, chunks=chunks)
+
+
+def probe_layout(dset: h5py.Dataset) -> Layout:
+    """Describe ``dset``'s storage for raw reads, or say why h5py must read it."""
+    with H5LOCK:
+        return _probe(dset)
+
+
+def _probe(dset: h5py.Dataset) -> Layout:
+    chunks = tuple(dset.chunks) if dset.chunks else None
+    dtype = dset.dtype
+    if sys.byteorder != "little" or dtype.kind != "f":
+        return _fallback(f"dtype {dtype.str} on a {sys.byteorder}-endian machine", chunks)
+    swap = dtype.byteorder == ">"
+    if dset.file.driver != "sec2":
+        return _fallback(f"file driver {dset.file.driver!r}", chunks)
+    if dset.file.userblock_size:
+        return _fallback("file has a user block", chunks)
+    dcpl = dset.id.get_create_plist()
+    kind = dcpl.get_layout()
+    if dcpl.get_external_count():
+        return _fallback("external storage", chunks)
+    if kind == h5d.VIRTUAL:
+        return _fallback("virtual dataset", chunks)
+    if dcpl.get_nfilters():
+        names = [dcpl.get_filter(i)[3].decode(errors="replace").split(";")[0] or str(dcpl.get_filter(i)[0])
+                 for i in range(dcpl.get_nfilters())]
+        return _fallback("filters: " + ", ".join(names), chunks)
+    fill = float(np.asarray(dset.fillvalue, dtype=dtype.newbyteorder("=")))
+    if kind == h5d.CONTIGUOUS:
+        offset = dset.id.get_offset()
+        if offset is None:
+            return _fallback("storage not allocated", chunks)
+        if dset.id.get_storage_size() != dset.size * dtype.itemsize:
+            return _fallback("storage size does not match the shape", chunks)
+        return Layout("contiguous", offset=int(offset), swap=swap, fill=fill)
+    if kind == h5d.CHUNKED and chunks is not None and len(chunks) == 2:
+        offsets = _chunk_offsets(dset, chunks)
+        if offsets is None:
+            return _fallback("chunk sizes differ from the chunk shape", chunks)
+        return Layout("chunked", chunks=chunks, chunk_offsets=offsets, swap=swap, fill=fill)
+    return _fallback(f"layout {kind}", chunks)
+
+
+def _chunk_offsets(dset: h5py.Dataset, chunks: tuple[int, int]) -> np.ndarray | None:
+    m, n = dset.shape
+    cr, cc = chunks
+    offsets = np.full((-(-m // cr), -(-n // cc)), -1, dtype=np.int64)
+    want = cr * cc * dset.dtype.itemsize
+    bad = []
+
+    def visit(info) -> None:
+        r, c = info.chunk_offset
+        if info.size != want or info.filter_mask:
+            bad.append(info)
+        offsets[r // cr, c // cc] = info.byte_offset
+
+    if hasattr(dset.id, "chunk_iter"):
+        dset.id.chunk_iter(visit)
+    else:  # older HDF5: one call per chunk
+        for i in range(dset.id.get_num_chunks()):
+            visit(dset.id.get_chunk_info(i))
+    return None if bad else offsets

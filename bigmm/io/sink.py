@@ -1,0 +1,317 @@
+"""The output C: :func:`open_output` validates, creates or resumes it and returns a :class:`Sink`.
+
+File outputs are created **contiguous, unfiltered, with storage allocated at creation**
+(``ALLOC_TIME_EARLY``, ``FILL_TIME_NEVER``): every element then has a fixed byte offset before
+the first tile is computed, any tile grid maps onto it (the planner's tiles need not match a
+chunk shape fixed at creation, and a resumed run may write any subset of tiles), writes are
+plain ``os.pwritev`` calls from threads with no HDF5 chunk index to update, and the finished
+dataset is the simplest layout for every other reader (memory-mappable, no chunk cache). h5py's
+handle on the file is closed while raw writes happen; the file is reopened with h5py only to
+create datasets and to set the completion attribute.
+
+Crash safety: the journal (see :mod:`.journal`) is written before the dataset, tiles are
+journaled only after their bytes are fsynced, and the dataset carries ``bigmm_complete = False``
+until :meth:`Sink.finish`. When old C must be read (beta != 0) the new values go to a dataset
+``<name>.bigmm-partial`` beside it; ``finish`` journals the swap, then replaces the original.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import h5py
+import numpy as np
+from h5py import h5d, h5p, h5s, h5t
+
+from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, OutputExistsError,
+                      OutputIsInputError, OutputNotWritable, ResumeError, ShapeError, SpecError,
+                      WriteError)
+from ._h5 import COMPLETE_ATTR, H5LOCK, check_matrix
+from .journal import Journal, journal_path, normalise
+from .layout import probe_layout
+from .rawio import write_block
+from .source import DEFAULT_THREADS, TASK_BYTES, open_input, release_h5_handles
+from .spec import Spec, parse_spec
+
+PARTIAL_SUFFIX = ".bigmm-partial"
+_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+class Sink:
+    """The output matrix C. Tiles are written from any thread; see :func:`open_output`."""
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    label: str
+    done: frozenset = frozenset()
+    result = None
+    layout: str = "array"
+
+    def read(self, r0, r1, c0, c1, out) -> None:
+        raise NotImplementedError
+
+    def write(self, r0, r1, c0, c1, src) -> None:
+        raise NotImplementedError
+
+    def commit(self, tiles) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.label} {self.shape} {self.dtype} layout={self.layout}>"
+
+    def _check(self, r0, r1, c0, c1, arr) -> None:
+        m, n = self.shape
+        if not (0 <= r0 <= r1 <= m and 0 <= c0 <= c1 <= n):
+            raise ShapeError(f"Expected a region within {self.shape} of {self.label}. "
+                             f"Got rows {r0}:{r1}, columns {c0}:{c1}.")
+        if arr.shape != (r1 - r0, c1 - c0) or arr.dtype != self.dtype:
+            raise ShapeError(f"Expected a {self.dtype} array of shape {(r1 - r0, c1 - c0)}. "
+                             f"Got {arr.dtype} {arr.shape}.")
+
+    def _write_error(self, r0, r1, c0, c1, exc) -> WriteError:
+        region = f"rows {r0}:{r1}, columns {c0}:{c1} of {self.label}"
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            return DiskFullError(
+                f"Expected free space to write {region}. Got: disk full ({exc.strerror}). "
+                f"Finished tiles are kept; free space and rerun with --resume (resume=True).")
+        return WriteError(f"Expected to write {region}. Got {type(exc).__name__}: {exc}.")
+
+
+class ArraySink(Sink):
+    """A NumPy array written in place (old C, for beta != 0, is read tile by tile first)."""
+
+    def __init__(self, array: np.ndarray, label: str):
+        self.array = self.result = array
+        self.shape, self.dtype, self.label = tuple(array.shape), array.dtype, label
+
+    def read(self, r0, r1, c0, c1, out) -> None:
+        self._check(r0, r1, c0, c1, out)
+        out[...] = self.array[r0:r1, c0:c1]
+
+    def write(self, r0, r1, c0, c1, src) -> None:
+        self._check(r0, r1, c0, c1, src)
+        self.array[r0:r1, c0:c1] = src
+
+
+class DatasetSink(Sink):
+    """An open h5py.Dataset given by the caller, written in place through h5py (no journal)."""
+
+    layout = "h5py"
+
+    def __init__(self, dset: h5py.Dataset, label: str):
+        self.dset = self.result = dset
+        self.shape, self.dtype, self.label = tuple(dset.shape), dset.dtype, label
+
+    def read(self, r0, r1, c0, c1, out) -> None:
+        self._check(r0, r1, c0, c1, out)
+        with H5LOCK:
+            self.dset.read_direct(out, np.s_[r0:r1, c0:c1])
+
+    def write(self, r0, r1, c0, c1, src) -> None:
+        self._check(r0, r1, c0, c1, src)
+        try:
+            with H5LOCK:
+                self.dset.write_direct(np.ascontiguousarray(src), dest_sel=np.s_[r0:r1, c0:c1])
+        except Exception as exc:
+            raise self._write_error(r0, r1, c0, c1, exc) from exc
+
+    def commit(self, tiles) -> None:
+        with H5LOCK:
+            self.dset.file.flush()
+
+    finish = commit
+
+
+# ----- file outputs ---------------------------------------------------------------------------
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_dataset(f: h5py.File, name: str, shape, dtype) -> h5py.Dataset:
+    """A contiguous, unfiltered dataset with storage allocated now and never filled."""
+    dcpl = h5p.create(h5p.DATASET_CREATE)
+    dcpl.set_layout(h5d.CONTIGUOUS)
+    dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
+    lcpl = h5p.create(h5p.LINK_CREATE)
+    lcpl.set_create_intermediate_group(True)
+    dsid = h5d.create(f.id, name.encode(), h5t.py_create(np.dtype(dtype), logical=True),
+                      h5s.create_simple(tuple(shape)), dcpl=dcpl, lcpl=lcpl)
+    dset = h5py.Dataset(dsid)
+    dset.attrs[COMPLETE_ATTR] = False
+    return dset
+
+
+class FileSink(Sink):
+    """An HDF5 dataset named by a spec, written raw at byte offsets (or via h5py if it must)."""
+
+    def __init__(self, spec: Spec, shape, dtype, journal: Journal, target: str,
+                 reads_c: bool, threads: int = DEFAULT_THREADS):
+        self.spec, self.shape, self.dtype = spec, tuple(shape), np.dtype(dtype)
+        self.label, self.result = f"C ({spec})", str(spec)
+        self.path = os.path.realpath(spec.path)
+        self.journal, self.target, self.reads_c = journal, target, reads_c
+        self.done = frozenset(journal.tiles)
+        self._threads, self._pool = threads, None
+        self._fd = self._file = self._dset = self._old = None
+        self._finished = False
+        if journal.swap:  # all tiles are durable; finish() completes the swap
+            self.layout = "done"
+            return
+        self._open_target()
+        if reads_c:
+            self._old = self._open_old()
+
+    def _open_target(self) -> None:
+        with H5LOCK:
+            release_h5_handles(self.path)
+            f = h5py.File(self.path, "r")
+            try:
+                lay = probe_layout(f[self.target])
+            finally:
+                f.close()
+            if lay.kind == "contiguous" and not lay.swap:
+                self._offset = lay.offset
+                self._fd = os.open(self.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+                self.layout = "contiguous"
+            else:  # an existing dataset we did not create: write through h5py
+                self._file = h5py.File(self.path, "r+")
+                self._dset = self._file[self.target]
+                self.layout = "h5py"
+
+    def _open_old(self):
+        if self._file is not None:  # h5py writer: read old C through the same handle
+            return None
+        return _old_source(self.path, self.spec.dataset, self.label, self._threads)
+
+    # ----- tiles --------------------------------------------------------------------------
+    def read(self, r0, r1, c0, c1, out) -> None:
+        self._check(r0, r1, c0, c1, out)
+        if not self.reads_c:
+            raise BigmmError(f"Expected a sink opened with reads_c=True to read old C. "
+                             f"Got reads_c=False for {self.label}.")
+        if self._old is not None:
+            self._old.read(r0, r1, c0, c1, out)
+            return
+        with H5LOCK:
+            self._file[self.spec.dataset].read_direct(out, np.s_[r0:r1, c0:c1])
+
+    def write(self, r0, r1, c0, c1, src) -> None:
+        self._check(r0, r1, c0, c1, src)
+        if r0 == r1 or c0 == c1:
+            return
+        src = np.ascontiguousarray(src)
+        try:
+            if self._fd is None:
+                with H5LOCK:
+                    self._dset.write_direct(src, dest_sel=np.s_[r0:r1, c0:c1])
+                return
+            n, w = self.shape[1], self.dtype.itemsize
+            per = max(1, TASK_BYTES // ((c1 - c0) * w))
+            parts = [(a, min(a + per, r1)) for a in range(r0, r1, per)]
+            jobs = [(self._offset + (a * n + c0) * w, n * w, src, a - r0, b - r0, 0, c1 - c0)
+                    for a, b in parts]
+            if len(jobs) == 1:
+                write_block(self._fd, *jobs[0])
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bigmm-write")
+            for fut in [self._pool.submit(write_block, self._fd, *job) for job in jobs]:
+                fut.result()
+        except BigmmError:
+            raise
+        except Exception as exc:
+            raise self._write_error(r0, r1, c0, c1, exc) from exc
+
+    def _sync(self) -> None:
+        try:
+            if self._fd is not None:
+                os.fsync(self._fd)
+            elif self._file is not None:
+                with H5LOCK:
+                    self._file.flush()
+                _fsync_path(self.path)
+        except OSError as exc:
+            raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
+
+    def commit(self, tiles) -> None:
+        """Make the tiles' bytes durable, then journal them (a crash loses no journaled tile)."""
+        tiles = [[int(i), int(j)] for i, j in tiles]
+        self._sync()
+        if tiles:
+            try:
+                self.journal.append({"tiles": tiles})
+            except OSError as exc:
+                raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
+
+    def finish(self) -> None:
+        """Flush, swap in the partial dataset (beta != 0), mark complete, drop the journal."""
+        if self._finished:
+            return
+        self._sync()
+        self._close_handles()
+        if self.reads_c and not self.journal.swap:
+            self.journal.append({"swap": True})
+        with H5LOCK:
+            release_h5_handles(self.path)
+            with h5py.File(self.path, "r+") as f:
+                if self.reads_c:
+                    _swap(f, self.spec.dataset, self.target)
+                f[self.spec.dataset].attrs[COMPLETE_ATTR] = True
+        _fsync_path(self.path)
+        self.journal.remove()
+        self._finished = True
+        self.layout = "done"
+
+    def _close_handles(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._old is not None:
+            self._old.close()
+            self._old = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._file is not None:
+            with H5LOCK:
+                self._file.close()
+            self._file = self._dset = None
+
+    def close(self) -> None:
+        """Release everything; an unfinished output stays marked incomplete and resumable."""
+        self._close_handles()
+        self.journal.close()
+
+
+def _old_source(path: str, dataset: str, label: str, threads: int):
+    return open_input(Spec(path, dataset), name="old " + label, threads=threads)
+
+
+def _swap(f: h5py.File, name: str, partial: str) -> None:
+    """Replace ``name`` by ``partial`` (idempotent: safe to repeat after a crash midway)."""
+    if partial in f:
+        if name in f:
+            for key, value in f[name].attrs.items():
+                if key != COMPLETE_ATTR:
+                    f[partial].attrs[key] = value
+            del f[name]
+        f.move(partial, name)

@@ -1,0 +1,343 @@
+"""Input matrices: :func:`open_input` validates an operand and returns a thread-safe :class:`Source`.
+
+HDF5 datasets whose bytes lie plainly in the file (contiguous, or chunked without filters) are
+read with parallel ``os.preadv`` at byte offsets computed once at open; everything else goes
+through h5py's ``read_direct`` under one lock. ``Source.layout`` says which path a source uses
+("array", "contiguous", "chunked" or "h5py"), ``Source.fast`` whether reads bypass h5py.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+
+import h5py
+import numpy as np
+
+from ..errors import (BigmmError, IncompleteOutputError, OperandNotFound, ReadError, ShapeError,
+                      SpecError)
+from ._h5 import H5LOCK, check_matrix, is_incomplete
+from .layout import Layout, probe_layout
+from .rawio import read_block
+from .spec import Spec, parse_spec
+
+#: Reader threads per source: enough to saturate page-cache copies on a many-core host.
+DEFAULT_THREADS = min(16, max(4, 2 * (os.cpu_count() or 1)))
+#: A region is split into parallel pieces of about this many bytes.
+TASK_BYTES = 4 << 20
+
+#: Sources that may hold an h5py handle they can drop and reopen (see release_h5_handles).
+_REOPENABLE: "weakref.WeakSet[H5Source]" = weakref.WeakSet()
+
+
+def release_h5_handles(path: str) -> None:
+    """Close the h5py handles bigmm's sources hold on ``path`` (they reopen on their next read).
+
+    HDF5 refuses to open a file for writing while this process holds it read-only; the output
+    layer calls this (holding H5LOCK) before it opens an input's file to write the output.
+    """
+    real = os.path.realpath(path)
+    with H5LOCK:
+        for src in list(_REOPENABLE):
+            if src.path == real:
+                src._drop_handle()
+
+
+class Source:
+    """An input matrix as stored (before any transpose)."""
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    chunks: tuple[int, int] | None = None
+    label: str
+    identity: tuple | None = None
+    layout: str
+
+    @property
+    def fast(self) -> bool:
+        return self.layout in ("array", "contiguous", "chunked")
+
+    def read(self, r0: int, r1: int, c0: int, c1: int, out: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} {self.label} {self.shape} {self.dtype} "
+                f"layout={self.layout}>")
+
+    def _check_out(self, r0, r1, c0, c1, out) -> None:
+        m, n = self.shape
+        if not (0 <= r0 <= r1 <= m and 0 <= c0 <= c1 <= n):
+            raise ShapeError(f"Expected a region within {self.shape} of {self.label}. "
+                             f"Got rows {r0}:{r1}, columns {c0}:{c1}.")
+        if (out.shape != (r1 - r0, c1 - c0) or out.dtype != self.dtype
+                or not out.flags.c_contiguous):
+            raise ShapeError(f"Expected a C-contiguous {self.dtype} buffer of shape "
+                             f"{(r1 - r0, c1 - c0)}. Got {out.dtype} {out.shape} "
+                             f"(C-contiguous: {out.flags.c_contiguous}).")
+
+    def _read_error(self, r0, r1, c0, c1, exc) -> ReadError:
+        return ReadError(f"Expected to read rows {r0}:{r1}, columns {c0}:{c1} of {self.label}. "
+                         f"Got {type(exc).__name__}: {exc}.")
+
+
+class ArraySource(Source):
+    """A NumPy array (any strides, any byte order of float32/float64)."""
+
+    layout = "array"
+
+    def __init__(self, array: np.ndarray, label: str):
+        self.array = array
+        self.shape = tuple(array.shape)
+        self.dtype = check_matrix(array.shape, array.dtype, label)
+        self.label = label
+
+    def read(self, r0, r1, c0, c1, out) -> None:
+        self._check_out(r0, r1, c0, c1, out)
+        out[...] = self.array[r0:r1, c0:c1]
+
+
+class H5Source(Source):
+    """An HDF5 dataset, read raw in parallel where :func:`probe_layout` allows, else via h5py."""
+
+    def __init__(self, dset: h5py.Dataset, label: str, *, own_file: h5py.File | None = None,
+                 threads: int = DEFAULT_THREADS):
+        self.label = label
+        self.shape = tuple(dset.shape)
+        self.dtype = check_matrix(dset.shape, dset.dtype, label)
+        self.chunks = tuple(dset.chunks) if dset.chunks else None
+        self.path = os.path.realpath(dset.file.filename)
+        self.identity = (self.path, dset.name)
+        self._dset, self._file, self._threads = dset, own_file, threads
+        self._name = dset.name
+        self._pool = None
+        self._fd = None
+        self._layout = probe_layout(dset)
+        if self._layout.fast:
+            self._open_raw()
+        self.layout = self._layout.kind
+        self.reason = self._layout.reason
+        if self._layout.fast and own_file is not None:
+            with H5LOCK:  # raw reads need no h5py handle; release the file for other openers
+                own_file.close()
+            self._dset = self._file = None
+        elif own_file is not None:
+            _REOPENABLE.add(self)
+
+    def _drop_handle(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = self._dset = None
+
+    def _dataset(self) -> h5py.Dataset:
+        """The h5py dataset (call holding H5LOCK), reopened if a writer released it."""
+        if self._dset is None:
+            self._file = h5py.File(self.path, "r")
+            self._dset = self._file[self._name]
+        return self._dset
+
+    # ----- set-up -------------------------------------------------------------------------
+    def _open_raw(self) -> None:
+        with H5LOCK:
+            if self._dset.file.mode != "r":
+                self._dset.file.flush()
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        if not self._sample_matches():
+            os.close(self._fd)
+            self._fd = None
+            self._layout = Layout("h5py", reason="raw bytes differ from h5py's reading",
+                                  chunks=self.chunks)
+
+    def _sample_matches(self) -> bool:
+        """Read a few corner regions both ways; the fast path is used only if they agree."""
+        m, n = self.shape
+        for r0, r1, c0, c1 in ((0, min(m, 3), 0, min(n, 300)),
+                               (max(0, m - 3), m, max(0, n - 300), n)):
+            raw = np.empty((r1 - r0, c1 - c0), self.dtype)
+            try:
+                self._read_fast(r0, r1, c0, c1, raw)
+            except OSError:
+                return False
+            with H5LOCK:
+                ref = np.ascontiguousarray(self._dset[r0:r1, c0:c1], dtype=self.dtype)
+            if raw.tobytes() != ref.tobytes():
+                return False
+        return True
+
+    # ----- reads --------------------------------------------------------------------------
+    def read(self, r0, r1, c0, c1, out) -> None:
+        self._check_out(r0, r1, c0, c1, out)
+        if r0 == r1 or c0 == c1:
+            return
+        try:
+            if self._fd is not None:
+                self._read_fast(r0, r1, c0, c1, out)
+            else:
+                with H5LOCK:
+                    self._dataset().read_direct(out, np.s_[r0:r1, c0:c1])
+        except BigmmError:
+            raise
+        except Exception as exc:  # OSError, h5py/HDF5 errors from filters
+            raise self._read_error(r0, r1, c0, c1, exc) from exc
+
+    def _read_fast(self, r0, r1, c0, c1, out) -> None:
+        tasks = (self._contiguous_tasks if self.layout_kind == "contiguous"
+                 else self._chunked_tasks)(r0, r1, c0, c1, out)
+        if len(tasks) < 2:
+            for task in tasks:
+                self._run(task)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bigmm-read")
+        for fut in [self._pool.submit(self._run_group, group) for group in tasks]:
+            fut.result()
+
+    @property
+    def layout_kind(self) -> str:
+        return self._layout.kind
+
+    def _run_group(self, group) -> None:
+        self._run(group)
+
+    def _run(self, group) -> None:
+        fd, swap = self._fd, self._layout.swap
+        for off, stride, out, a, b, c, d, fill in group:
+            if off < 0:
+                out[a:b, c:d] = fill
+            else:
+                read_block(fd, off, stride, out, a, b, c, d)
+            if swap:
+                out[a:b, c:d].byteswap(inplace=True)
+
+    def _contiguous_tasks(self, r0, r1, c0, c1, out) -> list:
+        n, w = self.shape[1], self.dtype.itemsize
+        base, stride = self._layout.offset, n * w
+        per = max(1, TASK_BYTES // max(1, (c1 - c0) * w))
+        return [[(base + (a * n + c0) * w, stride, out, a - r0, min(a + per, r1) - r0,
+                  0, c1 - c0, None)] for a in range(r0, r1, per)]
+
+    def _chunked_tasks(self, r0, r1, c0, c1, out) -> list:
+        cr, cc = self._layout.chunks
+        w = self.dtype.itemsize
+        offsets = self._layout.chunk_offsets
+        fill = self._raw_fill()
+        groups, group, size = [], [], 0
+        for ci in range(r0 // cr, (r1 - 1) // cr + 1):
+            a0, a1 = max(r0, ci * cr), min(r1, (ci + 1) * cr)
+            for cj in range(c0 // cc, (c1 - 1) // cc + 1):
+                b0, b1 = max(c0, cj * cc), min(c1, (cj + 1) * cc)
+                base = int(offsets[ci, cj])
+                off = -1 if base < 0 else base + ((a0 - ci * cr) * cc + (b0 - cj * cc)) * w
+                group.append((off, cc * w, out, a0 - r0, a1 - r0, b0 - c0, b1 - c0, fill))
+                size += (a1 - a0) * (b1 - b0) * w
+                if size >= TASK_BYTES:
+                    groups.append(group)
+                    group, size = [], 0
+        if group:
+            groups.append(group)
+        return groups
+
+    def _raw_fill(self):
+        """The fill value as the bytes a raw read would hold (swapped back after the read)."""
+        fill = np.array(self._layout.fill, dtype=self.dtype)
+        return fill.byteswap() if self._layout.swap else fill
+
+    # ----- teardown -----------------------------------------------------------------------
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        _REOPENABLE.discard(self)
+        with H5LOCK:
+            if self._file is not None:
+                self._file.close()
+            self._file = self._dset = None
+
+
+def _list_datasets(f: h5py.File, limit: int = 8) -> str:
+    names: list[str] = []
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            names.append("/" + name)
+        return True if len(names) >= limit else None
+
+    f.visititems(visit)
+    return ", ".join(names) if names else "no datasets"
+
+
+def open_h5(spec: Spec, name: str, mode: str = "r") -> tuple[h5py.File, h5py.Dataset]:
+    """Open ``spec`` read-only, raising OperandNotFound for a missing file, group or dataset."""
+    path = spec.path
+    if not os.path.exists(path):
+        raise OperandNotFound(f"Expected an existing HDF5 file for {name}. "
+                              f"Got '{path}' (no such file).")
+    if os.path.isdir(path) or not h5py.is_hdf5(path):
+        raise OperandNotFound(f"Expected an HDF5 file for {name}. Got '{path}' (not HDF5).")
+    with H5LOCK:
+        try:
+            f = h5py.File(path, mode)
+        except OSError as exc:
+            raise ReadError(f"Expected a readable HDF5 file for {name}. "
+                            f"Got '{path}': {exc}.") from exc
+        try:
+            obj = f.get(spec.dataset)
+            if obj is None:
+                raise OperandNotFound(f"Expected a dataset '{spec.dataset}' in '{path}' for "
+                                      f"{name}. Got none (the file holds {_list_datasets(f)}).")
+            if not isinstance(obj, h5py.Dataset):
+                raise OperandNotFound(f"Expected a dataset at '{spec.dataset}' in '{path}' "
+                                      f"for {name}. Got a {type(obj).__name__.lower()}.")
+        except BaseException:
+            f.close()
+            raise
+    return f, obj
+
+
+def incomplete_message(label: str) -> str:
+    return (f"Expected a complete dataset. Got {label}, left incomplete by an interrupted bigmm "
+            f"run; continue it with `bigmm multiply ... --resume` (Python: resume=True), "
+            f"or start over with --overwrite.")
+
+
+def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS) -> Source:
+    """Validate an operand (spec string, Spec, h5py.Dataset or NumPy array) and open it."""
+    if isinstance(x, Source):
+        return x
+    if isinstance(x, np.ndarray):
+        return ArraySource(x, f"{name} (NumPy array)")
+    if isinstance(x, h5py.Dataset):
+        label = f"{name} ({x.file.filename}:{x.name})"
+        check_matrix(x.shape, x.dtype, label)
+        if is_incomplete(x):
+            raise IncompleteOutputError(incomplete_message(label))
+        return H5Source(x, label, threads=threads)
+    if isinstance(x, os.PathLike):
+        x = os.fspath(x)
+    if not isinstance(x, (str, Spec)):
+        raise SpecError(f"Expected 'file.h5:/dataset', an h5py.Dataset or a NumPy array for "
+                        f"{name}. Got {type(x).__name__}.")
+    spec = parse_spec(x)
+    f, dset = open_h5(spec, name)
+    try:
+        label = f"{name} ({spec})"
+        check_matrix(dset.shape, dset.dtype, label)
+        if is_incomplete(dset):
+            raise IncompleteOutputError(incomplete_message(label))
+        return H5Source(dset, label, own_file=f, threads=threads)
+    except BaseException:
+        with H5LOCK:
+            f.close()
+        raise
