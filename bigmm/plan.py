@@ -36,6 +36,10 @@ C_SLOTS = 2
 HOST_PANEL_SLOTS = 2
 #: Host C buffers: one being filled from the device while the previous one is written to disk.
 HOST_C_SLOTS = 2
+#: Fixed cost of one gemm step (launch, synchronisation, bookkeeping), counted as bytes moved
+#: when comparing schedules: about 10 us at tens of GB/s. Stops the planner from trading a few
+#: bytes for thousands of tiny panels.
+STEP_COST_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,7 @@ class Plan:
 
     def tiles(self) -> Iterator[Tile]:
         """C tiles in execution order."""
-        if self.order == "resident-b":
+        if not self.row_major:
             for j in range(self.nj):
                 for i in range(self.ni):
                     yield self.tile(i, j)
@@ -210,13 +214,25 @@ class Plan:
 
     # ----- traffic ------------------------------------------------------------------------
     @property
+    def row_major(self) -> bool:
+        return self.order != "resident-b"
+
+    @property
     def a_reads(self) -> int:
-        """How many times all of A is read."""
-        return 1 if self.order == "resident-a" or self.nj == 1 else self.nj
+        """How many times all of A is read under the LRU slot schedule of ``steps``.
+
+        Row-major tiles touch the row panel A(i, 0..nk-1) nj times in a row: it stays when its
+        nk panels fit in the slots. Column-major tiles cycle through all ni*nk panels of A per
+        tile column: A stays only when all of it fits.
+        """
+        cycle = self.nk if self.row_major else self.ni * self.nk
+        return 1 if self.nj == 1 or self.a_slots >= cycle else self.nj
 
     @property
     def b_reads(self) -> int:
-        return 1 if self.order == "resident-b" or self.ni == 1 else self.ni
+        """Mirror image of ``a_reads``."""
+        cycle = self.nj * self.nk if self.row_major else self.nk
+        return 1 if self.ni == 1 or self.b_slots >= cycle else self.ni
 
     @property
     def bytes_read(self) -> int:
@@ -342,9 +358,10 @@ def _units(dim: int, chunk: int | None, align: int) -> int:
 def _candidates(dim: int, unit: int, lo: int) -> list[int]:
     """Tile sizes for one dimension: even splits of ``dim`` rounded up to ``unit``, largest first.
 
-    Always includes the smallest allowed size, min(dim, lo), so the stated minimum budget works.
+    Includes the smallest allowed size, max(unit, min(dim, lo)) capped at dim, so the minimum
+    budget stated for unaligned tiles (unit 1) works.
     """
-    out = {min(dim, lo)}
+    out = {min(dim, max(unit, lo))}
     nb = 1
     while True:
         t = min(dim, -(-(-(-dim // nb)) // unit) * unit)  # ceil(ceil(dim / nb) / unit) * unit
@@ -353,7 +370,7 @@ def _candidates(dim: int, unit: int, lo: int) -> list[int]:
         out.add(t)
         if t <= unit:
             break
-        nb = nb + 1 if nb < 16 else max(nb + 1, int(nb * 1.25))
+        nb = nb + 1 if nb < 8 else max(nb + 1, int(nb * 1.4))
     return sorted(out, reverse=True)
 
 
@@ -413,10 +430,14 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
         for o in ((order,) if order else ORDERS):
             for bm in _candidates(m, um, min_tile):
                 for bn in _candidates(n, un, min_tile):
+                    if not _fits(Plan(bm=bm, bn=bn, bk=bks[-1], order=o, **base)):
+                        continue
                     for bk in bks:  # largest first: the first that fits is the best for (bm, bn)
                         p = Plan(bm=bm, bn=bn, bk=bk, order=o, **base)
-                        if p.device_bytes <= device_budget and p.host_bytes <= host_budget:
-                            score = (p.bytes_read, p.n_tiles * p.nk, -p.bk, ORDERS.index(o))
+                        if _fits(p):
+                            steps = p.n_tiles * p.nk
+                            score = (p.bytes_read + STEP_COST_BYTES * steps, steps,
+                                     -p.bk, ORDERS.index(o))
                             if best is None or score < best[0]:
                                 best = (score, p)
                             break
@@ -426,8 +447,12 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                           order="stream", **base))
 
 
+def _fits(plan: Plan) -> bool:
+    return plan.device_bytes <= plan.device_budget and plan.host_bytes <= plan.host_budget
+
+
 def _check_fits(plan: Plan) -> None:
-    if plan.device_bytes > plan.device_budget or plan.host_bytes > plan.host_budget:
+    if not _fits(plan):
         raise BudgetError(
             f"Expected budgets of at least {format_bytes(plan.device_bytes)} (device) and "
             f"{format_bytes(plan.host_bytes)} (host) for tiles {plan.bm}x{plan.bn}x{plan.bk} "

@@ -1,0 +1,196 @@
+"""Planner properties: coverage, budgets, slot safety, traffic accounting, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
+from bigmm.plan import ORDERS, make_plan
+
+dims = st.integers(min_value=1, max_value=700)
+
+
+@st.composite
+def problems(draw):
+    m, n, k = draw(dims), draw(dims), draw(dims)
+    dtype = draw(st.sampled_from(["float32", "float64"]))
+    w = 4 if dtype == "float32" else 8
+    total = w * (m * k + k * n + 2 * m * n)
+    budget = draw(st.integers(min_value=max(64, total // 200), max_value=max(128, 2 * total)))
+    staging = draw(st.booleans())
+    host = draw(st.sampled_from([None, budget, 3 * budget]))
+    chunk = st.one_of(st.none(), st.tuples(st.integers(1, 300), st.integers(1, 300)))
+    return dict(m=m, n=n, k=k, dtype=dtype, trans_a=draw(st.booleans()),
+                trans_b=draw(st.booleans()), reads_c=draw(st.booleans()),
+                device_budget=budget, host_budget=host, staging=staging,
+                a_chunks=draw(chunk), b_chunks=draw(chunk), align=draw(st.sampled_from([1, 16, 128])))
+
+
+def plan_or_none(kw):
+    try:
+        return make_plan(**kw)
+    except BudgetError as e:
+        assert e.minimum > min(kw["device_budget"], kw["host_budget"] or kw["device_budget"])
+        return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems())
+def test_every_c_element_is_written_by_exactly_one_tile(kw):
+    plan = plan_or_none(kw)
+    if plan is None:
+        return
+    rows = [0] * plan.m
+    cover = {}
+    for t in plan.tiles():
+        assert 0 <= t.r0 < t.r1 <= plan.m and 0 <= t.c0 < t.c1 <= plan.n
+        cover[t.index] = cover.get(t.index, 0) + 1
+        if t.j == 0:
+            for r in range(t.r0, t.r1):
+                rows[r] += 1
+    assert all(v == 1 for v in cover.values()) and len(cover) == plan.n_tiles
+    assert rows == [1] * plan.m
+    cols = sorted((t.c0, t.c1) for t in plan.tiles() if t.i == 0)
+    assert cols[0][0] == 0 and cols[-1][1] == plan.n
+    assert all(a[1] == b[0] for a, b in zip(cols, cols[1:]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems())
+def test_k_panels_cover_k_once_and_budgets_hold(kw):
+    plan = plan_or_none(kw)
+    if plan is None:
+        return
+    panels = plan.k_panels()
+    assert panels[0][0] == 0 and panels[-1][1] == plan.k
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(panels, panels[1:]))
+    assert plan.device_bytes <= plan.device_budget
+    assert plan.host_bytes <= plan.host_budget
+
+
+@settings(max_examples=120, deadline=None)
+@given(problems(), st.data())
+def test_steps_load_every_panel_into_a_free_slot(kw, data):
+    """Simulate the slots: every gemm finds its panels in place; loads match the traffic."""
+    plan = plan_or_none(kw)
+    if plan is None or plan.n_tiles * plan.nk > 4000:
+        return
+    tiles = list(plan.tiles())
+    done = set(data.draw(st.sets(st.sampled_from([t.index for t in tiles]), max_size=3)))
+    a_slot, b_slot = {}, {}
+    last_use_a, last_use_b = {}, {}
+    loads_a = loads_b = 0
+    seen = []
+    for s, step in enumerate(plan.steps(done=done)):
+        assert step.tile.index not in done
+        a_key, b_key = (step.tile.i, step.kp), (step.tile.j, step.kp)
+        assert 0 <= step.a_slot < plan.a_slots and 0 <= step.b_slot < plan.b_slots
+        if step.load_a:
+            loads_a += (step.tile.r1 - step.tile.r0) * (step.k1 - step.k0)
+            # the slot being refilled is not the one the previous gemm reads
+            assert last_use_a.get(step.a_slot, -2) <= s - 2 or s == 0 or plan.a_slots == 1
+            a_slot[step.a_slot] = a_key
+        if step.load_b:
+            loads_b += (step.tile.c1 - step.tile.c0) * (step.k1 - step.k0)
+            assert last_use_b.get(step.b_slot, -2) <= s - 2 or s == 0
+            b_slot[step.b_slot] = b_key
+        assert a_slot[step.a_slot] == a_key and b_slot[step.b_slot] == b_key
+        last_use_a[step.a_slot] = last_use_b[step.b_slot] = s
+        seen.append((step.tile.index, step.kp, step.first, step.last))
+    expected = [(t.index, kp, kp == 0, kp == plan.nk - 1)
+                for t in tiles if t.index not in done for kp in range(plan.nk)]
+    assert seen == expected
+    if not done:
+        assert loads_a == plan.a_reads * plan.m * plan.k
+        assert loads_b == plan.b_reads * plan.k * plan.n
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems())
+def test_budget_below_minimum_states_the_minimum_and_the_minimum_works(kw):
+    kw = dict(kw, device_budget=8, host_budget=None)
+    with pytest.raises(BudgetError) as exc:
+        make_plan(**kw)
+    minimum = exc.value.minimum
+    assert str(minimum) in str(exc.value)
+    plan = make_plan(**dict(kw, device_budget=minimum))
+    assert plan.device_bytes <= minimum
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems())
+def test_explicit_tile_reproduces_the_plan(kw):
+    plan = plan_or_none(kw)
+    if plan is None:
+        return
+    again = make_plan(**dict(kw, tile=(plan.bm, plan.bn, plan.bk), order=plan.order))
+    assert again == plan
+    assert list(again.steps()) == list(plan.steps())
+
+
+def test_resident_panel_is_read_once_when_it_fits():
+    # 4096^2 operands, budget fits a whole row panel of A: A read once
+    plan = make_plan(4096, 4096, 4096, device_budget=200 * 2**20, host_budget=2**30)
+    assert plan.a_reads == 1 or plan.b_reads == 1
+    assert plan.n_tiles > 1
+
+
+def test_everything_fits_reads_each_input_once():
+    plan = make_plan(300, 200, 500, device_budget=2**30)
+    assert (plan.a_reads, plan.b_reads, plan.n_tiles) == (1, 1, 1)
+    assert plan.bound_ratio == pytest.approx(1.0)
+
+
+def test_stream_order_moves_more_than_resident():
+    resident = make_plan(2048, 2048, 2048, device_budget=48 * 2**20)
+    stream = make_plan(2048, 2048, 2048, device_budget=48 * 2**20, order="stream")
+    assert resident.bytes_read <= stream.bytes_read
+
+
+@pytest.mark.parametrize("a_chunks, b_chunks, trans_a, unit_m, unit_k", [
+    ((256, 512), (512, 384), False, 256, 512),   # row chunks of A set bm, A's column chunks set bk
+    ((512, 256), (512, 384), True, 256, 512),    # transposed A: its column chunks set bm
+    (None, (320, 384), False, 128, 320),          # unchunked A: bm aligns to 128, bk to B's chunks
+])
+def test_tiles_align_to_chunks(a_chunks, b_chunks, trans_a, unit_m, unit_k):
+    plan = make_plan(5000, 4000, 6000, trans_a=trans_a, device_budget=64 * 2**20,
+                     a_chunks=a_chunks, b_chunks=b_chunks)
+    assert plan.bm % unit_m == 0 or plan.bm == plan.m
+    assert plan.bk % unit_k == 0 or plan.bk == plan.k
+
+
+def test_plan_prints_a_table_and_serialises():
+    plan = make_plan(10007, 9001, 8191, device_budget=256 * 2**20)
+    text = str(plan)
+    for word in ("loop order", "C tiles", "K panels", "device memory", "lower bound"):
+        assert word in text
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert d["n_tiles"] == plan.n_tiles and d["bound_ratio"] == pytest.approx(plan.bound_ratio)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(m=0, n=3, k=3), ShapeError, ["M", "0"]),                       # empty dimension
+    (dict(m=3, n=3, k=3, dtype="int32"), DtypeError, ["float32", "int32"]),  # wrong dtype
+    (dict(m=3, n=3, k=3, order="diagonal"), PlanError, ["diagonal"]),     # unknown order
+    (dict(m=3, n=3, k=3, tile=(0, 1, 1)), PlanError, ["bm", "0"]),        # zero tile
+    (dict(m=300, n=300, k=300, tile=(300, 300, 300), device_budget=1000),
+     BudgetError, ["at least"]),                                          # explicit tile too big
+])
+def test_bad_arguments_name_the_value(kwargs, error, words):
+    kwargs.setdefault("device_budget", 2**20)
+    with pytest.raises(error) as exc:
+        make_plan(**kwargs)
+    for w in words:
+        assert w in str(exc.value)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_each_order_is_valid_when_forced(order):
+    # small budget, odd shape: every forced order still covers C within budget
+    plan = make_plan(301, 257, 129, device_budget=600_000, order=order, align=16)
+    assert plan.order == order and plan.device_bytes <= 600_000
+    assert sum(1 for _ in plan.tiles()) == plan.n_tiles
