@@ -3,3 +3,8 @@
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+from . import errors  # noqa: E402
+from .api import matmul, plan  # noqa: E402
+
+__all__ = ["__version__", "errors", "matmul", "plan"]

@@ -1,0 +1,211 @@
+"""The Python API: ``matmul`` and ``plan``. The only place that resolves defaults.
+
+``matmul("a.h5:/A", "b.h5:/B", out="c.h5:/C", memory="8GiB")`` computes
+C = alpha * op(A) @ op(B) + beta * C out of core and returns the output (a spec string for
+files, an array for arrays).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from . import io
+from .backends import get_backend
+from .backends.numpy import memory_available as host_memory_available
+from .errors import DtypeError, OptionError, ResumeError, ShapeError
+from .executor import Progress, RunStats, execute
+from .plan import Plan, Rates, make_plan
+from .units import parse_size
+
+#: Without a budget, the compute side may use this share of the memory the backend reports.
+DEVICE_SHARE = {False: 0.25, True: 0.85}
+#: Default host staging budget, as a share of available RAM (staging backends).
+HOST_SHARE = 0.25
+#: Nominal disk speeds for the predicted time (page-cache reads are faster).
+READ_RATE, WRITE_RATE = 2.0e9, 1.0e9
+#: Keys of the journal's job that must match for a resume.
+_JOB_KEYS = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c")
+
+
+def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+           trans_b: bool = False, memory=None, host_memory=None, backend: str = "auto",
+           progress: Callable[[Progress], None] | None = None, resume: bool = False,
+           overwrite: bool = False, io_threads: int | None = None, stats: bool = False):
+    """C = alpha * op(A) @ op(B) + beta * C, out of core.
+
+    ``a``, ``b``: "file.h5:/dataset" specs, h5py Datasets or NumPy arrays (stored matrices;
+    ``trans_a``/``trans_b`` use their transposes without copying). ``out``: a spec, a Dataset,
+    an array, or None for a new array; beta != 0 needs an existing C. ``memory``/
+    ``host_memory``: budgets such as "8GiB", "512MB" or bytes (default: a share of what is
+    free). ``resume``: continue an interrupted run into ``out`` without redoing its finished
+    tiles. Returns the output, or (output, RunStats) with ``stats=True``.
+    """
+    threads = _io_threads(io_threads)
+    be = get_backend(backend)
+    closing: list = []
+    try:
+        A, B = _open_inputs(a, b, closing)
+        p, job = _plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
+                           trans_b=trans_b, memory=memory, host_memory=host_memory,
+                           resume=resume, calibrate=False)
+        sink = io.open_output(out, shape=(p.m, p.n), dtype=np.dtype(p.dtype), inputs=[A, B],
+                              job=job, overwrite=overwrite, resume=resume, reads_c=p.reads_c)
+        if not resume and sink.done:
+            raise ResumeError(f"Expected a fresh output. Got {sink.label} with finished tiles.")
+        closing.append(sink)
+        run = execute(p, A, B, sink, be, alpha=alpha, beta=_parse_scalar(beta, "beta"),
+                      progress=progress, io_threads=threads)
+        result = sink.result
+        closing.remove(sink)
+        sink.close()  # on success a failure to close is an error; otherwise the first error wins
+    finally:
+        _close_quietly(closing, be)
+    return (result, run) if stats else result
+
+
+def plan(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+         trans_b: bool = False, memory=None, host_memory=None, backend: str = "auto",
+         resume: bool = False, **_ignored) -> Plan:
+    """The Plan ``matmul`` would run with the same arguments (opens inputs read-only, writes
+    nothing)."""
+    be = get_backend(backend)
+    closing: list = []
+    try:
+        A, B = _open_inputs(a, b, closing)
+        p, _ = _plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
+                         trans_b=trans_b, memory=memory, host_memory=host_memory,
+                         resume=resume, calibrate=True)
+        return p
+    finally:
+        _close_quietly(closing, be)
+
+
+# ----- resolving the job --------------------------------------------------------------------
+
+def _open_inputs(a, b, closing: list):
+    A = io.open_input(a, name="A")
+    closing.append(A)
+    B = io.open_input(b, name="B")
+    closing.append(B)
+    return A, B
+
+
+def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memory, resume,
+              calibrate: bool) -> tuple[Plan, dict]:
+    m, k, n, dtype = _check_operands(A, B, trans_a, trans_b)
+    alpha, beta = _parse_scalar(alpha, "alpha"), _parse_scalar(beta, "beta")
+    if beta != 0 and out is None:
+        raise ShapeError(f"Expected an existing C as out when beta != 0. Got out=None with "
+                         f"beta={beta}.")
+    device, host = _budgets(be, memory, host_memory)
+    args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
+                device_budget=device, host_budget=host, staging=be.staging,
+                a_chunks=A.chunks, b_chunks=B.chunks,
+                rates=_rates(be, dtype) if calibrate else None)
+    fixed = _resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
+    p = make_plan(m, n, k, dtype, **args, **fixed)
+    job = {"plan": p.key(), "alpha": alpha, "beta": beta,
+           "a": A.label, "b": B.label}
+    return p, job
+
+
+def _check_operands(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int, str]:
+    m, k = A.shape[::-1] if trans_a else A.shape
+    kb, n = B.shape[::-1] if trans_b else B.shape
+    if k != kb:
+        opa = "A^T" if trans_a else "A"
+        opb = "B^T" if trans_b else "B"
+        raise ShapeError(
+            f"Expected the inner dimensions to match: columns of {opa} == rows of {opb}. Got "
+            f"{opa} {m}x{k} ({A.label}, stored {A.shape[0]}x{A.shape[1]}) and {opb} {kb}x{n} "
+            f"({B.label}, stored {B.shape[0]}x{B.shape[1]}): {k} != {kb}.")
+    if np.dtype(A.dtype) != np.dtype(B.dtype):
+        raise DtypeError(f"Expected A and B of one dtype. Got {np.dtype(A.dtype)} for "
+                         f"{A.label} and {np.dtype(B.dtype)} for {B.label}.")
+    return m, k, n, np.dtype(A.dtype).name
+
+
+def _parse_scalar(x, name: str) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise OptionError(f"Expected {name} as a real number. Got {x!r}.") from None
+    if not np.isfinite(v):
+        raise OptionError(f"Expected a finite {name}. Got {x!r}.")
+    return v
+
+
+def _budgets(be, memory, host_memory) -> tuple[int, int]:
+    device = parse_size(memory, name="memory")
+    host = parse_size(host_memory, name="host_memory")
+    if device is None:
+        device = int(be.memory_available() * DEVICE_SHARE[bool(be.staging)])
+    if host is None:
+        host = int(host_memory_available() * HOST_SHARE) if be.staging else device
+    return device, host
+
+
+def _resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:
+    """tile= and order= of the interrupted run recorded for ``out``; ResumeError if the job
+    differs."""
+    if out is None:
+        raise ResumeError("Expected an output to resume. Got out=None.")
+    job = io.read_journal(out)
+    if job is None:
+        raise ResumeError(f"Expected an interrupted output with a journal to resume. Got "
+                          f"{out!r}, which has none (start it without resume).")
+    old = job.get("plan", {})
+    now = dict(m=m, n=n, k=k, dtype=dtype, trans_a=args["trans_a"], trans_b=args["trans_b"],
+               reads_c=args["reads_c"])
+    diff = [f"{key}: recorded {old.get(key)!r}, now {now[key]!r}" for key in _JOB_KEYS
+            if old.get(key) != now[key]]
+    diff += [f"{key}: recorded {job.get(key)!r}, now {v!r}" for key, v in
+             (("alpha", alpha), ("beta", beta)) if job.get(key) != v]
+    if diff:
+        raise ResumeError(f"Expected the same job as the interrupted run on {out!r}. Got a "
+                          f"different one ({'; '.join(diff)}); start over with overwrite.")
+    try:
+        return {"tile": (int(old["bm"]), int(old["bn"]), int(old["bk"])),
+                "order": str(old["order"])}
+    except (KeyError, TypeError, ValueError):
+        raise ResumeError(f"Expected a journal recording the schedule. Got {job!r}.") from None
+
+
+def _rates(be, dtype: str) -> Rates:
+    """Nominal rates for the predicted time: the backend's, else a quick gemm calibration."""
+    own = getattr(be, "rates", None)
+    if callable(own):
+        return own(dtype)
+    n = 384
+    x = be.host_buffer(n * n, np.dtype(dtype))
+    x[:] = 1.0
+    v = be.view(x, (n, n))
+    c = be.view(be.host_buffer(n * n, np.dtype(dtype)), (n, n))
+    be.gemm(v, v, c, 1.0, 0.0, False, False, None)  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(3):
+        be.gemm(v, v, c, 1.0, 0.0, False, False, None)
+    flops = 3 * 2 * n**3 / max(time.perf_counter() - t0, 1e-9)
+    return Rates(flops=flops, read_bytes=READ_RATE, write_bytes=WRITE_RATE)
+
+
+def _io_threads(n: int | None) -> int:
+    if n is None:
+        return min(16, max(2, os.cpu_count() or 1))
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise OptionError(f"Expected io_threads as a positive integer. Got {n!r}.")
+    return n
+
+
+def _close_quietly(closing: list, be) -> None:
+    """Close what was opened, in reverse; a failure to close an input loses nothing."""
+    for x in reversed(closing):
+        try:
+            x.close()
+        except Exception:
+            pass
+    be.close()

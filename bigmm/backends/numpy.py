@@ -1,0 +1,217 @@
+"""The NumPy backend: host memory is the compute memory; gemm is a BLAS call in place.
+
+``staging = False``: host and device buffers are the same NumPy arrays, streams and events are
+trivial (every call completes before it returns) and copies are plain ``copyto``.
+
+``gemm`` calls the row-major CBLAS ``?gemm`` of the BLAS library NumPy itself loaded, through
+ctypes: ctypes releases the GIL for the call, so the reader and writer threads keep running
+while the BLAS threads compute (SciPy's ``scipy.linalg.blas`` wrappers hold the GIL for the
+whole call and would stall them). Where that library cannot be found, ``gemm`` falls back to
+``scipy.linalg.blas.{s,d}gemm`` with ``overwrite_c=True`` on the Fortran view of the C-order
+arrays (c.T = op(b).T @ op(a).T), which also works in place without temporaries.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import BackendUnavailable, DtypeError, ShapeError
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_PREFIXES = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}
+# Symbols with 64-bit integers (ILP64 builds). All integers are passed as 64-bit, which is also
+# correct for an LP64 ``cblas_?gemm`` on x86-64 and aarch64 Linux (every integer argument takes
+# a full register or stack slot); the self-test below guards the choice either way.
+_SYMBOLS = ("scipy_cblas_{p}gemm64_", "cblas_{p}gemm64_", "cblas_{p}gemm")
+BLAS_MODES = ("auto", "cblas", "scipy")
+
+
+class _Event:
+    """A completed event (NumPy work is synchronous)."""
+
+    __slots__ = ()
+
+
+_DONE = _Event()
+
+
+class NumpyBackend:
+    """CPU backend. ``blas``: "auto" (CBLAS via ctypes, else SciPy), "cblas" or "scipy"."""
+
+    name = "numpy"
+    staging = False
+
+    def __init__(self, *, blas: str = "auto"):
+        if blas not in BLAS_MODES:
+            raise BackendUnavailable(
+                f"Expected blas to be one of {', '.join(BLAS_MODES)}. Got {blas!r}.")
+        self._gemm: dict[np.dtype, Callable] = {}
+        for dtype in _PREFIXES:
+            fn = _cblas_gemm(dtype) if blas in ("auto", "cblas") else None
+            if fn is None and blas == "cblas":
+                raise BackendUnavailable(
+                    "Expected a CBLAS library loaded by NumPy (for the ctypes gemm path). "
+                    "Got none; use blas='scipy'.")
+            self._gemm[dtype] = fn or _scipy_gemm(dtype)
+        self.blas = "cblas" if all(f.__name__ == "cblas" for f in self._gemm.values()) else "scipy"
+
+    # ----- buffers --------------------------------------------------------------------------
+    def host_buffer(self, size: int, dtype: np.dtype) -> np.ndarray:
+        return np.empty(int(size), dtype=dtype)
+
+    def device_buffer(self, size: int, dtype: np.dtype) -> np.ndarray:
+        return np.empty(int(size), dtype=dtype)
+
+    def view(self, buf: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        rows, cols = shape
+        if rows * cols > buf.size:
+            raise ShapeError(f"Expected a view of at most {buf.size} elements. "
+                             f"Got shape {shape}.")
+        return buf[: rows * cols].reshape(rows, cols)
+
+    # ----- streams and events (trivial) -----------------------------------------------------
+    def stream(self) -> None:
+        return None
+
+    def copy_in(self, host: np.ndarray, dev: np.ndarray, stream: Any) -> None:
+        np.copyto(dev, host)
+
+    def copy_out(self, dev: np.ndarray, host: np.ndarray, stream: Any) -> None:
+        np.copyto(host, dev)
+
+    def record(self, stream: Any) -> _Event:
+        return _DONE
+
+    def wait(self, stream: Any, event: Any) -> None:
+        return None
+
+    def synchronize(self, event: Any) -> None:
+        return None
+
+    # ----- compute --------------------------------------------------------------------------
+    def gemm(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, alpha: float, beta: float,
+             trans_a: bool, trans_b: bool, stream: Any = None) -> None:
+        """c = alpha * op(a) @ op(b) + beta * c in place; beta == 0 never reads c."""
+        m, k, n = _check_gemm(a, b, c, trans_a, trans_b)
+        self._gemm[c.dtype](a, b, c, m, n, k, float(alpha), float(beta), trans_a, trans_b)
+
+    # ----- resources ------------------------------------------------------------------------
+    def memory_available(self) -> int:
+        return memory_available()
+
+    def close(self) -> None:
+        return None
+
+
+def memory_available() -> int:
+    """MemAvailable from /proc/meminfo in bytes (free physical pages where that is missing)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
+    """(m, k, n) after checking dtypes, contiguity and shapes (the BLAS call trusts them)."""
+    if c.dtype not in _PREFIXES or a.dtype != c.dtype or b.dtype != c.dtype:
+        raise DtypeError(f"Expected a, b and c of one dtype, float32 or float64. "
+                         f"Got {a.dtype}, {b.dtype} and {c.dtype}.")
+    for name, x in (("a", a), ("b", b), ("c", c)):
+        if x.ndim != 2 or not x.flags.c_contiguous:
+            raise ShapeError(f"Expected {name} as a C-contiguous 2-D array. "
+                             f"Got ndim {x.ndim}, strides {x.strides}.")
+    if not c.flags.writeable:
+        raise ShapeError("Expected c to be writeable. Got a read-only array.")
+    m, k = a.shape[::-1] if trans_a else a.shape
+    kb, n = b.shape[::-1] if trans_b else b.shape
+    if k != kb or c.shape != (m, n):
+        raise ShapeError(f"Expected op(a) (m x k), op(b) (k x n) and c (m x n). Got op(a) "
+                         f"{(m, k)}, op(b) {(kb, n)} and c {c.shape}.")
+    return m, k, n
+
+
+def _blas_libraries() -> list[str]:
+    """Paths of the shared libraries with "blas" in their name that this process has loaded."""
+    paths: list[str] = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split()
+                path = parts[-1] if len(parts) >= 6 else ""
+                name = os.path.basename(path).lower()
+                if "blas" in name and ".so" in name and path not in paths:
+                    paths.append(path)
+    except OSError:
+        pass
+    return paths
+
+
+def _cblas_gemm(dtype: np.dtype) -> Callable | None:
+    """The CBLAS gemm of NumPy's BLAS library through ctypes, or None when not usable."""
+    p = _PREFIXES[dtype]
+    real = ctypes.c_float if p == "s" else ctypes.c_double
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for path in _blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for sym in _SYMBOLS:
+            fn = getattr(lib, sym.format(p=p), None)
+            if fn is None:
+                continue
+            fn.argtypes = [i64, i64, i64, i64, i64, i64, real, ptr, i64, ptr, i64, real, ptr, i64]
+            fn.restype = None
+            gemm = _make_cblas(fn)
+            if _self_test(gemm, dtype):
+                return gemm
+    return None
+
+
+def _make_cblas(fn) -> Callable:
+    def cblas(a, b, c, m, n, k, alpha, beta, trans_a, trans_b):
+        fn(_ROW_MAJOR, _TRANS if trans_a else _NO_TRANS, _TRANS if trans_b else _NO_TRANS,
+           m, n, k, alpha, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1],
+           beta, c.ctypes.data, c.shape[1])
+    return cblas
+
+
+def _scipy_gemm(dtype: np.dtype) -> Callable:
+    from scipy.linalg import blas
+
+    fn = getattr(blas, _PREFIXES[dtype] + "gemm")
+
+    def scipy(a, b, c, m, n, k, alpha, beta, trans_a, trans_b):
+        # Fortran sees c.T (n x m) = op(b).T @ op(a).T; every operand is an F-ordered view.
+        r = fn(alpha, b.T, a.T, beta=beta, c=c.T, trans_a=trans_b, trans_b=trans_a,
+               overwrite_c=True)
+        if not np.shares_memory(r, c):  # never expected: the wrapper copies only odd layouts
+            np.copyto(c, r.T)
+    return scipy
+
+
+def _self_test(gemm: Callable, dtype: np.dtype) -> bool:
+    """Check a small product of every transpose against NumPy (guards the ctypes signature)."""
+    rng = np.random.default_rng(0)
+    m, n, k = 5, 3, 7
+    for ta in (False, True):
+        for tb in (False, True):
+            a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+            b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+            c = np.full((m, n), np.nan, dtype=dtype)
+            try:
+                gemm(a, b, c, m, n, k, 1.0, 0.0, ta, tb)
+            except Exception:
+                return False
+            ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+            if not np.allclose(c, ref, rtol=1e-4, atol=1e-4):
+                return False
+    return True

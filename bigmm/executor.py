@@ -1,0 +1,498 @@
+"""Runs a Plan: read -> copy in -> compute -> copy out -> write, with bounded buffers.
+
+The executor is generic over the Backend protocol and the io Source/Sink interfaces. Buffers are
+allocated once per run, as the Plan sized them. The calling thread walks ``plan.steps()`` and
+issues the copies and gemms; a thread pool reads panels ahead of the compute, and one writer
+thread writes finished C tiles and commits them to the output's journal.
+
+Every buffer is a resource with a "last user": the index of the last step that used it. A load
+into a buffer is submitted only once its last user has been issued, and the reader first waits
+for the event that frees the buffer (the gemm that used a device slot, or the copy that emptied
+a host staging slot). Without staging (NumPy) the readers fill the compute slots directly and
+every event is already complete when it is recorded; with staging (GPU) they fill the host slots
+and the calling thread orders copies and kernels on three streams with events.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import BigmmError, Interrupted, ReadError, ShapeError, DtypeError, WriteError
+from .plan import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, Plan, Step, Tile
+
+STAGES = ("read", "copy_in", "compute", "copy_out", "write")
+#: Most steps whose loads may be in flight ahead of the compute.
+MAX_LOOKAHEAD = 64
+#: Panel reads are split into pieces of about this many bytes, one per I/O thread.
+PIECE_BYTES = 4 << 20
+#: Finished tiles are committed to the journal in batches at most this many seconds apart.
+COMMIT_INTERVAL = 0.5
+_POLL = 0.1  # seconds between checks of the stop flag while waiting
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Passed to the progress callback after each tile is written."""
+
+    tiles_done: int  # including tiles skipped because an earlier run finished them
+    tiles_total: int
+    tiles_skipped: int
+    bytes_read: int
+    bytes_written: int
+    flops_done: int
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """What a run did and how long each stage was busy (wall time with any work in flight)."""
+
+    seconds: float
+    flops: int
+    bytes_read: int
+    bytes_written: int
+    tiles_done: int
+    tiles_skipped: int
+    tiles_total: int
+    read_busy: float = 0.0
+    copy_in_busy: float = 0.0
+    compute_busy: float = 0.0
+    copy_out_busy: float = 0.0
+    write_busy: float = 0.0
+
+    @property
+    def busy(self) -> dict[str, float]:
+        return {s: getattr(self, f"{s}_busy") for s in STAGES}
+
+    def utilisation(self) -> dict[str, float]:
+        """Busy time over elapsed time, per stage."""
+        return {s: (b / self.seconds if self.seconds > 0 else 0.0) for s, b in self.busy.items()}
+
+    @property
+    def flops_per_second(self) -> float:
+        return self.flops / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["flops_per_second"] = self.flops_per_second
+        d["utilisation"] = self.utilisation()
+        return d
+
+
+class _Clock:
+    """Union of the wall intervals during which at least one worker was in a stage."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._active = 0
+        self._since = 0.0
+        self.total = 0.0
+
+    def __enter__(self):
+        with self._lock:
+            if self._active == 0:
+                self._since = time.perf_counter()
+            self._active += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._active -= 1
+            if self._active == 0:
+                self.total += time.perf_counter() - self._since
+
+
+@dataclass
+class _Load:
+    """One buffer being filled by the readers: its futures, target views and slot keys."""
+
+    futures: list
+    host: Any = None  # staging: the host view read into
+    dev: Any = None  # the device view the data ends in
+    dev_key: tuple = ()
+    host_key: tuple = ()
+
+
+@dataclass
+class _Entry:
+    index: int
+    step: Step
+    loads: list[_Load] = field(default_factory=list)
+
+
+def execute(plan: Plan, a, b, out, backend, *, alpha: float = 1.0, beta: float = 0.0,
+            progress: Callable[[Progress], None] | None = None, io_threads: int = 4,
+            stop: threading.Event | None = None) -> RunStats:
+    """Run ``plan`` for out = alpha * op(a) @ op(b) + beta * out; returns the run's RunStats.
+
+    ``a``/``b`` are io Sources, ``out`` an io Sink whose ``done`` tiles are skipped. Raises
+    Interrupted (output resumable) on KeyboardInterrupt or when ``stop`` is set; errors from
+    reader or writer threads are raised here after the other threads have stopped.
+    """
+    _check_operands(plan, a, b, out, beta)
+    return _Run(plan, a, b, out, backend, float(alpha), float(beta), progress,
+                max(1, int(io_threads)), stop or threading.Event()).run()
+
+
+def _check_operands(plan: Plan, a, b, out, beta: float) -> None:
+    m, n, k = plan.m, plan.n, plan.k
+    want = {"A": (k, m) if plan.trans_a else (m, k), "B": (n, k) if plan.trans_b else (k, n),
+            "C": (m, n)}
+    for name, x in (("A", a), ("B", b), ("C", out)):
+        if tuple(x.shape) != want[name]:
+            raise ShapeError(f"Expected {name} of shape {want[name]} for this plan. "
+                             f"Got {tuple(x.shape)}.")
+        if np.dtype(x.dtype) != np.dtype(plan.dtype):
+            raise DtypeError(f"Expected {name} of dtype {plan.dtype} for this plan. "
+                             f"Got {np.dtype(x.dtype)}.")
+    if (beta != 0) != plan.reads_c:
+        raise ShapeError(f"Expected a plan with reads_c={beta != 0} for beta={beta}. "
+                         f"Got reads_c={plan.reads_c}.")
+
+
+class _Run:
+    def __init__(self, plan, a, b, out, backend, alpha, beta, progress, io_threads, stop):
+        self.plan, self.a, self.b, self.out, self.be = plan, a, b, out, backend
+        self.alpha, self.beta, self.progress, self.stop = alpha, beta, progress, stop
+        self.io_threads = io_threads
+        self.dtype = np.dtype(plan.dtype)
+        self.clocks = {s: _Clock() for s in STAGES}
+        self.lock = threading.Lock()
+        self.bytes_read = self.bytes_written = self.flops = 0
+        self.cancel = threading.Event()
+        self.tiles_total = plan.n_tiles
+        done = frozenset(out.done)
+        self.skipped = sum(1 for t in plan.tiles() if t.index in done)
+        self.done_before = done
+        self.written = 0
+
+    # ----- set-up ---------------------------------------------------------------------------
+    def _allocate(self) -> None:
+        p, be, dt = self.plan, self.be, self.dtype
+        self.dev = {"A": [be.device_buffer(p.bm * p.bk, dt) for _ in range(p.a_slots)],
+                    "B": [be.device_buffer(p.bk * p.bn, dt) for _ in range(p.b_slots)],
+                    "C": [be.device_buffer(p.bm * p.bn, dt) for _ in range(C_SLOTS)]}
+        self.host = {}
+        if be.staging:
+            self.host = {"A": [be.host_buffer(p.bm * p.bk, dt) for _ in range(HOST_PANEL_SLOTS)],
+                         "B": [be.host_buffer(p.bk * p.bn, dt) for _ in range(HOST_PANEL_SLOTS)],
+                         "C": [be.host_buffer(p.bm * p.bn, dt) for _ in range(HOST_C_SLOTS)]}
+        self.s_in, self.s_compute, self.s_out = be.stream(), be.stream(), be.stream()
+        self.events: dict[tuple, Any] = {}  # buffer key -> event after which it is free
+        self.c_written: dict[int, cf.Future] = {}  # C slot -> write of its last tile
+        self.last_user: dict[tuple, int] = {}
+        self.next_host = {"A": 0, "B": 0}
+
+    # ----- the run --------------------------------------------------------------------------
+    def run(self) -> RunStats:
+        self.t0 = time.perf_counter()
+        self._allocate()
+        self.pool = cf.ThreadPoolExecutor(self.io_threads, thread_name_prefix="bigmm-read")
+        self.writer = _Writer(self)
+        self.writer.start()
+        try:
+            self._loop()
+            self.writer.stop()
+            self._raise_writer_error()
+            self._report()
+            self.out.finish()
+        except BaseException as e:
+            self._abort()
+            if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
+                raise Interrupted(
+                    f"Interrupted after {self.written} of {self.tiles_total - self.skipped} "
+                    f"tiles; the output {self.out.label} is resumable (resume=True).") from None
+            raise
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.writer.stop()
+        return self._stats()
+
+    def _loop(self) -> None:
+        self.steps = iter(self.plan.steps(done=self.done_before))
+        self.pending: Step | None = next(self.steps, None)
+        self.window: deque[_Entry] = deque()
+        self.assigned = self.issued = 0
+        self._fill()
+        while self.window:
+            self._check()
+            entry = self.window.popleft()
+            self._issue(entry)
+            self.issued += 1
+            self._fill()
+
+    def _check(self) -> None:
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+        self._raise_writer_error()
+        self._report()
+
+    def _raise_writer_error(self) -> None:
+        if self.writer.error is not None:
+            raise self.writer.error
+
+    def _report(self) -> None:
+        while True:
+            try:
+                self.writer.finished.get_nowait()
+            except queue.Empty:
+                return
+            self.written += 1
+            if self.progress is not None:
+                with self.lock:
+                    snap = Progress(self.skipped + self.written, self.tiles_total, self.skipped,
+                                    self.bytes_read, self.bytes_written, self.flops,
+                                    time.perf_counter() - self.t0)
+                self.progress(snap)
+
+    # ----- loads ahead of the compute -------------------------------------------------------
+    def _fill(self) -> None:
+        """Submit the loads of the next steps whose buffers' last users have been issued."""
+        while self.pending is not None and len(self.window) < MAX_LOOKAHEAD:
+            entry = self._assign(self.pending, self.assigned)
+            if entry is None:
+                return
+            self.window.append(entry)
+            self.assigned += 1
+            self.pending = next(self.steps, None)
+
+    def _assign(self, st: Step, idx: int) -> _Entry | None:
+        staging = self.be.staging
+        targets = []  # (operand, device slot, host slot or None)
+        if st.load_a:
+            targets.append(("A", st.a_slot, self.next_host["A"] if staging else None))
+        if st.load_b:
+            targets.append(("B", st.b_slot, self.next_host["B"] if staging else None))
+        if st.first and self.plan.reads_c:
+            targets.append(("C", st.c_slot, st.c_slot if staging else None))
+        keys = [(op, s) for op, s, _ in targets]
+        keys += [("h" + op, h) for op, _, h in targets if h is not None]
+        if any(self.last_user.get(k, -1) >= self.issued for k in keys):
+            return None
+        entry = _Entry(idx, st, [self._submit(st, *t) for t in targets])
+        for op, _, h in targets:
+            if h is not None and op != "C":
+                self.next_host[op] = (h + 1) % HOST_PANEL_SLOTS
+        for key in keys + [("A", st.a_slot), ("B", st.b_slot), ("C", st.c_slot)]:
+            self.last_user[key] = idx
+        return entry
+
+    def _submit(self, st: Step, op: str, slot: int, hslot: int | None) -> _Load:
+        src, (r0, r1, c0, c1), shape = self._region(st, op)
+        dev = self.be.view(self.dev[op][slot], shape)
+        host = self.be.view(self.host[op][hslot], shape) if hslot is not None else None
+        target = dev if host is None else host
+        if op == "C":  # the C buffer is free once the write of its previous tile finished
+            gate = self.c_written.get(slot)
+            ready = (lambda: gate.result()) if gate is not None else (lambda: None)
+        else:
+            event = self.events.get(("h" + op, hslot) if host is not None else (op, slot))
+            ready = (lambda: self.be.synchronize(event)) if event is not None else (lambda: None)
+        futures = [self.pool.submit(self._read, src, rr0, rr1, c0, c1, target[rr0 - r0:rr1 - r0],
+                                    ready)
+                   for rr0, rr1 in _pieces(r0, r1, c1 - c0, self.dtype.itemsize,
+                                           self.io_threads, getattr(src, "chunks", None))]
+        return _Load(futures, host, dev, (op, slot), ("h" + op, hslot) if host is not None else ())
+
+    def _region(self, st: Step, op: str):
+        """(source, stored region (r0, r1, c0, c1), stored shape) of a step's operand."""
+        t, k0, k1, p = st.tile, st.k0, st.k1, self.plan
+        if op == "A":
+            reg = (k0, k1, t.r0, t.r1) if p.trans_a else (t.r0, t.r1, k0, k1)
+            src = self.a
+        elif op == "B":
+            reg = (t.c0, t.c1, k0, k1) if p.trans_b else (k0, k1, t.c0, t.c1)
+            src = self.b
+        else:
+            reg, src = (t.r0, t.r1, t.c0, t.c1), self.out
+        return src, reg, (reg[1] - reg[0], reg[3] - reg[2])
+
+    def _read(self, src, r0, r1, c0, c1, target, ready) -> None:
+        if self.cancel.is_set():
+            return
+        ready()
+        with self.clocks["read"]:
+            try:
+                src.read(r0, r1, c0, c1, target)
+            except BigmmError:
+                raise
+            except Exception as e:
+                raise ReadError(f"Expected to read rows {r0}:{r1}, columns {c0}:{c1} of "
+                                f"{src.label}. Got {type(e).__name__}: {e}") from e
+        with self.lock:
+            self.bytes_read += target.nbytes
+
+    # ----- issuing copies and gemms ---------------------------------------------------------
+    def _issue(self, entry: _Entry) -> None:
+        st, p, be = entry.step, self.plan, self.be
+        for load in entry.loads:
+            for f in load.futures:
+                self._wait(f)
+        if be.staging:
+            self._copy_in(entry)
+        elif st.first and not p.reads_c and st.c_slot in self.c_written:
+            self._wait(self.c_written[st.c_slot])
+        t = st.tile
+        a = be.view(self.dev["A"][st.a_slot],
+                    (st.k1 - st.k0, t.r1 - t.r0) if p.trans_a else (t.r1 - t.r0, st.k1 - st.k0))
+        b = be.view(self.dev["B"][st.b_slot],
+                    (t.c1 - t.c0, st.k1 - st.k0) if p.trans_b else (st.k1 - st.k0, t.c1 - t.c0))
+        c = be.view(self.dev["C"][st.c_slot], t.shape)
+        beta = (self.beta if st.first else 1.0)
+        with self.clocks["compute"]:
+            be.gemm(a, b, c, self.alpha, beta, p.trans_a, p.trans_b, self.s_compute)
+        event = be.record(self.s_compute)
+        self.events[("A", st.a_slot)] = self.events[("B", st.b_slot)] = event
+        with self.lock:
+            self.flops += 2 * (t.r1 - t.r0) * (t.c1 - t.c0) * (st.k1 - st.k0)
+        if st.last:
+            self._finish_tile(st, c, event)
+
+    def _copy_in(self, entry: _Entry) -> None:
+        be, st = self.be, entry.step
+        c_loaded = False
+        with self.clocks["copy_in"]:
+            for load in entry.loads:
+                free = self.events.get(load.dev_key)  # last gemm on a slot, copy-out of a C
+                c_loaded = c_loaded or load.dev_key[0] == "C"
+                if free is not None:
+                    be.wait(self.s_in, free)
+                be.copy_in(load.host, load.dev, self.s_in)
+                done = be.record(self.s_in)
+                if load.dev_key[0] != "C":
+                    self.events[load.host_key] = done
+                be.wait(self.s_compute, done)
+        if st.first and not c_loaded and ("C", st.c_slot) in self.events:
+            be.wait(self.s_compute, self.events[("C", st.c_slot)])
+
+    def _finish_tile(self, st: Step, c, event) -> None:
+        be, cs = self.be, st.c_slot
+        src = c
+        if be.staging:
+            if cs in self.c_written:
+                self._wait(self.c_written[cs])
+            src = be.view(self.host["C"][cs], st.tile.shape)
+            with self.clocks["copy_out"]:
+                be.wait(self.s_out, event)
+                be.copy_out(c, src, self.s_out)
+                event = be.record(self.s_out)
+            self.events[("C", cs)] = event
+        self.c_written[cs] = self.writer.submit(st.tile, src, event)
+
+    def _wait(self, fut: cf.Future) -> None:
+        """Wait for a future while watching the stop flag and the writer; raise its error."""
+        while not fut.done():
+            cf.wait([fut], timeout=_POLL)
+            if self.stop.is_set():
+                raise KeyboardInterrupt
+            self._raise_writer_error()
+        fut.result()
+
+    # ----- ending ---------------------------------------------------------------------------
+    def _abort(self) -> None:
+        """Stop reading, let the writer finish the tiles it holds, commit them."""
+        self.cancel.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.writer.stop()
+
+    def _stats(self) -> RunStats:
+        busy = {f"{s}_busy": c.total for s, c in self.clocks.items()}
+        return RunStats(time.perf_counter() - self.t0, self.flops, self.bytes_read,
+                        self.bytes_written, self.written, self.skipped, self.tiles_total, **busy)
+
+
+class _Writer(threading.Thread):
+    """Writes finished tiles in order and commits them to the journal in batches."""
+
+    def __init__(self, run: _Run):
+        super().__init__(name="bigmm-write", daemon=True)
+        self.run_ = run
+        self.q: queue.Queue = queue.Queue()
+        self.finished: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self._stopped = False
+
+    def submit(self, tile: Tile, src, event) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        self.q.put((tile, src, event, fut))
+        return fut
+
+    def stop(self) -> None:
+        """Write and commit what is queued, then end the thread (idempotent)."""
+        if not self._stopped:
+            self._stopped = True
+            self.q.put(None)
+        if self.is_alive():
+            self.join()
+
+    def run(self) -> None:
+        r = self.run_
+        pending: list[tuple[int, int]] = []
+        last = time.perf_counter()
+        while True:
+            item = self.q.get()
+            if item is None:
+                break
+            tile, src, event, fut = item
+            if self.error is not None:
+                fut.set_exception(self.error)
+                continue
+            try:
+                self._write(tile, src, event)
+                pending.append(tile.index)
+                fut.set_result(None)
+                self.finished.put(tile)
+                if time.perf_counter() - last >= COMMIT_INTERVAL:
+                    self._commit(pending)
+                    last = time.perf_counter()
+            except BaseException as e:
+                self.error = e
+                fut.set_exception(e)
+        if self.error is None:
+            try:
+                self._commit(pending)
+            except BaseException as e:
+                self.error = e
+
+    def _write(self, tile: Tile, src, event) -> None:
+        r = self.run_
+        r.be.synchronize(event)
+        with r.clocks["write"]:
+            try:
+                r.out.write(tile.r0, tile.r1, tile.c0, tile.c1, src)
+            except BigmmError:
+                raise
+            except Exception as e:
+                raise WriteError(f"Expected to write rows {tile.r0}:{tile.r1}, columns "
+                                 f"{tile.c0}:{tile.c1} of {r.out.label}. "
+                                 f"Got {type(e).__name__}: {e}") from e
+        with r.lock:
+            r.bytes_written += src.nbytes
+
+    def _commit(self, pending: list) -> None:
+        if pending:
+            with self.run_.clocks["write"]:
+                self.run_.out.commit(list(pending))
+            pending.clear()
+
+
+def _pieces(r0: int, r1: int, cols: int, itemsize: int, threads: int,
+            chunks: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """Split rows [r0, r1) into at most ``threads`` pieces of at least PIECE_BYTES each.
+
+    Inner edges fall on the source's chunk rows, so a compressed chunk is decoded once.
+    """
+    rows = r1 - r0
+    n = max(1, min(threads, rows, rows * cols * itemsize // PIECE_BYTES))
+    unit = chunks[0] if chunks else 1
+    step = -(-rows // n)
+    inner = {-(-(r0 + i * step) // unit) * unit for i in range(1, n)}
+    edges = sorted({r0, r1} | {e for e in inner if r0 < e < r1})
+    return list(zip(edges, edges[1:]))
