@@ -1,0 +1,173 @@
+"""The NumPy backend: in-place BLAS gemm, beta == 0 never reads C, trivial streams, registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.linalg import blas as scipy_blas
+
+from bigmm.backends import BACKENDS, get_backend, probe_cuda
+from bigmm.backends.base import Backend
+from bigmm.backends.numpy import NumpyBackend, memory_available
+from bigmm.errors import BackendUnavailable, DtypeError, ShapeError
+from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+
+TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
+
+GEMM_CASES = [
+    # (m, n, k, dtype, alpha, beta)
+    (1, 1, 1, np.float64, 1.0, 0.0),  # scalar product
+    (7, 13, 29, np.float32, 1.0, 0.0),  # primes, single precision
+    (31, 1, 17, np.float64, -2.5, 0.0),  # one column, negative alpha
+    (1, 23, 41, np.float32, 0.5, 1.0),  # one row, accumulate
+    (53, 37, 3, np.float64, 1.0, -0.75),  # short depth, negative beta
+    (97, 61, 211, np.float32, 1.25, 2.0),  # K larger than M and N, general alpha/beta
+]
+
+
+def _operands(m, n, k, dtype, ta, tb, seed=0):
+    a = random_matrix((k, m) if ta else (m, k), dtype, seed)
+    b = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
+    c = random_matrix((m, n), dtype, seed + 2)
+    return a, b, c
+
+
+@pytest.fixture(params=["cblas", "scipy"])
+def backend(request):
+    try:
+        return NumpyBackend(blas=request.param)
+    except BackendUnavailable:
+        pytest.skip("NumPy's BLAS library exposes no CBLAS gemm here")
+
+
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize("m,n,k,dtype,alpha,beta", GEMM_CASES)
+def test_gemm_matches_reference_in_place(backend, m, n, k, dtype, alpha, beta, ta, tb):
+    a, b, c0 = _operands(m, n, k, dtype, ta, tb)
+    buf = backend.device_buffer(m * n + 5, dtype)
+    buf[:] = np.nan
+    c = backend.view(buf, (m, n))
+    if beta != 0:
+        c[...] = c0
+    backend.gemm(a, b, c, alpha, beta, ta, tb, backend.stream())
+    ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    assert relative_error(buf[: m * n].reshape(m, n), ref) <= tolerance(dtype, k)
+    assert np.isnan(buf[m * n:]).all()  # nothing written past the view
+
+
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_beta_zero_never_reads_c(backend, dtype, ta, tb):
+    m, n, k = 19, 11, 23
+    a, b, _ = _operands(m, n, k, dtype, ta, tb, seed=5)
+    c = np.full((m, n), np.nan, dtype)
+    c[::3, ::2] = np.inf  # garbage of every kind
+    backend.gemm(a, b, c, 1.0, 0.0, ta, tb, None)
+    assert np.isfinite(c).all()
+    assert relative_error(c, reference_gemm(a, b, trans_a=ta, trans_b=tb)) <= tolerance(dtype, k)
+
+
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize("dtype,fn", [(np.float32, scipy_blas.sgemm), (np.float64, scipy_blas.dgemm)])
+def test_scipy_gemm_on_fortran_views_returns_the_given_memory(dtype, fn, ta, tb):
+    m, n, k = 17, 9, 26
+    a, b, _ = _operands(m, n, k, dtype, ta, tb, seed=9)
+    c = np.full((m, n), np.nan, dtype)
+    r = fn(1.0, b.T, a.T, beta=0.0, c=c.T, trans_a=tb, trans_b=ta, overwrite_c=True)
+    assert r.ctypes.data == c.ctypes.data and np.shares_memory(r, c)
+    assert relative_error(c, reference_gemm(a, b, trans_a=ta, trans_b=tb)) <= tolerance(dtype, k)
+
+
+BAD_GEMM = [
+    # (description, a shape, b shape, c shape, dtypes, error)
+    ("inner dims differ", (4, 5), (6, 3), (4, 3), ("f8", "f8", "f8"), ShapeError),
+    ("c has the wrong shape", (4, 5), (5, 3), (3, 4), ("f8", "f8", "f8"), ShapeError),
+    ("mixed dtypes", (4, 5), (5, 3), (4, 3), ("f4", "f8", "f8"), DtypeError),
+    ("integer dtype", (4, 5), (5, 3), (4, 3), ("i8", "i8", "i8"), DtypeError),
+]
+
+
+@pytest.mark.parametrize("what,sa,sb,sc,dts,err", BAD_GEMM, ids=[c[0] for c in BAD_GEMM])
+def test_gemm_rejects_bad_operands(what, sa, sb, sc, dts, err):
+    be = NumpyBackend()
+    a, b, c = (np.ones(s, dtype=d) for s, d in zip((sa, sb, sc), dts))
+    with pytest.raises(err, match="Expected"):
+        be.gemm(a, b, c, 1.0, 0.0, False, False, None)
+
+
+def test_gemm_rejects_strided_views():
+    be = NumpyBackend()
+    a = random_matrix((8, 12), np.float64)[:, ::2]  # not contiguous
+    with pytest.raises(ShapeError, match="C-contiguous"):
+        be.gemm(a, np.ones((6, 3)), np.empty((8, 3)), 1.0, 0.0, False, False, None)
+
+
+def test_view_is_a_prefix_of_the_buffer_and_bounded():
+    be = NumpyBackend()
+    buf = be.host_buffer(30, np.float32)
+    v = be.view(buf, (4, 7))
+    assert v.shape == (4, 7) and v.flags.c_contiguous and np.shares_memory(v, buf)
+    v[...] = 3.0
+    assert (buf[:28] == 3.0).all()
+    with pytest.raises(ShapeError, match="at most 30"):
+        be.view(buf, (4, 8))
+
+
+def test_streams_events_and_copies_are_synchronous():
+    be = NumpyBackend()
+    s = be.stream()
+    host = random_matrix((5, 6), np.float64, 3)
+    dev = np.full((5, 6), np.nan)
+    be.copy_in(host, dev, s)
+    ev = be.record(s)
+    be.wait(s, ev)
+    be.synchronize(ev)
+    back = np.full((5, 6), np.nan)
+    be.copy_out(dev, back, s)
+    assert np.array_equal(back, host)
+    assert be.staging is False and be.name == "numpy"
+
+
+def test_memory_available_agrees_with_psutil():
+    psutil = pytest.importorskip("psutil")
+    have = memory_available()
+    ref = psutil.virtual_memory().available
+    assert have > 0
+    assert abs(have - ref) <= 0.2 * ref
+
+
+REGISTRY = [
+    # (name, expected backend name or error)
+    ("numpy", "numpy"),  # explicit CPU backend
+    ("NumPy", "numpy"),  # names are case-insensitive
+    ("auto", "cupy" if probe_cuda() else "numpy"),  # auto: cupy only where a GPU answers
+]
+
+
+@pytest.mark.parametrize("name,expected", REGISTRY)
+def test_registry_selects_by_name(name, expected):
+    try:
+        be = get_backend(name)
+    except BackendUnavailable:
+        assert expected == "cupy"  # GPU present but no cupy backend in this build
+        return
+    assert be.name == expected
+    assert isinstance(be, Backend)
+
+
+@pytest.mark.parametrize("name", ["torch", "", "opencl"])
+def test_registry_rejects_unknown_names_listing_the_known(name):
+    with pytest.raises(BackendUnavailable) as e:
+        get_backend(name)
+    assert all(n in str(e.value) for n in BACKENDS) and repr(name) in str(e.value)
+
+
+@pytest.mark.skipif(probe_cuda(), reason="a GPU is usable here")
+def test_cupy_backend_without_a_gpu_is_unavailable():
+    with pytest.raises(BackendUnavailable, match="Expected"):
+        get_backend("cupy")
+
+
+def test_unknown_blas_mode_is_rejected():
+    with pytest.raises(BackendUnavailable, match="'mkl'"):
+        NumpyBackend(blas="mkl")
