@@ -182,7 +182,7 @@ def cmd_multiply(args) -> int:
     from . import api
 
     kwargs = _job_kwargs(args)
-    plan = api.plan(args.a, args.b, **kwargs)
+    plan = api.plan(args.a, args.b, args.out, resume=args.resume, **kwargs)
     with _progress_bar(enabled=not args.quiet and sys.stderr.isatty()) as progress:
         try:
             out, stats = api.matmul(args.a, args.b, args.out, **kwargs, progress=progress,
@@ -192,7 +192,7 @@ def cmd_multiply(args) -> int:
             progress.stop()
             _err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
             return EXIT_INTERRUPTED
-    summary = run_summary(plan, stats, out, args.a, args.b)
+    summary = run_summary(plan, stats, out, args.a, args.b, backend_name(args.backend))
     if args.json:
         print(json.dumps(summary, indent=2))
     elif not args.quiet:
@@ -209,7 +209,7 @@ def resume_command(argv: list[str]) -> str:
 def cmd_plan(args) -> int:
     from . import api
 
-    plan = api.plan(args.a, args.b, **_job_kwargs(args))
+    plan = api.plan(args.a, args.b, args.out, **_job_kwargs(args))
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, default=str))
     else:
@@ -219,7 +219,20 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def run_summary(plan, stats, out, a, b) -> dict:
+def backend_name(requested: str) -> str:
+    """The backend a run with ``--backend requested`` uses ("auto" resolved)."""
+    if requested != "auto":
+        return requested
+    from .backends import get_backend
+
+    be = get_backend(requested)
+    try:
+        return be.name
+    finally:
+        be.close()
+
+
+def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
     """Machine-readable summary of a finished run (what ``--json`` prints)."""
     seconds = max(float(stats.seconds), 1e-12)
     moved = stats.bytes_read + stats.bytes_written
@@ -233,7 +246,7 @@ def run_summary(plan, stats, out, a, b) -> dict:
     return {
         "a": str(a), "b": str(b), "out": str(out),
         "shape_a": list(a_shape), "shape_b": list(b_shape), "shape_c": [plan.m, plan.n],
-        "dtype": plan.dtype, "backend": getattr(stats, "backend", None),
+        "dtype": plan.dtype, "backend": getattr(stats, "backend", None) or backend,
         "seconds": float(stats.seconds), "flops": int(stats.flops),
         "tflops": stats.flops / seconds / 1e12, "gbps": moved / seconds / 1e9,
         "bytes_read": int(stats.bytes_read), "bytes_written": int(stats.bytes_written),
@@ -349,7 +362,7 @@ def cmd_demo(args) -> int:
         with _progress_bar(enabled=sys.stderr.isatty()) as progress:
             out, stats = api.matmul(a, b, c, memory=memory, backend=args.backend,
                                     progress=progress, overwrite=True, stats=True)
-        s = run_summary(plan, stats, out, a, b)
+        s = run_summary(plan, stats, out, a, b, backend_name(args.backend))
         print(format_summary(s))
         t0 = time.perf_counter()
         result = verify(a, b, c)
@@ -388,7 +401,7 @@ def cmd_bench(args) -> int:
         t_numpy = time.perf_counter() - t0
     flops = 2.0 * n ** 3
     result = {"n": n, "dtype": args.dtype, "memory": str(memory),
-              "backend": getattr(stats, "backend", None), "verified": check.passed,
+              "backend": backend_name(args.backend), "verified": check.passed,
               "bigmm_seconds": stats.seconds, "bigmm_tflops": flops / stats.seconds / 1e12,
               "numpy_seconds": t_numpy, "numpy_tflops": flops / t_numpy / 1e12,
               "ratio_to_numpy": t_numpy / stats.seconds}

@@ -1,0 +1,194 @@
+"""The ``bigmm`` command, in process through ``main([...])`` and as ``python -m bigmm``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from bigmm.cli import main
+from bigmm.io.generate import block
+from bigmm.testing import reference_gemm, relative_error, tolerance
+
+M, K, N = 157, 211, 103  # multiples of nothing
+BUDGET = "120KB"          # forces many tiles and K panels
+
+
+def run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def operands(tmp_path, capsys):
+    """A (chunked) and B (compressed) on disk, and their in-memory copies."""
+    a, b = f"{tmp_path / 'a.h5'}:/A", f"{tmp_path / 'b.h5'}:/grp/B"
+    assert run(capsys, "generate", a, "--shape", M, K, "--layout", "chunked",
+               "--chunks", 50, 70, "--seed", 1)[0] == 0
+    assert run(capsys, "generate", b, "--shape", K, N, "--layout", "compressed",
+               "--seed", 2)[0] == 0
+    return a, b, block((M, K), 1, 0, M, "float32"), block((K, N), 2, 0, K, "float32")
+
+
+def test_generate_multiply_verify_roundtrip(tmp_path, capsys, operands):
+    a, b, xa, xb = operands
+    c = f"{tmp_path / 'c.h5'}:/C"
+    rc, out, err = run(capsys, "multiply", a, b, "-o", c, "--memory", BUDGET, "--backend", "numpy")
+    assert rc == 0, err
+    assert "TFLOP/s" in out and err == ""
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        got = f["C"][...]
+    assert relative_error(got, reference_gemm(xa, xb)) < tolerance(np.float32, K)
+    rc, out, err = run(capsys, "verify", a, b, c)
+    assert rc == 0 and out.startswith("PASSED"), out + err
+
+
+def test_multiply_json_summary(tmp_path, capsys, operands):
+    a, b, _, _ = operands
+    c = f"{tmp_path / 'c.h5'}:/C"
+    rc, out, err = run(capsys, "multiply", a, b, "-o", c, "--memory", BUDGET, "--backend",
+                       "numpy", "--alpha", "0.5", "--json")
+    assert rc == 0, err
+    s = json.loads(out)
+    assert s["shape_a"] == [M, K] and s["shape_b"] == [K, N] and s["shape_c"] == [M, N]
+    assert s["dtype"] == "float32" and s["out"].endswith("c.h5:/C")
+    assert s["tiles_total"] > 4 and s["tiles_done"] + s["tiles_skipped"] == s["tiles_total"]
+    assert s["bytes_read"] >= 4 * (M * K + K * N) and s["bytes_written"] == 4 * M * N
+    assert s["flops"] == 2 * M * N * K and s["seconds"] > 0 and s["tflops"] > 0
+    assert s["gbps"] > 0 and set(s["stages"]) >= {"read", "compute", "write"}
+    assert all(0 <= v["utilisation"] <= 1.5 for v in s["stages"].values())
+
+
+def test_plan_writes_nothing(tmp_path, capsys, operands):
+    a, b, _, _ = operands
+    before = sorted(os.listdir(tmp_path))
+    c = f"{tmp_path / 'c.h5'}:/C"
+    rc, out, err = run(capsys, "plan", a, b, "-o", c, "--memory", BUDGET, "--backend", "numpy")
+    assert rc == 0, err
+    assert f"C[{M} x {N}]" in out and "C tiles" in out and "predicted time" in out
+    rc, out, err = run(capsys, "plan", a, b, "--memory", BUDGET, "--backend", "numpy", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert (d["m"], d["n"], d["k"]) == (M, N, K) and d["n_tiles"] > 4
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_verify_fails_on_a_changed_element(tmp_path, capsys, operands):
+    a, b, xa, xb = operands
+    c = reference_gemm(xa, xb).astype(np.float32)
+    c[M // 2, N - 1] += 1.0
+    with h5py.File(tmp_path / "bad.h5", "w") as f:
+        f["C"] = c
+    rc, out, err = run(capsys, "verify", a, b, f"{tmp_path / 'bad.h5'}:/C", "--json")
+    assert rc == 1, err
+    r = json.loads(out)
+    assert r["passed"] is False and r["worst"] == [M // 2, N - 1]
+
+
+# Each case: argv (with {a}, {b}, {t} for the operands and tmp_path) and a word the error names.
+ERROR_CASES = [
+    (["multiply", "{t}/nope.h5:/A", "{b}", "-o", "{t}/c.h5:/C"], "nope.h5"),  # missing file
+    (["multiply", "{a}", "{t}/b.h5:/missing", "-o", "{t}/c.h5:/C"], "missing"),  # no dataset
+    (["multiply", "{a}", "{a}", "-o", "{t}/c.h5:/C"], "Expected"),           # inner dims differ
+    (["multiply", "{a}", "{b}", "-o", "{a}", "--overwrite"], "Expected"),    # output is input
+    (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--memory", "lots"], "lots"),  # bad size
+    (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--memory", "100"], "budget"),  # too small
+    (["multiply", "{a}", "{b}", "-o", "{t}/no/dir/c.h5:/C"], "Expected"),    # no such directory
+    (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--resume"], "Expected"),  # nothing to resume
+    (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--backend", "tpu"], "tpu"),  # backend
+    (["plan", "{a}", "{b}", "--memory=-3GiB"], "Expected"),                   # negative size
+    (["verify", "{a}", "{b}", "{t}/nope.h5:/C"], "nope.h5"),                 # missing C
+    (["verify", "{a}", "{b}", "{a}"], "Expected"),                           # C has wrong shape
+    (["generate", "{t}/g.h5:/G", "--shape", "0", "5"], "shape"),             # empty shape
+    (["generate", "{a}", "--shape", "5", "5"], "overwrite"),                 # exists
+    (["generate", "no-dataset-part", "--shape", "5", "5"], "Expected"),      # bad spec
+    (["frobnicate"], "invalid choice"),                                      # unknown command
+    (["multiply", "{a}"], "required"),                                       # missing arguments
+]
+
+
+@pytest.mark.parametrize("argv, word", ERROR_CASES)
+def test_errors_are_one_line(tmp_path, capsys, operands, argv, word):
+    a, b, _, _ = operands
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        a_before = f["A"][...]
+    argv = [w.format(a=a, b=b, t=tmp_path) for w in argv]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bigmm"), err
+    assert "error:" in lines[0] and word in lines[0] and "Traceback" not in err
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        assert np.array_equal(f["A"][...], a_before)  # the inputs are untouched
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    rc, _, err = run(capsys, "--debug", "verify", f"{tmp_path}/x.h5:/A", f"{tmp_path}/x.h5:/B",
+                     f"{tmp_path}/x.h5:/C")
+    assert rc == 2 and "Traceback" in err and err.strip().splitlines()[-1].startswith("bigmm")
+
+
+def test_demo_runs(tmp_path, capsys):
+    rc, out, err = run(capsys, "demo", "--size", 173, "--dir", tmp_path, "--backend", "numpy")
+    assert rc == 0, out + err
+    assert "C tiles" in out and "PASSED" in out and "demo passed" in out and "GB/s" in out
+    assert (tmp_path / "demo.h5").exists()
+
+
+def _bigmm(*argv, **kw):
+    return subprocess.run([sys.executable, "-m", "bigmm", *map(str, argv)], capture_output=True,
+                          text=True, timeout=120, **kw)
+
+
+def test_subprocess_roundtrip_and_error(tmp_path):
+    a, b, c = (f"{tmp_path / 'm.h5'}:/{x}" for x in "ABC")
+    assert _bigmm("generate", a, "--shape", 31, 45, "--dtype", "float64").returncode == 0
+    assert _bigmm("generate", b, "--shape", 45, 29, "--seed", 3, "--dtype", "float64").returncode == 0
+    p = _bigmm("multiply", a, b, "-o", c, "--memory", "20KB", "--backend", "numpy", "--trans-b")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+    p = _bigmm("multiply", a, b, "-o", c, "--memory", "20KB", "--backend", "numpy")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""  # not a TTY: no progress bar
+    p = _bigmm("verify", a, b, c)
+    assert p.returncode == 0 and "PASSED" in p.stdout
+
+
+def test_ctrl_c_leaves_a_resumable_output(tmp_path):
+    """SIGINT mid-run: one line with the --resume command, exit 130; that command finishes."""
+    a, b, c = (f"{tmp_path / 'i.h5'}:/{x}" for x in "ABC")
+    n = 1200
+    for spec, seed in ((a, 1), (b, 2)):
+        assert _bigmm("generate", spec, "--shape", n, n, "--seed", seed).returncode == 0
+    argv = ["multiply", a, b, "-o", c, "--memory", "300KB", "--backend", "numpy"]
+    proc = subprocess.Popen([sys.executable, "-m", "bigmm", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    journal = None
+    while time.time() < deadline and proc.poll() is None:
+        found = [p for p in os.listdir(tmp_path) if p.endswith(".bigmm-journal")]
+        if found and (tmp_path / found[0]).read_text().count("\n") >= 2:  # a tile is done
+            journal = found[0]
+            break
+        time.sleep(0.02)
+    if proc.poll() is not None:
+        pytest.skip("the run finished before it could be interrupted")
+    assert journal is not None
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "resumable" in lines[0] and "Traceback" not in err
+    command = lines[0].split("resumable: ", 1)[-1]
+    assert command.startswith("bigmm multiply") and command.endswith("--resume")
+    p = _bigmm(*shlex.split(command)[1:])
+    assert p.returncode == 0, p.stderr
+    assert _bigmm("verify", a, b, c).returncode == 0
