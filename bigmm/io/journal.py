@@ -67,7 +67,7 @@ class Journal:
     @classmethod
     def load(cls, path: str) -> "Journal | None":
         """Open an existing journal, or None when there is none."""
-        parsed = _parse(path)
+        parsed = parse_journal(path)
         return None if parsed is None else cls(path, *parsed)
 
     def append(self, record: dict) -> None:
@@ -93,7 +93,8 @@ class Journal:
             _fsync_dir(self.path)
 
 
-def _parse(path: str):
+def parse_journal(path: str):
+    """(header, tiles, swap, valid_bytes) of the journal at ``path``, or None if there is none."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()

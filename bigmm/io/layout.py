@@ -63,8 +63,9 @@ def _probe(dset: h5py.Dataset) -> Layout:
     if kind == h5d.VIRTUAL:
         return _fallback("virtual dataset", chunks)
     if dcpl.get_nfilters():
-        names = [dcpl.get_filter(i)[3].decode(errors="replace").split(";")[0] or str(dcpl.get_filter(i)[0])
-                 for i in range(dcpl.get_nfilters())]
+        filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
+        names = [name.decode(errors="replace").split(";")[0] or str(code)
+                 for code, _flags, _values, name in filters]
         return _fallback("filters: " + ", ".join(names), chunks)
     fill = float(np.asarray(dset.fillvalue, dtype=dtype.newbyteorder("=")))
     if kind == h5d.CONTIGUOUS:

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import (DtypeError, OperandNotFound, OutputExistsError, OutputIsInputError,
                       OutputNotWritable, ResumeError, ShapeError, SpecError)
 from ._h5 import COMPLETE_ATTR, H5LOCK, dtype_name
-from .journal import Journal, journal_path, normalise
+from .journal import Journal, journal_path, normalise, parse_journal
 from .sink import PARTIAL_SUFFIX, ArraySink, DatasetSink, FileSink, Sink, create_dataset
 from .source import DEFAULT_THREADS, Source, release_h5_handles
 from .spec import Spec, parse_spec
@@ -199,10 +199,9 @@ def _resume(spec, journal, header, info, shape, dtype, reads_c, threads) -> Sink
 
 def read_journal(x) -> dict | None:
     """The job recorded for an interrupted output ``x`` (spec), or None when there is none."""
-    if not isinstance(x, (str, Spec, os.PathLike)):
+    if isinstance(x, os.PathLike):
+        x = os.fspath(x)
+    if not isinstance(x, (str, Spec)):
         return None
-    journal = Journal.load(journal_path(parse_spec(os.fspath(x) if isinstance(x, os.PathLike) else x)))
-    if journal is None:
-        return None
-    journal.close()
-    return journal.header.get("job")
+    parsed = parse_journal(journal_path(parse_spec(x)))
+    return None if parsed is None else parsed[0].get("job")

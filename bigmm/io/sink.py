@@ -25,15 +25,13 @@ import h5py
 import numpy as np
 from h5py import h5d, h5p, h5s, h5t
 
-from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, OutputExistsError,
-                      OutputIsInputError, OutputNotWritable, ResumeError, ShapeError, SpecError,
-                      WriteError)
-from ._h5 import COMPLETE_ATTR, H5LOCK, check_matrix
-from .journal import Journal, journal_path, normalise
+from ..errors import BigmmError, DiskFullError, ShapeError, WriteError
+from ._h5 import COMPLETE_ATTR, H5LOCK
+from .journal import Journal
 from .layout import probe_layout
 from .rawio import write_block
 from .source import DEFAULT_THREADS, TASK_BYTES, open_input, release_h5_handles
-from .spec import Spec, parse_spec
+from .spec import Spec
 
 PARTIAL_SUFFIX = ".bigmm-partial"
 _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
@@ -133,7 +131,8 @@ class DatasetSink(Sink):
         with H5LOCK:
             self.dset.file.flush()
 
-    finish = commit
+    def finish(self) -> None:
+        self.commit([])
 
 
 # ----- file outputs ---------------------------------------------------------------------------

@@ -1,0 +1,365 @@
+import errno
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import h5py
+import numpy as np
+import pytest
+
+from bigmm.errors import (DiskFullError, DtypeError, IncompleteOutputError, OperandNotFound,
+                          OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
+                          ShapeError)
+from bigmm.io import open_input, open_output, read_journal
+from bigmm.testing import random_matrix
+
+SHAPE = (97, 61)
+BM, BN = 20, 17  # tiles that divide nothing
+JOB = {"plan": "bm=20 bn=17", "alpha": 1.5, "beta": 0.0, "inputs": ["A", "B"]}
+
+
+def sha(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def tiles():
+    return [(i, j) for i in range(-(-SHAPE[0] // BM)) for j in range(-(-SHAPE[1] // BN))]
+
+
+def region(t):
+    i, j = t
+    return i * BM, min((i + 1) * BM, SHAPE[0]), j * BN, min((j + 1) * BN, SHAPE[1])
+
+
+def write_tiles(sink, data, which):
+    def one(t):
+        r0, r1, c0, c1 = region(t)
+        sink.write(r0, r1, c0, c1, np.ascontiguousarray(data[r0:r1, c0:c1]))
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, which))
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    path = str(tmp_path / "ab.h5")
+    with h5py.File(path, "w") as f:
+        f["A"] = random_matrix(SHAPE, np.float32, seed=1)
+        f["B"] = random_matrix(SHAPE, np.float32, seed=2)
+    srcs = [open_input(f"{path}:/A", name="A"), open_input(f"{path}:/B", name="B")]
+    before = sha(path)
+    yield path, srcs
+    for s in srcs:
+        s.close()
+    assert sha(path) == before  # inputs are never modified
+
+
+def read_back(spec):
+    with open_input(spec, name="C") as src:
+        out = np.full(src.shape, np.nan, src.dtype)
+        src.read(0, src.shape[0], 0, src.shape[1], out)
+    return out
+
+
+def new_sink(spec, srcs, **kw):
+    kw.setdefault("job", JOB)
+    return open_output(spec, shape=SHAPE, dtype=np.float32, inputs=srcs, **kw)
+
+
+def test_create_write_commit_finish(tmp_path, inputs):
+    _, srcs = inputs
+    spec = f"{tmp_path}/out.h5:/grp/C"
+    data = random_matrix(SHAPE, np.float32, seed=3)
+    with new_sink(spec, srcs) as sink:
+        assert sink.layout == "contiguous" and sink.done == frozenset() and sink.result == spec
+        write_tiles(sink, data, tiles())
+        sink.commit(tiles())
+        with pytest.raises(IncompleteOutputError, match="resume"):
+            open_input(spec)
+        assert read_journal(spec) == JOB
+        sink.finish()
+    assert read_journal(spec) is None
+    assert not [p for p in os.listdir(tmp_path) if "journal" in p]
+    with h5py.File(f"{tmp_path}/out.h5", "r") as f:
+        d = f["grp/C"]
+        assert d.chunks is None and d.compression is None and bool(d.attrs["bigmm_complete"])
+    np.testing.assert_array_equal(read_back(spec), data)
+
+
+def test_resume_skips_committed_tiles(tmp_path, inputs):
+    _, srcs = inputs
+    spec = f"{tmp_path}/out.h5:/C"
+    data = random_matrix(SHAPE, np.float32, seed=4)
+    first, rest = tiles()[:7], tiles()[7:]
+    sink = new_sink(spec, srcs)
+    write_tiles(sink, data, first)
+    sink.commit(first[:5])      # two tiles written but never committed
+    sink.close()                # "crash"
+    with pytest.raises(OutputExistsError, match="resume"):
+        new_sink(spec, srcs)
+    with new_sink(spec, srcs, resume=True) as sink:
+        assert sink.done == frozenset(first[:5])
+        todo = [t for t in tiles() if t not in sink.done]
+        write_tiles(sink, data, todo)
+        sink.commit(todo)
+        sink.finish()
+    np.testing.assert_array_equal(read_back(spec), data)
+
+
+@pytest.mark.parametrize("change, word", [
+    ({"alpha": 2.0}, "alpha"),           # a different alpha
+    ({"plan": "bm=8 bn=8"}, "plan"),     # a different plan
+    ({"extra": 1}, "extra"),             # a key the recorded job lacks
+])
+def test_resume_with_another_job(tmp_path, inputs, change, word):
+    _, srcs = inputs
+    spec = f"{tmp_path}/out.h5:/C"
+    new_sink(spec, srcs).close()
+    with pytest.raises(ResumeError, match="Expected the job recorded") as err:
+        new_sink(spec, srcs, resume=True, job={**JOB, **change})
+    assert word in str(err.value)
+
+
+def test_resume_without_journal(tmp_path, inputs):
+    _, srcs = inputs
+    spec = f"{tmp_path}/out.h5:/C"
+    with pytest.raises(ResumeError, match="journal"):
+        new_sink(spec, srcs, resume=True)
+    with new_sink(spec, srcs) as sink:
+        write_tiles(sink, random_matrix(SHAPE, np.float32), tiles())
+        sink.commit(tiles())
+        sink.finish()
+    with pytest.raises(ResumeError, match="complete"):
+        new_sink(spec, srcs, resume=True)
+
+
+def test_exists_and_overwrite_keeps_other_datasets(tmp_path, inputs):
+    _, srcs = inputs
+    path = str(tmp_path / "out.h5")
+    keep = random_matrix((5, 7), np.float64, seed=5)
+    with h5py.File(path, "w") as f:
+        f["C"] = random_matrix((3, 3), np.float32)
+        f["keep"] = keep
+    with pytest.raises(OutputExistsError, match="overwrite") as err:
+        new_sink(f"{path}:/C", srcs)
+    assert f"{path}:/C" in str(err.value)
+    data = random_matrix(SHAPE, np.float32, seed=6)
+    with new_sink(f"{path}:/C", srcs, overwrite=True) as sink:
+        write_tiles(sink, data, tiles())
+        sink.commit(tiles())
+        sink.finish()
+    np.testing.assert_array_equal(read_back(f"{path}:/C"), data)
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(f["keep"][...], keep)
+
+
+def test_output_is_input(tmp_path, inputs):
+    path, srcs = inputs
+    os.symlink(path, tmp_path / "link.h5")
+    for spec in (f"{path}:/A", f"{tmp_path}/link.h5:B"):  # same file, or through a link
+        with pytest.raises(OutputIsInputError, match="Expected an output other than the inputs"):
+            new_sink(spec, srcs, overwrite=True)
+    a = random_matrix(SHAPE, np.float32)
+    with open_input(a) as src:
+        with pytest.raises(OutputIsInputError, match="sharing memory"):
+            new_sink(a[:, :], [src])
+
+
+def test_output_in_the_same_file_as_a_compressed_input(tmp_path):
+    path = str(tmp_path / "all.h5")
+    a = random_matrix(SHAPE, np.float32, seed=7)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("A", data=a, chunks=(10, 10), compression="gzip")
+    with open_input(f"{path}:/A") as src:
+        assert src.layout == "h5py"
+        with new_sink(f"{path}:/C", [src]) as sink:
+            for t in tiles():
+                r0, r1, c0, c1 = region(t)
+                buf = np.empty((r1 - r0, c1 - c0), np.float32)
+                src.read(r0, r1, c0, c1, buf)  # reading while the output is open
+                sink.write(r0, r1, c0, c1, 2 * buf)
+            sink.commit(tiles())
+            sink.finish()
+        buf = np.empty(SHAPE, np.float32)
+        src.read(0, SHAPE[0], 0, SHAPE[1], buf)
+        np.testing.assert_array_equal(buf, a)
+    np.testing.assert_array_equal(read_back(f"{path}:/C"), 2 * a)
+
+
+def test_unwritable_locations(tmp_path, inputs):
+    _, srcs = inputs
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    cases = [
+        (f"{tmp_path}/missing/c.h5:/C", "does not exist"),    # directory missing
+        (f"{plain}/c.h5:/C", "is not a directory"),           # path under a regular file
+        (f"{plain}:/C", "not HDF5"),                          # existing file that is not HDF5
+        (f"{tmp_path}:/C", "a directory"),                    # a directory as the file
+    ]
+    for spec, word in cases:
+        with pytest.raises(OutputNotWritable, match="Expected") as err:
+            new_sink(spec, srcs)
+        assert word in str(err.value), str(err.value)
+    assert plain.read_text() == "x"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_read_only_directory(tmp_path, inputs):
+    _, srcs = inputs
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(OutputNotWritable, match="permission denied"):
+            new_sink(f"{locked}/c.h5:/C", srcs)
+    finally:
+        locked.chmod(0o700)
+
+
+@pytest.mark.parametrize("setup, error, word", [
+    (None, OperandNotFound, "no such dataset"),            # C missing for beta != 0
+    ((SHAPE[0] + 1, SHAPE[1]), ShapeError, "(98, 61)"),    # wrong shape
+    ("float64", DtypeError, "float64"),                    # wrong dtype
+])
+def test_reads_c_needs_matching_c(tmp_path, inputs, setup, error, word):
+    _, srcs = inputs
+    path = str(tmp_path / "c.h5")
+    with h5py.File(path, "w") as f:
+        f["other"] = random_matrix((2, 2), np.float32)
+        if isinstance(setup, tuple):
+            f["C"] = random_matrix(setup, np.float32)
+        elif setup:
+            f["C"] = random_matrix(SHAPE, setup)
+    with pytest.raises(error, match="Expected") as err:
+        new_sink(f"{path}:/C", srcs, reads_c=True)
+    assert word in str(err.value)
+    with pytest.raises(OperandNotFound, match="beta != 0"):
+        new_sink(None, srcs, reads_c=True)
+
+
+def test_beta_old_c_survives_a_crash(tmp_path, inputs):
+    _, srcs = inputs
+    path = str(tmp_path / "c.h5")
+    old = random_matrix(SHAPE, np.float32, seed=8)
+    new = random_matrix(SHAPE, np.float32, seed=9)
+    with h5py.File(path, "w") as f:
+        f["C"] = old
+        f["C"].attrs["units"] = "m"
+    spec = f"{path}:/C"
+    job = {**JOB, "beta": 0.5}
+    sink = new_sink(spec, srcs, job=job, reads_c=True)
+    half = tiles()[:6]
+    for t in half:  # read old C of the tile, then write the tile
+        r0, r1, c0, c1 = region(t)
+        buf = np.full((r1 - r0, c1 - c0), np.nan, np.float32)
+        sink.read(r0, r1, c0, c1, buf)
+        np.testing.assert_array_equal(buf, old[r0:r1, c0:c1])
+        sink.write(r0, r1, c0, c1, new[r0:r1, c0:c1])
+    sink.commit(half)
+    sink.close()  # crash: old C must be intact
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(f["C"][...], old)
+    np.testing.assert_array_equal(read_back(spec), old)
+    with new_sink(spec, srcs, job=job, reads_c=True, resume=True) as sink:
+        assert sink.done == frozenset(half)
+        buf = np.full(SHAPE, np.nan, np.float32)
+        sink.read(0, SHAPE[0], 0, SHAPE[1], buf)  # old values everywhere, even written tiles
+        np.testing.assert_array_equal(buf, old)
+        rest = [t for t in tiles() if t not in sink.done]
+        write_tiles(sink, new, rest)
+        sink.commit(rest)
+        sink.finish()
+    np.testing.assert_array_equal(read_back(spec), new)
+    with h5py.File(path, "r") as f:
+        assert sorted(f) == ["C"] and f["C"].attrs["units"] == "m"
+
+
+@pytest.mark.parametrize("stage", ["journaled", "deleted", "moved"])  # crash points of the swap
+def test_crash_during_swap_recovers(tmp_path, inputs, stage):
+    _, srcs = inputs
+    path = str(tmp_path / "c.h5")
+    old, new = random_matrix(SHAPE, np.float32, seed=10), random_matrix(SHAPE, np.float32, seed=11)
+    with h5py.File(path, "w") as f:
+        f["C"] = old
+    spec = f"{path}:/C"
+    sink = new_sink(spec, srcs, reads_c=True)
+    write_tiles(sink, new, tiles())
+    sink.commit(tiles())
+    sink.journal.append({"swap": True})
+    sink.close()
+    with h5py.File(path, "r+") as f:
+        if stage in ("deleted", "moved"):
+            del f["C"]
+        if stage == "moved":
+            f.move("C.bigmm-partial", "C")
+    with new_sink(spec, srcs, reads_c=True, resume=True) as sink:
+        assert sink.done == frozenset(tiles())
+        sink.finish()
+    np.testing.assert_array_equal(read_back(spec), new)
+
+
+def test_disk_full_is_resumable(tmp_path, inputs, monkeypatch):
+    _, srcs = inputs
+    spec = f"{tmp_path}/out.h5:/C"
+    data = random_matrix(SHAPE, np.float32, seed=12)
+    sink = new_sink(spec, srcs)
+    write_tiles(sink, data, tiles()[:3])
+    sink.commit(tiles()[:3])
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwritev", full)
+    r0, r1, c0, c1 = region(tiles()[3])
+    with pytest.raises(DiskFullError, match="resume") as err:
+        sink.write(r0, r1, c0, c1, data[r0:r1, c0:c1].copy())
+    assert f"rows {r0}:{r1}, columns {c0}:{c1}" in str(err.value) and "out.h5" in str(err.value)
+    sink.close()
+    monkeypatch.undo()
+    with new_sink(spec, srcs, resume=True) as sink:
+        assert sink.done == frozenset(tiles()[:3])
+        rest = tiles()[3:]
+        write_tiles(sink, data, rest)
+        sink.commit(rest)
+        sink.finish()
+    np.testing.assert_array_equal(read_back(spec), data)
+
+
+def test_array_outputs():
+    data = random_matrix(SHAPE, np.float32, seed=13)
+    sink = new_sink(None, [])
+    write_tiles(sink, data, tiles())
+    sink.finish()
+    np.testing.assert_array_equal(sink.result, data)
+    target = np.full(SHAPE, np.nan, np.float32)
+    sink = new_sink(target, [], reads_c=True)
+    buf = np.empty((BM, BN), np.float32)
+    sink.read(0, BM, 0, BN, buf)
+    assert np.isnan(buf).all()
+    write_tiles(sink, data, tiles())
+    assert sink.result is target
+    np.testing.assert_array_equal(target, data)
+
+
+@pytest.mark.parametrize("array, error, word", [
+    (np.empty((SHAPE[0], SHAPE[1] + 1), np.float32), ShapeError, "(97, 62)"),  # wrong shape
+    (np.empty(SHAPE, np.float64), DtypeError, "float64"),                       # wrong dtype
+    (np.broadcast_to(np.float32(1), SHAPE), OutputNotWritable, "read-only"),    # read-only
+])
+def test_bad_array_outputs(array, error, word):
+    with pytest.raises(error, match="Expected") as err:
+        new_sink(array, [])
+    assert word in str(err.value)
+
+
+def test_h5py_dataset_output(tmp_path, inputs):
+    _, srcs = inputs
+    data = random_matrix(SHAPE, np.float32, seed=14)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        d = f.create_dataset("C", shape=SHAPE, dtype="f4", chunks=(9, 9), compression="gzip")
+        sink = new_sink(d, srcs)
+        write_tiles(sink, data, tiles())
+        sink.commit(tiles())
+        sink.finish()
+        assert sink.result is d
+        np.testing.assert_array_equal(d[...], data)

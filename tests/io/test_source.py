@@ -1,0 +1,248 @@
+import hashlib
+import os
+import threading
+
+import h5py
+import hdf5plugin
+import numpy as np
+import pytest
+
+from bigmm.errors import (DtypeError, IncompleteOutputError, OperandNotFound, ReadError,
+                          ShapeError, SpecError)
+from bigmm.io import open_input, rawio, source
+from bigmm.testing import random_matrix
+
+SHAPE = (203, 157)  # multiples of nothing
+
+# name, h5py create_dataset keywords, stored dtype, expected layout
+LAYOUTS = [
+    ("contiguous", {}, "<f4", "contiguous"),                   # plain row-major block
+    ("contiguous64", {}, "<f8", "contiguous"),                 # float64
+    ("chunked", {"chunks": (37, 23)}, "<f4", "chunked"),       # chunks not dividing the shape
+    ("chunked-rows", {"chunks": (5, 157)}, "<f8", "chunked"),  # full-width chunks
+    ("chunked-big", {"chunks": (300, 200), "maxshape": (None, None)}, "<f4", "chunked"),  # 1 chunk > data
+    ("big-endian", {}, ">f4", "contiguous"),                   # swapped after the raw read
+    ("big-endian-chunked", {"chunks": (19, 41)}, ">f8", "chunked"),  # swapped, chunked
+    ("gzip", {"chunks": (37, 23), "compression": "gzip"}, "<f4", "h5py"),  # filtered: fallback
+    ("shuffle-gzip", {"chunks": (50, 50), "shuffle": True, "compression": "gzip"}, "<f8", "h5py"),
+    ("zstd", {"chunks": (37, 23), **hdf5plugin.Zstd()}, "<f4", "h5py"),  # plugin filter
+    ("lz4", {"chunks": (64, 64), **hdf5plugin.LZ4()}, "<f8", "h5py"),  # plugin filter
+]
+
+
+def sha(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def regions(shape, seed, count=12):
+    """Edge cases plus random regions."""
+    m, n = shape
+    out = [(0, m, 0, n), (0, 1, 0, 1), (m - 1, m, n - 1, n), (0, m, n - 1, n), (m - 1, m, 0, n),
+           (3, 3, 0, n)]
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        r0, r1 = sorted(rng.integers(0, m + 1, 2))
+        c0, c1 = sorted(rng.integers(0, n + 1, 2))
+        out.append((int(r0), int(r1) + (r0 == r1), int(c0), int(c1) + (c0 == c1)))
+    return [(r0, min(r1, m), c0, min(c1, n)) for r0, r1, c0, c1 in out]
+
+
+def make(tmp_path, kwargs, dtype, seed=1):
+    data = random_matrix(SHAPE, np.dtype(dtype).newbyteorder("="), seed=seed)
+    path = str(tmp_path / "in.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("A", data=data.astype(dtype), **kwargs)
+    return path, data
+
+
+def check_reads(src, data, seed=0):
+    for r0, r1, c0, c1 in regions(data.shape, seed):
+        out = np.full((r1 - r0, c1 - c0), np.nan, src.dtype)
+        src.read(r0, r1, c0, c1, out)
+        np.testing.assert_array_equal(out, data[r0:r1, c0:c1], err_msg=f"{(r0, r1, c0, c1)}")
+
+
+@pytest.mark.parametrize("name, kwargs, dtype, layout", LAYOUTS, ids=[c[0] for c in LAYOUTS])
+@pytest.mark.parametrize("gap_max", [0, rawio.GAP_MAX, 1 << 30])  # per-row, default, one call
+def test_reads_equal_h5py(tmp_path, monkeypatch, name, kwargs, dtype, layout, gap_max):
+    monkeypatch.setattr(rawio, "GAP_MAX", gap_max)
+    path, data = make(tmp_path, kwargs, dtype)
+    before = sha(path)
+    with open_input(f"{path}:/A") as src:
+        assert src.layout == layout, getattr(src, "reason", "")
+        assert src.fast == (layout != "h5py")
+        assert src.dtype == np.dtype(dtype).newbyteorder("=")
+        assert src.shape == SHAPE
+        assert src.identity == (os.path.realpath(path), "/A")
+        check_reads(src, data)
+    assert sha(path) == before
+
+
+@pytest.mark.parametrize("task_bytes", [1, 4096, 1 << 20])  # many tiny tasks, some, one
+@pytest.mark.parametrize("kwargs", [{}, {"chunks": (11, 13)}])  # contiguous, chunked
+def test_region_split_over_pool(tmp_path, monkeypatch, task_bytes, kwargs):
+    monkeypatch.setattr(source, "TASK_BYTES", task_bytes)
+    path, data = make(tmp_path, kwargs, "<f8")
+    with open_input(f"{path}:/A", threads=3) as src:
+        check_reads(src, data, seed=5)
+
+
+def test_unallocated_chunks_read_as_fill(tmp_path):
+    data = random_matrix(SHAPE, np.float32, seed=3)
+    path = str(tmp_path / "sparse.h5")
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("A", shape=SHAPE, dtype="<f4", chunks=(40, 30), fillvalue=-2.5)
+        d[0:40, 0:30] = data[0:40, 0:30]      # one chunk
+        d[150:, 100:] = data[150:, 100:]      # edge chunks, partly
+        expected = d[...]
+    assert np.count_nonzero(expected == -2.5) > 1000
+    with open_input(f"{path}:/A") as src:
+        assert src.layout == "chunked"
+        check_reads(src, expected, seed=4)
+
+
+def test_big_endian_fill_value(tmp_path):
+    path = str(tmp_path / "be.h5")
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("A", shape=(30, 20), dtype=">f8", chunks=(7, 6), fillvalue=1.25)
+        d[7:14, 6:12] = 3.0
+        expected = d[...].astype("<f8")
+    with open_input(f"{path}:/A") as src:
+        assert src.layout == "chunked"
+        check_reads(src, expected)
+
+
+def test_external_storage_falls_back(tmp_path):
+    data = random_matrix((20, 30), np.float32, seed=6)
+    path = str(tmp_path / "ext.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("A", data=data, external=[(str(tmp_path / "raw.bin"), 0, h5py.h5f.UNLIMITED)])
+    with open_input(f"{path}:/A") as src:
+        assert src.layout == "h5py" and "external" in src.reason
+        check_reads(src, data)
+
+
+def test_userblock_file(tmp_path):
+    data = random_matrix((40, 33), np.float64, seed=7)
+    path = str(tmp_path / "ub.h5")
+    with h5py.File(path, "w", userblock_size=512) as f:
+        f["A"] = data
+    with open_input(f"{path}:/A") as src:
+        check_reads(src, data)
+
+
+def test_parallel_reads_from_threads(tmp_path):
+    path, data = make(tmp_path, {"chunks": (17, 29)}, "<f4", seed=8)
+    errors = []
+
+    def worker(seed):
+        try:
+            check_reads(src, data, seed=seed)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    with open_input(f"{path}:/A", threads=4) as src:
+        threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+
+
+def test_h5py_dataset_and_array_inputs(tmp_path):
+    path, data = make(tmp_path, {}, "<f4", seed=9)
+    with h5py.File(path, "r") as f:
+        with open_input(f["A"]) as src:
+            assert src.layout == "contiguous"
+            check_reads(src, data)
+    strided = np.asfortranarray(data.astype(">f8"))  # any strides, any byte order
+    with open_input(strided, name="B") as src:
+        assert src.layout == "array" and src.identity is None and "B" in src.label
+        assert src.dtype == np.float64
+        check_reads(src, data.astype(np.float64))
+
+
+def test_read_error_names_file_and_region(tmp_path):
+    path, _ = make(tmp_path, {}, "<f4", seed=10)
+    src = open_input(f"{path}:/A")
+    os.truncate(path, 4096)  # the data is gone
+    out = np.empty((3, 5), np.float32)
+    with pytest.raises(ReadError) as err:
+        src.read(200, 203, 1, 6, out)
+    src.close()
+    assert "rows 200:203, columns 1:6" in str(err.value) and path in str(err.value)
+
+
+@pytest.mark.parametrize("region, shape, dtype", [
+    ((0, 5, 0, 5), (5, 4), np.float32),      # wrong buffer shape
+    ((0, 5, 0, 5), (5, 5), np.float64),      # wrong buffer dtype
+    ((0, 500, 0, 5), (500, 5), np.float32),  # region outside the matrix
+])
+def test_read_checks_buffer(tmp_path, region, shape, dtype):
+    path, _ = make(tmp_path, {}, "<f4")
+    with open_input(f"{path}:/A") as src:
+        with pytest.raises(ShapeError, match="Expected"):
+            src.read(*region, np.empty(shape, dtype))
+
+
+def _bad_file(tmp_path):
+    path = str(tmp_path / "bad.h5")
+    with h5py.File(path, "w") as f:
+        f["vec"] = random_matrix((7,), np.float32)
+        f["cube"] = random_matrix((2, 3, 4), np.float32)
+        f["int"] = np.arange(12, dtype=np.int32).reshape(3, 4)
+        f["cplx"] = np.ones((3, 4), np.complex64)
+        f["half"] = np.ones((3, 4), np.float16)
+        f["str"] = np.array([["ab", "cd"], ["ef", "gh"]], dtype="S2")
+        f["vstr"] = np.array([["ab", "c"], ["e", "f"]], dtype=h5py.string_dtype())
+        f["comp"] = np.zeros((2, 2), dtype=[("x", "f4"), ("y", "f4")])
+        f.create_group("grp")
+        d = f.create_dataset("partial", data=random_matrix((3, 3), np.float32))
+        d.attrs["bigmm_complete"] = False
+    return path
+
+
+# spec suffix, error, words the message must contain
+INVALID = [
+    ("nofile.h5:/A", OperandNotFound, ["nofile.h5", "no such file"]),  # missing file
+    ("{bad}:/nope", OperandNotFound, ["/nope", "/vec"]),               # missing dataset, lists others
+    ("{bad}:/grp", OperandNotFound, ["/grp", "group"]),                # a group, not a dataset
+    ("{txt}:/A", OperandNotFound, ["not HDF5"]),                       # not an HDF5 file
+    ("{bad}:/vec", ShapeError, ["2-D", "(7,)"]),                       # 1-D
+    ("{bad}:/cube", ShapeError, ["2-D", "(2, 3, 4)"]),                 # 3-D
+    ("{bad}:/int", DtypeError, ["float32 or float64", "int32"]),       # integer
+    ("{bad}:/cplx", DtypeError, ["float32 or float64", "complex64"]),  # complex
+    ("{bad}:/half", DtypeError, ["float32 or float64", "float16"]),    # half precision
+    ("{bad}:/str", DtypeError, ["float32 or float64", "string"]),      # fixed strings
+    ("{bad}:/vstr", DtypeError, ["float32 or float64", "string"]),     # variable strings
+    ("{bad}:/comp", DtypeError, ["float32 or float64", "compound"]),   # compound
+    ("{bad}:/partial", IncompleteOutputError, ["incomplete", "--resume", "resume=True"]),
+]
+
+
+@pytest.mark.parametrize("spec, error, words", INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_inputs(tmp_path, spec, error, words):
+    bad = _bad_file(tmp_path)
+    txt = tmp_path / "plain.txt"
+    txt.write_text("not hdf5")
+    before = {p: sha(p) for p in (bad, txt)}
+    spec = spec.format(bad=bad, txt=txt)
+    with pytest.raises(error) as err:
+        open_input(spec if not spec.startswith("nofile") else str(tmp_path / spec), name="A")
+    message = str(err.value)
+    assert message.startswith("Expected"), message
+    for word in words:
+        assert word in message, message
+    assert {p: sha(p) for p in (bad, txt)} == before
+
+
+@pytest.mark.parametrize("value, error, word", [
+    (np.arange(6, dtype=np.int64).reshape(2, 3), DtypeError, "int64"),  # integer array
+    (np.ones(4), ShapeError, "(4,)"),                                  # 1-D array
+    ([[1.0, 2.0]], SpecError, "list"),                                 # unsupported type
+])
+def test_invalid_in_memory_inputs(value, error, word):
+    with pytest.raises(error, match="Expected") as err:
+        open_input(value, name="B")
+    assert word in str(err.value)

@@ -1,0 +1,45 @@
+import pytest
+
+from bigmm.errors import SpecError
+from bigmm.io import Spec, parse_spec
+
+GOOD = [
+    ("a.h5:/A", "a.h5", "/A"),                      # plain
+    ("a.h5:A", "a.h5", "/A"),                       # leading slash optional
+    ("dir/a b.h5:/grp/sub/X", "dir/a b.h5", "/grp/sub/X"),  # groups, space in the path
+    ("C:/data/a.h5:/A", "C", "/data/a.h5:/A"),      # first ":/" ends the path (documented)
+    ("x.hdf5:weird:name", "x.hdf5:weird", "/name"),  # no ":/": the last ":" splits
+    ("/abs/a.h5:/A1", "/abs/a.h5", "/A1"),          # absolute path
+]
+
+
+@pytest.mark.parametrize("text, path, dataset", GOOD)
+def test_parse_spec(text, path, dataset):
+    spec = parse_spec(text)
+    assert spec == Spec(path, dataset)
+    assert str(spec) == f"{path}:{dataset}"
+    assert parse_spec(str(spec)) == spec
+
+
+BAD = [
+    "a.h5",        # no dataset
+    "a.h5:",       # empty dataset
+    "a.h5:/",      # root is not a dataset
+    ":/A",         # empty path
+    "a.h5:/g//A",  # empty group name
+    "a.h5:/g/",    # trailing slash
+    "",            # nothing
+]
+
+
+@pytest.mark.parametrize("text", BAD)
+def test_parse_spec_rejects(text):
+    with pytest.raises(SpecError) as err:
+        parse_spec(text)
+    assert "Expected 'file.h5:/dataset'" in str(err.value)
+    assert repr(text) in str(err.value)
+
+
+def test_parse_spec_rejects_non_string():
+    with pytest.raises(SpecError, match="Got 3 \\(int\\)"):
+        parse_spec(3)
