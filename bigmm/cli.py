@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--trans-a", action="store_true")
     v.add_argument("--trans-b", action="store_true")
     v.add_argument("--samples", type=int, default=None, help="rows checked in sampled mode")
+    v.add_argument("--probes", type=int, default=None, help="Freivalds vectors in sampled mode")
     v.add_argument("--exact-limit", type=int, default=None,
                    help="largest M*N*K checked element by element")
     v.add_argument("--seed", type=int, default=0)
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", parents=[common], help="time bigmm against in-core numpy",
                        description="Time one out-of-core multiply against in-memory numpy.matmul "
-                                   "on the same data (checked before it is timed).")
+                                   "on the same data; the bigmm product is verified.")
     b.add_argument("--size", type=int, default=4000)
     b.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     b.add_argument("--memory", default=None, help="device budget (default: a quarter of the inputs)")
@@ -331,10 +332,9 @@ def cmd_verify(args) -> int:
     from .verify import verify
 
     kwargs = {}
-    if args.samples is not None:
-        kwargs["samples"] = args.samples
-    if args.exact_limit is not None:
-        kwargs["exact_limit"] = args.exact_limit
+    for name in ("samples", "probes", "exact_limit"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
     result = verify(args.a, args.b, args.c, alpha=args.alpha, beta=args.beta, c0=args.c0,
                     trans_a=args.trans_a, trans_b=args.trans_b, seed=args.seed, **kwargs)
     print(json.dumps(result.to_dict(), indent=2) if args.json else str(result))
@@ -408,7 +408,8 @@ def cmd_bench(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"n={n} {args.dtype}, budget {memory}, backend {result['backend'] or args.backend}, "
+        budget = memory if isinstance(memory, str) else format_bytes(memory)
+        print(f"n={n} {args.dtype}, budget {budget}, backend {result['backend'] or args.backend}, "
               f"product {'verified' if check.passed else 'WRONG'}")
         print(f"bigmm out of core (from HDF5): {format_seconds(stats.seconds)}, "
               f"{result['bigmm_tflops']:.3f} TFLOP/s")

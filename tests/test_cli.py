@@ -189,6 +189,17 @@ def test_ctrl_c_leaves_a_resumable_output(tmp_path):
     assert len(lines) == 1 and "resumable" in lines[0] and "Traceback" not in err
     command = lines[0].split("resumable: ", 1)[-1]
     assert command.startswith("bigmm multiply") and command.endswith("--resume")
+    p = _bigmm("verify", a, b, c)
+    assert p.returncode == 2 and "incomplete" in p.stderr and p.stderr.count("\n") == 1
     p = _bigmm(*shlex.split(command)[1:])
     assert p.returncode == 0, p.stderr
     assert _bigmm("verify", a, b, c).returncode == 0
+
+
+def test_bench_reports_both_timings(tmp_path, capsys):
+    rc, out, err = run(capsys, "bench", "--size", 97, "--backend", "numpy", "--dir", tmp_path,
+                       "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["verified"] is True and r["backend"] == "numpy" and r["n"] == 97
+    assert r["bigmm_seconds"] > 0 and r["numpy_seconds"] > 0 and r["ratio_to_numpy"] > 0
