@@ -1,0 +1,348 @@
+"""The executor on real HDF5 files: NumPy backend and an asynchronous staging backend.
+
+``AsyncBackend`` behaves like a GPU backend as the executor sees it: device memory the host
+cannot touch, copies and gemms queued on streams that run later in their own threads (with
+random delays), events that complete only when the stream reaches them. Any missing event or
+slot reused too early then shows up as a wrong product.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from bigmm import io
+from bigmm.backends.numpy import NumpyBackend
+from bigmm.errors import Interrupted, ReadError, ShapeError, WriteError
+from bigmm.executor import STAGES, Progress, RunStats, _pieces, execute
+from bigmm.plan import make_plan
+from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+
+
+# ----- a GPU-like backend -------------------------------------------------------------------
+
+class _Dev:
+    """Device memory: only the streams may read or write it."""
+
+    def __init__(self, arr):
+        self.arr = arr
+
+
+class _Stream(threading.Thread):
+    def __init__(self, rng):
+        super().__init__(daemon=True)
+        self.q: queue.Queue = queue.Queue()
+        self.rng = rng
+        self.start()
+
+    def run(self):
+        while (op := self.q.get()) is not None:
+            time.sleep(self.rng.random() * 0.002)
+            op()
+
+
+class AsyncBackend:
+    name = "async-test"
+    staging = True
+
+    def __init__(self, seed=0):
+        self.rng = random.Random(seed)
+        self.streams: list[_Stream] = []
+        self.cpu = NumpyBackend()
+
+    def host_buffer(self, size, dtype):
+        return np.full(size, np.nan, dtype=dtype)
+
+    def device_buffer(self, size, dtype):
+        return _Dev(np.full(size, np.nan, dtype=dtype))
+
+    def view(self, buf, shape):
+        if isinstance(buf, _Dev):
+            return _Dev(self.cpu.view(buf.arr, shape))
+        return self.cpu.view(buf, shape)
+
+    def stream(self):
+        s = _Stream(random.Random(self.rng.random()))
+        self.streams.append(s)
+        return s
+
+    def copy_in(self, host, dev, stream):
+        assert isinstance(dev, _Dev) and isinstance(host, np.ndarray)
+        stream.q.put(lambda: np.copyto(dev.arr, host))
+
+    def copy_out(self, dev, host, stream):
+        assert isinstance(dev, _Dev) and isinstance(host, np.ndarray)
+        stream.q.put(lambda: np.copyto(host, dev.arr))
+
+    def gemm(self, a, b, c, alpha, beta, trans_a, trans_b, stream):
+        assert all(isinstance(x, _Dev) for x in (a, b, c))
+        stream.q.put(lambda: self.cpu.gemm(a.arr, b.arr, c.arr, alpha, beta, trans_a, trans_b,
+                                           None))
+
+    def record(self, stream):
+        ev = threading.Event()
+        stream.q.put(ev.set)
+        return ev
+
+    def wait(self, stream, event):
+        stream.q.put(event.wait)
+
+    def synchronize(self, event):
+        event.wait()
+
+    def memory_available(self):
+        return 1 << 30
+
+    def close(self):
+        for s in self.streams:
+            s.q.put(None)
+
+
+# ----- helpers ------------------------------------------------------------------------------
+
+def _h5(path, name, array, **kw) -> str:
+    with h5py.File(path, "a") as f:
+        f.create_dataset(name, data=array, **kw)
+    return f"{path}:/{name}"
+
+
+def _job(plan, alpha, beta):
+    return {"plan": plan.key(), "alpha": alpha, "beta": beta}
+
+
+def _run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alpha=1.0,
+         beta=0.0, order=None, budget_tiles=(16, 16, 24), layout=None, seed=0, **exec_kw):
+    """Write A, B (and C) to HDF5, run the executor, return (C read back, reference, stats)."""
+    a = random_matrix((k, m) if ta else (m, k), dtype, seed)
+    b = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
+    c0 = random_matrix((m, n), dtype, seed + 2)
+    kw = layout or {}
+    spec_a = _h5(tmp_path / "a.h5", "A", a, **kw)
+    spec_b = _h5(tmp_path / "b.h5", "B", b, **kw)
+    spec_c = _h5(tmp_path / "c.h5", "C", c0) if beta else str(tmp_path / "c.h5") + ":/C"
+    bm, bn, bk = budget_tiles
+    w = np.dtype(dtype).itemsize
+    plan = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb, reads_c=beta != 0,
+                     device_budget=w * (2 * bm * bn + 2 * (bm + bn) * bk) * 4,
+                     staging=backend.staging, align=8, tile=(bm, bn, bk), order=order)
+    A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
+    sink = io.open_output(spec_c, shape=(m, n), dtype=dtype, inputs=[A, B],
+                          job=_job(plan, alpha, beta), reads_c=beta != 0)
+    try:
+        stats = execute(plan, A, B, sink, backend, alpha=alpha, beta=beta, **exec_kw)
+    finally:
+        sink.close(), A.close(), B.close(), backend.close()
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        out = f["C"][...]
+    ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    return out, ref, stats, plan
+
+
+BACKENDS = {"numpy": lambda: NumpyBackend(), "async": lambda: AsyncBackend(seed=1)}
+
+CASES = [
+    # (m, n, k, dtype, trans_a, trans_b, alpha, beta, order)
+    (1, 1, 1, np.float64, False, False, 1.0, 0.0, None),  # 1x1x1: one tile, one panel
+    (1, 45, 1, np.float32, False, True, 2.0, 0.0, None),  # one row, depth 1
+    (45, 1, 7, np.float64, True, False, 1.0, 0.0, None),  # one column
+    (37, 41, 97, np.float64, False, False, -1.5, 0.0, "stream"),  # primes, many K panels
+    (37, 41, 97, np.float32, True, True, 1.0, 0.5, "stream"),  # both transposed, beta != 0
+    (53, 29, 61, np.float64, True, False, 0.75, -2.0, "resident-a"),  # A row panel resident
+    (29, 53, 61, np.float64, False, True, 1.0, 1.0, "resident-b"),  # B column panel resident
+    (101, 3, 67, np.float32, False, False, 1.0, 0.0, "resident-a"),  # tall-skinny
+]
+
+
+@pytest.mark.parametrize("bname", list(BACKENDS))
+@pytest.mark.parametrize("m,n,k,dtype,ta,tb,alpha,beta,order", CASES)
+def test_product_matches_reference(tmp_path, bname, m, n, k, dtype, ta, tb, alpha, beta, order):
+    out, ref, stats, plan = _run(tmp_path, BACKENDS[bname](), m=m, n=n, k=k, dtype=dtype,
+                                 ta=ta, tb=tb, alpha=alpha, beta=beta, order=order,
+                                 io_threads=3)
+    assert relative_error(out, ref) <= tolerance(dtype, k)
+    assert stats.tiles_done == plan.n_tiles and stats.tiles_skipped == 0
+    assert stats.flops == plan.flops
+    assert stats.bytes_written == plan.bytes_written
+
+
+LAYOUTS = [
+    # (description, dataset keywords)
+    ("contiguous", {}),
+    ("chunked, chunks not dividing the tiles", {"chunks": (7, 11)}),
+    ("gzip-compressed chunks", {"chunks": (16, 9), "compression": "gzip"}),
+]
+
+
+@pytest.mark.parametrize("what,layout", LAYOUTS, ids=[x[0] for x in LAYOUTS])
+@pytest.mark.parametrize("bname", list(BACKENDS))
+def test_input_layouts(tmp_path, bname, what, layout):
+    out, ref, _, _ = _run(tmp_path, BACKENDS[bname](), m=43, n=38, k=71, ta=True,
+                          layout=layout, io_threads=4)
+    assert relative_error(out, ref) <= tolerance(np.float64, 71)
+
+
+def test_stats_and_progress(tmp_path):
+    seen: list[Progress] = []
+    out, ref, stats, plan = _run(tmp_path, NumpyBackend(), m=40, n=33, k=50,
+                                 progress=seen.append)
+    assert relative_error(out, ref) <= tolerance(np.float64, 50)
+    assert [p.tiles_done for p in seen] == list(range(1, plan.n_tiles + 1))
+    assert all(p.tiles_total == plan.n_tiles for p in seen)
+    assert seen[-1].flops_done == plan.flops and seen[-1].bytes_written == plan.bytes_written
+    assert all(x.elapsed <= y.elapsed for x, y in zip(seen, seen[1:]))
+    assert isinstance(stats, RunStats) and set(stats.busy) == set(STAGES)
+    assert stats.read_busy > 0 and stats.compute_busy > 0 and stats.write_busy > 0
+    assert all(0 <= u <= 1.0 + 1e-9 for u in stats.utilisation().values())
+    assert stats.bytes_read == plan.bytes_read
+    assert stats.to_dict()["flops_per_second"] > 0
+
+
+class _FailingSource:
+    """A real source whose reads fail after ``ok`` successful ones."""
+
+    def __init__(self, src, ok):
+        self.src, self.ok, self.lock = src, ok, threading.Lock()
+        self.shape, self.dtype, self.label = src.shape, src.dtype, src.label
+        self.chunks = src.chunks
+
+    def read(self, r0, r1, c0, c1, out):
+        with self.lock:
+            self.ok -= 1
+            fail = self.ok < 0
+        if fail:
+            raise OSError(5, "Input/output error")
+        self.src.read(r0, r1, c0, c1, out)
+
+
+@pytest.mark.parametrize("bname", list(BACKENDS))
+def test_reader_error_surfaces_and_output_resumes(tmp_path, bname):
+    m, n, k = 48, 40, 30
+    a, b = random_matrix((m, k), np.float64, seed=3), random_matrix((k, n), np.float64, seed=4)
+    spec_a, spec_b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    spec_c = f"{tmp_path / 'c.h5'}:/C"
+    plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=bname == "async",
+                     tile=(16, 16, 10))
+    A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
+    sink = io.open_output(spec_c, shape=(m, n), dtype=np.float64, inputs=[A, B],
+                          job=_job(plan, 1.0, 0.0))
+    with pytest.raises(ReadError, match="rows .* of A"):
+        execute(plan, _FailingSource(A, ok=2 * 3 * 4), B, sink, BACKENDS[bname](),
+                io_threads=2)
+    sink.close()
+    assert io.read_journal(spec_c) is not None  # resumable
+    sink = io.open_output(spec_c, shape=(m, n), dtype=np.float64, inputs=[A, B],
+                          job=_job(plan, 1.0, 0.0), resume=True)
+    done = len(sink.done)
+    stats = execute(plan, A, B, sink, BACKENDS[bname](), io_threads=2)
+    sink.close(), A.close(), B.close()
+    assert 0 < done < plan.n_tiles and stats.tiles_skipped == done
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert relative_error(f["C"][...], a @ b) <= tolerance(np.float64, k)
+
+
+def test_truncated_input_file_is_a_read_error(tmp_path):
+    m, n, k = 64, 16, 64
+    spec_a = _h5(tmp_path / "a.h5", "A", random_matrix((m, k), np.float64, seed=1))
+    spec_b = _h5(tmp_path / "b.h5", "B", random_matrix((k, n), np.float64, seed=2))
+    plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=False,
+                     tile=(16, 16, 16))
+    A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
+    os.truncate(tmp_path / "a.h5", os.path.getsize(tmp_path / "a.h5") - m * k * 8 // 2)
+    sink = io.open_output(None, shape=(m, n), dtype=np.float64, inputs=[A, B], job={})
+    with pytest.raises(ReadError, match="A"):
+        execute(plan, A, B, sink, NumpyBackend())
+    A.close(), B.close()
+
+
+class _FailingSink:
+    """A real sink whose third write fails with a disk error."""
+
+    def __init__(self, sink):
+        self.sink, self.writes = sink, 0
+        self.shape, self.dtype, self.label, self.done = sink.shape, sink.dtype, sink.label, sink.done
+
+    def write(self, r0, r1, c0, c1, src):
+        self.writes += 1
+        if self.writes == 3:
+            raise OSError(28, "No space left on device")
+        self.sink.write(r0, r1, c0, c1, src)
+
+    def commit(self, tiles):
+        self.sink.commit(tiles)
+
+    def finish(self):
+        self.sink.finish()
+
+
+@pytest.mark.parametrize("bname", list(BACKENDS))
+def test_writer_error_surfaces(tmp_path, bname):
+    m, n, k = 40, 40, 12
+    a, b = random_matrix((m, k), np.float64), random_matrix((k, n), np.float64, seed=1)
+    plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=bname == "async",
+                     tile=(8, 8, 12))
+    A, B = io.open_input(a), io.open_input(b)
+    sink = io.open_output(None, shape=(m, n), dtype=np.float64, inputs=[A, B], job={})
+    with pytest.raises(WriteError, match="rows"):
+        execute(plan, A, B, _FailingSink(sink), BACKENDS[bname]())
+
+
+@pytest.mark.parametrize("bname", list(BACKENDS))
+def test_stop_interrupts_and_resume_is_bit_identical(tmp_path, bname):
+    m, n, k = 50, 44, 36
+    a, b = random_matrix((m, k), np.float64, seed=7), random_matrix((k, n), np.float64, seed=8)
+    spec_a, spec_b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=bname == "async",
+                     tile=(8, 16, 12))
+    A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
+    full = io.open_output(None, shape=(m, n), dtype=np.float64, inputs=[A, B], job={})
+    execute(plan, A, B, full, BACKENDS[bname]())
+    spec_c = f"{tmp_path / 'c.h5'}:/C"
+    stop = threading.Event()
+
+    def on_tile(p: Progress):
+        if p.tiles_done == 5:
+            stop.set()
+
+    job = _job(plan, 1.0, 0.0)
+    sink = io.open_output(spec_c, shape=(m, n), dtype=np.float64, inputs=[A, B], job=job)
+    with pytest.raises(Interrupted, match="resumable"):
+        execute(plan, A, B, sink, BACKENDS[bname](), progress=on_tile, stop=stop)
+    sink.close()
+    sink = io.open_output(spec_c, shape=(m, n), dtype=np.float64, inputs=[A, B], job=job,
+                          resume=True)
+    assert len(sink.done) >= 5
+    stats = execute(plan, A, B, sink, BACKENDS[bname]())
+    sink.close(), A.close(), B.close()
+    assert stats.tiles_skipped >= 5 and stats.tiles_done == plan.n_tiles - stats.tiles_skipped
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert np.array_equal(f["C"][...], full.result)
+
+
+def test_operands_must_match_the_plan():
+    plan = make_plan(10, 12, 14, "float64", device_budget=1 << 20, staging=False)
+    A = io.open_input(random_matrix((10, 15), np.float64))
+    B = io.open_input(random_matrix((14, 12), np.float64))
+    sink = io.open_output(None, shape=(10, 12), dtype=np.float64, inputs=[A, B], job={})
+    with pytest.raises(ShapeError, match=r"Expected A of shape \(10, 14\)"):
+        execute(plan, A, B, sink, NumpyBackend())
+
+
+PIECES = [
+    # (r0, r1, cols, threads, chunks, expected pieces)
+    (0, 10, 4, 4, None, [(0, 10)]),  # small: one piece
+    (0, 100, 1 << 20, 4, None, [(0, 25), (25, 50), (50, 75), (75, 100)]),  # even split
+    (5, 1000, 1 << 20, 4, (64, 64), [(5, 256), (256, 512), (512, 768), (768, 1000)]),  # chunks
+    (0, 3, 1 << 20, 8, None, [(0, 1), (1, 2), (2, 3)]),  # at most one piece per row
+]
+
+
+@pytest.mark.parametrize("r0,r1,cols,threads,chunks,expected", PIECES)
+def test_panel_reads_split_on_chunk_rows(r0, r1, cols, threads, chunks, expected):
+    assert _pieces(r0, r1, cols, 4, threads, chunks) == expected
