@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import OptionError, ShapeError
-from .io import open_input
+from .io import Source, open_input
 
 #: Default M*N*K up to which every element is checked (about 2 GFLOP in float64).
 EXACT_LIMIT = 1_000_000_000
@@ -110,10 +110,12 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
     _check_counts(samples, probes, exact_limit)
     if beta != 0 and c0 is None:
         raise OptionError(f"Expected c0 (the C before the run) when beta != 0. Got beta={beta}.")
-    sources = []
+    sources, owned = [], []
     try:
         for x, name in ((a, "A"), (b, "B"), (c, "C")) + (((c0, "C0"),) if beta != 0 else ()):
             sources.append(open_input(x, name=name))
+            if not isinstance(x, Source):  # the caller closes the sources it passed
+                owned.append(sources[-1])
         opa, opb = _Op(sources[0], trans_a), _Op(sources[1], trans_b)
         opc = _Op(sources[2], False)
         opc0 = _Op(sources[3], False) if beta != 0 else None
@@ -131,7 +133,7 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
         return _result(err, worst, tol, f"sampled ({len(rows)} rows, {probes} Freivalds probes)",
                        len(rows) * n)
     finally:
-        for s in sources:
+        for s in owned:
             s.close()
 
 

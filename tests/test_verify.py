@@ -112,3 +112,13 @@ def test_wrong_output_shape(tmp_path):
     c = _write(tmp_path, "C", _product(xa, xb, "float64")[:, :6])
     with pytest.raises(ShapeError, match="Expected C of shape"):
         verify(a, b, c)
+
+
+def test_arrays_and_datasets(tmp_path):
+    a, b, xa, xb = _operands(tmp_path, 19, 23, 17, "float64")
+    c = _product(xa, xb, "float64")
+    assert verify(xa, xb, c).passed  # NumPy arrays
+    with h5py.File(tmp_path / "ops.h5", "r") as f:
+        assert verify(f["A"], f["B"], c, exact_limit=0).passed  # h5py datasets, sampled
+    c[3, 4] *= 1.01
+    assert not verify(xa, xb, c).passed
