@@ -5,8 +5,12 @@ from __future__ import annotations
 import threading
 
 import h5py
-import hdf5plugin  # noqa: F401  (registers Blosc, LZ4, Zstd, ... filters with HDF5)
 import numpy as np
+
+try:  # registers Blosc, LZ4, Zstd, ... filters with HDF5; without it h5py names the filter
+    import hdf5plugin  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
 
 from ..errors import DtypeError, ShapeError
 

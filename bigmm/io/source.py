@@ -24,8 +24,8 @@ from .spec import Spec, parse_spec
 
 #: Reader threads per source: enough to saturate page-cache copies on a many-core host.
 DEFAULT_THREADS = min(16, max(4, 2 * (os.cpu_count() or 1)))
-#: A region is split into parallel pieces of about this many bytes.
-TASK_BYTES = 4 << 20
+#: A region is split into one piece per reader thread, each at least this many bytes.
+TASK_BYTES = 256 << 10
 
 #: Sources that may hold an h5py handle they can drop and reopen (see release_h5_handles).
 _REOPENABLE: "weakref.WeakSet[H5Source]" = weakref.WeakSet()
@@ -190,8 +190,9 @@ class H5Source(Source):
             raise self._read_error(r0, r1, c0, c1, exc) from exc
 
     def _read_fast(self, r0, r1, c0, c1, out) -> None:
+        piece = max(TASK_BYTES, out.nbytes // self._threads + 1)
         tasks = (self._contiguous_tasks if self.layout_kind == "contiguous"
-                 else self._chunked_tasks)(r0, r1, c0, c1, out)
+                 else self._chunked_tasks)(r0, r1, c0, c1, out, piece)
         if len(tasks) < 2:
             for task in tasks:
                 self._run(task)
@@ -218,14 +219,14 @@ class H5Source(Source):
             if swap:
                 out[a:b, c:d].byteswap(inplace=True)
 
-    def _contiguous_tasks(self, r0, r1, c0, c1, out) -> list:
+    def _contiguous_tasks(self, r0, r1, c0, c1, out, piece) -> list:
         n, w = self.shape[1], self.dtype.itemsize
         base, stride = self._layout.offset, n * w
-        per = max(1, TASK_BYTES // max(1, (c1 - c0) * w))
+        per = max(1, piece // max(1, (c1 - c0) * w))
         return [[(base + (a * n + c0) * w, stride, out, a - r0, min(a + per, r1) - r0,
                   0, c1 - c0, None)] for a in range(r0, r1, per)]
 
-    def _chunked_tasks(self, r0, r1, c0, c1, out) -> list:
+    def _chunked_tasks(self, r0, r1, c0, c1, out, piece) -> list:
         cr, cc = self._layout.chunks
         w = self.dtype.itemsize
         offsets = self._layout.chunk_offsets
@@ -236,12 +237,15 @@ class H5Source(Source):
             for cj in range(c0 // cc, (c1 - 1) // cc + 1):
                 b0, b1 = max(c0, cj * cc), min(c1, (cj + 1) * cc)
                 base = int(offsets[ci, cj])
-                off = -1 if base < 0 else base + ((a0 - ci * cr) * cc + (b0 - cj * cc)) * w
-                group.append((off, cc * w, out, a0 - r0, a1 - r0, b0 - c0, b1 - c0, fill))
-                size += (a1 - a0) * (b1 - b0) * w
-                if size >= TASK_BYTES:
-                    groups.append(group)
-                    group, size = [], 0
+                rows = a1 - a0 if base < 0 else max(1, piece // ((b1 - b0) * w))
+                for s0 in range(a0, a1, rows):  # big chunks split by rows
+                    s1 = min(a1, s0 + rows)
+                    off = -1 if base < 0 else base + ((s0 - ci * cr) * cc + (b0 - cj * cc)) * w
+                    group.append((off, cc * w, out, s0 - r0, s1 - r0, b0 - c0, b1 - c0, fill))
+                    size += (s1 - s0) * (b1 - b0) * w
+                    if size >= piece:
+                        groups.append(group)
+                        group, size = [], 0
         if group:
             groups.append(group)
         return groups
