@@ -203,3 +203,20 @@ def test_bench_reports_both_timings(tmp_path, capsys):
     r = json.loads(out)
     assert r["verified"] is True and r["backend"] == "numpy" and r["n"] == 97
     assert r["bigmm_seconds"] > 0 and r["numpy_seconds"] > 0 and r["ratio_to_numpy"] > 0
+
+
+def test_beta_and_transposes_roundtrip(tmp_path, capsys):
+    """C = 0.5 * A^T @ B^T - 2 * C; the old C is regenerated from its seed for verify."""
+    f = tmp_path / "t.h5"
+    a, b, c, c0 = (f"{f}:/{x}" for x in ("A", "B", "C", "C0"))
+    for spec, shape, seed in ((a, (K, M), 1), (b, (N, K), 2), (c, (M, N), 3), (c0, (M, N), 3)):
+        assert run(capsys, "generate", spec, "--shape", *shape, "--seed", seed,
+                   "--dtype", "float64")[0] == 0
+    rc, out, err = run(capsys, "multiply", a, b, "-o", c, "--alpha", 0.5, "--beta", -2,
+                       "--trans-a", "--trans-b", "--memory", BUDGET, "--backend", "numpy")
+    assert rc == 0, err
+    rc, out, err = run(capsys, "verify", a, b, c, "--alpha", 0.5, "--beta", -2, "--c0", c0,
+                       "--trans-a", "--trans-b")
+    assert rc == 0 and "PASSED" in out, out + err
+    rc, out, err = run(capsys, "verify", a, b, c, "--alpha", 0.5, "--trans-a", "--trans-b")
+    assert rc == 1 and "FAILED" in out  # without the beta term the check must fail
