@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import h5py
 import numpy as np
@@ -30,7 +29,7 @@ from ._h5 import COMPLETE_ATTR, H5LOCK
 from .journal import Journal
 from .layout import probe_layout
 from .rawio import write_block
-from .source import DEFAULT_THREADS, TASK_BYTES, open_input, release_h5_handles
+from .source import DEFAULT_THREADS, open_input, release_h5_handles
 from .spec import Spec
 
 PARTIAL_SUFFIX = ".bigmm-partial"
@@ -169,7 +168,7 @@ class FileSink(Sink):
         self.path = os.path.realpath(spec.path)
         self.journal, self.target, self.reads_c = journal, target, reads_c
         self.done = frozenset(journal.tiles)
-        self._threads, self._pool = threads, None
+        self._threads = threads
         self._fd = self._file = self._dset = self._old = None
         self._finished = False
         if journal.swap:  # all tiles are durable; finish() completes the swap
@@ -223,18 +222,11 @@ class FileSink(Sink):
                 with H5LOCK:
                     self._dset.write_direct(src, dest_sel=np.s_[r0:r1, c0:c1])
                 return
+            # One thread per tile: row-sized pwrites from many threads contend for the GIL,
+            # and the disk, not the copy into the page cache, bounds the rate.
             n, w = self.shape[1], self.dtype.itemsize
-            per = max(1, TASK_BYTES // ((c1 - c0) * w))
-            parts = [(a, min(a + per, r1)) for a in range(r0, r1, per)]
-            jobs = [(self._offset + (a * n + c0) * w, n * w, src, a - r0, b - r0, 0, c1 - c0)
-                    for a, b in parts]
-            if len(jobs) == 1:
-                write_block(self._fd, *jobs[0])
-                return
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bigmm-write")
-            for fut in [self._pool.submit(write_block, self._fd, *job) for job in jobs]:
-                fut.result()
+            write_block(self._fd, self._offset + (r0 * n + c0) * w, n * w, src, 0, r1 - r0,
+                        0, c1 - c0)
         except BigmmError:
             raise
         except Exception as exc:
@@ -281,9 +273,6 @@ class FileSink(Sink):
         self.layout = "done"
 
     def _close_handles(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
         if self._old is not None:
             self._old.close()
             self._old = None

@@ -90,7 +90,7 @@ def test_resume_skips_committed_tiles(tmp_path, inputs):
     _, srcs = inputs
     spec = f"{tmp_path}/out.h5:/C"
     data = random_matrix(SHAPE, np.float32, seed=4)
-    first, rest = tiles()[:7], tiles()[7:]
+    first = tiles()[:7]
     sink = new_sink(spec, srcs)
     write_tiles(sink, data, first)
     sink.commit(first[:5])      # two tiles written but never committed

@@ -1,3 +1,4 @@
+import ctypes
 import hashlib
 import os
 import threading
@@ -63,9 +64,15 @@ def check_reads(src, data, seed=0):
 
 
 @pytest.mark.parametrize("name, kwargs, dtype, layout", LAYOUTS, ids=[c[0] for c in LAYOUTS])
-@pytest.mark.parametrize("gap_max", [0, rawio.GAP_MAX, 1 << 30])  # per-row, default, one call
-def test_reads_equal_h5py(tmp_path, monkeypatch, name, kwargs, dtype, layout, gap_max):
+@pytest.mark.parametrize("gap_max, native", [
+    (0, True),               # libc preadv, one call per row
+    (rawio.GAP_MAX, True),   # libc preadv, read-through gaps (the default)
+    (0, False),              # os.preadv, one call per row
+    (1 << 30, False),        # os.preadv, read-through gaps
+])
+def test_reads_equal_h5py(tmp_path, monkeypatch, name, kwargs, dtype, layout, gap_max, native):
     monkeypatch.setattr(rawio, "GAP_MAX", gap_max)
+    monkeypatch.setattr(rawio, "NATIVE", native and rawio.NATIVE)
     path, data = make(tmp_path, kwargs, dtype)
     before = sha(path)
     with open_input(f"{path}:/A") as src:
@@ -85,6 +92,27 @@ def test_region_split_over_pool(tmp_path, monkeypatch, task_bytes, kwargs):
     path, data = make(tmp_path, kwargs, "<f8")
     with open_input(f"{path}:/A", threads=3) as src:
         check_reads(src, data, seed=5)
+
+
+@pytest.mark.parametrize("limit", [1, 777, 5000])  # bytes the fake preadv returns at most
+def test_short_reads_are_resumed(tmp_path, monkeypatch, limit):
+    real = rawio._C_PREADV
+    if real is None:
+        pytest.skip("no libc preadv")
+
+    def short(fd, iov_addr, cnt, offset):
+        iov = np.ctypeslib.as_array((ctypes.c_uint64 * 2).from_address(iov_addr)).copy()
+        iov[1] = min(int(iov[1]), limit)
+        return real(fd, iov.ctypes.data, 1, offset)
+
+    monkeypatch.setattr(rawio, "_C_PREADV", short)
+    monkeypatch.setattr(source, "TASK_BYTES", 1 << 30)  # read inline, in this thread
+    path, data = make(tmp_path, {"chunks": (30, 40)}, "<f4", seed=11)
+    with open_input(f"{path}:/A") as src:
+        for r0, r1, c0, c1 in [(3, 50, 5, 100), (0, 203, 1, 157)]:
+            out = np.full((r1 - r0, c1 - c0), np.nan, np.float32)
+            src.read(r0, r1, c0, c1, out)
+            np.testing.assert_array_equal(out, data[r0:r1, c0:c1])
 
 
 def test_unallocated_chunks_read_as_fill(tmp_path):
