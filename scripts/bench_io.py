@@ -103,9 +103,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--gap-max", type=int, default=rawio.GAP_MAX,
                     help="largest gap between row segments read through in one preadv (bytes)")
+    ap.add_argument("--os-preadv", action="store_true",
+                    help="build iovecs as memoryviews for os.preadv instead of libc preadv")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rawio.GAP_MAX = args.gap_max
+    rawio.NATIVE = rawio.NATIVE and not args.os_preadv
     n = int((args.gib * 2**30 / 4) ** 0.5)
     os.makedirs(args.dir, exist_ok=True)
     path = os.path.join(args.dir, f"bench-{n}.h5")
@@ -114,13 +117,15 @@ def main() -> None:
     rows = [bench(path, name, n, args.block, args.threads, args.repeat)
             for name in ("contiguous", "chunked")]
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "n": n, "block": args.block,
-            "chunk": args.chunk, "threads": args.threads, "gap_max": args.gap_max}
+            "chunk": args.chunk, "threads": args.threads, "gap_max": args.gap_max,
+            "iovecs": "libc" if rawio.NATIVE else "os.preadv"}
     if args.json:
         print(json.dumps({"meta": meta, "results": rows}, indent=2))
         return
     print(f"{meta['cpu']}, {meta['cores']} cores; float32 {n} x {n} "
           f"({rows[0]['bytes'] / 2**30:.2f} GiB), panels {args.block}^2, "
-          f"chunks {args.chunk}^2, {args.threads} threads, gap_max {args.gap_max}, warm page cache")
+          f"chunks {args.chunk}^2, {args.threads} threads, gap_max {args.gap_max}, "
+          f"iovecs {meta['iovecs']}, warm page cache")
     print(f"{'dataset':<12}{'read_direct GB/s':>18}{'fast GB/s':>12}{'ratio':>8}")
     for r in rows:
         print(f"{r['dataset']:<12}{r['read_direct_GBps']:>18.2f}{r['fast_GBps']:>12.2f}"

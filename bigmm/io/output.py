@@ -82,8 +82,9 @@ def _check_writable(path: str) -> None:
                                 f"Got '{folder}' (permission denied).")
     if os.path.exists(path):
         if os.path.isdir(path) or not os.access(path, os.W_OK):
+            why = "a directory" if os.path.isdir(path) else "permission denied"
             raise OutputNotWritable(f"Expected a writable HDF5 file for the output. "
-                                    f"Got '{path}' ({'a directory' if os.path.isdir(path) else 'permission denied'}).")
+                                    f"Got '{path}' ({why}).")
         if not h5py.is_hdf5(path):
             raise OutputNotWritable(f"Expected an HDF5 file (or a new path) for the output. "
                                     f"Got '{path}', which is not HDF5.")
@@ -174,7 +175,8 @@ def _create(spec: Spec, shape, dtype, partial: str | None, drop_old: bool) -> st
 def _resume(spec, journal, header, info, shape, dtype, reads_c, threads) -> Sink:
     recorded = journal.header
     diffs = [f"{key}: recorded {recorded.get(key)!r}, given {header.get(key)!r}"
-             for key in ("dataset", "shape", "dtype", "partial") if recorded.get(key) != header.get(key)]
+             for key in ("dataset", "shape", "dtype", "partial")
+             if recorded.get(key) != header.get(key)]
     rjob, njob = recorded.get("job") or {}, header["job"] or {}
     diffs += [f"job {key}: recorded {rjob.get(key)!r}, given {njob.get(key)!r}"
               for key in sorted(set(rjob) | set(njob)) if rjob.get(key) != njob.get(key)]
@@ -193,7 +195,8 @@ def _resume(spec, journal, header, info, shape, dtype, reads_c, threads) -> Sink
         if not present:
             _create(spec, shape, dtype, header["partial"], drop_old=not reads_c)
     elif not (info["exists"] or info["partial"]):
-        raise ResumeError(f"Expected {spec} or its partial dataset to finish resuming. Got neither.")
+        raise ResumeError(f"Expected {spec} or its partial dataset to finish resuming. "
+                          f"Got neither.")
     return FileSink(spec, shape, dtype, journal, target, reads_c, threads)
 
 

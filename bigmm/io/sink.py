@@ -68,7 +68,8 @@ class Sink:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.label} {self.shape} {self.dtype} layout={self.layout}>"
+        return (f"<{type(self).__name__} {self.label} {self.shape} {self.dtype} "
+                f"layout={self.layout}>")
 
     def _check(self, r0, r1, c0, c1, arr) -> None:
         m, n = self.shape

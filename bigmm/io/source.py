@@ -1,4 +1,4 @@
-"""Input matrices: :func:`open_input` validates an operand and returns a thread-safe :class:`Source`.
+"""Input matrices: :func:`open_input` validates an operand, returns a thread-safe :class:`Source`.
 
 HDF5 datasets whose bytes lie plainly in the file (contiguous, or chunked without filters) are
 read with parallel ``os.preadv`` at byte offsets computed once at open; everything else goes

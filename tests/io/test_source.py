@@ -21,7 +21,8 @@ LAYOUTS = [
     ("contiguous64", {}, "<f8", "contiguous"),                 # float64
     ("chunked", {"chunks": (37, 23)}, "<f4", "chunked"),       # chunks not dividing the shape
     ("chunked-rows", {"chunks": (5, 157)}, "<f8", "chunked"),  # full-width chunks
-    ("chunked-big", {"chunks": (300, 200), "maxshape": (None, None)}, "<f4", "chunked"),  # 1 chunk > data
+    # one chunk larger than the data (extendible: another chunk index)
+    ("chunked-big", {"chunks": (300, 200), "maxshape": (None, None)}, "<f4", "chunked"),
     ("big-endian", {}, ">f4", "contiguous"),                   # swapped after the raw read
     ("big-endian-chunked", {"chunks": (19, 41)}, ">f8", "chunked"),  # swapped, chunked
     ("gzip", {"chunks": (37, 23), "compression": "gzip"}, "<f4", "h5py"),  # filtered: fallback
@@ -144,7 +145,8 @@ def test_external_storage_falls_back(tmp_path):
     data = random_matrix((20, 30), np.float32, seed=6)
     path = str(tmp_path / "ext.h5")
     with h5py.File(path, "w") as f:
-        f.create_dataset("A", data=data, external=[(str(tmp_path / "raw.bin"), 0, h5py.h5f.UNLIMITED)])
+        external = [(str(tmp_path / "raw.bin"), 0, h5py.h5f.UNLIMITED)]
+        f.create_dataset("A", data=data, external=external)
     with open_input(f"{path}:/A") as src:
         assert src.layout == "h5py" and "external" in src.reason
         check_reads(src, data)
@@ -234,7 +236,7 @@ def _bad_file(tmp_path):
 # spec suffix, error, words the message must contain
 INVALID = [
     ("nofile.h5:/A", OperandNotFound, ["nofile.h5", "no such file"]),  # missing file
-    ("{bad}:/nope", OperandNotFound, ["/nope", "/vec"]),               # missing dataset, lists others
+    ("{bad}:/nope", OperandNotFound, ["/nope", "/vec"]),               # missing dataset, lists some
     ("{bad}:/grp", OperandNotFound, ["/grp", "group"]),                # a group, not a dataset
     ("{txt}:/A", OperandNotFound, ["not HDF5"]),                       # not an HDF5 file
     ("{bad}:/vec", ShapeError, ["2-D", "(7,)"]),                       # 1-D
