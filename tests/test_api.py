@@ -1,0 +1,317 @@
+"""bigmm.matmul and bigmm.plan end to end: real HDF5 files, every bad input, kill and resume."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import bigmm
+from bigmm import errors
+from bigmm.executor import RunStats
+from bigmm.plan import Plan
+from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+
+
+def _h5(path, name, array, **kw) -> str:
+    with h5py.File(path, "a") as f:
+        f.create_dataset(name, data=array, **kw)
+    return f"{path}:/{name}"
+
+
+def _budget(dtype, tile=24) -> int:
+    """Bytes for about four tile x tile x tile panels: forces many tiles and K panels."""
+    return 10 * tile * tile * np.dtype(dtype).itemsize
+
+
+LAYOUTS = {
+    "numpy": None,
+    "contiguous": {},
+    "chunked": {"chunks": (13, 7)},
+    "gzip": {"chunks": (16, 16), "compression": "gzip"},
+}
+
+
+def _operand(tmp_path, name, array, layout):
+    if LAYOUTS[layout] is None:
+        return array
+    kw = dict(LAYOUTS[layout])
+    if "chunks" in kw:  # chunks no larger than the dataset
+        kw["chunks"] = tuple(min(c, d) for c, d in zip(kw["chunks"], array.shape))
+    return _h5(tmp_path / f"{name.lower()}.h5", name, array, **kw)
+
+
+CASES = [
+    # (m, n, k, dtype, layout, trans_a, trans_b, alpha)
+    (1, 1, 1, np.float64, "contiguous", False, False, 1.0),  # 1x1x1
+    (1, 97, 1, np.float64, "numpy", False, False, 1.0),  # one row of C, depth 1
+    (97, 1, 1, np.float32, "contiguous", True, False, 1.0),  # one column of C
+    (1, 1, 211, np.float64, "chunked", False, True, 1.0),  # a dot product, K panels only
+    (37, 41, 43, np.float64, "contiguous", False, False, -0.5),  # primes
+    (37, 41, 43, np.float32, "gzip", True, True, 2.0),  # compressed, both transposed
+    (211, 3, 5, np.float64, "chunked", False, True, 1.0),  # tall-skinny
+    (7, 5, 401, np.float64, "gzip", True, False, 1.0),  # K much larger than M and N
+    (67, 59, 73, np.float32, "numpy", True, True, 1.0),  # arrays, both transposed
+    (89, 71, 53, np.float64, "chunked", True, False, 0.25),  # chunks dividing nothing
+]
+
+
+@pytest.mark.parametrize("m,n,k,dtype,layout,ta,tb,alpha", CASES)
+def test_matmul_matches_reference(tmp_path, m, n, k, dtype, layout, ta, tb, alpha):
+    a = random_matrix((k, m) if ta else (m, k), dtype, seed=m)
+    b = random_matrix((n, k) if tb else (k, n), dtype, seed=n + 1)
+    out, stats = bigmm.matmul(_operand(tmp_path, "A", a, layout),
+                              _operand(tmp_path, "B", b, layout), alpha=alpha, trans_a=ta,
+                              trans_b=tb, memory=_budget(dtype), backend="numpy", stats=True)
+    assert isinstance(out, np.ndarray) and out.dtype == dtype and out.shape == (m, n)
+    ref = reference_gemm(a, b, alpha=alpha, trans_a=ta, trans_b=tb)
+    assert relative_error(out, ref) <= tolerance(dtype, k)
+    assert isinstance(stats, RunStats) and stats.tiles_done == stats.tiles_total
+
+
+BETA_CASES = [
+    # (out kind, beta, trans_a, trans_b)
+    ("h5", 0.0, False, False),  # old C full of NaN is overwritten, never read
+    ("h5", 0.5, False, True),  # old C read and scaled
+    ("h5", -1.0, True, True),  # negative beta, both transposed
+    ("array", 0.0, True, False),  # NaN array written in place
+    ("array", 2.0, False, False),  # array accumulated in place
+    ("dataset", 1.0, True, False),  # an open h5py.Dataset
+]
+
+
+@pytest.mark.parametrize("kind,beta,ta,tb", BETA_CASES)
+def test_alpha_beta_and_outputs(tmp_path, kind, beta, ta, tb):
+    m, n, k = 45, 38, 61
+    a = random_matrix((k, m) if ta else (m, k), np.float64, 1)
+    b = random_matrix((n, k) if tb else (k, n), np.float64, 2)
+    c0 = random_matrix((m, n), np.float64, 3) if beta else np.full((m, n), np.nan)
+    spec_a, spec_b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    kw = dict(alpha=1.5, beta=beta, trans_a=ta, trans_b=tb, memory=_budget(np.float64),
+              backend="numpy")
+    if kind == "h5":
+        spec_c = _h5(tmp_path / "c.h5", "C", c0)
+        assert bigmm.matmul(spec_a, spec_b, spec_c, overwrite=beta == 0, **kw) == spec_c
+        with h5py.File(tmp_path / "c.h5", "r") as f:
+            got = f["C"][...]
+    elif kind == "array":
+        got = c0.copy()
+        assert bigmm.matmul(spec_a, spec_b, got, **kw) is got
+    else:
+        _h5(tmp_path / "c.h5", "C", c0)
+        with h5py.File(tmp_path / "c.h5", "r+") as f:
+            bigmm.matmul(spec_a, spec_b, f["C"], **kw)
+            got = f["C"][...]
+    ref = reference_gemm(a, b, alpha=1.5, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    assert relative_error(got, ref) <= tolerance(np.float64, k)
+
+
+def test_plan_is_the_plan_matmul_runs_and_writes_nothing(tmp_path):
+    a, b = random_matrix((90, 70), np.float64), random_matrix((70, 50), np.float64, 1)
+    spec_a, spec_b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    spec_c = f"{tmp_path / 'c.h5'}:/C"
+    p = bigmm.plan(spec_a, spec_b, spec_c, memory="40KiB", backend="numpy")
+    assert isinstance(p, Plan) and (p.m, p.n, p.k) == (90, 50, 70) and p.n_tiles > 1
+    assert p.predicted_seconds is not None and "C tiles" in str(p)
+    assert not os.path.exists(tmp_path / "c.h5")
+    _, stats = bigmm.matmul(spec_a, spec_b, spec_c, memory="40KiB", backend="numpy",
+                            stats=True)
+    assert stats.tiles_total == p.n_tiles and stats.flops == p.flops
+
+
+def test_progress_and_size_strings(tmp_path):
+    a, b = random_matrix((50, 40), np.float32), random_matrix((40, 30), np.float32, 1)
+    seen = []
+    out = bigmm.matmul(a, b, memory="24KB", progress=seen.append, backend="numpy")
+    assert relative_error(out, reference_gemm(a, b)) <= tolerance(np.float32, 40)
+    assert len(seen) > 1 and seen[-1].tiles_done == seen[-1].tiles_total
+
+
+# ----- bad inputs -----------------------------------------------------------------------------
+
+def _digest(paths) -> dict:
+    return {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths}
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A (30x20), B (20x10) and assorted bad datasets in HDF5 files."""
+    a, b = random_matrix((30, 20), np.float64), random_matrix((20, 10), np.float64, 1)
+    p = tmp_path / "in.h5"
+    with h5py.File(p, "w") as f:
+        f["A"], f["B"], f["B32"] = a, b, b.astype(np.float32)
+        f["Bwide"] = random_matrix((21, 10), np.float64, 2)
+        f["v1"] = random_matrix((20,), np.float64, 3)
+        f["v3"] = random_matrix((20, 10, 2), np.float64, 4)
+        f["i"] = np.arange(200, dtype=np.int64).reshape(20, 10)
+        f["z"] = (random_matrix((20, 10), np.float64) + 1j).astype(np.complex128)
+        f["s"] = np.array([[b"x"] * 10] * 20)
+        f.create_group("grp")
+    c = tmp_path / "c.h5"
+    with h5py.File(c, "w") as f:
+        f["C"] = random_matrix((30, 10), np.float64, 5)
+    (tmp_path / "afile").write_text("not a directory")
+    return tmp_path, f"{p}:/A", f"{p}:/B", f"{c}:/C"
+
+
+BAD = [
+    # (description, a, b, out, keywords, error, words the message must contain)
+    ("inner dimensions differ", "{A}", "{in}:/Bwide", None, {},
+     errors.ShapeError, ["30x20", "21x10", "20 != 21"]),
+    ("1-D dataset", "{A}", "{in}:/v1", None, {}, errors.ShapeError, ["2-D", "v1"]),
+    ("3-D dataset", "{in}:/v3", "{B}", None, {}, errors.ShapeError, ["2-D", "v3"]),
+    ("integer dtype", "{A}", "{in}:/i", None, {}, errors.DtypeError, ["int64", "float32"]),
+    ("complex dtype", "{A}", "{in}:/z", None, {}, errors.DtypeError, ["complex128"]),
+    ("string dtype", "{in}:/s", "{B}", None, {}, errors.DtypeError, ["Expected", "/s"]),
+    ("dtypes differ", "{A}", "{in}:/B32", None, {}, errors.DtypeError, ["float64", "float32"]),
+    ("missing file", "{dir}/nope.h5:/A", "{B}", None, {},
+     errors.OperandNotFound, ["nope.h5"]),
+    ("missing dataset", "{in}:/nothing", "{B}", None, {},
+     errors.OperandNotFound, ["/nothing"]),
+    ("a group, not a dataset", "{in}:/grp", "{B}", None, {},
+     errors.OperandNotFound, ["grp"]),
+    ("output exists", "{A}", "{B}", "{C}", {}, errors.OutputExistsError, ["overwrite"]),
+    ("output is an input", "{A}", "{B}", "{A}", {"overwrite": True},
+     errors.OutputIsInputError, ["/A"]),
+    ("budget below the minimum", "{A}", "{B}", "{dir}/new.h5:/C", {"memory": 100},
+     errors.BudgetError, ["at least", "Got 100 bytes"]),
+    ("unparseable size", "{A}", "{B}", None, {"memory": "8 gigglebytes"},
+     errors.SizeParseError, ["8 gigglebytes", "8GiB"]),
+    ("negative size", "{A}", "{B}", None, {"memory": -5}, errors.SizeParseError, ["-5"]),
+    ("output directory missing", "{A}", "{B}", "{dir}/no/such/dir/c.h5:/C", {},
+     errors.OutputNotWritable, ["no/such/dir"]),
+    ("output directory is a file", "{A}", "{B}", "{dir}/afile/c.h5:/C", {},
+     errors.OutputNotWritable, ["afile"]),
+    ("beta without an existing C", "{A}", "{B}", None, {"beta": 1.0},
+     errors.ShapeError, ["beta", "out=None"]),
+    ("resume without a journal", "{A}", "{B}", "{dir}/new.h5:/C", {"resume": True},
+     errors.ResumeError, ["journal"]),
+    ("unknown backend", "{A}", "{B}", None, {"backend": "tpu"},
+     errors.BackendUnavailable, ["'tpu'", "numpy"]),
+    ("malformed spec", "{dir}/in.h5", "{B}", None, {}, errors.SpecError, ["file.h5:/dataset"]),
+]
+
+
+@pytest.mark.parametrize("what,a,b,out,kw,err,words", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_gives_one_clear_error(files, what, a, b, out, kw, err, words):
+    tmp, spec_a, spec_b, spec_c = files
+    fill = dict(A=spec_a, B=spec_b, C=spec_c, dir=str(tmp), **{"in": str(tmp / "in.h5")})
+    a, b = a.format(**fill), b.format(**fill)
+    out = out.format(**fill) if out else None
+    before = _digest([tmp / "in.h5", tmp / "c.h5"])
+    with pytest.raises(err) as e:
+        bigmm.matmul(a, b, out, **{"backend": "numpy", **kw})
+    msg = str(e.value)
+    assert "Expected" in msg and all(w in msg for w in words), msg
+    assert _digest([tmp / "in.h5", tmp / "c.h5"]) == before  # inputs and old C untouched
+    assert not glob.glob(str(tmp / "new.h5*"))  # nothing created
+
+
+def test_budget_error_states_the_minimum(files):
+    _, spec_a, spec_b, _ = files
+    with pytest.raises(errors.BudgetError) as e:
+        bigmm.matmul(spec_a, spec_b, memory=100, backend="numpy")
+    assert e.value.minimum > 100 and str(e.value.minimum) in str(e.value)
+    out = bigmm.matmul(spec_a, spec_b, memory=e.value.minimum, backend="numpy")
+    assert out.shape == (30, 10)
+
+
+def test_resume_of_a_different_job_is_refused(files):
+    tmp, spec_a, spec_b, _ = files
+    spec_c = f"{tmp / 'r.h5'}:/C"
+    bigmm.matmul(spec_a, spec_b, spec_c, backend="numpy", memory="4KiB")
+    with h5py.File(tmp / "r.h5", "r") as f:
+        assert f["C"].attrs["bigmm_complete"]
+    with pytest.raises(errors.ResumeError, match="Expected"):
+        bigmm.matmul(spec_a, spec_b, spec_c, backend="numpy", resume=True)
+
+
+# ----- kill, interrupt, resume ----------------------------------------------------------------
+
+M, N, K = 96, 80, 70
+SCRIPT = textwrap.dedent("""
+    import sys, time, bigmm
+    d = sys.argv[1]
+    bigmm.matmul(d + "/a.h5:/A", d + "/b.h5:/B", d + "/c.h5:/C", memory="{memory}",
+                 backend="numpy", progress=lambda p: time.sleep(0.05))
+""")
+MEMORY = "24KiB"
+
+
+def _job_files(tmp_path):
+    a, b = random_matrix((M, K), np.float64, 11), random_matrix((K, N), np.float64, 12)
+    spec_a, spec_b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    reference = bigmm.matmul(spec_a, spec_b, f"{tmp_path / 'ref.h5'}:/C", memory=MEMORY,
+                             backend="numpy")
+    with h5py.File(tmp_path / "ref.h5", "r") as f:
+        full = f["C"][...]
+    assert reference.endswith("ref.h5:/C")
+    assert relative_error(full, a @ b) <= tolerance(np.float64, K)
+    return spec_a, spec_b, full
+
+
+def _start(tmp_path):
+    return subprocess.Popen([sys.executable, "-c", SCRIPT.format(memory=MEMORY), str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_journaled_tiles(tmp_path, proc, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for j in glob.glob(str(tmp_path / "c.h5.*journal")):
+            if '"tiles"' in open(j).read():
+                return j
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("no tile was journaled in time")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_or_interrupted_run_resumes_bit_identical(tmp_path, sig):
+    spec_a, spec_b, full = _job_files(tmp_path)
+    proc = _start(tmp_path)
+    journal = _wait_for_journaled_tiles(tmp_path, proc)
+    proc.send_signal(sig)
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 5.0  # stops within seconds
+    assert proc.returncode != 0
+    if sig == signal.SIGINT:
+        assert "Interrupted" in err and "resumable" in err, err
+    assert os.path.exists(journal)
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert not f["C"].attrs["bigmm_complete"]
+    out, stats = bigmm.matmul(spec_a, spec_b, f"{tmp_path / 'c.h5'}:/C", memory=MEMORY,
+                              backend="numpy", resume=True, stats=True)
+    assert stats.tiles_skipped > 0
+    assert stats.tiles_done + stats.tiles_skipped == stats.tiles_total
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert f["C"].attrs["bigmm_complete"]
+        assert np.array_equal(f["C"][...], full)  # bit for bit
+    assert not os.path.exists(journal)
+
+
+def test_resume_with_another_budget_keeps_the_recorded_schedule(tmp_path):
+    spec_a, spec_b, full = _job_files(tmp_path)
+    proc = _start(tmp_path)
+    _wait_for_journaled_tiles(tmp_path, proc)
+    proc.kill()
+    proc.communicate()
+    p = bigmm.plan(spec_a, spec_b, f"{tmp_path / 'c.h5'}:/C", memory="1MiB", backend="numpy",
+                   resume=True)
+    fresh = bigmm.plan(spec_a, spec_b, memory=MEMORY, backend="numpy")
+    assert (p.bm, p.bn, p.bk, p.order) == (fresh.bm, fresh.bn, fresh.bk, fresh.order)
+    bigmm.matmul(spec_a, spec_b, f"{tmp_path / 'c.h5'}:/C", memory="1MiB", backend="numpy",
+                 resume=True)
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert np.array_equal(f["C"][...], full)
