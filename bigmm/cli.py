@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -223,13 +224,17 @@ def cmd_plan(args) -> int:
 
 def backend_name(requested: str) -> str:
     """The backend a run with ``--backend requested`` uses ("auto" resolved)."""
-    if requested != "auto":
-        return requested
+    return backend_info(requested)[0]
+
+
+def backend_info(requested: str) -> tuple[str, str]:
+    """(name, what it runs on) of the backend ``requested`` resolves to."""
     from .backends import get_backend
 
     be = get_backend(requested)
     try:
-        return be.name
+        describe = getattr(be, "describe", None)
+        return be.name, (describe() if callable(describe) else f"CPU ({os.cpu_count()} cores)")
     finally:
         be.close()
 
@@ -363,15 +368,15 @@ def cmd_demo(args) -> int:
         with _progress_bar(enabled=sys.stderr.isatty()) as progress:
             out, stats = api.matmul(a, b, c, memory=memory, backend=args.backend,
                                     progress=progress, overwrite=True, stats=True)
-        s = run_summary(plan, stats, out, a, b, backend_name(args.backend))
+        name, device = backend_info(args.backend)
+        s = run_summary(plan, stats, out, a, b, name)
         print(format_summary(s))
         t0 = time.perf_counter()
         result = verify(a, b, c)
         print(f"verify: {result} in {format_seconds(time.perf_counter() - t0)}")
         where = f"files kept in {d}" if args.dir else "temporary files removed"
         print(f"demo {'passed' if result.passed else 'FAILED'}: "
-              f"{s['tflops']:.3f} TFLOP/s, {s['gbps']:.2f} GB/s on {s['backend'] or args.backend};"
-              f" {where}")
+              f"{s['tflops']:.3f} TFLOP/s, {s['gbps']:.2f} GB/s on {name}, {device}; {where}")
     return 0 if result.passed else EXIT_FAIL
 
 
