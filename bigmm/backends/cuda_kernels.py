@@ -1,0 +1,443 @@
+"""bigmm's own CUDA GEMM kernels: loading, compiling, choosing a tile shape and launching.
+
+The sources live in the top-level ``kernels/`` folder (shipped in the wheel as
+``bigmm/kernels``).  Each (dtype, tile shape) is one ``cupy.RawModule`` compiled by NVRTC with
+the tile parameters as ``-D`` macros; it holds nine ``extern "C"`` entry points, one per pair of
+operand load modes, so no C++ template names cross into Python.  Modules are compiled once per
+process and device; cupy keeps the compiled binaries in its disk cache (``CUPY_CACHE_DIR``,
+default ``~/.cupy/kernel_cache``), keyed by the full source text and options.
+
+The tile shape for a product comes from ``kernel_table.json`` beside this module, written by
+``scripts/autotune_kernels.py`` on a GPU.
+
+cupy is imported inside functions only: importing this module needs no GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DtypeError, KernelError, ShapeError
+
+_TABLE_PATH = Path(__file__).with_name("kernel_table.json")
+_FAMILY_SOURCE = "gemm_regblock.cu"
+_HEADER = "common.cuh"
+_COMPILE_OPTIONS = ("-std=c++17",)
+_DTYPES = {"float32": 4, "float64": 8}
+_INT32_MAX = 2**31 - 1
+
+# (A mode, B mode) -> entry point.  Modes: k = A/B contiguous along K (transposed on load),
+# v = contiguous along M/N and 16-byte aligned, s = contiguous along M/N, unaligned.
+_ENTRIES = ("kv", "ks", "kk", "vv", "vs", "sv", "ss", "vk", "sk")
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One instantiation of the register-blocked family (see kernels/gemm_regblock.cu)."""
+
+    name: str
+    dtype: str
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    tm: int
+    tn: int
+    stages: int
+    min_blocks: int = 1
+    pad_bytes: int = 16
+
+    @property
+    def itemsize(self) -> int:
+        return _DTYPES[self.dtype]
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+
+    @property
+    def smem_bytes(self) -> int:
+        pad = self.pad_bytes // self.itemsize
+        return self.stages * self.bk * (self.bm + self.bn + 2 * pad) * self.itemsize
+
+    def defines(self) -> tuple[str, ...]:
+        ctype = "float" if self.dtype == "float32" else "double"
+        values = {
+            "DTYPE": ctype, "BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm,
+            "WN": self.wn, "TM": self.tm, "TN": self.tn, "STAGES": self.stages,
+            "PAD_BYTES": self.pad_bytes, "MIN_BLOCKS": self.min_blocks,
+        }
+        return tuple(f"-DBIGMM_{k}={v}" for k, v in values.items())
+
+    def check(self) -> None:
+        """Raise KernelError when the parameters break the family's static rules."""
+        if self.dtype not in _DTYPES:
+            raise KernelError(f"Expected dtype float32 or float64 in tile config {self.name}. Got {self.dtype}.")
+        vw = 16 // self.itemsize
+        nt = self.threads
+        rules = [
+            (self.bm % self.wm == 0 and self.bn % self.wn == 0, "warp tile divides block tile"),
+            ((self.wm // self.tm) * (self.wn // self.tn) == 32, "32 threads per warp tile"),
+            (self.tm % vw == 0 and self.tn % vw == 0, "thread tile in 16-byte vectors"),
+            (self.stages >= 2 and self.bk % 8 == 0, "stages >= 2 and bk % 8 == 0"),
+            (all(r % (nt // 8) == 0 for r in (self.bm, self.bn)), "rows divisible by threads/8"),
+            (all(nt % (r // vw) == 0 and self.bk % (nt // (r // vw)) == 0
+                 for r in (self.bm, self.bn)), "16-byte copies tile the block"),
+            (self.pad_bytes % 16 == 0, "pad keeps rows 16-byte aligned"),
+        ]
+        for ok, rule in rules:
+            if not ok:
+                raise KernelError(f"Expected tile config {self.name} to satisfy '{rule}'. Got {self}.")
+
+    @classmethod
+    def from_dict(cls, name: str, d: dict) -> "TileConfig":
+        return cls(name=name, **{k: d[k] for k in d if k in cls.__dataclass_fields__ and k != "name"})
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "name"}
+
+
+def kernel_dir() -> Path:
+    """The folder holding the CUDA sources: inside the installed package, else the source tree's."""
+    import bigmm
+
+    pkg = Path(bigmm.__file__).resolve().parent
+    for candidate in (pkg / "kernels", pkg.parent / "kernels"):
+        if (candidate / _FAMILY_SOURCE).is_file():
+            return candidate
+    raise KernelError(f"Expected the CUDA sources in {pkg / 'kernels'} or {pkg.parent / 'kernels'}. Got neither.")
+
+
+def kernel_source(filename: str) -> str:
+    """A kernel file's text with ``#include "common.cuh"`` inlined, so that cupy's disk cache
+    (keyed by the source text) sees every change to the header."""
+    folder = kernel_dir()
+    try:
+        text = (folder / filename).read_text()
+        header = (folder / _HEADER).read_text()
+    except OSError as exc:
+        raise KernelError(f"Expected a readable kernel source {folder / filename}. Got {exc}.") from exc
+    return text.replace(f'#include "{_HEADER}"', header)
+
+
+# ---- the tile table ---------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4)
+def load_table(path: str | None = None) -> dict:
+    """The parsed kernel table (``kernel_table.json`` unless ``path`` names another)."""
+    p = Path(path) if path else _TABLE_PATH
+    try:
+        table = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise KernelError(f"Expected a readable JSON kernel table at {p}. Got {exc}.") from exc
+    configs = {n: TileConfig.from_dict(n, d) for n, d in table["configs"].items()}
+    for cfg in configs.values():
+        cfg.check()
+    table = dict(table)
+    table["configs"] = configs
+    return table
+
+
+def tile_configs(dtype: str | None = None, table: str | None = None) -> dict[str, TileConfig]:
+    """Every tile config in the table (optionally of one dtype), by name."""
+    configs = load_table(table)["configs"]
+    return {n: c for n, c in configs.items() if dtype is None or c.dtype == dtype}
+
+
+def select_config(dtype: str, m: int, n: int, k: int, table: str | None = None) -> TileConfig:
+    """The table's tile config for a product of this dtype and shape: the first rule whose
+    ``max_mn`` bounds m * n (a rule without one matches everything).  ``table``: another
+    table file (the autotuner's output) instead of the packaged one."""
+    table = load_table(table)
+    rules = table["select"].get(dtype)
+    if not rules:
+        raise DtypeError(f"Expected a dtype with kernels (float32, float64). Got {dtype}.")
+    for rule in rules:
+        if rule.get("max_mn") is None or m * n <= rule["max_mn"]:
+            return table["configs"][rule["config"]]
+    return table["configs"][rules[-1]["config"]]
+
+
+# ---- compiling ----------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_kernels: dict[tuple, object] = {}
+_modules: dict[tuple, object] = {}
+_smem_granted: dict[tuple, int] = {}
+
+
+def _device_id() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
+
+
+def _module(filename: str, options: tuple[str, ...]):
+    key = (filename, options, _device_id())
+    module = _modules.get(key)
+    if module is None:
+        import cupy
+
+        module = cupy.RawModule(code=kernel_source(filename), options=_COMPILE_OPTIONS + options)
+        _modules[key] = module
+    return module
+
+
+def raw_kernel(filename: str, entry: str, options: tuple[str, ...] = ()):
+    """A compiled ``cupy.RawKernel`` for ``entry`` of ``kernels/filename`` on the current device
+    (compiled once per process and device; binaries cached on disk by cupy)."""
+    key = (filename, entry, options, _device_id())
+    kern = _kernels.get(key)
+    if kern is not None:
+        return kern
+    with _lock:
+        kern = _kernels.get(key)
+        if kern is None:
+            try:
+                kern = _module(filename, options).get_function(entry)
+                kern.kernel  # compile (or load from the disk cache) now, not at first launch
+            except Exception as exc:  # cupy raises CompileException / CUDADriverError
+                raise KernelError(f"Expected {filename}:{entry} with {options} to compile. Got {exc}.") from exc
+            _kernels[key] = kern
+    return kern
+
+
+def _gemm_kernel(config: TileConfig, entry: str):
+    options = config.defines() + ("-DBIGMM_ONLY=1", f"-DBIGMM_WANT_{entry}=1")
+    kern = raw_kernel(_FAMILY_SOURCE, "gemm_" + entry, options)
+    key = (options, _device_id())
+    if _smem_granted.get(key) != config.smem_bytes:
+        try:
+            kern.max_dynamic_shared_size_bytes = config.smem_bytes
+        except Exception as exc:
+            raise KernelError(
+                f"Expected the device to grant {config.smem_bytes} bytes of shared memory to "
+                f"tile config {config.name}. Got {exc}."
+            ) from exc
+        _smem_granted[key] = config.smem_bytes
+    return kern
+
+
+def compile_all(dtype: str | None = None) -> list[str]:
+    """Compile every entry of every table config (of one dtype, or all); returns the names."""
+    done = []
+    for cfg in tile_configs(dtype).values():
+        for entry in _ENTRIES:
+            _gemm_kernel(cfg, entry)
+            done.append(f"{cfg.name}:gemm_{entry}")
+    return done
+
+
+def resource_usage(dtype: str | None = None) -> dict[str, dict]:
+    """Per kernel: registers, local memory, shared memory and resident blocks per SM."""
+    import cupy
+
+    out = {}
+    for cfg in tile_configs(dtype).values():
+        for entry in _ENTRIES:
+            kern = _gemm_kernel(cfg, entry)
+            attrs = kern.attributes
+            try:
+                blocks = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                    kern.kernel.ptr, cfg.threads, cfg.smem_bytes
+                )
+            except Exception:
+                blocks = None
+            out[f"{cfg.name}:gemm_{entry}"] = {
+                "num_regs": attrs["num_regs"],
+                "local_size_bytes": attrs["local_size_bytes"],
+                "dynamic_smem_bytes": cfg.smem_bytes,
+                "threads": cfg.threads,
+                "blocks_per_sm": blocks,
+            }
+    return out
+
+
+# ---- launching ----------------------------------------------------------------------------
+
+
+def _operand(x, what: str):
+    """(rows, cols, ld, ptr) of a 2-D cupy array whose rows are contiguous."""
+    import cupy
+
+    if not isinstance(x, cupy.ndarray):
+        raise KernelError(f"Expected {what} to be a cupy.ndarray on the GPU. Got {type(x).__module__}.{type(x).__name__}.")
+    if x.ndim != 2:
+        raise ShapeError(f"Expected {what} to be 2-D. Got shape {x.shape}.")
+    rows, cols = x.shape
+    item = x.itemsize
+    s0, s1 = x.strides
+    if rows == 0 or cols == 0:
+        return rows, cols, max(cols, 1), x.data.ptr
+    if cols > 1 and s1 != item:
+        raise KernelError(
+            f"Expected {what}'s elements contiguous within a row (strides[1] == {item}). Got strides {x.strides}."
+        )
+    if rows > 1:
+        if s0 <= 0 or s0 % item or s0 // item < cols:
+            raise KernelError(
+                f"Expected {what}'s row stride to be a positive multiple of {item} bytes covering its "
+                f"{cols} columns. Got strides {x.strides}."
+            )
+        ld = s0 // item
+    else:
+        ld = max(cols, 1)
+    return rows, cols, ld, x.data.ptr
+
+
+def _span(ptr: int, rows: int, cols: int, ld: int, item: int) -> tuple[int, int]:
+    return ptr, ptr + ((rows - 1) * ld + cols) * item
+
+
+def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None, *, config=None,
+         split_k=None):
+    """``c = alpha * op(a) @ op(b) + beta * c`` on the GPU with bigmm's kernels; returns ``c``.
+
+    ``op(x)`` is ``x.T`` when ``trans_x`` (``a`` is then stored (K, M)).  a, b and c are 2-D
+    cupy arrays of one dtype (float32 or float64) whose rows are contiguous; they may be views
+    into larger buffers (any leading dimension, any alignment).  With ``beta == 0`` c is never
+    read (NaN in c does not leak).  c must not overlap a or b.  The launch goes on ``stream``
+    (a ``cupy.cuda.Stream``; the current stream when None) and is not synchronised.
+    ``config`` (a table name or a TileConfig) overrides the table's choice of tile shape;
+    ``split_k`` (1 = off) overrides the number of K splits chosen for products with few C tiles
+    (the splits go to a workspace from cupy's memory pool, then one reduction kernel).
+    """
+    import cupy
+    import numpy as np
+
+    rows_a, cols_a, lda, pa = _operand(a, "a")
+    rows_b, cols_b, ldb, pb = _operand(b, "b")
+    rows_c, cols_c, ldc, pc = _operand(c, "c")
+    dtypes = {str(x.dtype) for x in (a, b, c)}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES:
+        raise DtypeError(
+            f"Expected a, b and c all float32 or all float64. Got {a.dtype}, {b.dtype}, {c.dtype}."
+        )
+    dtype = str(c.dtype)
+    m, ka = (cols_a, rows_a) if trans_a else (rows_a, cols_a)
+    kb, n = (cols_b, rows_b) if trans_b else (rows_b, cols_b)
+    if ka != kb or (rows_c, cols_c) != (m, n):
+        raise ShapeError(
+            f"Expected op(a) (M, K) @ op(b) (K, N) -> c (M, N). Got op(a) {(m, ka)}, op(b) {(kb, n)}, "
+            f"c {(rows_c, cols_c)} (trans_a={trans_a}, trans_b={trans_b})."
+        )
+    k = ka
+    if max(m, n, k) > _INT32_MAX:
+        raise ShapeError(f"Expected M, N, K below 2**31. Got {(m, n, k)}.")
+    devices = {x.device.id for x in (a, b, c)}
+    if len(devices) != 1:
+        raise KernelError(f"Expected a, b and c on one device. Got devices {sorted(devices)}.")
+    if m == 0 or n == 0:
+        return c
+    item = c.itemsize
+    c_lo, c_hi = _span(pc, m, n, ldc, item)
+    for name, (p, r, cl, ld) in (("a", (pa, rows_a, cols_a, lda)), ("b", (pb, rows_b, cols_b, ldb))):
+        if r and cl:
+            lo, hi = _span(p, r, cl, ld, item)
+            if lo < c_hi and c_lo < hi:
+                raise KernelError(f"Expected c not to overlap {name}. Got overlapping device memory.")
+
+    if config is None:
+        cfg = select_config(dtype, m, n, k)
+    elif isinstance(config, TileConfig):
+        cfg = config
+    else:
+        try:
+            cfg = load_table()["configs"][config]
+        except KeyError:
+            raise KernelError(f"Expected a tile config named in the kernel table. Got {config!r}.") from None
+    if cfg.dtype != dtype:
+        raise DtypeError(f"Expected tile config {cfg.name} to be {dtype}. Got {cfg.dtype}.")
+    cfg.check()
+
+    vw = 16 // item
+
+    def vec(ptr, ld):
+        return ptr % 16 == 0 and ld % vw == 0
+
+    mode_a = "k" if not trans_a else ("v" if vec(pa, lda) else "s")
+    mode_b = "k" if trans_b else ("v" if vec(pb, ldb) else "s")
+    kern = _gemm_kernel(cfg, mode_a + mode_b)
+
+    np_t = np.dtype(dtype).type
+    tiles = (-(-m // cfg.bm)) * (-(-n // cfg.bn))
+    splits = _plan_split(cfg, tiles, k) if split_k is None else max(1, min(int(split_k), max(k, 1)))
+    k_chunk = -(-k // splits) if splits > 1 else k
+    if splits > 1:
+        k_chunk = -(-k_chunk // cfg.bk) * cfg.bk
+        splits = -(-k // k_chunk)
+    cuda_stream = stream if stream is not None else cupy.cuda.get_current_stream()
+    with cuda_stream:
+        if splits == 1:
+            args = (
+                np.int32(m), np.int32(n), np.int32(k), np_t(alpha), a, np.int64(lda), b, np.int64(ldb),
+                np_t(beta), c, np.int64(ldc), np.int32(1 if vec(pc, ldc) else 0), np.int32(k), np.int64(0),
+            )
+            kern((tiles, 1, 1), (cfg.threads,), args, shared_mem=cfg.smem_bytes)
+            return c
+        # Split K: partial products into a workspace (alpha 1, beta 0), then one reduction.
+        work = cupy.empty((splits, m, n), dtype=dtype)
+        args = (
+            np.int32(m), np.int32(n), np.int32(k), np_t(1), a, np.int64(lda), b, np.int64(ldb),
+            np_t(0), work, np.int64(n), np.int32(1 if n % vw == 0 else 0), np.int32(k_chunk),
+            np.int64(m * n),
+        )
+        kern((tiles, 1, splits), (cfg.threads,), args, shared_mem=cfg.smem_bytes)
+        reduce = raw_kernel("splitk_reduce.cu", "splitk_reduce_f32" if item == 4 else "splitk_reduce_f64")
+        blocks = min(-(-(m * n) // 256), 8 * _sm_count())
+        reduce((blocks,), (256,), (np.int32(m), np.int32(n), np.int32(splits), np_t(alpha), work,
+                                   np.int64(m * n), np_t(beta), c, np.int64(ldc)))
+    return c
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(device: int) -> int:
+    import cupy
+
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+def _sm_count() -> int:
+    return _sm_count_of(_device_id())
+
+
+def split_count(config: TileConfig, m: int, n: int, k: int) -> int:
+    """How many K splits gemm() uses for this shape and config (1: none)."""
+    return _plan_split(config, (-(-m // config.bm)) * (-(-n // config.bn)), k)
+
+
+def _plan_split(cfg: TileConfig, tiles: int, k: int) -> int:
+    """Split K when the C tiles alone cannot fill the GPU's resident blocks: aim at two waves,
+    each split at least 256 deep.  Shorter sums per split also keep the rounding error of
+    long, narrow products (large K, small M and N) near cuBLAS's."""
+    resident = _sm_count() * max(1, cfg.min_blocks)
+    if tiles >= resident or k <= 256:
+        return 1
+    return max(1, min(-(-2 * resident // tiles), -(-k // 256)))
+
+
+def baseline_gemm(a, b, c, alpha=1.0, beta=0.0, stream=None):
+    """Kernel 01 (the textbook 16x16 tiled SGEMM), float32 NN only: the progression's baseline."""
+    import cupy
+    import numpy as np
+
+    rows_a, k, lda, pa = _operand(a, "a")
+    kb, n, ldb, pb = _operand(b, "b")
+    m, nc, ldc, pc = _operand(c, "c")
+    if any(x.dtype != np.float32 for x in (a, b, c)):
+        raise DtypeError(f"Expected float32 operands for kernel 01. Got {a.dtype}, {b.dtype}, {c.dtype}.")
+    if k != kb or (m, nc) != (rows_a, n):
+        raise ShapeError(f"Expected (M, K) @ (K, N) -> (M, N). Got {a.shape} @ {b.shape} -> {c.shape}.")
+    kern = raw_kernel("sgemm_01_naive_tiled.cu", "sgemm_01_naive_tiled")
+    args = (np.int32(m), np.int32(n), np.int32(k), np.float32(alpha), a, np.int64(lda),
+            b, np.int64(ldb), np.float32(beta), c, np.int64(ldc))
+    with (stream if stream is not None else cupy.cuda.get_current_stream()):
+        kern(((n + 15) // 16, (m + 15) // 16), (16, 16), args)
+    return c
+

@@ -1,0 +1,409 @@
+// bigmm's register-blocked GEMM family: C = alpha * op(A) @ op(B) + beta * C, row-major,
+// float32 or float64, any M, N, K and any leading dimensions.
+//
+// Design (one block computes a BM x BN tile of C):
+//  * NT = (BM/WM) * (BN/WN) * 32 threads; each warp owns a WM x WN warp tile, each thread a
+//    TM x TN register tile, split into 16-byte column groups spaced across the warp tile so
+//    that every fragment load is one 16-byte LDS and conflict-free.
+//  * Both operands are stored k-major in shared memory (S[k][r], r along M for A and along N
+//    for B), so the inner loop reads both fragments with 16-byte loads.
+//  * Global -> shared runs through a STAGES-deep cp.async pipeline.  An operand whose memory
+//    is contiguous along M or N goes in 16-byte copies when aligned (LOAD_V) and element
+//    copies otherwise (LOAD_S); one contiguous along K is transposed on the way in by element
+//    copies (LOAD_K), laid out so that a warp's copies hit 32 distinct banks thanks to a
+//    16-byte row pad.  Out-of-range elements are zero-filled (cp.async src-size 0).
+//  * Register fragments are double-buffered: fragment k+1 loads while k is multiplied.
+//  * The epilogue never reads C when beta == 0; stores are guarded, 16 bytes wide when C is
+//    aligned.
+//  * Optional split K over gridDim.z (each split writes its own partial product; the launcher
+//    sums them with kernels/splitk_reduce.cu) for products with too few C tiles to fill the GPU.
+//
+// Tile parameters arrive as macros (one compiled module per dtype and tile shape); the nine
+// extern "C" entry points at the end are named after the A and B load modes.
+#include "common.cuh"
+
+namespace bigmm {
+
+enum LoadMode {
+    LOAD_K = 0,  // global contiguous along k: element copies, transposed into S[k][r]
+    LOAD_V = 1,  // global contiguous along r, 16-byte aligned: 16-byte copies
+    LOAD_S = 2,  // global contiguous along r, unaligned: element copies
+};
+
+template <typename T_, int BM_, int BN_, int BK_, int WM_, int WN_, int TM_, int TN_, int STAGES_,
+          int PAD_BYTES_>
+struct Tile {
+    typedef T_ T;
+    static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, TM = TM_, TN = TN_;
+    static constexpr int STAGES = STAGES_;
+    static constexpr int VW = 16 / int(sizeof(T));  // elements per 16-byte vector
+    static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
+    static constexpr int NT = WARPS_M * WARPS_N * 32;
+    static constexpr int TH_M = WM / TM, TH_N = WN / TN;  // a warp's threads along M and N
+    static constexpr int PAD = PAD_BYTES_ / int(sizeof(T));
+    static constexpr int SA = BM + PAD, SB = BN + PAD;  // shared row strides (elements)
+    static constexpr int STAGE = BK * (SA + SB);        // elements per pipeline stage
+    static constexpr int SMEM_BYTES = STAGES * STAGE * int(sizeof(T));
+    static_assert(BM % WM == 0 && BN % WN == 0, "warp tile must divide block tile");
+    static_assert(TH_M * TH_N == 32, "a warp's thread grid must have 32 threads");
+    static_assert(TM % VW == 0 && TN % VW == 0, "thread tile must be whole 16-byte vectors");
+    static_assert(STAGES >= 2, "the pipeline needs at least two stages");
+    static_assert(PAD_BYTES_ % 16 == 0, "rows must stay 16-byte aligned");
+};
+
+// Copies BK x R operand tiles (R = BM for A, BN for B) from global memory into k-major shared
+// tiles with row stride STRIDE elements, one tile per call, walking along k.  The first tile
+// starts at kstart = K - KT * BK <= 0, so that only it is partial: its k < 0 elements are
+// zero-filled and every later tile is copied without predicates.  Rows past the operand's
+// extent (`rows`) are clamped to its last row: they only feed rows or columns of the C tile
+// that are never stored.
+template <typename T, int R, int BK, int NT, int STRIDE, int MODE>
+struct TileLoader;
+
+template <typename T, int R, int BK, int NT, int STRIDE>
+struct TileLoader<T, R, BK, NT, STRIDE, LOAD_K> {
+    // Element (r, k) at src[r * ld + k].  A warp covers 8 consecutive k of 4 rows: 32-byte
+    // global segments, and (with a 16-byte row pad) 32 distinct shared banks.
+    static constexpr int RPP = NT / 8;  // rows per pass
+    static constexpr int PR = R / RPP, PK = BK / 8;
+    static_assert(NT % 8 == 0 && R % RPP == 0 && BK % 8 == 0, "LOAD_K tile shape");
+    const T* base;
+    const T* g[PR];
+    unsigned s;
+    int k_t;
+
+    __device__ __forceinline__ void init(const T* src, long long ld, int r0, int rows, int kstart,
+                                         int tid, unsigned sbase) {
+        k_t = tid % 8;
+        const int r_t = tid / 8;
+        base = src;
+#pragma unroll
+        for (int p = 0; p < PR; ++p) {
+            const int r = min(r0 + r_t + p * RPP, rows - 1);
+            g[p] = src + (long long)r * ld + (kstart + k_t);
+        }
+        s = sbase + unsigned(k_t * STRIDE + r_t) * sizeof(T);
+    }
+
+    template <bool FIRST>
+    __device__ __forceinline__ void load(unsigned stage, int kstart) {
+#pragma unroll
+        for (int pk = 0; pk < PK; ++pk) {
+            const bool ok = !FIRST || kstart + pk * 8 + k_t >= 0;
+#pragma unroll
+            for (int pr = 0; pr < PR; ++pr) {
+                cp_async<int(sizeof(T))>(
+                    s + stage + unsigned(pk * 8 * STRIDE + pr * RPP) * sizeof(T),
+                    ok ? g[pr] + pk * 8 : base, ok ? int(sizeof(T)) : 0);
+            }
+        }
+#pragma unroll
+        for (int pr = 0; pr < PR; ++pr) g[pr] += BK;
+    }
+};
+
+template <typename T, int R, int BK, int NT, int STRIDE>
+struct TileLoader<T, R, BK, NT, STRIDE, LOAD_V> {
+    // Element (r, k) at src[k * ld + r], 16-byte chunks along r; src and ld aligned.
+    static constexpr int VW = 16 / int(sizeof(T));
+    static constexpr int CPR = R / VW;    // chunks per k row
+    static constexpr int KPP = NT / CPR;  // k rows per pass
+    static constexpr int PK = BK / KPP;
+    static_assert(R % VW == 0 && NT % CPR == 0 && BK % KPP == 0, "LOAD_V tile shape");
+    const T* base;
+    const T* g;
+    long long ld;
+    unsigned s;
+    int nbytes, k_t;
+
+    __device__ __forceinline__ void init(const T* src, long long ld_, int r0, int rows, int kstart,
+                                         int tid, unsigned sbase) {
+        const int r_t = (tid % CPR) * VW;
+        k_t = tid / CPR;
+        base = src;
+        ld = ld_;
+        int r = r0 + r_t;
+        if (r >= rows) r = ((rows - 1) / VW) * VW;  // last chunk: a valid, aligned address
+        nbytes = min(VW, rows - r) * int(sizeof(T));
+        g = src + (long long)(kstart + k_t) * ld_ + r;
+        s = sbase + unsigned(k_t * STRIDE + r_t) * sizeof(T);
+    }
+
+    template <bool FIRST>
+    __device__ __forceinline__ void load(unsigned stage, int kstart) {
+#pragma unroll
+        for (int pk = 0; pk < PK; ++pk) {
+            const bool ok = !FIRST || kstart + pk * KPP + k_t >= 0;
+            cp_async<16>(s + stage + unsigned(pk * KPP * STRIDE) * sizeof(T),
+                         ok ? g + pk * KPP * ld : base, ok ? nbytes : 0);
+        }
+        g += BK * ld;
+    }
+};
+
+template <typename T, int R, int BK, int NT, int STRIDE>
+struct TileLoader<T, R, BK, NT, STRIDE, LOAD_S> {
+    // Element (r, k) at src[k * ld + r], any alignment: one copy per element.
+    static constexpr int RPP = R < NT ? R : NT;  // rows per pass
+    static constexpr int KPP = NT / RPP;         // k rows per pass
+    static constexpr int PR = R / RPP, PK = BK / KPP;
+    static_assert(R % RPP == 0 && NT % RPP == 0 && BK % KPP == 0, "LOAD_S tile shape");
+    const T* base;
+    const T* g[PR];
+    long long ld;
+    unsigned s;
+    int k_t;
+
+    __device__ __forceinline__ void init(const T* src, long long ld_, int r0, int rows, int kstart,
+                                         int tid, unsigned sbase) {
+        const int r_t = tid % RPP;
+        k_t = tid / RPP;
+        base = src;
+        ld = ld_;
+#pragma unroll
+        for (int p = 0; p < PR; ++p) {
+            const int r = min(r0 + r_t + p * RPP, rows - 1);
+            g[p] = src + (long long)(kstart + k_t) * ld_ + r;
+        }
+        s = sbase + unsigned(k_t * STRIDE + r_t) * sizeof(T);
+    }
+
+    template <bool FIRST>
+    __device__ __forceinline__ void load(unsigned stage, int kstart) {
+#pragma unroll
+        for (int pk = 0; pk < PK; ++pk) {
+            const bool ok = !FIRST || kstart + pk * KPP + k_t >= 0;
+#pragma unroll
+            for (int pr = 0; pr < PR; ++pr) {
+                cp_async<int(sizeof(T))>(
+                    s + stage + unsigned(pk * KPP * STRIDE + pr * RPP) * sizeof(T),
+                    ok ? g[pr] + pk * KPP * ld : base, ok ? int(sizeof(T)) : 0);
+            }
+        }
+#pragma unroll
+        for (int pr = 0; pr < PR; ++pr) g[pr] += BK * ld;
+    }
+};
+
+__device__ __forceinline__ float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double fma_rn(double a, double b, double c) { return __fma_rn(a, b, c); }
+
+template <class TL, int LA, int LB>
+__device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T alpha,
+                                          const typename TL::T* __restrict__ A, long long lda,
+                                          const typename TL::T* __restrict__ B, long long ldb,
+                                          typename TL::T beta, typename TL::T* __restrict__ C,
+                                          long long ldc, int c_vec, int k_chunk,
+                                          long long c_zstride) {
+    typedef typename TL::T T;
+    constexpr int BM = TL::BM, BN = TL::BN, BK = TL::BK, TM = TL::TM, TN = TL::TN;
+    constexpr int VW = TL::VW, NT = TL::NT, STAGES = TL::STAGES;
+    constexpr int SA = TL::SA, SB = TL::SB, STAGE = TL::STAGE;
+    constexpr unsigned STAGE_BYTES = unsigned(STAGE) * sizeof(T);
+
+    // Split K: block z multiplies the k range [z * k_chunk, (z + 1) * k_chunk) into its own
+    // slice of C, c_zstride elements further on (gridDim.z == 1 without a split).
+    {
+        const int kz = blockIdx.z * k_chunk;
+        K = min(k_chunk, K - kz);
+        A += (LA == LOAD_K) ? (long long)kz : (long long)kz * lda;
+        B += (LB == LOAD_K) ? (long long)kz : (long long)kz * ldb;
+        C += blockIdx.z * c_zstride;
+    }
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* smem = reinterpret_cast<T*>(smem_raw);
+    const int tid = threadIdx.x;
+
+    int tile_m, tile_n;
+    swizzle_tile<8>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, tile_m, tile_n);
+    const int m0 = tile_m * BM, n0 = tile_n * BN;
+
+    const unsigned sbase = smem_addr(smem);
+    TileLoader<T, BM, BK, NT, SA, LA> load_a;
+    TileLoader<T, BN, BK, NT, SB, LB> load_b;
+    const int KT = (K + BK - 1) / BK;
+    const int kstart = K - KT * BK;  // first tile is [kstart, kstart + BK), kstart in (-BK, 0]
+    load_a.init(A, lda, m0, M, kstart, tid, sbase);
+    load_b.init(B, ldb, n0, N, kstart, tid, sbase + unsigned(BK * SA) * sizeof(T));
+
+    const int warp = tid / 32, lane = tid % 32;
+    const int a_off = (warp % TL::WARPS_M) * TL::WM + (lane / TL::TH_N) * VW;
+    const int b_off = (warp / TL::WARPS_M) * TL::WN + (lane % TL::TH_N) * VW;
+
+    T acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+    T fa[2][TM], fb[2][TN];
+
+    if (KT > 0) {
+        load_a.template load<true>(0, kstart);
+        load_b.template load<true>(0, kstart);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int s = 1; s < STAGES - 1; ++s) {
+        if (s < KT) {
+            load_a.template load<false>(s * STAGE_BYTES, 0);
+            load_b.template load<false>(s * STAGE_BYTES, 0);
+        }
+        cp_async_commit();
+    }
+
+    int read_stage = 0, write_stage = STAGES - 1;
+    for (int kt = 0; kt < KT; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile kt is visible; stage write_stage is no longer read
+        if (kt + STAGES - 1 < KT) {
+            load_a.template load<false>(write_stage * STAGE_BYTES, 0);
+            load_b.template load<false>(write_stage * STAGE_BYTES, 0);
+        }
+        cp_async_commit();
+        write_stage = (write_stage + 1 == STAGES) ? 0 : write_stage + 1;
+
+        const T* As = smem + read_stage * STAGE + a_off;
+        const T* Bs = smem + read_stage * STAGE + BK * SA + b_off;
+        read_stage = (read_stage + 1 == STAGES) ? 0 : read_stage + 1;
+
+#pragma unroll
+        for (int i = 0; i < TM / VW; ++i) load16(&fa[0][i * VW], As + i * TL::TH_M * VW);
+#pragma unroll
+        for (int j = 0; j < TN / VW; ++j) load16(&fb[0][j * VW], Bs + j * TL::TH_N * VW);
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            const int cur = kk & 1, nxt = cur ^ 1;
+            if (kk + 1 < BK) {
+#pragma unroll
+                for (int i = 0; i < TM / VW; ++i)
+                    load16(&fa[nxt][i * VW], As + (kk + 1) * SA + i * TL::TH_M * VW);
+#pragma unroll
+                for (int j = 0; j < TN / VW; ++j)
+                    load16(&fb[nxt][j * VW], Bs + (kk + 1) * SB + j * TL::TH_N * VW);
+            }
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fma_rn(fa[cur][i], fb[cur][j], acc[i][j]);
+        }
+    }
+    cp_async_wait<0>();
+
+    // Epilogue: C = alpha * acc + beta * C, C never read when beta == 0.
+    const bool read_c = !(beta == T(0));
+#pragma unroll
+    for (int i = 0; i < TM / VW; ++i) {
+#pragma unroll
+        for (int v = 0; v < VW; ++v) {
+            const int row = m0 + a_off + i * TL::TH_M * VW + v;
+            if (row >= M) continue;
+            T* crow = C + (long long)row * ldc;
+#pragma unroll
+            for (int j = 0; j < TN / VW; ++j) {
+                const int col = n0 + b_off + j * TL::TH_N * VW;
+                T out[VW];
+#pragma unroll
+                for (int u = 0; u < VW; ++u) out[u] = alpha * acc[i * VW + v][j * VW + u];
+                if (c_vec && col + VW <= N) {
+                    if (read_c) {
+                        T old[VW];
+                        load16(old, crow + col);
+#pragma unroll
+                        for (int u = 0; u < VW; ++u) out[u] = fma_rn(beta, old[u], out[u]);
+                    }
+                    store16(crow + col, out);
+                } else {
+#pragma unroll
+                    for (int u = 0; u < VW; ++u) {
+                        if (col + u < N) {
+                            crow[col + u] = read_c ? fma_rn(beta, crow[col + u], out[u]) : out[u];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace bigmm
+
+// ---- one instantiation per compiled module; defaults are the float32 128x128 tile ----------
+#ifndef BIGMM_DTYPE
+#define BIGMM_DTYPE float
+#endif
+#ifndef BIGMM_BM
+#define BIGMM_BM 128
+#endif
+#ifndef BIGMM_BN
+#define BIGMM_BN 128
+#endif
+#ifndef BIGMM_BK
+#define BIGMM_BK 16
+#endif
+#ifndef BIGMM_WM
+#define BIGMM_WM 32
+#endif
+#ifndef BIGMM_WN
+#define BIGMM_WN 64
+#endif
+#ifndef BIGMM_TM
+#define BIGMM_TM 8
+#endif
+#ifndef BIGMM_TN
+#define BIGMM_TN 8
+#endif
+#ifndef BIGMM_STAGES
+#define BIGMM_STAGES 3
+#endif
+#ifndef BIGMM_PAD_BYTES
+#define BIGMM_PAD_BYTES 16
+#endif
+#ifndef BIGMM_MIN_BLOCKS
+#define BIGMM_MIN_BLOCKS 2
+#endif
+
+typedef bigmm::Tile<BIGMM_DTYPE, BIGMM_BM, BIGMM_BN, BIGMM_BK, BIGMM_WM, BIGMM_WN, BIGMM_TM,
+                    BIGMM_TN, BIGMM_STAGES, BIGMM_PAD_BYTES>
+    BigmmTile;
+
+// One launch signature for every entry point.  Name: gemm_<A mode><B mode>, k/v/s = LOAD_K,
+// LOAD_V, LOAD_S.  NN uses k{v,s}, NT kk, TN {v,s}{v,s}, TT {v,s}k.  With -DBIGMM_ONLY only the
+// entries named by -DBIGMM_WANT_<modes> are compiled (the launcher compiles what it uses).
+#define BIGMM_ENTRY(NAME, LA, LB)                                                              \
+    extern "C" __global__ void __launch_bounds__(BigmmTile::NT, BIGMM_MIN_BLOCKS)              \
+        NAME(int M, int N, int K, BIGMM_DTYPE alpha, const BIGMM_DTYPE* __restrict__ A,          \
+             long long lda, const BIGMM_DTYPE* __restrict__ B, long long ldb, BIGMM_DTYPE beta,   \
+             BIGMM_DTYPE* __restrict__ C, long long ldc, int c_vec, int k_chunk,                 \
+             long long c_zstride) {                                                              \
+        bigmm::gemm_body<BigmmTile, bigmm::LA, bigmm::LB>(M, N, K, alpha, A, lda, B, ldb, beta, \
+                                                           C, ldc, c_vec, k_chunk, c_zstride);  \
+    }
+
+#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_kv)
+BIGMM_ENTRY(gemm_kv, LOAD_K, LOAD_V)
+#endif
+#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_ks)
+BIGMM_ENTRY(gemm_ks, LOAD_K, LOAD_S)
+#endif
+#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_kk)
+BIGMM_ENTRY(gemm_kk, LOAD_K, LOAD_K)
+#endif
+#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_vv)
+BIGMM_ENTRY(gemm_vv, LOAD_V, LOAD_V)
+#endif
+#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_vs)
+BIGMM_ENTRY(gemm_vs, LOAD_V, LOAD_S)
+#endif
+#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_sv)
+BIGMM_ENTRY(gemm_sv, LOAD_S, LOAD_V)
+#endif
+#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_ss)
+BIGMM_ENTRY(gemm_ss, LOAD_S, LOAD_S)
+#endif
+#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_vk)
+BIGMM_ENTRY(gemm_vk, LOAD_V, LOAD_K)
+#endif
+#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_sk)
+BIGMM_ENTRY(gemm_sk, LOAD_S, LOAD_K)
+#endif

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""CI check of bigmm's CUDA kernels without a GPU.
+
+Compiles every kernel (each tile config of bigmm/backends/kernel_table.json for the GEMM family,
+plus kernel 01 and the FMA probes) with ``nvcc -cubin -Xptxas -v`` for sm_80 and sm_90 and fails
+when any kernel:
+
+* spills or uses local memory (stack frame, spill stores or spill loads above 0 bytes), or
+* misses its occupancy target: the ``min_blocks`` blocks per SM its config declares (at least
+  one block of its threads), counting registers (64K per SM, allocated per warp in units of
+  256) and shared memory (dynamic + static + 1 KB reserved per block, against the SM's limit).
+
+Exit status: 0 pass, 1 a kernel failed, 2 nvcc missing or a compile error.
+Usage: scripts/check_kernels.py [--arch sm_80 sm_90] [--jobs N] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "kernels"
+TABLE = ROOT / "bigmm" / "backends" / "kernel_table.json"
+
+# Per-SM limits: register file (32-bit registers) and shared memory usable by blocks (bytes).
+SM_LIMITS = {
+    "sm_80": {"regs": 65536, "smem": 167936, "smem_block": 166912, "threads": 2048},
+    "sm_90": {"regs": 65536, "smem": 233472, "smem_block": 232448, "threads": 2048},
+}
+RESERVED_SMEM = 1024  # per block, by the driver
+
+
+def find_nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    return None
+
+
+def jobs_from_table() -> list[dict]:
+    """One compile job per source variant: (file, defines, threads, smem, min_blocks)."""
+    table = json.loads(TABLE.read_text())
+    jobs = []
+    for name, c in table["configs"].items():
+        item = 4 if c["dtype"] == "float32" else 8
+        pad = c.get("pad_bytes", 16)
+        threads = (c["bm"] // c["wm"]) * (c["bn"] // c["wn"]) * 32
+        smem = c["stages"] * c["bk"] * (c["bm"] + c["bn"] + 2 * pad // item) * item
+        defines = {
+            "DTYPE": "float" if item == 4 else "double", "BM": c["bm"], "BN": c["bn"], "BK": c["bk"],
+            "WM": c["wm"], "WN": c["wn"], "TM": c["tm"], "TN": c["tn"], "STAGES": c["stages"],
+            "PAD_BYTES": pad, "MIN_BLOCKS": c.get("min_blocks", 1),
+        }
+        jobs.append({
+            "name": name, "file": "gemm_regblock.cu",
+            "defines": [f"-DBIGMM_{k}={v}" for k, v in defines.items()],
+            "threads": threads, "dynamic_smem": smem, "min_blocks": c.get("min_blocks", 1),
+        })
+    jobs.append({"name": "sgemm_01_naive_tiled", "file": "sgemm_01_naive_tiled.cu", "defines": [],
+                 "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
+    jobs.append({"name": "peak_fma", "file": "peak_fma.cu", "defines": [],
+                 "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
+    jobs.append({"name": "splitk_reduce", "file": "splitk_reduce.cu", "defines": [],
+                 "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
+    return jobs
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_LMEM = re.compile(r"(\d+) bytes lmem")
+
+
+def parse_ptxas(text: str) -> dict[str, dict]:
+    """Per entry function: registers, stack frame, spills, static smem, lmem."""
+    out: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            current = out.setdefault(m.group(1), {"regs": 0, "stack": 0, "spill_st": 0, "spill_ld": 0,
+                                                  "smem": 0, "lmem": 0})
+            continue
+        if current is None:
+            continue
+        m = _FRAME.search(line)
+        if m:
+            current["stack"], current["spill_st"], current["spill_ld"] = map(int, m.groups())
+        m = _USED.search(line)
+        if m:
+            current["regs"] = int(m.group(1))
+            s = _SMEM.search(line)
+            current["smem"] = int(s.group(1)) if s else 0
+            lm = _LMEM.search(line)
+            current["lmem"] = int(lm.group(1)) if lm else 0
+    return out
+
+
+def blocks_per_sm(regs: int, threads: int, smem: int, arch: str) -> int:
+    lim = SM_LIMITS[arch]
+    warps = -(-threads // 32)
+    regs_per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    by_regs = lim["regs"] // (warps * regs_per_warp)
+    by_threads = lim["threads"] // threads
+    if smem + RESERVED_SMEM > lim["smem_block"] + RESERVED_SMEM:
+        return 0
+    by_smem = lim["smem"] // (smem + RESERVED_SMEM) if smem else by_threads
+    return min(by_regs, by_threads, by_smem)
+
+
+def compile_job(nvcc: str, job: dict, arch: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [nvcc, f"-arch={arch}", "-cubin", "-std=c++17", "-Xptxas", "-v", "-I", str(KERNELS),
+               *job["defines"], "-o", str(Path(tmp) / "k.cubin"), str(KERNELS / job["file"])]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    result = {"job": job["name"], "arch": arch, "cmd": " ".join(cmd), "ok": proc.returncode == 0,
+              "log": proc.stdout + proc.stderr, "functions": {}}
+    if proc.returncode == 0:
+        result["functions"] = parse_ptxas(proc.stdout + proc.stderr)
+    return result
+
+
+def judge(job: dict, res: dict) -> list[str]:
+    problems = []
+    if not res["ok"]:
+        return [f"{job['name']} [{res['arch']}]: compile failed:\n{res['log']}"]
+    if not res["functions"]:
+        return [f"{job['name']} [{res['arch']}]: no ptxas report parsed"]
+    for fn, r in res["functions"].items():
+        where = f"{job['name']}:{fn} [{res['arch']}]"
+        if r["stack"] or r["spill_st"] or r["spill_ld"] or r["lmem"]:
+            problems.append(f"{where}: local memory: stack {r['stack']} B, spill stores {r['spill_st']} B, "
+                            f"spill loads {r['spill_ld']} B, lmem {r['lmem']} B")
+        blocks = blocks_per_sm(r["regs"], job["threads"], job["dynamic_smem"] + r["smem"], res["arch"])
+        r["blocks_per_sm"] = blocks
+        if blocks < max(1, job["min_blocks"]):
+            problems.append(f"{where}: {blocks} blocks/SM of {job['threads']} threads "
+                            f"({r['regs']} regs, {job['dynamic_smem'] + r['smem']} B smem); "
+                            f"target {job['min_blocks']}")
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", nargs="+", default=["sm_80", "sm_90"])
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--json", help="write the per-kernel report here")
+    args = ap.parse_args(argv)
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        print("check_kernels: nvcc not found (PATH, CUDA_HOME, /usr/local/cuda)", file=sys.stderr)
+        return 2
+    jobs = jobs_from_table()
+    work = [(job, arch) for arch in args.arch for job in jobs]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(lambda ja: compile_job(nvcc, *ja), work))
+
+    problems, compile_failed = [], False
+    print(f"{'kernel':42s} {'arch':6s} {'regs':>4s} {'smem':>7s} {'blk/SM':>6s} {'target':>6s}  spills")
+    for (job, _arch), res in zip(work, results):
+        found = judge(job, res)
+        compile_failed |= not res["ok"]
+        problems += found
+        for fn, r in res["functions"].items():
+            print(f"{job['name'] + ':' + fn:42s} {res['arch']:6s} {r['regs']:4d} "
+                  f"{job['dynamic_smem'] + r['smem']:7d} {r.get('blocks_per_sm', 0):6d} {job['min_blocks']:6d}  "
+                  f"{r['stack']}/{r['spill_st']}/{r['spill_ld']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "log"} for r in results], indent=1))
+    n_fn = sum(len(r["functions"]) for r in results)
+    if problems:
+        print(f"\nFAIL: {len(problems)} problem(s) in {n_fn} kernels:", file=sys.stderr)
+        for p in problems:
+            print("  " + p, file=sys.stderr)
+        return 2 if compile_failed else 1
+    print(f"\nOK: {n_fn} kernels for {', '.join(args.arch)}: no spills, no local memory, occupancy targets met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""GPU tests of bigmm's CUDA GEMM kernels (bigmm.backends.cuda_kernels.gemm).
+
+Every case draws fresh random operands, poisons the output (NaN) and compares against a
+float64 reference: the kernel's relative error must be no worse than twice cuBLAS's own
+(cupy, same dtype, same operands) plus a small floor.  Views are cut out of NaN-filled
+buffers, and the bytes around them must stay NaN (nothing written out of bounds).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from bigmm.errors import DtypeError, KernelError, ShapeError
+from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+
+os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS SGEMM in plain float32 (before cupy loads)
+
+pytestmark = pytest.mark.gpu
+
+F32, F64 = "float32", "float64"
+SEED = int.from_bytes(os.urandom(4), "little")  # fresh data every run; printed on failure
+
+# (dtype, M, N, K, trans_a, trans_b, alpha, beta, view)
+# view: None = contiguous arrays; "ld" = rows padded to an aligned leading dimension;
+# "odd" = odd leading dimension and a pointer 1 element past 16-byte alignment.
+CASES = [
+    (F32, 1, 1, 1, False, False, 1.0, 0.0, None),  # one element, one product term
+    (F32, 7, 7, 7, False, False, 1.0, 0.0, None),  # every dim under one 16-byte vector
+    (F32, 127, 129, 127, False, False, 1.0, 0.0, None),  # M, K just under a tile, N just over
+    (F32, 129, 127, 129, False, False, 1.0, 0.0, None),  # M, K just over a tile, N just under
+    (F32, 1000, 1000, 1000, False, False, 1.0, 0.0, None),  # medium, no tile multiple
+    (F32, 4097, 129, 7, False, False, 1.0, 0.0, None),  # tall: M past 4096, K < one k-tile
+    (F32, 129, 4097, 1, False, False, 1.0, 0.0, None),  # wide: N past 4096, K = 1
+    (F32, 1, 1000, 4097, False, False, 1.0, 0.0, None),  # a single row of C
+    (F32, 1000, 1, 4097, False, False, 1.0, 0.0, None),  # a single column of C
+    (F32, 7, 7, 100003, False, False, 1.0, 0.0, None),  # large K, tiny M and N
+    (F32, 129, 127, 20001, False, False, 1.0, 0.0, None),  # large K over a few tiles
+    (F32, 2049, 2047, 1000, False, False, 1.0, 0.0, None),  # the large-tile config, ragged
+    (F32, 4097, 4097, 129, False, False, 1.0, 0.0, None),  # largest C, ragged everywhere
+    (F32, 127, 129, 1000, True, False, 1.0, 0.0, None),  # TN
+    (F32, 127, 129, 1000, False, True, 1.0, 0.0, None),  # NT
+    (F32, 127, 129, 1000, True, True, 1.0, 0.0, None),  # TT
+    (F32, 1000, 1000, 129, True, True, 1.0, 0.0, None),  # TT on the large-tile config
+    (F32, 129, 1000, 7, True, False, -0.5, 0.75, None),  # TN with alpha and beta
+    (F32, 1000, 127, 129, False, False, 2.0, 1.0, None),  # beta = 1: the K-panel accumulate
+    (F32, 127, 1000, 129, False, True, 0.0, 1.0, None),  # alpha = 0: C scaled by beta only
+    (F32, 129, 127, 1000, False, False, 1.0, 0.0, "ld"),  # NN views, aligned leading dims
+    (F32, 129, 127, 1000, False, False, 1.0, 0.5, "odd"),  # NN views, unaligned ld and pointers
+    (F32, 1000, 129, 127, True, False, 1.0, 0.0, "odd"),  # TN unaligned: the element-copy path
+    (F32, 1000, 129, 127, True, True, 1.5, 0.0, "ld"),  # TT aligned views
+    (F32, 127, 1000, 129, False, True, 1.0, -1.0, "odd"),  # NT unaligned, beta = -1
+    (F32, 2049, 2047, 129, True, False, 1.0, 0.0, "odd"),  # large tile, unaligned TN
+    (F64, 1, 1, 1, False, False, 1.0, 0.0, None),  # one element
+    (F64, 7, 127, 129, False, False, 1.0, 0.0, None),  # small M, ragged N and K
+    (F64, 129, 127, 1000, True, False, 1.0, 0.0, None),  # TN
+    (F64, 129, 127, 1000, False, True, 1.0, 0.0, None),  # NT
+    (F64, 1000, 1000, 129, True, True, 1.0, 0.0, None),  # TT on the large-tile config
+    (F64, 1000, 1000, 1000, False, False, 1.0, 0.0, None),  # medium NN
+    (F64, 7, 7, 100003, False, False, 1.0, 0.0, None),  # large K, tiny M and N
+    (F64, 2049, 129, 4097, False, False, -1.0, 0.5, None),  # alpha and beta, K past 4096
+    (F64, 129, 1000, 127, True, False, 1.0, 1.0, "odd"),  # TN unaligned views, accumulate
+    (F64, 1000, 129, 127, False, False, 1.0, 0.0, "ld"),  # NN aligned views
+]
+
+
+def _ids(case):
+    dt, m, n, k, ta, tb, al, be, view = case
+    return f"{dt}-{m}x{n}x{k}-{'T' if ta else 'N'}{'T' if tb else 'N'}-a{al}-b{be}-{view}"
+
+
+def _embed(cp, host, view, dtype, salt):
+    """A device copy of `host`, as a view into a NaN-filled buffer when `view` is set.
+    Returns (array, buffer or None, (row, col) of the view in the buffer)."""
+    rows, cols = host.shape
+    if view is None:
+        return cp.asarray(host), None, (0, 0)
+    if view == "ld":
+        ld, c0 = -(-(cols + 5) // 4) * 4, 4  # padded 16-byte multiple; view starts aligned
+    else:
+        ld, c0 = cols + 3 + (salt % 2) * 2, 1  # odd leading dimension; pointer off by one
+    big = cp.full((rows + 2, ld), np.nan, dtype=dtype)
+    v = big[1 : rows + 1, c0 : c0 + cols]
+    v[...] = cp.asarray(host)
+    return v, big, (1, c0)
+
+
+@pytest.fixture(scope="module")
+def cp():
+    return pytest.importorskip("cupy")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_gemm_matches_float64_reference(cp, case):
+    from bigmm.backends import cuda_kernels
+
+    dtype, m, n, k, ta, tb, alpha, beta, view = case
+    seed = SEED + 10 * CASES.index(case)
+    a_h = random_matrix((k, m) if ta else (m, k), dtype, seed)
+    b_h = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
+    c_h = random_matrix((m, n), dtype, seed + 2)
+    ref = reference_gemm(a_h, b_h, alpha=alpha, beta=beta, c=c_h, trans_a=ta, trans_b=tb)
+
+    a, _, _ = _embed(cp, a_h, view, dtype, 0)
+    b, _, _ = _embed(cp, b_h, view, dtype, 1)
+    c, c_big, (r0, c0) = _embed(cp, c_h, view, dtype, 2)
+    if beta == 0:
+        c.fill(np.nan)  # must never be read
+    cuda_kernels.gemm(a, b, c, alpha, beta, trans_a=ta, trans_b=tb)
+    out = cp.asnumpy(c)
+
+    # cuBLAS on the same operands, same dtype.
+    opa = cp.asarray(a_h).T if ta else cp.asarray(a_h)
+    opb = cp.asarray(b_h).T if tb else cp.asarray(b_h)
+    blas = alpha * cp.matmul(opa, opb)
+    if beta != 0:
+        blas += beta * cp.asarray(c_h)
+    err_blas = relative_error(cp.asnumpy(blas), ref)
+    err = relative_error(out, ref)
+    eps = float(np.finfo(dtype).eps)
+    bound = 2 * err_blas + 4 * eps
+    assert err <= bound, f"seed {SEED}: error {err:.3e} > bound {bound:.3e} (cuBLAS {err_blas:.3e})"
+    assert err <= tolerance(dtype, k), f"seed {SEED}: error {err:.3e} over the float bound"
+    if c_big is not None:  # nothing written around the view
+        outside = cp.ones(c_big.shape, dtype=bool)
+        outside[r0 : r0 + m, c0 : c0 + n] = False
+        assert bool(cp.isnan(c_big[outside]).all()), f"seed {SEED}: wrote outside the view of C"
+
+
+# (dtype, M, N, K, trans_a, trans_b) products run on a non-default stream.
+STREAM_CASES = [
+    (F32, 300, 200, 100, False, False),  # small config on a stream
+    (F64, 300, 2000, 100, True, True),  # large config on a stream
+]
+
+
+@pytest.mark.parametrize("case", STREAM_CASES)
+def test_gemm_on_a_stream(cp, case):
+    from bigmm.backends import cuda_kernels
+
+    dtype, m, n, k, ta, tb = case
+    a = cp.asarray(random_matrix((k, m) if ta else (m, k), dtype, SEED))
+    b = cp.asarray(random_matrix((n, k) if tb else (k, n), dtype, SEED + 1))
+    c = cp.full((m, n), np.nan, dtype=dtype)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cuda_kernels.gemm(a, b, c, 1.0, 0.0, ta, tb, stream=stream)
+    stream.synchronize()
+    ref = reference_gemm(cp.asnumpy(a), cp.asnumpy(b), trans_a=ta, trans_b=tb)
+    assert relative_error(cp.asnumpy(c), ref) < 1e-5
+
+
+# (dtype, M, N, K, split_k, beta): K split across blocks, partials summed by the reduction.
+SPLIT_CASES = [
+    (F32, 129, 127, 4097, 7, 0.0),  # forced 7 splits, NaN-poisoned C never read
+    (F32, 7, 1000, 3000, 3, 0.5),  # 3 splits with beta: C read once, in the reduction
+    (F64, 1000, 7, 2049, 64, 1.0),  # many short splits (the last one partial)
+    (F32, 200, 300, 100, 1, 0.0),  # split_k = 1 turns splitting off
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_split_k(cp, case):
+    from bigmm.backends import cuda_kernels
+
+    dtype, m, n, k, splits, beta = case
+    a_h = random_matrix((m, k), dtype, SEED + 3)
+    b_h = random_matrix((k, n), dtype, SEED + 4)
+    c_h = random_matrix((m, n), dtype, SEED + 5)
+    c = cp.asarray(c_h) if beta else cp.full((m, n), np.nan, dtype=dtype)
+    cuda_kernels.gemm(cp.asarray(a_h), cp.asarray(b_h), c, 1.0, beta, split_k=splits)
+    ref = reference_gemm(a_h, b_h, beta=beta, c=c_h)
+    assert relative_error(cp.asnumpy(c), ref) <= tolerance(dtype, k)
+
+
+def test_k_zero_scales_c(cp):
+    from bigmm.backends import cuda_kernels
+
+    # K = 0: op(A) @ op(B) is all zeros, C = beta * C; beta = 0 overwrites NaN with zeros.
+    c = cp.full((5, 9), 2.0, dtype=np.float32)
+    cuda_kernels.gemm(cp.zeros((5, 0), np.float32), cp.zeros((0, 9), np.float32), c, 1.0, 0.5)
+    assert bool((c == 1.0).all())
+    c.fill(np.nan)
+    cuda_kernels.gemm(cp.zeros((5, 0), np.float32), cp.zeros((0, 9), np.float32), c, 1.0, 0.0)
+    assert bool((c == 0.0).all())
+
+
+# (what is wrong, a, b, c, expected error) -- built from lambdas over cupy.
+ERROR_CASES = [
+    ("float16", lambda cp: (cp.ones((4, 4), cp.float16),) * 3, DtypeError),  # unsupported dtype
+    ("mixed", lambda cp: (cp.ones((4, 4), cp.float32), cp.ones((4, 4), cp.float64), cp.ones((4, 4), cp.float32)), DtypeError),  # dtypes disagree
+    ("inner", lambda cp: (cp.ones((4, 5), cp.float32), cp.ones((4, 4), cp.float32), cp.ones((4, 4), cp.float32)), ShapeError),  # K mismatch
+    ("c shape", lambda cp: (cp.ones((4, 4), cp.float32), cp.ones((4, 4), cp.float32), cp.ones((4, 5), cp.float32)), ShapeError),  # C wrong shape
+    ("1-d", lambda cp: (cp.ones(4, cp.float32), cp.ones((4, 4), cp.float32), cp.ones((4, 4), cp.float32)), ShapeError),  # not 2-D
+    ("numpy", lambda cp: (np.ones((4, 4), np.float32), cp.ones((4, 4), cp.float32), cp.ones((4, 4), cp.float32)), KernelError),  # host array
+    ("stride", lambda cp: (cp.ones((4, 8), cp.float32)[:, ::2], cp.ones((4, 4), cp.float32), cp.ones((4, 4), cp.float32)), KernelError),  # non-unit inner stride
+    ("overlap", lambda cp: (lambda x: (x[:, :4], cp.ones((4, 4), cp.float32), x[:, 2:6]))(cp.ones((4, 8), cp.float32)), KernelError),  # C overlaps A
+]
+
+
+@pytest.mark.parametrize("what, make, error", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+def test_gemm_rejects_bad_arguments(cp, what, make, error):
+    from bigmm.backends import cuda_kernels
+
+    a, b, c = make(cp)
+    with pytest.raises(error):
+        cuda_kernels.gemm(a, b, c)
+
+
+def test_resource_usage_has_no_local_memory(cp):
+    from bigmm.backends import cuda_kernels
+
+    # The configs the table picks by default: compiled here by NVRTC, no spills.
+    for dtype in (F32, F64):
+        cfg = cuda_kernels.select_config(dtype, 8192, 8192, 8192)
+        kern = cuda_kernels._gemm_kernel(cfg, "kv")
+        assert kern.attributes["local_size_bytes"] == 0, (cfg.name, kern.attributes)
