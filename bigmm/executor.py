@@ -129,16 +129,17 @@ class _Entry:
 
 def execute(plan: Plan, a, b, out, backend, *, alpha: float = 1.0, beta: float = 0.0,
             progress: Callable[[Progress], None] | None = None, io_threads: int = 4,
-            stop: threading.Event | None = None) -> RunStats:
+            stop: threading.Event | None = None, profile=None) -> RunStats:
     """Run ``plan`` for out = alpha * op(a) @ op(b) + beta * out; returns the run's RunStats.
 
     ``a``/``b`` are io Sources, ``out`` an io Sink whose ``done`` tiles are skipped. Raises
     Interrupted (output resumable) on KeyboardInterrupt or when ``stop`` is set; errors from
     reader or writer threads are raised here after the other threads have stopped.
+    ``profile``: a :class:`bigmm.profile.Profile` that records every stage clock's intervals.
     """
     _check_operands(plan, a, b, out, beta)
     return _Run(plan, a, b, out, backend, float(alpha), float(beta), progress,
-                max(1, int(io_threads)), stop or threading.Event()).run()
+                max(1, int(io_threads)), stop or threading.Event(), profile).run()
 
 
 def _check_operands(plan: Plan, a, b, out, beta: float) -> None:
@@ -158,12 +159,15 @@ def _check_operands(plan: Plan, a, b, out, beta: float) -> None:
 
 
 class _Run:
-    def __init__(self, plan, a, b, out, backend, alpha, beta, progress, io_threads, stop):
+    def __init__(self, plan, a, b, out, backend, alpha, beta, progress, io_threads, stop,
+                 profile=None):
         self.plan, self.a, self.b, self.out, self.be = plan, a, b, out, backend
         self.alpha, self.beta, self.progress, self.stop = alpha, beta, progress, stop
         self.io_threads = io_threads
         self.dtype = np.dtype(plan.dtype)
         self.clocks = {s: _Clock() for s in STAGES}
+        if profile is not None:  # same clocks, each use also recorded as an interval
+            self.clocks = {s: profile.clock(s, c) for s, c in self.clocks.items()}
         self.lock = threading.Lock()
         self.bytes_read = self.bytes_written = self.flops = 0
         self.cancel = threading.Event()
