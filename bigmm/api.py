@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -17,8 +18,9 @@ from . import io
 from .backends import get_backend
 from .backends.numpy import memory_available as host_memory_available
 from .errors import DtypeError, OptionError, ResumeError, ShapeError
-from .executor import Progress, RunStats, execute
+from .executor import STAGES, Progress, RunStats, execute
 from .plan import Plan, Rates, make_plan
+from .profile import Profile
 from .units import parse_size
 
 #: Without a budget, the compute side may use this share of the memory the backend reports.
@@ -34,7 +36,8 @@ _JOB_KEYS = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c")
 def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
            trans_b: bool = False, memory=None, host_memory=None, backend: str = "auto",
            progress: Callable[[Progress], None] | None = None, resume: bool = False,
-           overwrite: bool = False, io_threads: int | None = None, stats: bool = False):
+           overwrite: bool = False, io_threads: int | None = None, stats: bool = False,
+           kernel: str | None = None, profile=None):
     """C = alpha * op(A) @ op(B) + beta * C, out of core.
 
     ``a``, ``b``: "file.h5:/dataset" specs, h5py Datasets or NumPy arrays (stored matrices;
@@ -43,9 +46,17 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
     ``host_memory``: budgets such as "8GiB", "512MB" or bytes (default: a share of what is
     free). ``resume``: continue an interrupted run into ``out`` without redoing its finished
     tiles. Returns the output, or (output, RunStats) with ``stats=True``.
+
+    ``kernel`` (GPU backend): "bigmm" (its own kernel, the default), "cublas", or
+    "cublas-tf32" (cuBLAS on TF32 tensor cores). ``profile``: record each stage's busy
+    intervals (a GPU's copies and kernels timed with CUDA events); the RunStats' busy times
+    then come from them. True writes ``<prefix>.trace.json`` (Chrome trace; opens in Perfetto)
+    and ``<prefix>.png`` (timeline, with matplotlib) where prefix is the output file plus
+    ".profile", or "bigmm-profile" for array outputs; a string or path is the prefix; a
+    :class:`bigmm.profile.Profile` is filled and nothing is written.
     """
     threads = _io_threads(io_threads)
-    be = get_backend(backend)
+    be = _get_backend(backend, kernel)
     closing: list = []
     try:
         A, B = _open_inputs(a, b, closing)
@@ -57,8 +68,11 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
         if not resume and sink.done:
             raise ResumeError(f"Expected a fresh output. Got {sink.label} with finished tiles.")
         closing.append(sink)
+        prof = _start_profile(profile, be)
         run = execute(p, A, B, sink, be, alpha=alpha, beta=_parse_scalar(beta, "beta"),
-                      progress=progress, io_threads=threads)
+                      progress=progress, io_threads=threads, profile=prof)
+        if prof is not None:
+            run = _finish_profile(profile, prof, be, run, out)
         result = sink.result
         closing.remove(sink)
         sink.close()  # on success a failure to close is an error; otherwise the first error wins
@@ -69,10 +83,10 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
 
 def plan(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
          trans_b: bool = False, memory=None, host_memory=None, backend: str = "auto",
-         resume: bool = False, **_ignored) -> Plan:
+         resume: bool = False, kernel: str | None = None, **_ignored) -> Plan:
     """The Plan ``matmul`` would run with the same arguments (opens inputs read-only, writes
     nothing)."""
-    be = get_backend(backend)
+    be = _get_backend(backend, kernel)
     closing: list = []
     try:
         A, B = _open_inputs(a, b, closing)
@@ -85,6 +99,19 @@ def plan(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool
 
 
 # ----- resolving the job --------------------------------------------------------------------
+
+def _get_backend(name: str, kernel: str | None):
+    """The backend, with ``kernel`` passed to it (only GPU backends take one)."""
+    be = get_backend(name)
+    if kernel is None:
+        return be
+    resolved = be.name
+    be.close()
+    if not be.staging:
+        raise OptionError(f"Expected kernel= only with a GPU backend. Got kernel={kernel!r} "
+                          f"with backend {resolved!r}.")
+    return get_backend(resolved, kernel=kernel)
+
 
 def _open_inputs(a, b, closing: list):
     A = io.open_input(a, name="A")
@@ -191,6 +218,50 @@ def _rates(be, dtype: str) -> Rates:
         be.gemm(v, v, c, 1.0, 0.0, False, False, None)
     flops = 3 * 2 * n**3 / max(time.perf_counter() - t0, 1e-9)
     return Rates(flops=flops, read_bytes=READ_RATE, write_bytes=WRITE_RATE)
+
+
+def _start_profile(profile, be):
+    """A Profile to record into (None when profiling is off); the backend times its own
+    stages when it can."""
+    if profile is None or profile is False:
+        return None
+    if not isinstance(profile, (bool, str, os.PathLike, Profile)):
+        raise OptionError(f"Expected profile as True, a path prefix or a Profile. "
+                          f"Got {profile!r}.")
+    prof = profile if isinstance(profile, Profile) else Profile()
+    start = getattr(be, "start_profile", None)
+    if start is not None:
+        start(prof)
+    prof.begin()
+    return prof
+
+
+def _finish_profile(profile, prof: Profile, be, run: RunStats, out) -> RunStats:
+    """Collect the device's intervals, write the files asked for, and return ``run`` with the
+    busy times of the device-timed stages taken from the profile."""
+    prof.finish()
+    stop = getattr(be, "stop_profile", None)
+    if stop is not None:
+        stop()
+    prof.moved.setdefault("read", run.bytes_read)
+    prof.moved.setdefault("write", run.bytes_written)
+    prof.compute_flops = prof.compute_flops or run.flops
+    if not isinstance(profile, Profile):
+        prof.save(profile_prefix(profile, out))
+    busy = prof.busy()
+    return replace(run, **{f"{s}_busy": busy[s] for s in prof.device_stages if s in STAGES})
+
+
+def profile_prefix(profile, out) -> str:
+    """Where ``profile=True`` writes its files: beside a file output, else the current
+    directory; a string or path given as ``profile`` is the prefix itself."""
+    if profile is not True:
+        return os.fspath(profile)
+    if isinstance(out, io.Spec):
+        return out.path + ".profile"
+    if isinstance(out, (str, os.PathLike)):
+        return io.parse_spec(os.fspath(out)).path + ".profile"
+    return "bigmm-profile"
 
 
 def _io_threads(n: int | None) -> int:
