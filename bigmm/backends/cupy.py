@@ -1,0 +1,390 @@
+"""The CuPy backend: pinned host staging, device buffers within the budget, streams and events,
+bigmm's own GEMM kernel (or cuBLAS).
+
+``staging = True``: the executor fills pinned host buffers from disk, copies them in on one
+non-blocking stream, multiplies on a second and copies finished C tiles out on a third; events
+order the streams, and the host blocks only in :meth:`synchronize` (reader and writer threads
+waiting for a buffer to be free or full).
+
+* Host buffers are page-locked (``cudaHostAlloc``), so every copy is a true asynchronous DMA
+  (``cudaMemcpyAsync``); a pageable array handed to ``copy_in``/``copy_out`` is refused rather
+  than copied synchronously. Pinning gigabytes takes a noticeable fraction of a second, so the
+  blocks are kept for the next run in this process (:func:`release_pinned` frees them;
+  ``keep_pinned=False`` frees them at :meth:`close`).
+* Device buffers are plain ``cudaMalloc`` allocations (not cupy's memory pool), one per slot of
+  the plan, so the device memory a run holds is exactly the plan's ``device_bytes``
+  (:attr:`device_bytes`), freed at :meth:`close`.
+* ``kernel``: "bigmm" (default; :mod:`.cuda_kernels`), "cublas" (cuBLAS SGEMM/DGEMM on this
+  backend's own handle) or "cublas-tf32" (the same with TF32 tensor cores for float32: about
+  10 bits of mantissa in the products, relative errors near 1e-3 instead of 1e-6).
+* Profiling (:meth:`start_profile`/:meth:`stop_profile`): every copy and kernel is bracketed by
+  timing events; after the run their times are converted to host ``perf_counter`` seconds
+  through an anchor event and added to the :class:`~bigmm.profile.Profile`.
+
+This module imports cupy at its top: the registry imports it only when the cupy backend is
+asked for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import cupy
+import numpy as np
+
+from ..errors import DtypeError, KernelError, OptionError, ShapeError
+from ..plan import Rates
+
+#: Names ``kernel=`` accepts.
+KERNELS = ("bigmm", "cublas", "cublas-tf32")
+#: Nominal disk rates for the predicted time (the planner's estimate only).
+READ_RATE, WRITE_RATE = 2.0e9, 1.0e9
+_H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+_OP_N, _OP_T = 0, 1  # cublasOperation_t
+_DEFAULT_MATH, _TF32_MATH = 0, 3  # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
+_HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_LANES = {"copy_in": "GPU copy-in stream", "compute": "GPU compute stream",
+          "copy_out": "GPU copy-out stream"}
+
+
+class _PinnedCache:
+    """Pinned host blocks kept between runs of this process, reused by exact size."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._free: dict[int, list] = {}
+
+    def take(self, nbytes: int):
+        with self._lock:
+            blocks = self._free.get(nbytes)
+            if blocks:
+                return blocks.pop()
+        return cupy.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE)
+
+    def keep(self, blocks: list) -> None:
+        """Hold ``blocks`` for the next run; blocks the last run did not take are freed."""
+        with self._lock:
+            self._free.clear()
+            for b in blocks:
+                self._free.setdefault(b.size, []).append(b)
+
+    def held_bytes(self) -> int:
+        with self._lock:
+            return sum(b.size for bs in self._free.values() for b in bs)
+
+    def release(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+_PINNED = _PinnedCache()
+_RATES: dict[tuple, Rates] = {}
+
+
+def release_pinned() -> None:
+    """Free the pinned host blocks kept for the next run."""
+    _PINNED.release()
+
+
+def pinned_bytes_held() -> int:
+    """Bytes of pinned host memory kept for the next run."""
+    return _PINNED.held_bytes()
+
+
+class CupyBackend:
+    """GPU backend on one CUDA device (default: the current one). See the module docstring."""
+
+    name = "cupy"
+    staging = True
+
+    def __init__(self, *, kernel: str = "bigmm", device: int | None = None,
+                 keep_pinned: bool = True):
+        if not isinstance(kernel, str) or kernel.lower() not in KERNELS:
+            raise OptionError(f"Expected kernel to be one of {', '.join(KERNELS)}. "
+                              f"Got {kernel!r}.")
+        self.kernel = kernel.lower()
+        self._device = cupy.cuda.Device(device)
+        self.keep_pinned = keep_pinned
+        self._pinned: list = []  # (start, end, block) of this backend's pinned blocks
+        self._device_ptrs: list[int] = []
+        self._streams: list = []
+        self._handle: int | None = None
+        self._profile = None
+        self._marks: list = []
+        self.device_bytes = 0  # bytes of device buffers held
+        self.host_bytes = 0  # bytes of pinned host buffers held
+        if self.kernel == "bigmm":
+            from . import cuda_kernels
+
+            self._kernels = cuda_kernels
+
+    @property
+    def device_id(self) -> int:
+        return self._device.id
+
+    def describe(self) -> str:
+        """The device and kernel, e.g. "NVIDIA H100 80GB HBM3 (device 0), kernel bigmm"."""
+        props = cupy.cuda.runtime.getDeviceProperties(self._device.id)
+        name = props["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        return f"{name} (device {self._device.id}), kernel {self.kernel}"
+
+    # ----- buffers --------------------------------------------------------------------------
+    def host_buffer(self, size: int, dtype) -> np.ndarray:
+        """A flat pinned host array (page-locked; reused from the last run when sizes match)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(size) * dtype.itemsize
+        with self._device:
+            mem = _PINNED.take(nbytes)
+        self._pinned.append((mem.ptr, mem.ptr + nbytes, mem))
+        self.host_bytes += nbytes
+        return np.ndarray((int(size),), dtype, buffer=cupy.cuda.PinnedMemoryPointer(mem, 0))
+
+    def device_buffer(self, size: int, dtype) -> cupy.ndarray:
+        """A flat device array from its own cudaMalloc (not the memory pool), freed by
+        :meth:`close` (views of it must not be used after that)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(size) * dtype.itemsize
+        with self._device:
+            ptr = cupy.cuda.runtime.malloc(nbytes)
+        self._device_ptrs.append(ptr)
+        self.device_bytes += nbytes
+        mem = cupy.cuda.UnownedMemory(ptr, nbytes, self, self._device.id)
+        return cupy.ndarray((int(size),), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+    def view(self, buf, shape: tuple[int, int]):
+        rows, cols = shape
+        if rows * cols > buf.size:
+            raise ShapeError(f"Expected a view of at most {buf.size} elements. "
+                             f"Got shape {shape}.")
+        return buf[: rows * cols].reshape(rows, cols)
+
+    def is_pinned(self, arr: np.ndarray) -> bool:
+        """True when ``arr`` lies inside one of this backend's pinned host buffers."""
+        lo = arr.ctypes.data
+        hi = lo + arr.nbytes
+        return any(a <= lo and hi <= b for a, b, _ in self._pinned)
+
+    # ----- streams, events, copies ----------------------------------------------------------
+    def stream(self) -> cupy.cuda.Stream:
+        with self._device:
+            s = cupy.cuda.Stream(non_blocking=True)
+        self._streams.append(s)
+        return s
+
+    def copy_in(self, host: np.ndarray, dev: cupy.ndarray, stream) -> None:
+        self._check_copy(host, dev, "copy_in")
+        e0 = self._mark(stream)
+        cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, host.nbytes, _H2D,
+                                      stream.ptr)
+        self._marked("copy_in", e0, stream, f"H2D {host.shape[0]}x{host.shape[1]}",
+                     nbytes=host.nbytes)
+
+    def copy_out(self, dev: cupy.ndarray, host: np.ndarray, stream) -> None:
+        self._check_copy(host, dev, "copy_out")
+        e0 = self._mark(stream)
+        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, host.nbytes, _D2H,
+                                      stream.ptr)
+        self._marked("copy_out", e0, stream, f"D2H {host.shape[0]}x{host.shape[1]}",
+                     nbytes=host.nbytes)
+
+    def _check_copy(self, host, dev, what: str) -> None:
+        if not isinstance(host, np.ndarray) or not isinstance(dev, cupy.ndarray):
+            raise ShapeError(f"Expected a NumPy host array and a cupy device array for {what}. "
+                             f"Got {type(host).__name__} and {type(dev).__name__}.")
+        if host.shape != dev.shape or host.dtype != dev.dtype:
+            raise ShapeError(f"Expected host and device arrays of one shape and dtype for "
+                             f"{what}. Got {host.dtype} {host.shape} and {dev.dtype} {dev.shape}.")
+        if not (host.flags.c_contiguous and dev.flags.c_contiguous):
+            raise ShapeError(f"Expected C-contiguous arrays for {what}. Got host strides "
+                             f"{host.strides} and device strides {dev.strides}.")
+        if not self.is_pinned(host):
+            raise ShapeError(f"Expected a pinned host buffer of this backend for {what} "
+                             f"(pageable copies are synchronous). Got an ordinary array.")
+
+    def record(self, stream) -> cupy.cuda.Event:
+        ev = cupy.cuda.Event(block=True, disable_timing=True)
+        ev.record(stream)
+        return ev
+
+    def wait(self, stream, event) -> None:
+        stream.wait_event(event)
+
+    def synchronize(self, event) -> None:
+        event.synchronize()
+
+    # ----- compute --------------------------------------------------------------------------
+    def gemm(self, a, b, c, alpha: float, beta: float, trans_a: bool, trans_b: bool,
+             stream=None) -> None:
+        """c = alpha * op(a) @ op(b) + beta * c on ``stream``; beta == 0 never reads c."""
+        m, k, n = _check_gemm(a, b, c, trans_a, trans_b)
+        stream = stream if stream is not None else cupy.cuda.get_current_stream()
+        e0 = self._mark(stream)
+        with self._device:
+            if self.kernel == "bigmm":
+                self._kernels.gemm(a, b, c, float(alpha), float(beta), bool(trans_a),
+                                   bool(trans_b), stream=stream)
+            else:
+                self._cublas(a, b, c, m, n, k, float(alpha), float(beta), trans_a, trans_b,
+                             stream)
+        self._marked("compute", e0, stream, f"gemm {m}x{n}x{k}", flops=2 * m * n * k)
+
+    def _cublas(self, a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream) -> None:
+        """Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T."""
+        from cupy_backends.cuda.libs import cublas
+
+        if m == 0 or n == 0:
+            return
+        h = self._cublas_handle()
+        fn = cublas.sgemm if c.dtype == np.float32 else cublas.dgemm
+        cublas.setStream(h, stream.ptr)
+        with stream:  # cupy's wrappers re-set the handle's stream to the current one
+            fn(h, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k, alpha,
+               b.data.ptr, _ld(b), a.data.ptr, _ld(a), beta, c.data.ptr, _ld(c))
+
+    def _cublas_handle(self) -> int:
+        if self._handle is None:
+            from cupy_backends.cuda.libs import cublas
+
+            self._handle = cublas.create()
+            cublas.setMathMode(self._handle,
+                               _TF32_MATH if self.kernel == "cublas-tf32" else _DEFAULT_MATH)
+        return self._handle
+
+    # ----- profiling ------------------------------------------------------------------------
+    def start_profile(self, profile) -> None:
+        """Time every later copy and kernel with events; see :meth:`stop_profile`."""
+        self._profile, self._marks = profile, []
+        profile.device_stages = tuple(dict.fromkeys(profile.device_stages + tuple(_LANES)))
+        profile.device = self.describe()
+        with self._device:
+            s = cupy.cuda.Stream(non_blocking=True)
+            anchor = cupy.cuda.Event(block=False, disable_timing=False)
+            anchor.record(s)
+            anchor.synchronize()
+            self._anchor = (anchor, time.perf_counter())
+
+    def stop_profile(self) -> None:
+        """Wait for the timed work, convert its event times to host seconds, add them."""
+        profile, marks = self._profile, self._marks
+        self._profile, self._marks = None, []
+        if profile is None:
+            return
+        anchor, t_anchor = self._anchor
+        for stage, e0, e1, label, nbytes, flops in marks:
+            e1.synchronize()
+            t0 = t_anchor + cupy.cuda.get_elapsed_time(anchor, e0) / 1e3
+            t1 = t_anchor + cupy.cuda.get_elapsed_time(anchor, e1) / 1e3
+            profile.add(stage, t0, t1, lane=_LANES[stage], label=label, nbytes=nbytes,
+                        flops=flops)
+
+    def _mark(self, stream):
+        if self._profile is None:
+            return None
+        ev = cupy.cuda.Event(block=False, disable_timing=False)
+        ev.record(stream)
+        return ev
+
+    def _marked(self, stage: str, e0, stream, label: str, nbytes: int = 0,
+                flops: int = 0) -> None:
+        if e0 is not None:
+            self._marks.append((stage, e0, self._mark(stream), label, nbytes, flops))
+
+    # ----- resources ------------------------------------------------------------------------
+    def memory_available(self) -> int:
+        """Free device memory in bytes (cudaMemGetInfo)."""
+        with self._device:
+            free, _ = cupy.cuda.runtime.memGetInfo()
+        return int(free)
+
+    def rates(self, dtype: str) -> Rates:
+        """Rates for the predicted time: this kernel's gemm and pinned host-to-device copies,
+        measured once per process (a 4096^3 product and a 256 MiB copy, timed with events)."""
+        key = (self._device.id, self.kernel, str(dtype))
+        if key not in _RATES:
+            _RATES[key] = self._calibrate(np.dtype(dtype))
+        return _RATES[key]
+
+    def _calibrate(self, dtype: np.dtype) -> Rates:
+        n, nbytes = 4096, 256 << 20  # a 4096^2 operand fits in the copied buffer
+        with self._device:
+            s = cupy.cuda.Stream(non_blocking=True)
+            pinned = cupy.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE)
+            host = np.ndarray((nbytes // dtype.itemsize,), dtype,
+                              buffer=cupy.cuda.PinnedMemoryPointer(pinned, 0))
+            block = np.random.default_rng(0).standard_normal(1 << 16).astype(dtype)
+            host.reshape(-1, block.size)[:] = block
+            dev = _direct(host.size, dtype)
+            c = _direct(n * n, dtype).reshape(n, n)
+            t_copy = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
+                dev.data.ptr, host.ctypes.data, nbytes, _H2D, s.ptr), s)
+            x = dev[: n * n].reshape(n, n)
+            t_gemm = self._time(lambda: self.gemm(x, x, c, 1.0, 0.0, False, False, s), s)
+        return Rates(flops=2 * n**3 / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
+                     h2d_bytes=nbytes / t_copy)
+
+    @staticmethod
+    def _time(fn, stream, repeat: int = 3) -> float:
+        fn()  # warm-up (compiles the kernel on first use)
+        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+        e0.record(stream)
+        for _ in range(repeat):
+            fn()
+        e1.record(stream)
+        e1.synchronize()
+        return max(cupy.cuda.get_elapsed_time(e0, e1) / 1e3 / repeat, 1e-9)
+
+    def close(self) -> None:
+        """Wait for this backend's streams, then free its device buffers (now, not when the
+        last view is garbage) and cuBLAS handle; pinned blocks are kept for the next run (or
+        freed with ``keep_pinned=False`` once no array uses them). Idempotent."""
+        with self._device:
+            for s in self._streams:
+                s.synchronize()
+            if self._handle is not None:
+                from cupy_backends.cuda.libs import cublas
+
+                cublas.destroy(self._handle)
+                self._handle = None
+            for ptr in self._device_ptrs:
+                cupy.cuda.runtime.free(ptr)
+        blocks = [mem for _, _, mem in self._pinned]
+        if self.keep_pinned and blocks:
+            _PINNED.keep(blocks)
+        self._pinned, self._device_ptrs, self._streams = [], [], []
+        self.device_bytes = self.host_bytes = 0
+
+
+def _direct(size: int, dtype: np.dtype) -> cupy.ndarray:
+    """A flat device array with its own cudaMalloc, freed when the last view of it goes."""
+    mem = cupy.cuda.Memory(size * dtype.itemsize)
+    return cupy.ndarray((size,), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def _ld(x) -> int:
+    """Leading dimension (elements between rows) of a row-major 2-D device array."""
+    rows, cols = x.shape
+    return max(x.strides[0] // x.itemsize if rows > 1 else cols, cols, 1)
+
+
+def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
+    """(m, k, n) after checking the operands are 2-D device arrays of one float dtype with
+    contiguous rows and matching shapes."""
+    for name, x in (("a", a), ("b", b), ("c", c)):
+        if not isinstance(x, cupy.ndarray):
+            raise KernelError(f"Expected {name} to be a cupy.ndarray on the GPU. "
+                              f"Got {type(x).__module__}.{type(x).__name__}.")
+        if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
+            raise ShapeError(f"Expected {name} as a 2-D array with contiguous rows. "
+                             f"Got shape {x.shape}, strides {x.strides}.")
+    if c.dtype not in _DTYPES or a.dtype != c.dtype or b.dtype != c.dtype:
+        raise DtypeError(f"Expected a, b and c of one dtype, float32 or float64. "
+                         f"Got {a.dtype}, {b.dtype} and {c.dtype}.")
+    m, k = a.shape[::-1] if trans_a else a.shape
+    kb, n = b.shape[::-1] if trans_b else b.shape
+    if k != kb or c.shape != (m, n):
+        raise ShapeError(f"Expected op(a) (m x k), op(b) (k x n) and c (m x n). Got op(a) "
+                         f"{(m, k)}, op(b) {(kb, n)} and c {c.shape}.")
+    return m, k, n

@@ -1,0 +1,261 @@
+"""The cupy backend: gemm with each kernel, pinned staging, direct device buffers, streams and
+events, device-timed profile intervals, rates. Needs a GPU (module skipped without cupy)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from bigmm.backends import get_backend  # noqa: E402
+from bigmm.errors import DtypeError, OptionError, ShapeError  # noqa: E402
+from bigmm.profile import Profile  # noqa: E402
+from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+KERNELS = ["bigmm", "cublas"]
+TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
+GEMM_CASES = [
+    # (m, n, k, dtype, alpha, beta)
+    (1, 1, 1, np.float64, 1.0, 0.0),  # scalar product
+    (7, 13, 29, np.float32, 1.0, 0.0),  # primes, below one block tile
+    (129, 257, 33, np.float32, -2.5, 0.0),  # one past the tile edges, negative alpha
+    (300, 1, 517, np.float64, 0.5, 1.0),  # one column, accumulate
+    (531, 389, 1000, np.float32, 1.25, -0.75),  # odd sizes, general alpha/beta
+    (1024, 768, 512, np.float64, 1.0, 2.0),  # aligned float64
+]
+
+
+def _backend(kernel="bigmm", **kw):
+    be = get_backend("cupy", kernel=kernel, **kw)
+    assert be.name == "cupy" and be.staging
+    return be
+
+
+def _operands(m, n, k, dtype, ta, tb, seed):
+    a = random_matrix((k, m) if ta else (m, k), dtype, seed)
+    b = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
+    c = random_matrix((m, n), dtype, seed + 2)
+    return a, b, c
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize("m,n,k,dtype,alpha,beta", GEMM_CASES)
+def test_gemm_on_buffer_views_matches_reference(kernel, m, n, k, dtype, alpha, beta, ta, tb):
+    be = _backend(kernel)
+    try:
+        a, b, c0 = _operands(m, n, k, dtype, ta, tb, seed=m * 7 + n + k)
+        # operands as prefix views of larger buffers, the way the executor hands them over
+        da = be.view(be.device_buffer(a.size + 3, dtype), a.shape)
+        db = be.view(be.device_buffer(b.size + 5, dtype), b.shape)
+        cbuf = be.device_buffer(m * n + 7, dtype)
+        cbuf[:] = np.nan
+        dc = be.view(cbuf, (m, n))
+        da.set(a)
+        db.set(b)
+        if beta != 0:
+            dc.set(c0)
+        cupy.cuda.runtime.deviceSynchronize()  # the fill ran on the legacy default stream
+        s = be.stream()
+        be.gemm(da, db, dc, alpha, beta, ta, tb, s)
+        be.synchronize(be.record(s))
+        ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+        assert relative_error(dc.get(), ref) <= tolerance(dtype, k)
+        assert bool(cupy.isnan(cbuf[m * n:]).all())  # nothing written past the view
+    finally:
+        be.close()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+def test_beta_zero_never_reads_c(kernel, ta, tb):
+    be = _backend(kernel)
+    try:
+        m, n, k = 150, 70, 90
+        a, b, _ = _operands(m, n, k, np.float32, ta, tb, seed=3)
+        c = cupy.full((m, n), np.nan, np.float32)
+        c[::3, ::2] = np.inf
+        cupy.cuda.runtime.deviceSynchronize()  # the fills ran on the legacy default stream
+        be.gemm(cupy.asarray(a), cupy.asarray(b), c, 1.0, 0.0, ta, tb, be.stream())
+        cupy.cuda.runtime.deviceSynchronize()
+        out = c.get()
+        assert np.isfinite(out).all()
+        ref = reference_gemm(a, b, trans_a=ta, trans_b=tb)
+        assert relative_error(out, ref) <= tolerance(np.float32, k)
+    finally:
+        be.close()
+
+
+def test_tf32_kernel_is_close_but_not_exact():
+    be = _backend("cublas-tf32")
+    try:
+        m, n, k = 512, 384, 2048
+        a, b, _ = _operands(m, n, k, np.float32, False, False, seed=11)
+        c = cupy.empty((m, n), np.float32)
+        be.gemm(cupy.asarray(a), cupy.asarray(b), c, 1.0, 0.0, False, False, be.stream())
+        cupy.cuda.runtime.deviceSynchronize()
+        err = relative_error(c.get(), reference_gemm(a, b))
+        assert err <= 2e-3  # TF32: 10-bit mantissa products, float32 accumulation
+    finally:
+        be.close()
+
+
+BAD_GEMM = [
+    # (description, a shape, b shape, c shape, dtypes, error)
+    ("inner dims differ", (4, 5), (6, 3), (4, 3), ("f4", "f4", "f4"), ShapeError),
+    ("c has the wrong shape", (4, 5), (5, 3), (3, 4), ("f4", "f4", "f4"), ShapeError),
+    ("mixed dtypes", (4, 5), (5, 3), (4, 3), ("f4", "f8", "f8"), DtypeError),
+    ("integer dtype", (4, 5), (5, 3), (4, 3), ("i4", "i4", "i4"), DtypeError),
+]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("what,sa,sb,sc,dts,err", BAD_GEMM, ids=[c[0] for c in BAD_GEMM])
+def test_gemm_rejects_bad_operands(kernel, what, sa, sb, sc, dts, err):
+    be = _backend(kernel)
+    try:
+        a, b, c = (cupy.ones(s, dtype=d) for s, d in zip((sa, sb, sc), dts))
+        with pytest.raises(err, match="Expected"):
+            be.gemm(a, b, c, 1.0, 0.0, False, False, None)
+    finally:
+        be.close()
+
+
+def test_bad_kernel_name_is_refused():
+    with pytest.raises(OptionError, match="kernel"):
+        get_backend("cupy", kernel="magma")
+
+
+def test_auto_picks_cupy_where_a_gpu_answers():
+    be = get_backend("auto")
+    try:
+        assert be.name == "cupy" and be.kernel == "bigmm"
+    finally:
+        be.close()
+
+
+# ----- buffers ------------------------------------------------------------------------------
+
+def test_host_buffers_are_pinned_and_reused_across_runs():
+    from bigmm.backends.cupy import pinned_bytes_held, release_pinned
+
+    release_pinned()
+    be = _backend()
+    h = be.host_buffer(1 << 20, np.float32)
+    attrs = cupy.cuda.runtime.pointerGetAttributes(h.ctypes.data)
+    assert attrs.type == 1  # cudaMemoryTypeHost: page-locked, not pageable
+    assert be.is_pinned(h) and be.is_pinned(be.view(h, (512, 1024)))
+    assert not be.is_pinned(np.empty(16, np.float32))
+    ptr = h.ctypes.data
+    del h
+    be.close()
+    assert pinned_bytes_held() >= 4 << 20
+    be = _backend()
+    try:
+        assert be.host_buffer(1 << 20, np.float32).ctypes.data == ptr  # same block again
+    finally:
+        be.close()
+    release_pinned()
+    assert pinned_bytes_held() == 0
+
+
+def test_copies_refuse_pageable_host_memory():
+    be = _backend()
+    try:
+        dev = be.view(be.device_buffer(64, np.float32), (8, 8))
+        with pytest.raises(ShapeError, match="pinned"):
+            be.copy_in(np.ones((8, 8), np.float32), dev, be.stream())
+        with pytest.raises(ShapeError, match="pinned"):
+            be.copy_out(dev, np.ones((8, 8), np.float32), be.stream())
+    finally:
+        be.close()
+
+
+def test_device_buffers_bypass_the_pool_and_are_freed_at_close():
+    pool = cupy.get_default_memory_pool()
+    before_pool = pool.total_bytes()
+    free0 = cupy.cuda.runtime.memGetInfo()[0]
+    be = _backend()
+    nbytes = 256 << 20
+    buf = be.device_buffer(nbytes // 4, np.float32)
+    buf[:1] = 1.0  # touch it
+    assert be.device_bytes == nbytes
+    assert pool.total_bytes() == before_pool
+    assert free0 - cupy.cuda.runtime.memGetInfo()[0] >= nbytes
+    assert abs(be.memory_available() - cupy.cuda.runtime.memGetInfo()[0]) <= 64 << 20
+    be.close()
+    assert be.device_bytes == 0
+    assert cupy.cuda.runtime.memGetInfo()[0] >= free0 - (4 << 20)  # freed although buf lives
+    be.close()  # idempotent
+
+
+def test_streams_and_events_order_copy_gemm_copy():
+    """copy in (stream 1) -> gemm (stream 2) -> copy out (stream 3), ordered only by events."""
+    be = _backend()
+    try:
+        m = n = k = 1536
+        a, b, _ = _operands(m, n, k, np.float32, False, False, seed=21)
+        s_in, s_c, s_out = be.stream(), be.stream(), be.stream()
+        ha, hb = be.host_buffer(a.size, np.float32), be.host_buffer(b.size, np.float32)
+        hc = be.host_buffer(m * n, np.float32)
+        hc[:] = np.nan
+        ha[:], hb[:] = a.ravel(), b.ravel()
+        da, db, dc = (be.view(be.device_buffer(x, np.float32), (m, m))
+                      for x in (a.size, b.size, m * n))
+        be.copy_in(be.view(ha, (m, k)), da, s_in)
+        be.copy_in(be.view(hb, (k, n)), db, s_in)
+        be.wait(s_c, be.record(s_in))
+        be.gemm(da, db, dc, 1.0, 0.0, False, False, s_c)
+        be.wait(s_out, be.record(s_c))
+        be.copy_out(dc, be.view(hc, (m, n)), s_out)
+        be.synchronize(be.record(s_out))
+        ref = reference_gemm(a, b)
+        assert relative_error(be.view(hc, (m, n)), ref) <= tolerance(np.float32, k)
+    finally:
+        be.close()
+
+
+def test_profile_intervals_follow_the_event_order():
+    be = _backend()
+    try:
+        m = n = k = 2048
+        s_in, s_c, s_out = be.stream(), be.stream(), be.stream()
+        ha, hc = be.host_buffer(m * k, np.float32), be.host_buffer(m * n, np.float32)
+        ha[:] = 1.0
+        da = be.view(be.device_buffer(m * k, np.float32), (m, k))
+        dc = be.view(be.device_buffer(m * n, np.float32), (m, n))
+        prof = Profile()
+        t0 = time.perf_counter()
+        be.start_profile(prof)
+        be.copy_in(be.view(ha, (m, k)), da, s_in)
+        be.wait(s_c, be.record(s_in))
+        be.gemm(da, da, dc, 1.0, 0.0, False, True, s_c)
+        be.wait(s_out, be.record(s_c))
+        be.copy_out(dc, be.view(hc, (m, n)), s_out)
+        be.synchronize(be.record(s_out))
+        t1 = time.perf_counter()
+        be.stop_profile()
+        by = {i.stage: i for i in prof.intervals}
+        assert set(by) == {"copy_in", "compute", "copy_out"}
+        assert t0 - 1e-3 <= by["copy_in"].start <= by["copy_in"].end <= by["compute"].start + 1e-4
+        assert by["compute"].end <= by["copy_out"].start + 1e-4 <= t1 + 1e-3
+        assert by["copy_in"].nbytes == m * k * 4 and by["compute"].flops == 2 * m * n * k
+        assert by["compute"].end - by["compute"].start > 0
+        assert "GPU" in by["compute"].lane and prof.device
+    finally:
+        be.close()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_rates_are_measured(kernel):
+    be = _backend(kernel)
+    try:
+        r = be.rates("float32")
+        assert r.flops > 1e12 and r.h2d_bytes > 1e9 and r.read_bytes > 0
+    finally:
+        be.close()

@@ -1,0 +1,266 @@
+"""The GPU out-of-core pipeline end to end: HDF5 and NumPy operands through the cupy backend.
+
+Every product is checked against a float64 reference on fresh random data, with array outputs
+poisoned with NaN first; the budgets force many C tiles and K panels so that slot reuse, the
+event ordering between the three streams and edge tiles are all exercised.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import bigmm
+from bigmm.errors import OptionError
+from bigmm.plan import make_plan
+from bigmm.profile import Profile
+from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+
+HOST = "64MiB"  # fixed host staging budget: plans do not depend on the machine's RAM
+F32, F64 = np.float32, np.float64
+
+E2E = [
+    # (m, n, k, dtype, trans_a, trans_b, alpha, beta, memory, kernel, inputs, output, chunks,
+    #  min_tiles, min_panels, order)
+    # odd shapes, 32 tiles x 9 panels, HDF5 in and out
+    (1000, 900, 1100, F32, False, False, 1.0, 0.0, 800_000, "bigmm", "h5", "h5", None,
+     16, 4, "stream"),
+    # tiny budget: 91 x 82 x 100 tiles, unaligned views and leading dimensions everywhere
+    (1000, 900, 1100, F32, False, False, 1.0, 0.0, 200_000, "bigmm", "h5", "array", None,
+     16, 4, "stream"),
+    # float64, A transposed, alpha and beta (old C read from the file, replaced in place)
+    (777, 1031, 1201, F64, True, False, -1.5, 0.5, 1_000_000, "bigmm", "h5", "h5", None,
+     16, 4, "stream"),
+    # both transposed, chunked inputs (tile edges on chunk edges), alpha only
+    (1297, 613, 1500, F32, True, True, 2.0, 0.0, 1_000_000, "bigmm", "h5", "h5", (100, 128),
+     16, 4, "stream"),
+    # B transposed, negative beta, NumPy arrays in and out
+    (520, 1100, 999, F32, False, True, 1.0, -1.0, 600_000, "bigmm", "array", "array", None,
+     16, 4, "stream"),
+    # a resident A row panel reused across the tile row (fewer panels: the order needs it)
+    (1000, 900, 1100, F32, False, False, 1.0, 0.0, 3_000_000, "bigmm", "h5", "array", None,
+     16, 3, "resident-a"),
+    # cuBLAS for the tile products, float32
+    (1000, 900, 1100, F32, False, False, 1.0, 0.0, 800_000, "cublas", "array", "h5", None,
+     16, 4, "stream"),
+    # cuBLAS, float64, both transposed, beta
+    (777, 1031, 1201, F64, True, True, 0.75, 2.0, 1_000_000, "cublas", "h5", "array",
+     (100, 128), 16, 4, "stream"),
+    # cuBLAS on TF32 tensor cores (looser tolerance)
+    (611, 701, 1023, F32, False, False, 1.0, 0.0, 500_000, "cublas-tf32", "array", "array",
+     None, 16, 4, "stream"),
+]
+
+
+def _ids(cases):
+    return [f"{c[0]}x{c[1]}x{c[2]}-{np.dtype(c[3]).name}-{'T' if c[4] else 'N'}"
+            f"{'T' if c[5] else 'N'}-{c[9]}-{c[10]}-{c[11]}-{c[8]}" for c in cases]
+
+
+def _h5(path, name, array, chunks=None):
+    with h5py.File(path, "a") as f:
+        if name in f:
+            del f[name]
+        f.create_dataset(name, data=array, chunks=chunks)
+    return f"{path}:/{name}"
+
+
+def _tol(dtype, k, kernel):
+    return 2e-3 if kernel == "cublas-tf32" else tolerance(dtype, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,dtype,ta,tb,alpha,beta,memory,kernel,inputs,output,chunks,"
+                         "min_tiles,min_panels,order", E2E, ids=_ids(E2E))
+def test_product_matches_float64_reference(tmp_path, m, n, k, dtype, ta, tb, alpha, beta,
+                                           memory, kernel, inputs, output, chunks, min_tiles,
+                                           min_panels, order):
+    seed = int.from_bytes(os.urandom(4), "little")  # fresh data every run
+    a = random_matrix((k, m) if ta else (m, k), dtype, seed)
+    b = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
+    c0 = random_matrix((m, n), dtype, seed + 2)
+    if inputs == "h5":
+        a_in = _h5(tmp_path / "a.h5", "A", a, chunks)
+        b_in = _h5(tmp_path / "b.h5", "B", b, chunks)
+    else:
+        a_in, b_in = a, b
+    if output == "h5":
+        out = _h5(tmp_path / "c.h5", "C", c0) if beta != 0 else f"{tmp_path / 'c.h5'}:/C"
+    else:
+        out = c0.copy() if beta != 0 else np.full((m, n), np.nan, dtype)
+    kw = dict(alpha=alpha, beta=beta, trans_a=ta, trans_b=tb, memory=memory, host_memory=HOST,
+              backend="cupy", kernel=kernel)
+    p = bigmm.plan(a_in, b_in, out, **kw)
+    assert p.n_tiles >= min_tiles and p.nk >= min_panels and p.order == order, str(p)
+    result, stats = bigmm.matmul(a_in, b_in, out, stats=True, **kw)
+    if output == "h5":
+        with h5py.File(tmp_path / "c.h5", "r") as f:
+            got = f["C"][...]
+            assert f["C"].attrs["bigmm_complete"]
+    else:
+        got = result
+        assert result is out
+    ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    assert relative_error(got, ref) <= _tol(dtype, k, kernel)
+    assert stats.tiles_done == p.n_tiles and stats.flops == 2 * m * n * k
+
+
+@pytest.mark.gpu
+def test_new_array_output_and_default_budget():
+    a, b = random_matrix((333, 2049), F32, 5), random_matrix((2049, 517), F32, 6)
+    c = bigmm.matmul(a, b, backend="cupy")
+    assert relative_error(c, reference_gemm(a, b)) <= tolerance(F32, 2049)
+
+
+@pytest.mark.gpu
+def test_device_memory_stays_within_the_budget():
+    import cupy
+
+    n, budget = 4096, 64 << 20
+    a, b = random_matrix((n, n), F32, 7), random_matrix((n, n), F32, 8)
+    bigmm.matmul(a[:256, :256], b[:256, :256], backend="cupy", memory="4MiB")  # load kernels
+    pool = cupy.get_default_memory_pool()
+    pool_before = pool.total_bytes()
+    free_before = cupy.cuda.runtime.memGetInfo()[0]
+    lowest = [free_before]
+
+    def sample(_):
+        lowest.append(cupy.cuda.runtime.memGetInfo()[0])
+
+    p = bigmm.plan(a, b, memory=budget, host_memory=HOST, backend="cupy")
+    out, stats = bigmm.matmul(a, b, memory=budget, host_memory=HOST, backend="cupy",
+                              progress=sample, stats=True)
+    used = free_before - min(lowest)
+    assert p.n_tiles >= 4 and stats.tiles_done == p.n_tiles
+    assert p.device_bytes <= budget
+    assert used <= budget + (32 << 20), (used, budget)  # cudaMalloc rounds to 2 MiB pages
+    assert used >= 0.5 * p.device_bytes  # the samples did see the run's buffers
+    assert pool.total_bytes() == pool_before  # nothing went through cupy's memory pool
+    assert cupy.cuda.runtime.memGetInfo()[0] >= free_before - (8 << 20)  # all freed
+    from bigmm.backends.cupy import pinned_bytes_held
+
+    assert pinned_bytes_held() <= p.host_bytes + 4096 * 6  # staging within the host budget
+    assert relative_error(out[:64], reference_gemm(a[:64], b)) <= tolerance(F32, n)
+
+
+@pytest.mark.gpu
+def test_profile_shows_device_timed_stages_overlapping(tmp_path):
+    n = 3000
+    a, b = random_matrix((n, n), F32, 9), random_matrix((n, n), F32, 10)
+    spec_a, spec_b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    prof = Profile()
+    out, stats = bigmm.matmul(spec_a, spec_b, f"{tmp_path / 'c.h5'}:/C", memory="48MiB",
+                              host_memory=HOST, backend="cupy", profile=prof, stats=True)
+    assert set(prof.device_stages) == {"copy_in", "compute", "copy_out"}
+    for stage in ("copy_in", "compute", "copy_out"):
+        ivs = sorted((i.start, i.end) for i in prof.intervals if i.stage == stage)
+        assert ivs and all(i.lane.startswith("GPU") for i in prof.intervals if i.stage == stage)
+        # one stream per stage: its intervals never overlap one another
+        assert all(e0 <= s1 + 1e-6 for (_, e0), (s1, _) in zip(ivs, ivs[1:]))
+    busy = prof.busy()
+    assert stats.compute_busy == pytest.approx(busy["compute"])
+    assert prof.totals("compute")[2] == stats.flops
+    assert prof.totals("copy_in")[1] == stats.bytes_read
+    ins, comp = prof.merged("copy_in"), prof.merged("compute")
+    assert any(a0 < c1 and c0 < a1 for a0, a1 in ins for c0, c1 in comp)  # copies overlap gemms
+    lo, hi = prof.span
+    assert all(lo - 1e-3 <= i.start <= i.end <= hi + 1e-3 for i in prof.intervals)
+    files = prof.save(tmp_path / "run")
+    assert os.path.getsize(files["trace"]) > 0
+
+
+@pytest.mark.gpu
+def test_profile_true_writes_trace_and_png_beside_the_output(tmp_path):
+    pytest.importorskip("matplotlib")
+    a, b = random_matrix((700, 900), F32, 3), random_matrix((900, 800), F32, 4)
+    spec_c = f"{tmp_path / 'c.h5'}:/C"
+    bigmm.matmul(a, b, spec_c, memory="1MB", backend="cupy", profile=True)
+    assert os.path.exists(tmp_path / "c.h5.profile.trace.json")
+    with open(tmp_path / "c.h5.profile.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# ----- kill and resume on the GPU path -------------------------------------------------------
+
+M, N, K = 700, 650, 900
+MEMORY = "600KB"
+SCRIPT = textwrap.dedent("""
+    import sys, time, bigmm
+    d = sys.argv[1]
+    bigmm.matmul(d + "/a.h5:/A", d + "/b.h5:/B", d + "/c.h5:/C", memory="{memory}",
+                 host_memory="{host}", backend="cupy", progress=lambda p: time.sleep(0.05))
+""")
+
+
+def _wait_for_journaled_tiles(tmp_path, proc, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for j in glob.glob(str(tmp_path / "c.h5.*journal")):
+            if '"tiles"' in open(j).read():
+                return j
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("no tile was journaled in time")
+
+
+@pytest.mark.gpu
+def test_killed_gpu_run_resumes_bit_identical(tmp_path):
+    seed = int.from_bytes(os.urandom(4), "little")
+    a, b = random_matrix((M, K), F32, seed), random_matrix((K, N), F32, seed + 1)
+    spec_a, spec_b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    kw = dict(memory=MEMORY, host_memory=HOST, backend="cupy")
+    full = bigmm.matmul(spec_a, spec_b, np.full((M, N), np.nan, F32), **kw)
+    assert relative_error(full, reference_gemm(a, b)) <= tolerance(F32, K)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT.format(memory=MEMORY, host=HOST), str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    journal = _wait_for_journaled_tiles(tmp_path, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert not f["C"].attrs["bigmm_complete"]
+    _, stats = bigmm.matmul(spec_a, spec_b, f"{tmp_path / 'c.h5'}:/C", resume=True, stats=True,
+                            **kw)
+    assert stats.tiles_skipped > 0
+    assert stats.tiles_done + stats.tiles_skipped == stats.tiles_total
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert f["C"].attrs["bigmm_complete"]
+        assert np.array_equal(f["C"][...], full)  # same tiles, same kernel: bit for bit
+    assert not os.path.exists(journal)
+
+
+# ----- options (no GPU needed) ----------------------------------------------------------------
+
+BAD_OPTIONS = [
+    # (kwargs, error, message)
+    (dict(backend="numpy", kernel="cublas"), OptionError, "GPU backend"),  # kernel needs a GPU
+    (dict(backend="numpy", profile=3), OptionError, "profile"),  # not a flag, path or Profile
+]
+
+
+@pytest.mark.parametrize("kwargs,err,match", BAD_OPTIONS)
+def test_bad_options_are_refused(kwargs, err, match):
+    a, b = random_matrix((20, 30), F64, 1), random_matrix((30, 10), F64, 2)
+    with pytest.raises(err, match=match):
+        bigmm.matmul(a, b, **kwargs)
+
+
+def test_plans_of_the_table_are_what_the_cases_claim():
+    """The case table's budgets give the tile counts it states (checked without a GPU)."""
+    for (m, n, k, dtype, ta, tb, _alpha, beta, memory, _kernel, inputs, _output, chunks,
+         tiles, panels, order) in E2E:
+        chunked = chunks if inputs == "h5" else None
+        p = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb,
+                      device_budget=memory, host_budget=64 << 20, staging=True,
+                      reads_c=beta != 0, a_chunks=chunked, b_chunks=chunked)
+        assert p.n_tiles >= tiles and p.nk >= panels and p.order == order, (m, n, k, str(p))
