@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--io-threads", type=int, default=None, help="disk I/O threads")
     m.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     m.add_argument("-q", "--quiet", action="store_true", help="no summary (errors only)")
+    m.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run the tiles on the dask cluster at ADDRESS (tcp://host:8786)")
+    m.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="run the tiles on a new local dask cluster of N workers "
+                        "(one per GPU where GPUs are usable)")
     m.set_defaults(func=cmd_multiply)
 
     pl = sub.add_parser("plan", parents=[common], help="dry run: print the plan, write nothing",
@@ -184,6 +189,10 @@ def _one_line(e: BaseException) -> str:
 def cmd_multiply(args) -> int:
     from . import api
 
+    if args.scheduler is not None or args.workers is not None:
+        from .dask import run_cli
+
+        return run_cli(args)
     kwargs = _job_kwargs(args)
     plan = api.plan(args.a, args.b, args.out, resume=args.resume, **kwargs)
     with _progress_bar(enabled=not args.quiet and sys.stderr.isatty()) as progress:

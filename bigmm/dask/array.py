@@ -1,0 +1,199 @@
+"""bigmm.dask.matmul: dask arrays in, dask array out, one chain of accumulate tasks per block."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..api import _parse_scalar
+from ..backends import BACKENDS
+from ..errors import BackendUnavailable, DtypeError, ShapeError
+from ..plan import make_plan
+from ..units import parse_size
+from ._common import backend as _backend
+from ._common import dask_array as _dask_array
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One accumulate task: C_ij (+)= alpha * op(A block)[:, k] @ op(B block)[k, :].
+
+    ``a_k``/``b_k``: the K range within the A and B blocks (None: the whole block).
+    """
+
+    a_k: tuple[int, int] | None
+    b_k: tuple[int, int] | None
+    alpha: float
+    trans_a: bool
+    trans_b: bool
+    backend: str
+
+
+def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = False,
+           memory=None, backend: str = "auto"):
+    """alpha * op(a) @ op(b) for 2-D dask arrays, as a dask array of bigmm accumulate tasks.
+
+    Output block (i, j) has op(a)'s i-th row chunk and op(b)'s j-th column chunk. It is the end
+    of a chain of tasks along K, one per piece of the K axis where the K chunks of op(a) and
+    op(b) overlap (unequal K chunkings are refined, never concatenated). Each task takes the
+    previous partial block (never modified: it is copied), one A block and one B block, and
+    accumulates with the backend's gemm (beta = 0 on the first piece, 1 after): no
+    concatenation of K blocks, no tree of full-size partial products.
+
+    Memory per task, w = itemsize, bm x bk the largest block of op(a) and bk x bn of op(b):
+    at most ``w * (2*bm*bn + 2*bm*bk + 2*bk*bn)`` bytes (partial C in and out, the two blocks,
+    and a contiguous copy of a block only where it must be sliced or is strided). With
+    ``memory`` ("512MiB", bytes) the inputs are first rechunked to the tiles bigmm's planner
+    chooses for that budget, so that bound is at most ``memory``; without it the arrays' own
+    chunks set the bound. How many tasks a worker runs at once is the scheduler's business.
+
+    ``backend``: "auto" (from the chunk type: CuPy chunks -> "cupy", else "numpy"), "numpy"
+    or "cupy". The chunk type is preserved (the result's ``meta`` is that of ``a``).
+    float32 and float64; mixed inputs are computed in float64.
+    """
+    da = _dask_array()
+    from dask.array.utils import meta_from_array
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    a, b = da.asanyarray(a), da.asanyarray(b)
+    for name, x in (("a", a), ("b", b)):
+        if x.ndim != 2:
+            raise ShapeError(f"Expected a 2-D dask array for {name}. Got shape {x.shape} "
+                             f"({x.ndim}-D).")
+        if any(np.isnan(c) for cs in x.chunks for c in cs):
+            raise ShapeError(f"Expected known chunk sizes for {name}. Got unknown ones "
+                             f"(call {name}.compute_chunk_sizes() first).")
+    dtype = _common_float(a.dtype, b.dtype)
+    a, b = (x if x.dtype == dtype else x.astype(dtype) for x in (a, b))
+    alpha = _parse_scalar(alpha, "alpha")
+    m, k = a.shape[::-1] if trans_a else a.shape
+    kb, n = b.shape[::-1] if trans_b else b.shape
+    if k != kb:
+        opa, opb = ("a.T" if trans_a else "a"), ("b.T" if trans_b else "b")
+        raise ShapeError(f"Expected the inner dimensions to match: columns of {opa} == rows of "
+                         f"{opb}. Got {opa} {m}x{k} and {opb} {kb}x{n}: {k} != {kb}.")
+    meta = meta_from_array(a, ndim=2, dtype=dtype)
+    be_name = _array_backend(backend, meta)
+    if memory is not None:
+        a, b = _rechunk_to_budget(a, b, m, n, k, dtype, trans_a, trans_b, memory)
+
+    rows = a.chunks[1] if trans_a else a.chunks[0]
+    cols = b.chunks[0] if trans_b else b.chunks[1]
+    ka = a.chunks[0] if trans_a else a.chunks[1]
+    kb_ = b.chunks[1] if trans_b else b.chunks[0]
+    token = tokenize(a, b, alpha, trans_a, trans_b, be_name)
+    out, acc = f"bigmm-matmul-{token}", f"bigmm-accumulate-{token}"
+    pieces = _k_pieces(ka, kb_)
+    dsk: dict = {}
+    for i, mi in enumerate(rows):
+        for j, nj in enumerate(cols):
+            if not pieces:  # K == 0: the product is zero
+                dsk[(out, i, j)] = (_zeros, (mi, nj), dtype, be_name)
+                continue
+            prev = None
+            for s, (ia, a_k, ib, b_k) in enumerate(pieces):
+                akey = (a.name, ia, i) if trans_a else (a.name, i, ia)
+                bkey = (b.name, j, ib) if trans_b else (b.name, ib, j)
+                key = (out, i, j) if s == len(pieces) - 1 else (acc, i, j, s)
+                step = _Step(a_k, b_k, alpha, bool(trans_a), bool(trans_b), be_name)
+                dsk[key] = (_accumulate, prev, akey, bkey, step)
+                prev = key
+    graph = HighLevelGraph.from_collections(out, dsk, dependencies=[a, b])
+    return da.Array(graph, out, chunks=(rows, cols), meta=meta)
+
+
+def _common_float(x, y) -> np.dtype:
+    dt = np.result_type(x, y)
+    if np.dtype(x) not in _FLOATS or np.dtype(y) not in _FLOATS:
+        raise DtypeError(f"Expected float32 or float64 dask arrays. Got {np.dtype(x)} and "
+                         f"{np.dtype(y)}.")
+    return np.dtype(dt)
+
+
+def _array_backend(backend: str, meta) -> str:
+    """The backend name for chunks like ``meta``: "auto" follows the chunk type."""
+    gpu = type(meta).__module__.split(".")[0] == "cupy"
+    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        raise BackendUnavailable(f"Expected backend to be one of {', '.join(BACKENDS)}. "
+                                 f"Got {backend!r}.")
+    name = backend.lower()
+    if name == "auto":
+        return "cupy" if gpu else "numpy"
+    if (name == "cupy") != gpu:
+        raise BackendUnavailable(f"Expected {'CuPy' if name == 'cupy' else 'NumPy'} chunks for "
+                                 f"backend {name!r}. Got {type(meta).__module__} chunks.")
+    return name
+
+
+def _k_pieces(ka, kb) -> list[tuple[int, tuple | None, int, tuple | None]]:
+    """The common refinement of two chunkings of K: (A block, range in it or None for the whole
+    block, B block, range in it or None), in order; empty pieces are dropped."""
+    ea, eb = np.cumsum((0,) + tuple(ka)), np.cumsum((0,) + tuple(kb))
+    edges = sorted(set(ea.tolist()) | set(eb.tolist()))
+    out = []
+    for k0, k1 in zip(edges, edges[1:]):
+        if k1 == k0:
+            continue
+        ia = int(np.searchsorted(ea, k0, side="right")) - 1
+        ib = int(np.searchsorted(eb, k0, side="right")) - 1
+        ra = (k0 - int(ea[ia]), k1 - int(ea[ia]))
+        rb = (k0 - int(eb[ib]), k1 - int(eb[ib]))
+        out.append((ia, None if ra == (0, ka[ia]) else ra,
+                    ib, None if rb == (0, kb[ib]) else rb))
+    return out
+
+
+def _rechunk_to_budget(a, b, m, n, k, dtype, trans_a, trans_b, memory):
+    """Rechunk a and b to the tiles of bigmm's stream plan for ``memory`` bytes per task."""
+    budget = parse_size(memory, name="memory")
+    big = lambda cs: max(cs) if cs else 1  # noqa: E731
+    p = make_plan(m, n, k, dtype.name, trans_a=trans_a, trans_b=trans_b, device_budget=budget,
+                  host_budget=budget, staging=False, order="stream",
+                  a_chunks=(big(a.chunks[0]), big(a.chunks[1])),
+                  b_chunks=(big(b.chunks[0]), big(b.chunks[1])))
+    a = a.rechunk((p.bk, p.bm) if trans_a else (p.bm, p.bk))
+    b = b.rechunk((p.bn, p.bk) if trans_b else (p.bk, p.bn))
+    return a, b
+
+
+def _operand(x, k: tuple | None, axis: int, trans: bool):
+    """(C-contiguous 2-D array, transposed flag) for the K range ``k`` of block ``x``.
+
+    A Fortran-ordered block is used as the transpose of its C-ordered transpose (no copy);
+    a sliced or strided one is copied.
+    """
+    if k is not None:
+        x = x[k[0]:k[1], :] if axis == 0 else x[:, k[0]:k[1]]
+    if x.flags.c_contiguous:
+        return x, trans
+    if x.flags.f_contiguous:
+        return x.T, not trans
+    return x.copy(order="C"), trans
+
+
+def _accumulate(prev, a_blk, b_blk, step: _Step):
+    """A new block: alpha * op(a)[., k] @ op(b)[k, .] + prev (prev is None on the first piece)."""
+    be = _backend(step.backend)
+    a, ta = _operand(a_blk, step.a_k, 0 if step.trans_a else 1, step.trans_a)
+    b, tb = _operand(b_blk, step.b_k, 1 if step.trans_b else 0, step.trans_b)
+    m = a.shape[1] if ta else a.shape[0]
+    n = b.shape[0] if tb else b.shape[1]
+    c = be.view(be.device_buffer(m * n, a.dtype), (m, n))
+    beta = 0.0
+    if prev is not None:
+        c[...] = prev
+        beta = 1.0
+    if m and n:
+        be.gemm(a, b, c, step.alpha, beta, ta, tb, None)  # stream None: the current stream
+    return c
+
+
+def _zeros(shape, dtype, backend: str):
+    be = _backend(backend)
+    c = be.view(be.device_buffer(shape[0] * shape[1], dtype), shape)
+    c[...] = 0
+    return c

@@ -1,0 +1,384 @@
+"""bigmm.dask.matmul_files: an HDF5 job as C-tile tasks on a dask.distributed cluster.
+
+Each tile task reopens A and B by path on its worker and runs bigmm's executor on its tile;
+finished tiles come back to the calling process, the only writer of C and of its journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .. import io
+from ..api import (DEVICE_SHARE, HOST_SHARE, _check_operands, _io_threads, _parse_scalar,
+                   _resumed_schedule)
+from ..backends import get_backend
+from ..backends.numpy import memory_available as host_memory_available
+from ..errors import BudgetError, Interrupted, OptionError, ResumeError
+from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
+from ..plan import Plan, Tile, make_plan
+from ..units import parse_size
+from ._common import RESOURCE
+from ._common import backend as _backend
+from ._common import distributed as _distributed
+
+#: Tile tasks in flight per task slot: one running, one queued behind it.
+WINDOW_PER_SLOT = 2
+#: The grid of a fresh job has at least this many tiles per task slot (load balance).
+TILES_PER_SLOT = 2
+
+
+@dataclass(frozen=True)
+class _TileJob:
+    """What every tile task of one job needs (small: paths and numbers, no data)."""
+
+    a: str
+    b: str
+    old_c: str | None  # the original C dataset when beta != 0
+    k: int
+    dtype: str
+    trans_a: bool
+    trans_b: bool
+    tile: tuple[int, int, int]
+    alpha: float
+    beta: float
+    backend: str
+    device_budget: int
+    host_budget: int
+    io_threads: int | None
+
+
+class _Region(io.Source):
+    """Rows [r0, r1) and columns [c0, c1) of a Source, as a Source."""
+
+    def __init__(self, src: io.Source, r0: int, r1: int, c0: int, c1: int):
+        self.src, self.r0, self.c0 = src, r0, c0
+        self.shape, self.dtype = (r1 - r0, c1 - c0), src.dtype
+        self.label = f"{src.label} rows {r0}:{r1}, columns {c0}:{c1}"
+        self.layout = src.layout
+        ch = src.chunks
+        self.chunks = ch if ch and r0 % ch[0] == 0 and c0 % ch[1] == 0 else None
+
+    def read(self, r0, r1, c0, c1, out) -> None:
+        self.src.read(self.r0 + r0, self.r0 + r1, self.c0 + c0, self.c0 + c1, out)
+
+
+def _tile_task(job: _TileJob, t: Tile):
+    """On a worker: C[t] from A's row panel and B's column panel, read from the files here."""
+    be = _backend(job.backend)
+    k, dt = job.k, np.dtype(job.dtype)
+    sub = make_plan(t.r1 - t.r0, t.c1 - t.c0, k, job.dtype, trans_a=job.trans_a,
+                    trans_b=job.trans_b, reads_c=job.beta != 0,
+                    device_budget=job.device_budget,
+                    host_budget=job.host_budget if be.staging else job.device_budget,
+                    staging=be.staging, tile=job.tile, order="stream")
+    opened: list = []
+    try:
+        A = io.open_input(job.a, name="A")
+        opened.append(A)
+        B = io.open_input(job.b, name="B")
+        opened.append(B)
+        a = _Region(A, 0, k, t.r0, t.r1) if job.trans_a else _Region(A, t.r0, t.r1, 0, k)
+        b = _Region(B, t.c0, t.c1, 0, k) if job.trans_b else _Region(B, 0, k, t.c0, t.c1)
+        c = np.empty(t.shape, dt)
+        if job.old_c is not None:
+            C = io.open_input(job.old_c, name="C")
+            opened.append(C)
+            C.read(t.r0, t.r1, t.c0, t.c1, c)
+        sink = io.open_output(c, shape=t.shape, dtype=dt, inputs=[], job={})
+        stats = execute(sub, a, b, sink, be, alpha=job.alpha, beta=job.beta,
+                        io_threads=_io_threads(job.io_threads))
+    finally:
+        for x in reversed(opened):
+            x.close()
+    return t, c, stats
+
+
+@dataclass(frozen=True)
+class _Budgets:
+    device: int
+    host: int
+    staging: bool
+    backend: str  # name the workers resolved ("numpy", "cupy"); "mixed" if they differ
+
+
+def _worker_budget(backend: str, memory, host_memory, dask_worker=None) -> tuple:
+    """On a worker: (backend name, staging, device budget, host budget) for one bigmm task.
+
+    Without explicit sizes: the shares ``bigmm.matmul`` uses, of what the backend reports and
+    of this worker's dask memory limit (several workers may share a host's RAM).
+    """
+    be = get_backend(backend)
+    try:
+        limit = getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None)
+        device = parse_size(memory, name="memory")
+        host = parse_size(host_memory, name="host_memory")
+        if device is None:
+            free = be.memory_available()
+            if not be.staging and limit:
+                free = min(free, limit)
+            device = int(free * DEVICE_SHARE[bool(be.staging)])
+        if host is None:
+            ram = host_memory_available()
+            host = int(min(ram, limit or ram) * HOST_SHARE) if be.staging else device
+        return be.name, bool(be.staging), device, host
+    finally:
+        be.close()
+
+
+def _cluster_budgets(client, backend, memory, host_memory) -> _Budgets:
+    """The smallest budgets over the cluster's workers, resolved on the workers themselves."""
+    got = client.run(_worker_budget, backend, memory, host_memory)
+    if not got:
+        raise OptionError("Expected a dask cluster with at least one worker. Got none.")
+    names = {v[0] for v in got.values()}
+    return _Budgets(device=min(v[2] for v in got.values()), host=min(v[3] for v in got.values()),
+                    staging=any(v[1] for v in got.values()),
+                    backend=names.pop() if len(names) == 1 else "mixed")
+
+
+def _slots(client) -> tuple[int, bool]:
+    """(bigmm tasks the cluster runs at once, whether every worker has the RESOURCE)."""
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    tagged = bool(workers) and all(RESOURCE in (w.get("resources") or {}) for w in workers)
+    if tagged:
+        return max(1, int(sum(w["resources"][RESOURCE] for w in workers))), True
+    return max(1, sum(int(w.get("nthreads", 1)) for w in workers)), False
+
+
+def _grid(plan: Plan, slots: int) -> Plan:
+    """The plan for a fresh job, with at least TILES_PER_SLOT tiles per slot where possible.
+
+    Tiles are independent tasks here, so the grid always uses the stream order; a grid too
+    coarse for the cluster is re-planned under a smaller budget (the planner keeps choosing
+    the tile shapes and their alignment).
+    """
+    target = TILES_PER_SLOT * slots
+    p = plan
+    budget, host = plan.device_budget, plan.host_budget
+    while p.n_tiles < target:
+        budget, host = budget // 2, host // 2
+        try:
+            q = _replan(plan, device_budget=budget, host_budget=host)
+        except BudgetError:
+            break
+        if (q.bm, q.bn) == (p.bm, p.bn) and q.n_tiles == p.n_tiles and q.bk == p.bk:
+            continue
+        p = q
+    return p
+
+
+def _replan(p: Plan, **changes) -> Plan:
+    args = dict(trans_a=p.trans_a, trans_b=p.trans_b, reads_c=p.reads_c,
+                device_budget=p.device_budget, host_budget=p.host_budget, staging=p.staging,
+                a_chunks=p.a_chunks, b_chunks=p.b_chunks, order="stream")
+    args.update(changes)
+    return make_plan(p.m, p.n, p.k, p.dtype, **args)
+
+
+def _spec_path(x, name: str) -> str:
+    """The operand as an absolute 'path:/dataset' spec that any worker can reopen."""
+    import h5py
+
+    if isinstance(x, h5py.Dataset):
+        return f"{os.path.abspath(x.file.filename)}:{x.name}"
+    if isinstance(x, os.PathLike):
+        x = os.fspath(x)
+    if not isinstance(x, (str, io.Spec)):
+        raise OptionError(f"Expected 'file.h5:/dataset' or an h5py.Dataset for {name} (tasks "
+                          f"reopen files by path; use bigmm.dask.matmul for arrays). "
+                          f"Got {type(x).__name__}.")
+    s = io.parse_spec(x)
+    return str(io.Spec(os.path.abspath(s.path), s.dataset))
+
+
+def _get_client(client):
+    if client is not None:
+        return client
+    distributed = _distributed()
+    try:
+        return distributed.get_client()
+    except ValueError:
+        raise OptionError("Expected a dask.distributed Client (client=...) or a default client. "
+                          "Got none; start one, or use bigmm.dask.local_cluster().") from None
+
+
+def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.0,
+                 trans_a: bool = False, trans_b: bool = False, memory=None, host_memory=None,
+                 backend: str = "auto", progress: Callable[[Progress], None] | None = None,
+                 resume: bool = False, overwrite: bool = False, io_threads: int | None = None,
+                 stats: bool = False):
+    """C = alpha * op(A) @ op(B) + beta * C on HDF5 files, as C-tile tasks on a dask cluster.
+
+    ``a``, ``b``, ``out``: "file.h5:/dataset" specs (or h5py Datasets for a and b) on a
+    filesystem this process and every worker see. ``client``: a ``distributed.Client``
+    (default: the current one). Other arguments as in :func:`bigmm.matmul`; ``memory`` and
+    ``host_memory`` are per task (default: the shares ``bigmm.matmul`` uses, of the smallest
+    worker's backend memory and dask memory limit).
+
+    The C tiles come from bigmm's planner (stream order; a grid too coarse for the cluster is
+    split). Each tile is one task: on its worker it reopens A and B by path, reads its own
+    panels and runs bigmm's executor for the tile under the budget (memory per task: the
+    plan's device and host bytes, plus the finished tile). Finished tiles come back to this
+    process, which alone writes C and journals the tiles, so ``resume=True`` skips every tile
+    an earlier run (on any cluster, or ``bigmm.matmul``) finished. A lost worker's tiles are
+    recomputed by dask. At most WINDOW_PER_SLOT tasks per task slot are in flight.
+
+    Returns the output spec, or (spec, RunStats) with ``stats=True`` (busy times summed over
+    the tasks; ``write_busy`` is this process's writing).
+    """
+    result, _, run, _ = _run_files(a, b, out, client=client, alpha=alpha, beta=beta,
+                                trans_a=trans_a, trans_b=trans_b, memory=memory,
+                                host_memory=host_memory, backend=backend, progress=progress,
+                                resume=resume, overwrite=overwrite, io_threads=io_threads)
+    return (result, run) if stats else result
+
+
+def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_memory,
+               backend, progress, resume, overwrite, io_threads):
+    """matmul_files, returning (output spec, Plan, RunStats, the workers' backend name)."""
+    client = _get_client(client)
+    if io_threads is not None:
+        _io_threads(io_threads)
+    if out is None:
+        raise OptionError("Expected an output spec 'file.h5:/C' for a job on a cluster. Got "
+                          "out=None.")
+    a_path, b_path = _spec_path(a, "A"), _spec_path(b, "B")
+    out_spec = io.parse_spec(os.fspath(out) if isinstance(out, os.PathLike) else out)
+    budgets = _cluster_budgets(client, backend, memory, host_memory)
+    slots, tagged = _slots(client)
+    closing: list = []
+    try:
+        A = io.open_input(a, name="A")
+        closing.append(A)
+        B = io.open_input(b, name="B")
+        closing.append(B)
+        m, k, n, dtype = _check_operands(A, B, trans_a, trans_b)
+        alpha, beta = _parse_scalar(alpha, "alpha"), _parse_scalar(beta, "beta")
+        args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
+                    device_budget=budgets.device, host_budget=budgets.host,
+                    staging=budgets.staging, a_chunks=A.chunks, b_chunks=B.chunks)
+        if resume:
+            plan = make_plan(m, n, k, dtype, **args,
+                             **_resumed_schedule(out, m, n, k, dtype, alpha, beta, args))
+        else:
+            plan = _grid(make_plan(m, n, k, dtype, **args, order="stream"), slots)
+        job = {"plan": plan.key(), "alpha": alpha, "beta": beta, "a": A.label, "b": B.label}
+        sink = io.open_output(out, shape=(m, n), dtype=np.dtype(dtype), inputs=[A, B],
+                              job=job, overwrite=overwrite, resume=resume,
+                              reads_c=plan.reads_c)
+        closing.append(sink)
+        if not resume and sink.done:
+            raise ResumeError(f"Expected a fresh output. Got {sink.label} with finished tiles.")
+        old_c = (str(io.Spec(os.path.abspath(out_spec.path), out_spec.dataset))
+                 if plan.reads_c else None)
+        tj = _TileJob(a_path, b_path, old_c, k, dtype, plan.trans_a, plan.trans_b,
+                      (plan.bm, plan.bn, plan.bk), alpha, beta, backend, budgets.device,
+                      budgets.host, io_threads)
+        run = _Tiles(client, tj, plan, sink, progress, slots, tagged).run()
+        sink.finish()
+        result = sink.result
+        closing.remove(sink)
+        sink.close()
+    finally:
+        for x in reversed(closing):
+            with contextlib.suppress(Exception):
+                x.close()
+    return result, plan, run, budgets.backend
+
+
+class _Tiles:
+    """Submits the tile tasks in a bounded window and writes the tiles as they arrive."""
+
+    def __init__(self, client, job: _TileJob, plan: Plan, sink, progress, slots: int,
+                 tagged: bool):
+        self.client, self.job, self.plan, self.sink = client, job, plan, sink
+        self.progress = progress
+        self.window = WINDOW_PER_SLOT * slots
+        self.resources = {RESOURCE: 1} if tagged else None
+        done = frozenset(sink.done)
+        self.todo = [t for t in plan.tiles() if t.index not in done]
+        self.skipped = plan.n_tiles - len(self.todo)
+        self.written: list[tuple[int, int]] = []
+        self.pending: list[tuple[int, int]] = []
+        self.totals = dict.fromkeys(("flops", "bytes_read", "bytes_written"), 0)
+        self.busy = dict.fromkeys(STAGES, 0.0)
+        self.tag = uuid.uuid4().hex[:12]
+
+    def _submit(self, ac, it) -> None:
+        t = next(it, None)
+        if t is not None:
+            ac.add(self.client.submit(_tile_task, self.job, t, pure=False,
+                                      key=f"bigmm-tile-{t.i}-{t.j}-{self.tag}",
+                                      resources=self.resources))
+
+    def run(self) -> RunStats:
+        from distributed import as_completed
+
+        self.t0 = time.perf_counter()
+        ac = as_completed()
+        it = iter(self.todo)
+        for _ in range(self.window):
+            self._submit(ac, it)
+        last = time.perf_counter()
+        try:
+            for fut in ac:
+                t, c, st = fut.result()
+                fut.release()
+                self._write(t, c, st)
+                if time.perf_counter() - last >= COMMIT_INTERVAL:
+                    self._commit()
+                    last = time.perf_counter()
+                self._report()
+                self._submit(ac, it)
+            self._commit()
+        except BaseException as e:
+            for f in list(ac.futures):
+                f.cancel()
+            with contextlib.suppress(Exception):
+                self._commit()
+            if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
+                raise Interrupted(
+                    f"Interrupted after {len(self.written)} of {len(self.todo)} tiles; the "
+                    f"output {self.sink.label} is resumable (resume=True).") from None
+            raise
+        return self._stats()
+
+    def _write(self, t: Tile, c, st: RunStats) -> None:
+        t0 = time.perf_counter()
+        self.sink.write(t.r0, t.r1, t.c0, t.c1, c)
+        self.busy["write"] += time.perf_counter() - t0
+        self.written.append(t.index)
+        self.pending.append(t.index)
+        self.totals["flops"] += st.flops
+        self.totals["bytes_read"] += st.bytes_read
+        self.totals["bytes_written"] += c.nbytes
+        for s in STAGES:
+            if s != "write":
+                self.busy[s] += getattr(st, f"{s}_busy")
+
+    def _commit(self) -> None:
+        if self.pending:
+            t0 = time.perf_counter()
+            self.sink.commit(list(self.pending))
+            self.busy["write"] += time.perf_counter() - t0
+            self.pending.clear()
+
+    def _report(self) -> None:
+        if self.progress is not None:
+            self.progress(Progress(self.skipped + len(self.written), self.plan.n_tiles,
+                                   self.skipped, self.totals["bytes_read"],
+                                   self.totals["bytes_written"], self.totals["flops"],
+                                   time.perf_counter() - self.t0))
+
+    def _stats(self) -> RunStats:
+        return RunStats(time.perf_counter() - self.t0, self.totals["flops"],
+                        self.totals["bytes_read"], self.totals["bytes_written"],
+                        len(self.written), self.skipped, self.plan.n_tiles,
+                        **{f"{s}_busy": v for s, v in self.busy.items()})

@@ -1,0 +1,398 @@
+"""bigmm on dask: dask arrays in and out, HDF5 jobs on a real local cluster, faults, resume, CLI.
+
+Every test that computes runs on a LocalCluster of two worker processes (one thread each)
+started here; the fault test starts its own and kills one of its workers mid-job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+
+import bigmm  # noqa: E402
+import bigmm.dask as bd  # noqa: E402
+from bigmm import cli  # noqa: E402
+from bigmm.dask.array import _k_pieces, _operand, _rechunk_to_budget  # noqa: E402
+from bigmm.errors import (BackendUnavailable, BudgetError, DtypeError, Interrupted,  # noqa: E402
+                          OptionError, OutputExistsError, ShapeError)
+from bigmm.io.journal import journal_path, parse_journal  # noqa: E402
+from bigmm.io.spec import parse_spec  # noqa: E402
+from bigmm.testing import (gpu_available, random_matrix, reference_gemm,  # noqa: E402
+                           relative_error, tolerance)
+
+WORKER_MEMORY = "1GiB"
+
+
+@pytest.fixture(scope="module")
+def client():
+    with bd.local_cluster(2, backend="numpy", memory_limit=WORKER_MEMORY) as c:
+        yield c
+
+
+# ----- dask arrays ----------------------------------------------------------------------------
+
+def _stored(shape, trans):
+    return shape[::-1] if trans else shape
+
+
+ARRAY_CASES = [
+    # (m, k, n, A chunks, B chunks, trans_a, trans_b, dtype, alpha, memory)
+    # uneven chunks on every axis; A's and B's K chunks disagree (refined, not concatenated)
+    (37, 53, 29, ((10, 27), (5, 20, 28)), ((7, 46), (13, 16)), False, False, "float64", 1.0, None),
+    # one block each: one task per output block, one K piece
+    (31, 17, 23, ((31,), (17,)), ((17,), (23,)), False, False, "float64", 1.0, None),
+    # regular chunks that divide nothing, alpha scales every K piece
+    (41, 47, 33, (19, 17), (17, 13), False, False, "float64", -2.5, None),
+    # one output row and one output column (1xN, Nx1 products)
+    (1, 41, 19, (1, 16), (13, 8), False, False, "float64", 1.0, None),
+    (23, 41, 1, (9, 14), (20, 1), False, False, "float64", 1.0, None),
+    # depth 1, and K chunks of size 1 against one K chunk
+    (13, 1, 11, (5, 1), (1, 4), False, False, "float64", 1.0, None),
+    (13, 4, 11, (7, 1), (4, 5), False, False, "float64", 1.0, None),
+    # transposed operands (stored K x M and N x K), uneven chunks
+    (29, 37, 31, ((20, 17), (3, 26)), (12, 16), True, False, "float64", 1.0, None),
+    (29, 37, 31, (10, 19), ((30, 1), (11, 26)), False, True, "float64", 1.0, None),
+    (29, 37, 31, (15, 12), (17, 14), True, True, "float64", 0.5, None),
+    # float32
+    (45, 70, 38, (16, 23), (31, 20), False, False, "float32", 1.0, None),
+    # a budget: the planner's tiles replace the chunks; each task fits in it
+    (90, 120, 80, (25, 33), (30, 17), False, False, "float64", 1.0, 48 * 1024),
+    (90, 120, 80, (33, 25), (17, 30), True, True, "float32", 1.0, "40KiB"),
+]
+
+
+@pytest.mark.parametrize("m,k,n,ach,bch,ta,tb,dtype,alpha,memory", ARRAY_CASES)
+def test_matmul_matches_reference_and_dask(client, m, k, n, ach, bch, ta, tb, dtype, alpha,
+                                            memory):
+    a = random_matrix(_stored((m, k), ta), dtype, seed=m + k)
+    b = random_matrix(_stored((k, n), tb), dtype, seed=k + n + 1)
+    A, B = da.from_array(a, chunks=ach), da.from_array(b, chunks=bch)
+    C = bd.matmul(A, B, alpha=alpha, trans_a=ta, trans_b=tb, memory=memory)
+    assert C.shape == (m, n) and C.dtype == np.dtype(dtype)
+    assert isinstance(C._meta, np.ndarray)
+    got = C.compute()
+    ref = reference_gemm(a, b, alpha=alpha, trans_a=ta, trans_b=tb)
+    assert got.shape == (m, n) and got.dtype == np.dtype(dtype)
+    assert relative_error(got, ref) <= tolerance(dtype, k)
+    theirs = alpha * ((A.T if ta else A) @ (B.T if tb else B))  # dask.array's own matmul
+    assert relative_error(got, theirs.compute(scheduler="threads")) <= tolerance(dtype, k)
+    if memory is None:  # the output blocks follow the inputs' chunks
+        assert C.chunks == ((A.chunks[1] if ta else A.chunks[0]),
+                            (B.chunks[0] if tb else B.chunks[1]))
+
+
+def test_matmul_task_holds_one_block_of_each(client):
+    """No task concatenates K blocks: each depends on at most the partial C, one A block and
+    one B block; block (i, j) is a chain of one task per K piece."""
+    A = da.from_array(random_matrix((40, 50), np.float64), chunks=((15, 25), (10, 30, 10)))
+    B = da.from_array(random_matrix((50, 30), np.float64, seed=1), chunks=((20, 30), (30,)))
+    C = bd.matmul(A, B)
+    layer = C.dask.layers[C.name]
+    deps = {key: [d for d in task[1:4] if d is not None] for key, task in layer.items()}
+    assert all(len(d) <= 3 for d in deps.values())
+    pieces = len(_k_pieces(A.chunks[1], B.chunks[0]))
+    assert pieces == 4  # edges 0, 10, 20, 40, 50
+    assert len(layer) == C.numblocks[0] * C.numblocks[1] * pieces
+    a_deps = {d for ds in deps.values() for d in ds if d[0] == A.name}
+    assert len(a_deps) == A.numblocks[0] * A.numblocks[1]
+
+
+BUDGETS = [
+    # (memory, trans_a, trans_b)
+    # small: many tiles and K pieces
+    (24 * 1024, False, False),
+    # middle, both operands stored transposed
+    (100 * 1024, True, True),
+    # large: fewer, larger blocks than the inputs' own chunks
+    (1 << 20, False, True),
+]
+
+
+@pytest.mark.parametrize("memory,ta,tb", BUDGETS)
+def test_matmul_budget_bounds_each_task(client, memory, ta, tb):
+    m, k, n = 110, 150, 95
+    a = random_matrix(_stored((m, k), ta), np.float64)
+    b = random_matrix(_stored((k, n), tb), np.float64, seed=2)
+    A, B = da.from_array(a, chunks=(17, 19)), da.from_array(b, chunks=(23, 11))
+    A2, B2 = _rechunk_to_budget(A, B, m, n, k, np.dtype(np.float64), ta, tb, memory)
+    bm, bk = max(A2.chunks[1 if ta else 0]), max(A2.chunks[0 if ta else 1])
+    bk2, bn = max(B2.chunks[1 if tb else 0]), max(B2.chunks[0 if tb else 1])
+    assert bk == bk2
+    assert 8 * (2 * bm * bn + 2 * bm * bk + 2 * bk * bn) <= memory  # the docstring's bound
+    C = bd.matmul(A, B, trans_a=ta, trans_b=tb, memory=memory)
+    assert C.chunks == (A2.chunks[1 if ta else 0], B2.chunks[0 if tb else 1])
+    assert relative_error(C.compute(), reference_gemm(a, b, trans_a=ta, trans_b=tb)) <= \
+        tolerance(np.float64, k)
+
+
+def test_matmul_odd_blocks(client):
+    """Fortran-ordered and strided blocks, mixed float32/float64, zero depth."""
+    a = random_matrix((30, 44), np.float64)
+    b = random_matrix((44, 25), np.float32, seed=3)
+    A = da.from_array(np.asfortranarray(a), chunks=(30, 13))  # F-contiguous blocks
+    B = da.from_array(b, chunks=(5, 6))[:, ::-1]  # strided (reversed) blocks
+    C = bd.matmul(A, B)
+    assert C.dtype == np.float64  # mixed inputs in float64
+    assert relative_error(C.compute(), a @ b[:, ::-1].astype(np.float64)) <= \
+        tolerance(np.float32, 44)
+    Z = bd.matmul(da.zeros((6, 0), chunks=3), da.zeros((0, 4), chunks=2))
+    assert np.array_equal(Z.compute(), np.zeros((6, 4)))
+
+
+def test_operand_layouts():
+    """Blocks reach the gemm C-contiguous: F-ordered ones as their transpose, others copied."""
+    x = np.asfortranarray(random_matrix((6, 9), np.float64))
+    y, t = _operand(x, None, 1, False)
+    assert t is True and y.flags.c_contiguous and np.shares_memory(x, y)
+    y, t = _operand(x, (2, 5), 1, False)
+    assert t is True and np.array_equal(y.T, x[:, 2:5])
+    z = random_matrix((6, 9), np.float64)[:, ::2]
+    y, t = _operand(z, None, 0, False)
+    assert t is False and y.flags.c_contiguous and np.array_equal(y, z)
+
+
+ARRAY_ERRORS = [
+    # (a, b, kwargs, error, message)
+    # inner dimensions differ
+    (np.ones((3, 4)), np.ones((5, 2)), {}, ShapeError, "4 != 5"),
+    # 1-D operand
+    (np.ones(4), np.ones((4, 2)), {}, ShapeError, "2-D"),
+    # integer dtype
+    (np.ones((3, 4), int), np.ones((4, 2)), {}, DtypeError, "float32 or float64"),
+    # cupy backend for NumPy chunks
+    (np.ones((3, 4)), np.ones((4, 2)), {"backend": "cupy"}, BackendUnavailable, "CuPy chunks"),
+    # unknown backend name
+    (np.ones((3, 4)), np.ones((4, 2)), {"backend": "tpu"}, BackendUnavailable, "one of"),
+    # alpha that is not a number
+    (np.ones((3, 4)), np.ones((4, 2)), {"alpha": "x"}, ValueError, "alpha"),
+]
+
+
+@pytest.mark.parametrize("a,b,kwargs,error,message", ARRAY_ERRORS)
+def test_matmul_errors(a, b, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        bd.matmul(da.from_array(a), da.from_array(b), **kwargs)
+
+
+@pytest.mark.gpu
+def test_matmul_cupy_chunks_keep_their_type():
+    import cupy
+
+    a, b = random_matrix((300, 500), np.float32), random_matrix((500, 200), np.float32, seed=1)
+    A = da.from_array(cupy.asarray(a), chunks=(128, 96), asarray=False)
+    B = da.from_array(cupy.asarray(b), chunks=(70, 128), asarray=False)
+    C = bd.matmul(A, B)
+    assert isinstance(C._meta, cupy.ndarray)
+    got = C.compute(scheduler="sync")
+    assert isinstance(got, cupy.ndarray)
+    assert relative_error(cupy.asnumpy(got), reference_gemm(a, b)) <= tolerance(np.float32, 500)
+
+
+# ----- HDF5 jobs on the cluster ---------------------------------------------------------------
+
+def _h5(path, name, array, layout="contiguous"):
+    kw = {"contiguous": {}, "chunked": {"chunks": (13, 17)},
+          "compressed": {"chunks": (16, 16), "compression": "gzip"}}[layout]
+    with h5py.File(path, "a") as f:
+        f.create_dataset(name, data=array, **kw)
+    return f"{path}:/{name}"
+
+
+def _read(spec):
+    s = parse_spec(spec)
+    with h5py.File(s.path, "r") as f:
+        d = f[s.dataset]
+        return d[...], dict(d.attrs)
+
+
+FILE_CASES = [
+    # (m, k, n, dtype, trans_a, trans_b, alpha, beta, layout, memory)
+    # contiguous inputs, a budget that forces many tiles and K panels
+    (97, 131, 83, "float64", False, False, 1.0, 0.0, "contiguous", "96KiB"),
+    # chunked inputs with chunks that divide nothing, transposed A
+    (75, 140, 66, "float32", True, False, 1.0, 0.0, "chunked", "64KiB"),
+    # gzip-compressed inputs (h5py path on the workers), transposed B
+    (64, 90, 71, "float64", False, True, 1.0, 0.0, "compressed", "80KiB"),
+    # full GEMM: both transposed, beta != 0 reads the old C on the workers
+    (59, 77, 48, "float64", True, True, -1.5, 0.75, "contiguous", "48KiB"),
+    # a budget that holds the whole product: the grid is split for the two workers
+    (61, 53, 47, "float64", False, False, 1.0, 0.0, "contiguous", "64MiB"),
+]
+
+
+@pytest.mark.parametrize("m,k,n,dtype,ta,tb,alpha,beta,layout,memory", FILE_CASES)
+def test_files_on_cluster(client, tmp_path, m, k, n, dtype, ta, tb, alpha, beta, layout, memory):
+    a = random_matrix(_stored((m, k), ta), dtype, seed=m)
+    b = random_matrix(_stored((k, n), tb), dtype, seed=n)
+    sa = _h5(tmp_path / "a.h5", "A", a, layout)
+    sb = _h5(tmp_path / "b.h5", "B", b, layout)
+    sc = f"{tmp_path / 'c.h5'}:/C"
+    c0 = None
+    if beta:
+        c0 = random_matrix((m, n), dtype, seed=5)
+        _h5(tmp_path / "c.h5", "C", c0)
+    seen = []
+    out, stats = bd.matmul_files(sa, sb, sc, client=client, alpha=alpha, beta=beta,
+                                 trans_a=ta, trans_b=tb, memory=memory, progress=seen.append,
+                                 stats=True)
+    assert out == sc
+    got, attrs = _read(sc)
+    ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    assert relative_error(got, ref) <= tolerance(dtype, k)
+    assert attrs["bigmm_complete"]
+    assert not os.path.exists(journal_path(parse_spec(sc)))
+    assert stats.tiles_done == stats.tiles_total >= 4  # at least two tiles per worker
+    assert stats.flops == 2 * m * n * k and stats.bytes_written == got.nbytes
+    assert [p.tiles_done for p in seen] == list(range(1, stats.tiles_total + 1))
+
+
+def test_files_errors(client, tmp_path):
+    a, b = random_matrix((20, 30), np.float64), random_matrix((30, 10), np.float64, seed=1)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    sc = f"{tmp_path / 'c.h5'}:/C"
+    with pytest.raises(OptionError, match="file.h5:/dataset"):  # arrays are not reopenable
+        bd.matmul_files(a, sb, sc, client=client)
+    with pytest.raises(OptionError, match="out=None"):
+        bd.matmul_files(sa, sb, None, client=client)
+    with pytest.raises(ShapeError, match="30 != 20"):
+        bd.matmul_files(sa, sa, sc, client=client)
+    with pytest.raises(BudgetError, match="at least"):
+        bd.matmul_files(sa, sb, sc, client=client, memory=100)
+    bd.matmul_files(sa, sb, sc, client=client)
+    with pytest.raises(OutputExistsError):
+        bd.matmul_files(sa, sb, sc, client=client)
+    got, _ = _read(sc)
+    assert relative_error(got, a @ b) <= tolerance(np.float64, 30)
+
+
+def _stop_after(n):
+    def progress(p):
+        if p.tiles_done - p.tiles_skipped >= n:
+            raise KeyboardInterrupt
+    return progress
+
+
+RESUME_CASES = [
+    # (first run, second run)
+    # interrupted on the cluster, resumed on the cluster after all its workers restarted
+    ("cluster", "cluster"),
+    # interrupted on the cluster, resumed in this process by bigmm.matmul (same journal)
+    ("cluster", "local"),
+    # interrupted in this process, resumed on the cluster
+    ("local", "cluster"),
+]
+
+
+@pytest.mark.parametrize("first,second", RESUME_CASES)
+def test_resume_across_workers(client, tmp_path, first, second):
+    m, k, n = 96, 70, 88
+    a, b = random_matrix((m, k), np.float64, seed=11), random_matrix((k, n), np.float64, seed=12)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    sc = f"{tmp_path / 'c.h5'}:/C"
+    kw = dict(memory="40KiB", backend="numpy")
+
+    def run(where, **extra):
+        if where == "cluster":
+            return bd.matmul_files(sa, sb, sc, client=client, stats=True, **kw, **extra)
+        return bigmm.matmul(sa, sb, sc, stats=True, **kw, **extra)
+
+    with pytest.raises(Interrupted, match="resumable"):
+        run(first, progress=_stop_after(3))
+    journaled = parse_journal(journal_path(parse_spec(sc)))[1]
+    assert len(journaled) >= 3
+    if second == "cluster" and first == "cluster":
+        client.restart()  # new worker processes
+    out, stats = run(second, resume=True)
+    assert stats.tiles_skipped == len(journaled)
+    assert stats.tiles_done == stats.tiles_total - len(journaled) > 0
+    got, attrs = _read(sc)
+    assert attrs["bigmm_complete"]
+    assert relative_error(got, a @ b) <= tolerance(np.float64, k)
+
+
+def test_worker_killed_mid_job(tmp_path):
+    """One of two worker processes dies with tasks in flight; its nanny restarts it, dask
+    reruns the lost tiles, and C is right."""
+    m, k, n = 480, 2400, 440
+    a, b = random_matrix((m, k), np.float64, seed=21), random_matrix((k, n), np.float64, seed=22)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    sc = f"{tmp_path / 'c.h5'}:/C"
+    killed = {}
+    with bd.local_cluster(2, backend="numpy", memory_limit=WORKER_MEMORY) as c:
+        pids = c.run(os.getpid)
+
+        def kill_one(p):
+            if killed or p.tiles_done < 1:
+                return
+            busy = [w for w, keys in c.processing().items() if keys]
+            if busy:
+                killed["worker"], killed["pid"] = busy[0], pids[busy[0]]
+                killed["in_flight"] = len(c.processing()[busy[0]])
+                os.kill(killed["pid"], signal.SIGKILL)
+
+        out, stats = bd.matmul_files(sa, sb, sc, client=c, memory="160KiB", backend="numpy",
+                                     progress=kill_one, stats=True)
+        c.wait_for_workers(2, timeout=60)
+        after = set(c.run(os.getpid).values())
+    assert killed and killed["in_flight"] >= 1
+    assert killed["pid"] not in after  # the process really died
+    assert stats.tiles_done == stats.tiles_total > 8
+    got, attrs = _read(sc)
+    assert attrs["bigmm_complete"]
+    assert relative_error(got, a @ b) <= tolerance(np.float64, k)
+
+
+# ----- the command line -----------------------------------------------------------------------
+
+def test_cli_scheduler_and_workers(client, tmp_path, capsys):
+    a = random_matrix((70, 90), np.float32, seed=31)
+    b = random_matrix((90, 50), np.float32, seed=32)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b, "chunked")
+    ref = a.astype(np.float64) @ b
+    for i, where in enumerate((["--scheduler", client.scheduler.address], ["--workers", "1"])):
+        sc = f"{tmp_path / f'c{i}.h5'}:/C"
+        rc = cli.main(["multiply", sa, sb, "-o", sc, "--memory", "64KiB", "--backend", "numpy",
+                       "--json", *where])
+        assert rc == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["workers"] == (2 if i == 0 else 1)
+        assert summary["backend"] == "numpy" and summary["tiles_done"] == summary["tiles_total"]
+        assert relative_error(_read(sc)[0], ref) <= tolerance(np.float32, 90)
+
+
+CLI_ERRORS = [
+    # (extra arguments, message)
+    # both ways of choosing a cluster
+    (["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"], "either --scheduler or --workers"),
+    # no workers
+    (["--workers", "0"], "positive integer"),
+]
+
+
+@pytest.mark.parametrize("extra,message", CLI_ERRORS)
+def test_cli_errors(tmp_path, capsys, extra, message):
+    sa = _h5(tmp_path / "a.h5", "A", random_matrix((5, 5), np.float64))
+    t0 = time.perf_counter()
+    rc = cli.main(["multiply", sa, sa, "-o", f"{tmp_path / 'c.h5'}:/C", *extra])
+    err = capsys.readouterr().err
+    assert rc == cli.EXIT_ERROR and message in err and len(err.strip().splitlines()) == 1
+    assert time.perf_counter() - t0 < 20  # no cluster was started
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs a usable CUDA GPU and cupy")
+@pytest.mark.gpu
+def test_local_cluster_one_worker_per_gpu():
+    pytest.importorskip("dask_cuda")
+    with bd.local_cluster(1) as c:
+        info = c.scheduler_info(n_workers=-1)["workers"]
+        assert all(w["nthreads"] == 1 and w["resources"] == {bd.RESOURCE: 1}
+                   for w in info.values())
