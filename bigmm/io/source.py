@@ -9,6 +9,7 @@ through h5py's ``read_direct`` under one lock. ``Source.layout`` says which path
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -120,6 +121,7 @@ class H5Source(Source):
         self._dset, self._file, self._threads = dset, own_file, threads
         self._name = dset.name
         self._pool = None
+        self._pool_lock = threading.Lock()
         self._fd = None
         self._layout = probe_layout(dset)
         if self._layout.fast:
@@ -197,17 +199,15 @@ class H5Source(Source):
             for task in tasks:
                 self._run(task)
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bigmm-read")
-        for fut in [self._pool.submit(self._run_group, group) for group in tasks]:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bigmm-read")
+        for fut in [self._pool.submit(self._run, group) for group in tasks]:
             fut.result()
 
     @property
     def layout_kind(self) -> str:
         return self._layout.kind
-
-    def _run_group(self, group) -> None:
-        self._run(group)
 
     def _run(self, group) -> None:
         fd, swap = self._fd, self._layout.swap

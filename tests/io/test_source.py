@@ -204,6 +204,21 @@ def test_read_error_names_file_and_region(tmp_path):
     assert "rows 200:203, columns 1:6" in str(err.value) and path in str(err.value)
 
 
+def test_corrupt_compressed_chunk_is_a_read_error(tmp_path):
+    path, _ = make(tmp_path, {"chunks": (50, 40), "compression": "gzip"}, "<f4", seed=12)
+    with h5py.File(path, "r") as f:
+        info = f["A"].id.get_chunk_info_by_coord((50, 40))
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset)
+        fh.write(b"\xff" * info.size)
+    with open_input(f"{path}:/A") as src:
+        out = np.empty((10, 10), np.float32)
+        src.read(0, 10, 0, 10, out)  # other chunks still read
+        with pytest.raises(ReadError) as err:
+            src.read(55, 60, 45, 50, np.empty((5, 5), np.float32))
+    assert "rows 55:60, columns 45:50" in str(err.value) and path in str(err.value)
+
+
 @pytest.mark.parametrize("region, shape, dtype", [
     ((0, 5, 0, 5), (5, 4), np.float32),      # wrong buffer shape
     ((0, 5, 0, 5), (5, 5), np.float64),      # wrong buffer dtype
