@@ -92,7 +92,7 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
     for i, mi in enumerate(rows):
         for j, nj in enumerate(cols):
             if not pieces:  # K == 0: the product is zero
-                dsk[(out, i, j)] = (_zeros, (mi, nj), dtype, be_name)
+                dsk[(out, i, j)] = (_zeros, meta, (mi, nj))
                 continue
             prev = None
             for s, (ia, a_k, ib, b_k) in enumerate(pieces):
@@ -176,13 +176,17 @@ def _operand(x, k: tuple | None, axis: int, trans: bool):
 
 
 def _accumulate(prev, a_blk, b_blk, step: _Step):
-    """A new block: alpha * op(a)[., k] @ op(b)[k, .] + prev (prev is None on the first piece)."""
+    """A new block: alpha * op(a)[., k] @ op(b)[k, .] + prev (prev is None on the first piece).
+
+    The block is allocated by the chunks' own array library (``empty_like`` dispatches to
+    CuPy for CuPy chunks), not by the backend, whose buffers live only as long as a run.
+    """
     be = _backend(step.backend)
     a, ta = _operand(a_blk, step.a_k, 0 if step.trans_a else 1, step.trans_a)
     b, tb = _operand(b_blk, step.b_k, 1 if step.trans_b else 0, step.trans_b)
     m = a.shape[1] if ta else a.shape[0]
     n = b.shape[0] if tb else b.shape[1]
-    c = be.view(be.device_buffer(m * n, a.dtype), (m, n))
+    c = np.empty_like(a, shape=(m, n), order="C")
     beta = 0.0
     if prev is not None:
         c[...] = prev
@@ -192,8 +196,5 @@ def _accumulate(prev, a_blk, b_blk, step: _Step):
     return c
 
 
-def _zeros(shape, dtype, backend: str):
-    be = _backend(backend)
-    c = be.view(be.device_buffer(shape[0] * shape[1], dtype), shape)
-    c[...] = 0
-    return c
+def _zeros(meta, shape):
+    return np.zeros_like(meta, shape=shape, order="C")

@@ -16,8 +16,8 @@ from typing import Callable
 import numpy as np
 
 from .. import io
-from ..api import (DEVICE_SHARE, HOST_SHARE, _check_operands, _io_threads, _parse_scalar,
-                   _resumed_schedule)
+from ..api import (DEVICE_SHARE, HOST_SHARE, _check_operands, _get_backend, _io_threads,
+                   _parse_scalar, _resumed_schedule)
 from ..backends import get_backend
 from ..backends.numpy import memory_available as host_memory_available
 from ..errors import BudgetError, Interrupted, OptionError, ResumeError
@@ -25,7 +25,6 @@ from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
 from ..plan import Plan, Tile, make_plan
 from ..units import parse_size
 from ._common import RESOURCE
-from ._common import backend as _backend
 from ._common import distributed as _distributed
 
 #: Tile tasks in flight per task slot: one running, one queued behind it.
@@ -49,6 +48,7 @@ class _TileJob:
     alpha: float
     beta: float
     backend: str
+    kernel: str | None
     device_budget: int
     host_budget: int
     io_threads: int | None
@@ -71,15 +71,15 @@ class _Region(io.Source):
 
 def _tile_task(job: _TileJob, t: Tile):
     """On a worker: C[t] from A's row panel and B's column panel, read from the files here."""
-    be = _backend(job.backend)
+    be = _get_backend(job.backend, job.kernel)  # its buffers live until close()
     k, dt = job.k, np.dtype(job.dtype)
-    sub = make_plan(t.r1 - t.r0, t.c1 - t.c0, k, job.dtype, trans_a=job.trans_a,
-                    trans_b=job.trans_b, reads_c=job.beta != 0,
-                    device_budget=job.device_budget,
-                    host_budget=job.host_budget if be.staging else job.device_budget,
-                    staging=be.staging, tile=job.tile, order="stream")
     opened: list = []
     try:
+        sub = make_plan(t.r1 - t.r0, t.c1 - t.c0, k, job.dtype, trans_a=job.trans_a,
+                        trans_b=job.trans_b, reads_c=job.beta != 0,
+                        device_budget=job.device_budget,
+                        host_budget=job.host_budget if be.staging else job.device_budget,
+                        staging=be.staging, tile=job.tile, order="stream")
         A = io.open_input(job.a, name="A")
         opened.append(A)
         B = io.open_input(job.b, name="B")
@@ -97,6 +97,7 @@ def _tile_task(job: _TileJob, t: Tile):
     finally:
         for x in reversed(opened):
             x.close()
+        be.close()
     return t, c, stats
 
 
@@ -213,7 +214,7 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
                  trans_a: bool = False, trans_b: bool = False, memory=None, host_memory=None,
                  backend: str = "auto", progress: Callable[[Progress], None] | None = None,
                  resume: bool = False, overwrite: bool = False, io_threads: int | None = None,
-                 stats: bool = False):
+                 stats: bool = False, kernel: str | None = None):
     """C = alpha * op(A) @ op(B) + beta * C on HDF5 files, as C-tile tasks on a dask cluster.
 
     ``a``, ``b``, ``out``: "file.h5:/dataset" specs (or h5py Datasets for a and b) on a
@@ -230,18 +231,20 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
     an earlier run (on any cluster, or ``bigmm.matmul``) finished. A lost worker's tiles are
     recomputed by dask. At most WINDOW_PER_SLOT tasks per task slot are in flight.
 
-    Returns the output spec, or (spec, RunStats) with ``stats=True`` (busy times summed over
+    ``kernel``: the GPU kernel, as in :func:`bigmm.matmul`. Returns the output spec, or
+    (spec, RunStats) with ``stats=True`` (busy times summed over
     the tasks; ``write_busy`` is this process's writing).
     """
     result, _, run, _ = _run_files(a, b, out, client=client, alpha=alpha, beta=beta,
-                                trans_a=trans_a, trans_b=trans_b, memory=memory,
-                                host_memory=host_memory, backend=backend, progress=progress,
-                                resume=resume, overwrite=overwrite, io_threads=io_threads)
+                                   trans_a=trans_a, trans_b=trans_b, memory=memory,
+                                   host_memory=host_memory, backend=backend, kernel=kernel,
+                                   progress=progress, resume=resume, overwrite=overwrite,
+                                   io_threads=io_threads)
     return (result, run) if stats else result
 
 
 def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_memory,
-               backend, progress, resume, overwrite, io_threads):
+               backend, progress, resume, overwrite, io_threads, kernel=None):
     """matmul_files, returning (output spec, Plan, RunStats, the workers' backend name)."""
     client = _get_client(client)
     if io_threads is not None:
@@ -279,8 +282,8 @@ def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host
         old_c = (str(io.Spec(os.path.abspath(out_spec.path), out_spec.dataset))
                  if plan.reads_c else None)
         tj = _TileJob(a_path, b_path, old_c, k, dtype, plan.trans_a, plan.trans_b,
-                      (plan.bm, plan.bn, plan.bk), alpha, beta, backend, budgets.device,
-                      budgets.host, io_threads)
+                      (plan.bm, plan.bn, plan.bk), alpha, beta, backend, kernel,
+                      budgets.device, budgets.host, io_threads)
         run = _Tiles(client, tj, plan, sink, progress, slots, tagged).run()
         sink.finish()
         result = sink.result
