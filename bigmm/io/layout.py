@@ -6,6 +6,9 @@ external or virtual storage, float little- or big-endian) and returns a :class:`
 * ``contiguous``: one row-major block at byte ``offset``;
 * ``chunked``: a grid of row-major chunks, ``chunk_offsets[i, j]`` the byte offset of chunk
   (i, j) or -1 where the chunk was never written (it reads as the fill value);
+* ``deflate``: chunks compressed with gzip (deflate), optionally after the shuffle filter: each
+  chunk is read raw and inflated with ``zlib`` in the reader threads (zlib releases the GIL),
+  ``chunk_sizes[i, j]`` its stored bytes;
 * ``h5py``: anything else; ``reason`` says why, and reads go through ``Dataset.read_direct``.
 """
 
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 
 import h5py
 import numpy as np
-from h5py import h5d
+from h5py import h5d, h5z
 
 from ._h5 import H5LOCK
 
@@ -28,6 +31,8 @@ class Layout:
     offset: int | None = None
     chunks: tuple[int, int] | None = None
     chunk_offsets: np.ndarray | None = field(default=None, repr=False)
+    chunk_sizes: np.ndarray | None = field(default=None, repr=False)
+    shuffle: bool = False
     swap: bool = False  # stored big-endian: bytes must be swapped after a raw read
     fill: float = 0.0
 
@@ -62,12 +67,20 @@ def _probe(dset: h5py.Dataset) -> Layout:
         return _fallback("external storage", chunks)
     if kind == h5d.VIRTUAL:
         return _fallback("virtual dataset", chunks)
+    fill = float(np.asarray(dset.fillvalue, dtype=dtype.newbyteorder("=")))
     if dcpl.get_nfilters():
         filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
+        codes = [code for code, _flags, _values, _name in filters]
+        if kind == h5d.CHUNKED and codes in ([h5z.FILTER_DEFLATE],
+                                             [h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE]):
+            index = _chunk_index(dset, chunks, None)
+            if index is not None and not _partial_chunks_unfiltered(dcpl):
+                return Layout("deflate", chunks=chunks, chunk_offsets=index[0],
+                              chunk_sizes=index[1], shuffle=len(codes) == 2, swap=swap,
+                              fill=fill)
         names = [name.decode(errors="replace").split(";")[0] or str(code)
                  for code, _flags, _values, name in filters]
         return _fallback("filters: " + ", ".join(names), chunks)
-    fill = float(np.asarray(dset.fillvalue, dtype=dtype.newbyteorder("=")))
     if kind == h5d.CONTIGUOUS:
         offset = dset.id.get_offset()
         if offset is None:
@@ -76,29 +89,40 @@ def _probe(dset: h5py.Dataset) -> Layout:
             return _fallback("storage size does not match the shape", chunks)
         return Layout("contiguous", offset=int(offset), swap=swap, fill=fill)
     if kind == h5d.CHUNKED and chunks is not None and len(chunks) == 2:
-        offsets = _chunk_offsets(dset, chunks)
-        if offsets is None:
+        index = _chunk_index(dset, chunks, chunks[0] * chunks[1] * dtype.itemsize)
+        if index is None:
             return _fallback("chunk sizes differ from the chunk shape", chunks)
-        return Layout("chunked", chunks=chunks, chunk_offsets=offsets, swap=swap, fill=fill)
+        return Layout("chunked", chunks=chunks, chunk_offsets=index[0], swap=swap, fill=fill)
     return _fallback(f"layout {kind}", chunks)
 
 
-def _chunk_offsets(dset: h5py.Dataset, chunks: tuple[int, int]) -> np.ndarray | None:
+def _partial_chunks_unfiltered(dcpl) -> bool:
+    """True when edge chunks are stored unfiltered (H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS)."""
+    try:
+        return bool(dcpl.get_chunk_opts())
+    except (AttributeError, RuntimeError, ValueError):
+        return False
+
+
+def _chunk_index(dset: h5py.Dataset, chunks, want: int | None):
+    """(byte offsets, stored sizes) of every chunk, -1/0 where unwritten; None if a chunk's
+    size differs from ``want`` or a filter was skipped for it."""
     m, n = dset.shape
     cr, cc = chunks
     offsets = np.full((-(-m // cr), -(-n // cc)), -1, dtype=np.int64)
-    want = cr * cc * dset.dtype.itemsize
+    sizes = np.zeros(offsets.shape, dtype=np.int64)
     bad = []
 
     def visit(info) -> None:
         r, c = info.chunk_offset
-        if info.size != want or info.filter_mask:
+        if (want is not None and info.size != want) or info.filter_mask:
             bad.append(info)
         offsets[r // cr, c // cc] = info.byte_offset
+        sizes[r // cr, c // cc] = info.size
 
     if hasattr(dset.id, "chunk_iter"):
         dset.id.chunk_iter(visit)
     else:  # older HDF5: one call per chunk
         for i in range(dset.id.get_num_chunks()):
             visit(dset.id.get_chunk_info(i))
-    return None if bad else offsets
+    return None if bad else (offsets, sizes)

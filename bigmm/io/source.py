@@ -2,8 +2,10 @@
 
 HDF5 datasets whose bytes lie plainly in the file (contiguous, or chunked without filters) are
 read with parallel ``os.preadv`` at byte offsets computed once at open; everything else goes
-through h5py's ``read_direct`` under one lock. ``Source.layout`` says which path a source uses
-("array", "contiguous", "chunked" or "h5py"), ``Source.fast`` whether reads bypass h5py.
+through h5py's ``read_direct`` under one lock, except gzip-compressed chunks (optionally
+shuffled), which are read raw and inflated with zlib in the reader threads. ``Source.layout``
+says which path a source uses ("array", "contiguous", "chunked", "deflate" or "h5py"),
+``Source.fast`` whether reads bypass h5py.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import h5py
@@ -57,7 +60,8 @@ class Source:
 
     @property
     def fast(self) -> bool:
-        return self.layout in ("array", "contiguous", "chunked")
+        """True when reads bypass h5py (and so run in parallel)."""
+        return self.layout in ("array", "contiguous", "chunked", "deflate")
 
     def read(self, r0: int, r1: int, c0: int, c1: int, out: np.ndarray) -> None:
         raise NotImplementedError
@@ -192,17 +196,22 @@ class H5Source(Source):
             raise self._read_error(r0, r1, c0, c1, exc) from exc
 
     def _read_fast(self, r0, r1, c0, c1, out) -> None:
-        piece = max(TASK_BYTES, out.nbytes // self._threads + 1)
-        tasks = (self._contiguous_tasks if self.layout_kind == "contiguous"
-                 else self._chunked_tasks)(r0, r1, c0, c1, out, piece)
+        kind = self._layout.kind
+        if kind == "deflate":
+            tasks, run = self._deflate_tasks(r0, r1, c0, c1, out), self._inflate
+        else:
+            piece = max(TASK_BYTES, out.nbytes // self._threads + 1)
+            tasks = (self._contiguous_tasks if kind == "contiguous"
+                     else self._chunked_tasks)(r0, r1, c0, c1, out, piece)
+            run = self._run
         if len(tasks) < 2:
             for task in tasks:
-                self._run(task)
+                run(task)
             return
         with self._pool_lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bigmm-read")
-        for fut in [self._pool.submit(self._run, group) for group in tasks]:
+        for fut in [self._pool.submit(run, task) for task in tasks]:
             fut.result()
 
     @property
@@ -249,6 +258,45 @@ class H5Source(Source):
         if group:
             groups.append(group)
         return groups
+
+    def _deflate_tasks(self, r0, r1, c0, c1, out) -> list:
+        cr, cc = self._layout.chunks
+        return [(ci, cj, out, max(r0, ci * cr), min(r1, (ci + 1) * cr), max(c0, cj * cc),
+                 min(c1, (cj + 1) * cc), r0, c0)
+                for ci in range(r0 // cr, (r1 - 1) // cr + 1)
+                for cj in range(c0 // cc, (c1 - 1) // cc + 1)]
+
+    def _inflate(self, task) -> None:
+        """Read one compressed chunk, inflate (and unshuffle) it, copy its overlap into out."""
+        ci, cj, out, a0, a1, b0, b1, r0, c0 = task
+        lay = self._layout
+        cr, cc = lay.chunks
+        dest = out[a0 - r0:a1 - r0, b0 - c0:b1 - c0]
+        off, size = int(lay.chunk_offsets[ci, cj]), int(lay.chunk_sizes[ci, cj])
+        if off < 0:
+            dest[...] = lay.fill
+            return
+        raw = os.pread(self._fd, size, off)
+        while len(raw) < size:
+            more = os.pread(self._fd, size - len(raw), off + len(raw))
+            if not more:
+                raise OSError(f"unexpected end of file in chunk ({ci}, {cj}) at byte {off}")
+            raw += more
+        try:
+            data = zlib.decompress(raw)
+        except zlib.error as exc:
+            raise OSError(f"chunk ({ci}, {cj}) at byte {off} does not inflate: {exc}") from exc
+        w = self.dtype.itemsize
+        if len(data) != cr * cc * w:
+            raise OSError(f"chunk ({ci}, {cj}) inflated to {len(data)} bytes; "
+                          f"expected {cr * cc * w}")
+        buf = np.frombuffer(data, np.uint8)
+        if lay.shuffle:  # byte k of every element was stored together
+            buf = np.ascontiguousarray(buf.reshape(w, cr * cc).T)
+        stored = self.dtype.newbyteorder(">" if lay.swap else "<")
+        chunk = buf.view(stored).reshape(cr, cc)
+        ca, cb = a0 - ci * cr, b0 - cj * cc
+        dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
 
     def _raw_fill(self):
         """The fill value as the bytes a raw read would hold (swapped back after the read)."""

@@ -25,8 +25,13 @@ LAYOUTS = [
     ("chunked-big", {"chunks": (300, 200), "maxshape": (None, None)}, "<f4", "chunked"),
     ("big-endian", {}, ">f4", "contiguous"),                   # swapped after the raw read
     ("big-endian-chunked", {"chunks": (19, 41)}, ">f8", "chunked"),  # swapped, chunked
-    ("gzip", {"chunks": (37, 23), "compression": "gzip"}, "<f4", "h5py"),  # filtered: fallback
-    ("shuffle-gzip", {"chunks": (50, 50), "shuffle": True, "compression": "gzip"}, "<f8", "h5py"),
+    ("gzip", {"chunks": (37, 23), "compression": "gzip"}, "<f4", "deflate"),  # inflated by zlib
+    ("shuffle-gzip", {"chunks": (50, 50), "shuffle": True, "compression": "gzip"}, "<f8",
+     "deflate"),                                               # unshuffled after inflating
+    ("gzip-big-endian", {"chunks": (30, 70), "compression": "gzip", "compression_opts": 9,
+                         "shuffle": True}, ">f4", "deflate"),  # swapped while copying out
+    ("gzip-fletcher", {"chunks": (37, 23), "compression": "gzip", "fletcher32": True}, "<f4",
+     "h5py"),                                                  # checksum filter: fallback
     ("zstd", {"chunks": (37, 23), **hdf5plugin.Zstd()}, "<f4", "h5py"),  # plugin filter
     ("lz4", {"chunks": (64, 64), **hdf5plugin.LZ4()}, "<f8", "h5py"),  # plugin filter
 ]
@@ -116,17 +121,22 @@ def test_short_reads_are_resumed(tmp_path, monkeypatch, limit):
             np.testing.assert_array_equal(out, data[r0:r1, c0:c1])
 
 
-def test_unallocated_chunks_read_as_fill(tmp_path):
+@pytest.mark.parametrize("kwargs, layout", [
+    ({}, "chunked"),                         # raw chunks
+    ({"compression": "gzip"}, "deflate"),    # compressed chunks
+])
+def test_unallocated_chunks_read_as_fill(tmp_path, kwargs, layout):
     data = random_matrix(SHAPE, np.float32, seed=3)
     path = str(tmp_path / "sparse.h5")
     with h5py.File(path, "w") as f:
-        d = f.create_dataset("A", shape=SHAPE, dtype="<f4", chunks=(40, 30), fillvalue=-2.5)
+        d = f.create_dataset("A", shape=SHAPE, dtype="<f4", chunks=(40, 30), fillvalue=-2.5,
+                             **kwargs)
         d[0:40, 0:30] = data[0:40, 0:30]      # one chunk
         d[150:, 100:] = data[150:, 100:]      # edge chunks, partly
         expected = d[...]
     assert np.count_nonzero(expected == -2.5) > 1000
     with open_input(f"{path}:/A") as src:
-        assert src.layout == "chunked"
+        assert src.layout == layout
         check_reads(src, expected, seed=4)
 
 
