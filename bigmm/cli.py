@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--io-threads", type=int, default=None, help="disk I/O threads")
     m.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     m.add_argument("-q", "--quiet", action="store_true", help="no summary (errors only)")
+    m.add_argument("--profile", nargs="?", const=True, default=None, metavar="PREFIX",
+                   help="time each stage; print its utilisation and write PREFIX.trace.json "
+                        "(Perfetto) and PREFIX.png (default PREFIX: the output file + .profile)")
     m.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="run the tiles on the dask cluster at ADDRESS (tcp://host:8786)")
     m.add_argument("--workers", type=int, default=None, metavar="N",
@@ -136,11 +139,15 @@ def _job_options(p) -> None:
     p.add_argument("--beta", type=float, default=0.0)
     p.add_argument("--trans-a", action="store_true", help="use A transposed")
     p.add_argument("--trans-b", action="store_true", help="use B transposed")
+    p.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
+                   help="GPU tile products: bigmm's kernel (default), cublas, or cublas-tf32 "
+                        "(TF32 tensor cores)")
 
 
 def _job_kwargs(args) -> dict:
     return dict(alpha=args.alpha, beta=args.beta, trans_a=args.trans_a, trans_b=args.trans_b,
-                memory=args.memory, host_memory=args.host_memory, backend=args.backend)
+                memory=args.memory, host_memory=args.host_memory, backend=args.backend,
+                kernel=args.kernel)
 
 
 # ----- entry point --------------------------------------------------------------------------
@@ -190,26 +197,44 @@ def cmd_multiply(args) -> int:
     from . import api
 
     if args.scheduler is not None or args.workers is not None:
+        if args.profile is not None:
+            from .errors import OptionError
+
+            raise OptionError("Expected --profile without --scheduler/--workers (it times the "
+                              "stages of one process). Got both.")
         from .dask import run_cli
 
         return run_cli(args)
     kwargs = _job_kwargs(args)
     plan = api.plan(args.a, args.b, args.out, resume=args.resume, **kwargs)
+    prof = _new_profile() if args.profile is not None else None
     with _progress_bar(enabled=not args.quiet and sys.stderr.isatty()) as progress:
         try:
             out, stats = api.matmul(args.a, args.b, args.out, **kwargs, progress=progress,
                                     resume=args.resume, overwrite=args.overwrite,
-                                    io_threads=args.io_threads, stats=True)
+                                    io_threads=args.io_threads, stats=True, profile=prof)
         except KeyboardInterrupt:
             progress.stop()
             _err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
             return EXIT_INTERRUPTED
     summary = run_summary(plan, stats, out, args.a, args.b, backend_name(args.backend))
+    if prof is not None:
+        files = prof.save(api.profile_prefix(args.profile, args.out))
+        summary["profile"] = {"stages": prof.summary(), "device": prof.device, "files": files}
     if args.json:
         print(json.dumps(summary, indent=2))
     elif not args.quiet:
         print(format_summary(summary))
+        if prof is not None:
+            print(prof.table())
+            print("profile: " + ", ".join(summary["profile"]["files"].values()))
     return 0
+
+
+def _new_profile():
+    from .profile import Profile
+
+    return Profile()
 
 
 def resume_command(argv: list[str]) -> str:
