@@ -14,7 +14,8 @@ waiting for a buffer to be free or full).
 * Device buffers are plain ``cudaMalloc`` allocations (not cupy's memory pool), one per slot of
   the plan, so the device memory a run holds is exactly the plan's ``device_bytes``
   (:attr:`device_bytes`), freed at :meth:`close`.
-* ``kernel``: "bigmm" (default; :mod:`.cuda_kernels`), "cublas" (cuBLAS SGEMM/DGEMM on this
+* ``kernel``: "bigmm" (default; :mod:`.cuda_kernels`, without split-K, whose workspace would
+  come from cupy's memory pool, outside the budget), "cublas" (cuBLAS SGEMM/DGEMM on this
   backend's own handle) or "cublas-tf32" (the same with TF32 tensor cores for float32: about
   10 bits of mantissa in the products, relative errors near 1e-3 instead of 1e-6).
 * Profiling (:meth:`start_profile`/:meth:`stop_profile`): every copy and kernel is bracketed by
@@ -225,7 +226,7 @@ class CupyBackend:
         with self._device:
             if self.kernel == "bigmm":
                 self._kernels.gemm(a, b, c, float(alpha), float(beta), bool(trans_a),
-                                   bool(trans_b), stream=stream)
+                                   bool(trans_b), stream=stream, split_k=1)
             else:
                 self._cublas(a, b, c, m, n, k, float(alpha), float(beta), trans_a, trans_b,
                              stream)
@@ -239,10 +240,16 @@ class CupyBackend:
             return
         h = self._cublas_handle()
         fn = cublas.sgemm if c.dtype == np.float32 else cublas.dgemm
+        # cupy 14 takes alpha and beta by address (host pointer mode: read during the call)
+        scalars = np.array([alpha, beta], dtype=c.dtype)
+        if _scalars_by_pointer(fn):
+            al, be = scalars.ctypes.data, scalars.ctypes.data + scalars.itemsize
+        else:
+            al, be = alpha, beta
         cublas.setStream(h, stream.ptr)
         with stream:  # cupy's wrappers re-set the handle's stream to the current one
-            fn(h, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k, alpha,
-               b.data.ptr, _ld(b), a.data.ptr, _ld(a), beta, c.data.ptr, _ld(c))
+            fn(h, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k, al,
+               b.data.ptr, _ld(b), a.data.ptr, _ld(a), be, c.data.ptr, _ld(c))
 
     def _cublas_handle(self) -> int:
         if self._handle is None:
@@ -361,6 +368,13 @@ def _direct(size: int, dtype: np.dtype) -> cupy.ndarray:
     """A flat device array with its own cudaMalloc, freed when the last view of it goes."""
     mem = cupy.cuda.Memory(size * dtype.itemsize)
     return cupy.ndarray((size,), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def _scalars_by_pointer(fn) -> bool:
+    """Whether this cupy's cuBLAS wrapper takes alpha/beta as addresses (``size_t alpha`` in
+    its signature, cupy >= 14) rather than as values."""
+    doc = getattr(fn, "__doc__", None) or ""
+    return "size_t alpha" in doc or "float alpha" not in doc and "double alpha" not in doc
 
 
 def _ld(x) -> int:

@@ -201,6 +201,7 @@ def test_streams_and_events_order_copy_gemm_copy():
         m = n = k = 1536
         a, b, _ = _operands(m, n, k, np.float32, False, False, seed=21)
         s_in, s_c, s_out = be.stream(), be.stream(), be.stream()
+        assert all(s.is_non_blocking for s in (s_in, s_c, s_out))
         ha, hb = be.host_buffer(a.size, np.float32), be.host_buffer(b.size, np.float32)
         hc = be.host_buffer(m * n, np.float32)
         hc[:] = np.nan
