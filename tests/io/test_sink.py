@@ -364,3 +364,30 @@ def test_h5py_dataset_output(tmp_path, inputs):
         sink.finish()
         assert sink.result is d
         np.testing.assert_array_equal(d[...], data)
+
+
+@pytest.mark.parametrize("reads_c", [False, True])  # plain output, old C kept beside it
+def test_resume_into_a_dataset_that_is_not_raw_writable(tmp_path, inputs, reads_c):
+    _, srcs = inputs
+    path = str(tmp_path / "c.h5")
+    old, new = random_matrix(SHAPE, np.float32, seed=15), random_matrix(SHAPE, np.float32, seed=16)
+    if reads_c:
+        with h5py.File(path, "w") as f:
+            f["C"] = old
+    spec = f"{path}:/C"
+    new_sink(spec, srcs, reads_c=reads_c).close()  # crash before any tile
+    target = "C.bigmm-partial" if reads_c else "C"
+    with h5py.File(path, "r+") as f:  # someone swapped in a compressed dataset
+        del f[target]
+        d = f.create_dataset(target, shape=SHAPE, dtype="f4", chunks=(8, 8), compression="gzip")
+        d.attrs["bigmm_complete"] = False
+    with new_sink(spec, srcs, reads_c=reads_c, resume=True) as sink:
+        assert sink.layout == "h5py"
+        if reads_c:
+            buf = np.full(SHAPE, np.nan, np.float32)
+            sink.read(0, SHAPE[0], 0, SHAPE[1], buf)
+            np.testing.assert_array_equal(buf, old)
+        write_tiles(sink, new, tiles())
+        sink.commit(tiles())
+        sink.finish()
+    np.testing.assert_array_equal(read_back(spec), new)
