@@ -100,7 +100,7 @@ def test_region_split_over_pool(tmp_path, monkeypatch, task_bytes, kwargs):
         check_reads(src, data, seed=5)
 
 
-@pytest.mark.parametrize("limit", [1, 777, 5000])  # bytes the fake preadv returns at most
+@pytest.mark.parametrize("limit", [13, 777, 5000])  # bytes the fake preadv returns at most
 def test_short_reads_are_resumed(tmp_path, monkeypatch, limit):
     real = rawio._C_PREADV
     if real is None:
