@@ -48,6 +48,7 @@ struct Tile {
     static_assert(TH_M * TH_N == 32, "a warp's thread grid must have 32 threads");
     static_assert(TM % VW == 0 && TN % VW == 0, "thread tile must be whole 16-byte vectors");
     static_assert(STAGES >= 2, "the pipeline needs at least two stages");
+    static_assert(BK % 2 == 0, "fragment double-buffering runs on across tiles");
     static_assert(PAD_BYTES_ % 16 == 0, "rows must stay 16-byte aligned");
 };
 
@@ -252,10 +253,23 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
         cp_async_commit();
     }
 
+    // Fragments of k-step kk sit in buffer kk & 1 (BK is even, so the parity runs on across
+    // tiles).  The barrier for tile kt + 1 comes before the last k-step of tile kt, whose
+    // fragments are already in registers: the first fragments of the next tile then load
+    // while the last FMAs of this one run, and no warp waits on shared memory after a barrier.
     int read_stage = 0, write_stage = STAGES - 1;
+    const T* As = smem + a_off;
+    const T* Bs = smem + BK * SA + b_off;
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile 0 is visible
+#pragma unroll
+    for (int i = 0; i < TM / VW; ++i) load16(&fa[0][i * VW], As + i * TL::TH_M * VW);
+#pragma unroll
+    for (int j = 0; j < TN / VW; ++j) load16(&fb[0][j * VW], Bs + j * TL::TH_N * VW);
+
     for (int kt = 0; kt < KT; ++kt) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();  // tile kt is visible; stage write_stage is no longer read
+        // Stage write_stage held tile kt - 1, which every thread finished reading before the
+        // barrier at the end of that tile.
         if (kt + STAGES - 1 < KT) {
             load_a.template load<false>(write_stage * STAGE_BYTES, 0);
             load_b.template load<false>(write_stage * STAGE_BYTES, 0);
@@ -263,14 +277,6 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
         cp_async_commit();
         write_stage = (write_stage + 1 == STAGES) ? 0 : write_stage + 1;
 
-        const T* As = smem + read_stage * STAGE + a_off;
-        const T* Bs = smem + read_stage * STAGE + BK * SA + b_off;
-        read_stage = (read_stage + 1 == STAGES) ? 0 : read_stage + 1;
-
-#pragma unroll
-        for (int i = 0; i < TM / VW; ++i) load16(&fa[0][i * VW], As + i * TL::TH_M * VW);
-#pragma unroll
-        for (int j = 0; j < TN / VW; ++j) load16(&fb[0][j * VW], Bs + j * TL::TH_N * VW);
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             const int cur = kk & 1, nxt = cur ^ 1;
@@ -281,6 +287,20 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
 #pragma unroll
                 for (int j = 0; j < TN / VW; ++j)
                     load16(&fb[nxt][j * VW], Bs + (kk + 1) * SB + j * TL::TH_N * VW);
+            } else {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();  // tile kt + 1 is visible; tile kt's stage is no longer read
+                read_stage = (read_stage + 1 == STAGES) ? 0 : read_stage + 1;
+                As = smem + read_stage * STAGE + a_off;
+                Bs = smem + read_stage * STAGE + BK * SA + b_off;
+                if (kt + 1 < KT) {
+#pragma unroll
+                    for (int i = 0; i < TM / VW; ++i)
+                        load16(&fa[nxt][i * VW], As + i * TL::TH_M * VW);
+#pragma unroll
+                    for (int j = 0; j < TN / VW; ++j)
+                        load16(&fb[nxt][j * VW], Bs + j * TL::TH_N * VW);
+                }
             }
 #pragma unroll
             for (int i = 0; i < TM; ++i)
