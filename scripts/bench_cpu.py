@@ -80,6 +80,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="alternating rounds (best kept)")
     ap.add_argument("--io-threads", type=int, default=None)
     ap.add_argument("--dir", default=None, help="folder for the HDF5 files (default: a temp dir)")
+    ap.add_argument("--inputs", default="h5", choices=["h5", "array"],
+                    help="bigmm reads A and B from the HDF5 files (default) or from the arrays "
+                         "in RAM (isolates the executor from file reads)")
     ap.add_argument("--out", default="h5", choices=["h5", "array"],
                     help="bigmm writes C to an HDF5 file (default) or to an array in RAM")
     args = ap.parse_args(argv)
@@ -112,6 +115,7 @@ def main(argv=None) -> int:
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     c_out = np.full((n, n), np.nan, dtype) if args.out == "array" else None
     target = c_out if args.out == "array" else f"{pc}:/C"
+    ins = (a, b) if args.inputs == "array" else (f"{pa}:/A", f"{pb}:/B")
     best_in, best_out, best_stats = float("inf"), float("inf"), None
     cpu_in = cpu_out = float("inf")
     for r in range(args.repeat):
@@ -119,7 +123,7 @@ def main(argv=None) -> int:
         np.matmul(a, b, out=c_ref)
         t_in, u_in = time.perf_counter() - t0, _cpu() - u0
         t0, u0 = time.perf_counter(), _cpu()
-        _, stats = bigmm.matmul(f"{pa}:/A", f"{pb}:/B", target, memory=budget,
+        _, stats = bigmm.matmul(*ins, target, memory=budget,
                                 backend="numpy", overwrite=True, stats=True,
                                 io_threads=args.io_threads)
         t_out, u_out = time.perf_counter() - t0, _cpu() - u0
