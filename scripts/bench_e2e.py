@@ -1,0 +1,540 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark of bigmm's GPU out-of-core pipeline against its peers, in one run.
+
+Host-memory inputs (NumPy float32 n x n arrays, device budget ``--memory``):
+  bigmm with its own kernel and with ``kernel="cublas"``, against in-core (device-resident)
+  bigmm kernel and cuBLAS, and against cuBLASXt (ctypes, ``scripts/cublasxt.py``) from ordinary
+  pageable arrays and from pre-pinned arrays at each block dimension of ``--xt-blocks``.
+HDF5 files (contiguous float32 n x n in ``--dir``):
+  bigmm against dask.array + CuPy (``da.from_array`` on the h5py datasets,
+  ``map_blocks(cupy.asarray)``, ``@``, ``da.store`` into HDF5) at each of ``--dask-chunks``,
+  and against the I/O floor (read A and B once, write C once and fsync it), measured in the
+  same run; cold page cache (``posix_fadvise(DONTNEED)`` on the inputs after an fsync) and
+  warm page cache.
+
+Every product is checked before its time counts: against the in-core cuBLAS product on the
+device (relative Frobenius error) and, for that reference, by float64 probes
+(C x against A (B x)). In-core GPU times come from CUDA events after a warm-up (median of
+``--repeat``); end-to-end times from the host clock around the whole call (best of
+``--repeat`` after a checked warm-up run). Profiled bigmm runs (stage utilisation, Chrome
+trace, PNG timeline) are separate runs. Writes ``bench_e2e.json`` and the profiles under
+``--out`` and prints a short table last.
+
+    PYTHONPATH=. python scripts/bench_e2e.py --n 32768 --memory 8GiB --dir bench-out --out res
+    PYTHONPATH=. python scripts/bench_e2e.py --n 8192 --memory 256MiB     # a smoke run
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUPY_TF32", "0")  # cupy.matmul (dask's chunks) without TF32
+
+import argparse  # noqa: E402
+import concurrent.futures as cf  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+import bigmm  # noqa: E402
+from bigmm import io as bio  # noqa: E402
+from bigmm.profile import Profile  # noqa: E402
+from bigmm.testing import tolerance  # noqa: E402
+from bigmm.units import parse_size  # noqa: E402
+
+F32 = np.float32
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+# ----- data ---------------------------------------------------------------------------------
+
+def random_f32(n: int, seed: int, threads: int) -> np.ndarray:
+    """Standard-normal float32 n x n, filled by ``threads`` generators in parallel."""
+    out = np.empty((n, n), F32)
+    edges = np.linspace(0, n, threads + 1).astype(int)
+
+    def fill(i):
+        rng = np.random.default_rng([seed, i])
+        rng.standard_normal(out=out[edges[i]:edges[i + 1]], dtype=F32)
+
+    with cf.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(fill, range(threads)))
+    return out
+
+
+def fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def drop_cache(*paths) -> None:
+    """Evict the files' pages from the page cache (flushed first, so they can be dropped)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def write_h5(path: Path, name: str, x: np.ndarray, chunk: int | None = None) -> str:
+    """x as a dataset: contiguous, or chunked chunk x chunk (unfiltered); fsynced."""
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset(name, shape=x.shape, dtype=x.dtype,
+                             chunks=(chunk, chunk) if chunk else None)
+        step = chunk or max(1, (256 << 20) // (x.shape[1] * x.itemsize))  # whole chunk rows
+        for r in range(0, x.shape[0], step):
+            d[r:r + step] = x[r:r + step]
+    fsync(path)
+    return f"{path}:/{name}"
+
+
+def read_all(spec: str, buf: np.ndarray) -> None:
+    """Read a whole dataset with bigmm's parallel reader, in row blocks of about 512 MiB."""
+    src = bio.open_input(spec)
+    try:
+        m, n = src.shape
+        step = max(1, (512 << 20) // (n * 4))
+        for r in range(0, m, step):
+            r1 = min(m, r + step)
+            src.read(r, r1, 0, n, buf[r:r1])
+    finally:
+        src.close()
+
+
+def write_raw(path: Path, x: np.ndarray, threads: int) -> None:
+    """Write x to a new file with parallel pwrite and fsync it (the floor's write of C)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        flat = x.reshape(-1).view(np.uint8)
+        step = 64 << 20
+        with cf.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda o: os.pwrite(fd, flat[o:o + step], o),
+                          range(0, flat.size, step)))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ----- checks -------------------------------------------------------------------------------
+
+class Reference:
+    """The in-core cuBLAS product on the device, itself checked by float64 probes."""
+
+    def __init__(self, a_d, b_d, c_d, n: int):
+        import cupy
+
+        self.c, self.n = c_d, n
+        self.tol = tolerance(F32, n)
+        self.norm = float(cupy.linalg.norm(c_d))
+        rng = cupy.random.default_rng(1)
+        errs = []
+        for _ in range(2):
+            x = rng.standard_normal(n, dtype=np.float64)
+            bx = b_d.astype(np.float64) @ x
+            abx = a_d.astype(np.float64) @ bx
+            cx = c_d.astype(np.float64) @ x
+            errs.append(float(cupy.linalg.norm(cx - abx) / cupy.linalg.norm(abx)))
+            del bx, abx, cx
+        self.probe_error = max(errs)
+        cupy.get_default_memory_pool().free_all_blocks()
+        assert self.probe_error <= self.tol, f"reference fails its probes: {errs}"
+
+    def error(self, c) -> float:
+        """||c - ref||_F / ||ref||_F for a host or device array (inf when NaN)."""
+        import cupy
+
+        d = cupy.asarray(c)
+        err = float(cupy.linalg.norm(d - self.c)) / self.norm
+        del d
+        cupy.get_default_memory_pool().free_all_blocks()
+        return err if np.isfinite(err) else float("inf")
+
+    def check(self, c, what: str) -> float:
+        err = self.error(c)
+        if not err <= self.tol:
+            raise AssertionError(f"{what}: relative error {err:.3e} > {self.tol:.1e}")
+        return err
+
+
+# ----- timing -------------------------------------------------------------------------------
+
+def time_events(fn, stream, repeat: int) -> float:
+    """Median seconds of fn() on ``stream``, CUDA events, after one warm-up call."""
+    import cupy
+
+    fn()
+    stream.synchronize()
+    times = []
+    for _ in range(repeat):
+        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+        e0.record(stream)
+        fn()
+        e1.record(stream)
+        e1.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(e0, e1) / 1e3)
+    return float(np.median(times))
+
+
+def tflops(n: int, seconds: float) -> float:
+    return 2.0 * n**3 / seconds / 1e12
+
+
+# ----- parts --------------------------------------------------------------------------------
+
+def in_core(a, b, n, repeat, res):
+    """Device-resident products: cuBLAS (the reference) and bigmm's kernel."""
+    import cupy
+
+    from bigmm.backends import get_backend
+
+    a_d, b_d = cupy.asarray(a), cupy.asarray(b)
+    out = {}
+    c_ref = cupy.empty((n, n), F32)
+    for kernel in ("cublas", "bigmm"):
+        be = get_backend("cupy", kernel=kernel)
+        s = be.stream()
+        c = c_ref if kernel == "cublas" else cupy.full((n, n), np.nan, F32)
+        cupy.cuda.runtime.deviceSynchronize()  # fills and copies ran on the default stream
+        t = time_events(lambda: be.gemm(a_d, b_d, c, 1.0, 0.0, False, False, s), s, repeat)
+        if kernel == "cublas":
+            ref = Reference(a_d, b_d, c_ref, n)
+            err = 0.0
+        else:
+            err = ref.check(c, "in-core bigmm kernel")
+            del c
+        be.close()
+        out[kernel] = {"seconds": t, "tflops": tflops(n, t), "rel_error_vs_cublas": err}
+        log(f"in-core {kernel:6s}: {t:.3f} s, {tflops(n, t):.1f} TFLOP/s")
+    out["reference_probe_error"] = ref.probe_error
+    res["in_core"] = out
+    a_d = b_d = None  # noqa: F841  (frees the device copies)
+    cupy.get_default_memory_pool().free_all_blocks()
+    return ref
+
+
+def bigmm_host(a, b, n, memory, repeat, ref, out_dir, res, host_variants=()):
+    """bigmm from NumPy arrays into a NumPy array, both kernels (and the own kernel under each
+    host staging budget of ``host_variants``); a profiled run each."""
+    out = {}
+    c = np.empty((n, n), F32)
+    runs = [("bigmm", None), ("cublas", None)] + [("bigmm", h) for h in host_variants]
+    for kernel, host in runs:
+        key = kernel if host is None else f"{kernel}_host{host}"
+        kw = dict(memory=memory, backend="cupy", kernel=kernel, host_memory=host)
+        plan = bigmm.plan(a, b, **kw)
+        times, stats = [], None
+        for i in range(repeat + 1):  # the first run is the warm-up (pins staging, loads kernels)
+            c.fill(np.nan)
+            t0 = time.perf_counter()
+            _, stats = bigmm.matmul(a, b, c, stats=True, **kw)
+            times.append(time.perf_counter() - t0)
+            if i == 0:
+                err = ref.check(c, f"bigmm host {key}")
+        err = ref.check(c, f"bigmm host {key}")
+        prof = Profile()
+        c.fill(np.nan)
+        t0 = time.perf_counter()
+        bigmm.matmul(a, b, c, profile=prof, **kw)
+        t_prof = time.perf_counter() - t0
+        ref.check(c, f"bigmm host {key} (profiled)")
+        files = prof.save(out_dir / f"host_{key}")
+        best = min(times[1:])
+        out[key] = {"seconds": best, "tflops": tflops(n, best), "first_run_seconds": times[0],
+                       "all_seconds": times, "rel_error": err, "plan": plan.to_dict(),
+                       "stats": stats.to_dict(), "profiled_seconds": t_prof,
+                       "profile": prof.summary(), "profile_table": prof.table(),
+                       "files": {k: os.path.basename(v) for k, v in files.items()}}
+        log(f"bigmm host {key}: best {best:.3f} s ({tflops(n, best):.1f} TFLOP/s), "
+            f"first {times[0]:.3f} s; plan {plan.order} {plan.bm}x{plan.bn}x{plan.bk}")
+        log(prof.table())
+    res["bigmm_host"] = out
+
+
+def cublasxt(a, b, n, blocks, ref, res):
+    """cuBLASXt from pageable arrays and from pre-pinned arrays, each block dimension."""
+    from cublasxt import CublasXt, pinned_empty
+
+    out = {"pageable": {}, "pinned": {}}
+    small = np.ones((512, 512), F32)
+    for mode in ("pageable", "pinned"):
+        if mode == "pinned":
+            t0 = time.perf_counter()
+            a_x, b_x, c_x = pinned_empty(a.shape), pinned_empty(b.shape), pinned_empty((n, n))
+            a_x[...], b_x[...] = a, b
+            out["pin_and_copy_seconds"] = time.perf_counter() - t0
+        else:
+            a_x, b_x, c_x = a, b, np.empty((n, n), F32)
+        for bd in blocks:
+            xt = CublasXt(block_dim=bd)
+            xt.gemm(small, small, np.empty_like(small))  # warm-up: handle, streams, buffers
+            c_x.fill(np.nan)
+            t0 = time.perf_counter()
+            xt.gemm(a_x, b_x, c_x)
+            t = time.perf_counter() - t0
+            xt.close()
+            err = ref.check(c_x, f"cuBLASXt {mode} block {bd}")
+            out[mode][str(bd)] = {"seconds": t, "tflops": tflops(n, t), "rel_error": err}
+            log(f"cuBLASXt {mode:8s} block {bd:5d}: {t:.3f} s, {tflops(n, t):.1f} TFLOP/s")
+        del a_x, b_x, c_x
+    for mode in ("pageable", "pinned"):
+        bd, best = max(out[mode].items(), key=lambda kv: kv[1]["tflops"])
+        out[mode + "_best"] = {"block": int(bd), **best}
+    res["cublasxt"] = out
+
+
+def io_floor(spec_a, spec_b, path_a, path_b, c_host, n, threads, d, res):
+    """Read A and B once (cold, then warm) and write C once with fsync: the I/O floor."""
+    buf = np.empty((n, n), F32)
+    out = {}
+    for cache in ("cold", "warm"):
+        if cache == "cold":
+            drop_cache(path_a, path_b)
+        t0 = time.perf_counter()
+        read_all(spec_a, buf)
+        read_all(spec_b, buf)
+        out[f"read_{cache}_seconds"] = time.perf_counter() - t0
+    floor_file = d / "floor_c.bin"
+    t0 = time.perf_counter()
+    write_raw(floor_file, c_host, threads)
+    out["write_seconds"] = time.perf_counter() - t0
+    floor_file.unlink()
+    nbytes = 3 * n * n * 4
+    for cache in ("cold", "warm"):
+        t = out[f"read_{cache}_seconds"] + out["write_seconds"]
+        out[f"floor_{cache}_seconds"] = t
+        log(f"I/O floor {cache}: read {out[f'read_{cache}_seconds']:.2f} s "
+            f"({2 * n * n * 4 / out[f'read_{cache}_seconds'] / 1e9:.2f} GB/s) + write "
+            f"{out['write_seconds']:.2f} s ({n * n * 4 / out['write_seconds'] / 1e9:.2f} GB/s) "
+            f"= {t:.2f} s for {nbytes / 1e9:.1f} GB")
+    res["io_floor"] = out
+
+
+def bigmm_h5(spec_a, spec_b, path_a, path_b, n, memory, ref, d, out_dir, res, layout):
+    """bigmm on the HDF5 files, cold then warm page cache, each run profiled."""
+    out = {}
+    c_path = d / "c.h5"
+    buf = np.empty((n, n), F32)
+    for cache in ("cold", "warm"):
+        if c_path.exists():
+            c_path.unlink()
+        if cache == "cold":
+            drop_cache(path_a, path_b)
+        prof = Profile()
+        t0 = time.perf_counter()
+        _, stats = bigmm.matmul(spec_a, spec_b, f"{c_path}:/C", memory=memory, backend="cupy",
+                                stats=True, profile=prof)
+        t = time.perf_counter() - t0
+        read_all(f"{c_path}:/C", buf)
+        err = ref.check(buf, f"bigmm HDF5 {layout} {cache}")
+        files = prof.save(out_dir / f"h5_{layout}_{cache}")
+        plan = bigmm.plan(spec_a, spec_b, memory=memory, backend="cupy")
+        out[cache] = {"seconds": t, "tflops": tflops(n, t), "rel_error": err,
+                      "plan": plan.to_dict(),
+                      "stats": stats.to_dict(), "profile": prof.summary(),
+                      "profile_table": prof.table(),
+                      "files": {k: os.path.basename(v) for k, v in files.items()}}
+        log(f"bigmm HDF5 {layout} {cache}: {t:.2f} s ({tflops(n, t):.1f} TFLOP/s); plan "
+            f"{plan.order} {plan.bm}x{plan.bn}x{plan.bk}, reads {plan.bytes_read / 2**30:.1f} GiB")
+        log(prof.table())
+    c_path.unlink()
+    res.setdefault("bigmm_h5", {})[layout] = out
+
+
+def dask_h5(path_a, path_b, n, chunk_list, caches, ref, d, res):
+    """dask.array + CuPy on the same files, per chunk size and cache state."""
+    import cupy
+    import dask
+    import dask.array as da
+
+    out = {"dask_version": dask.__version__}
+    c_path = d / "dask_c.h5"
+    buf = np.empty((n, n), F32)
+    meta_gpu, meta_cpu = cupy.empty((0, 0), F32), np.empty((0, 0), F32)
+    for cache in caches:
+        for ch in chunk_list:
+            if c_path.exists():
+                c_path.unlink()
+            if cache == "cold":
+                drop_cache(path_a, path_b)
+            t0 = time.perf_counter()
+            with h5py.File(path_a, "r") as fa, h5py.File(path_b, "r") as fb, \
+                    h5py.File(c_path, "w") as fc:
+                a = da.from_array(fa["A"], chunks=(ch, ch)).map_blocks(
+                    cupy.asarray, dtype=F32, meta=meta_gpu)
+                b = da.from_array(fb["B"], chunks=(ch, ch)).map_blocks(
+                    cupy.asarray, dtype=F32, meta=meta_gpu)
+                c = (a @ b).map_blocks(cupy.asnumpy, dtype=F32, meta=meta_cpu)
+                dset = fc.create_dataset("C", shape=(n, n), dtype=F32)
+                da.store(c, dset, lock=True)
+            fsync(c_path)
+            t = time.perf_counter() - t0
+            cupy.get_default_memory_pool().free_all_blocks()
+            with h5py.File(c_path, "r") as fc:
+                fc["C"].read_direct(buf)
+            err = ref.check(buf, f"dask {cache} chunks {ch}")
+            out[f"{cache}_{ch}"] = {"seconds": t, "tflops": tflops(n, t), "rel_error": err}
+            log(f"dask+CuPy {cache} chunks {ch}: {t:.2f} s ({tflops(n, t):.1f} TFLOP/s)")
+    if c_path.exists():
+        c_path.unlink()
+    res["dask"] = out
+
+
+# ----- report -------------------------------------------------------------------------------
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def summary_table(res) -> str:
+    n = res["n"]
+    lines = [f"== bench_e2e n={n} float32, device budget {res['memory']}, {res['device']} =="]
+    ic, bh, xt = res.get("in_core"), res.get("bigmm_host"), res.get("cublasxt")
+
+    def row(label, d, note=""):
+        lines.append(f"{label:22s} {d['tflops']:6.1f} TFLOP/s  {d['seconds']:8.3f} s  {note}")
+
+    if ic:
+        row("in-core bigmm kernel", ic["bigmm"], "device-resident operands")
+        row("in-core cuBLAS", ic["cublas"], "device-resident operands")
+    if xt:
+        for mode in ("pageable", "pinned"):
+            b = xt[mode + "_best"]
+            row(f"cuBLASXt {mode}", b, f"best block {b['block']}")
+    if bh and ic:
+        own, cub = bh["bigmm"], bh["cublas"]
+        r = own["tflops"] / ic["bigmm"]["tflops"]
+        row("bigmm (own kernel)", own,
+            f"{r:.3f} of in-core kernel [>= 0.95: {_verdict(r >= 0.95)}]")
+        row("bigmm kernel=cublas", cub,
+            f"{cub['tflops'] / ic['cublas']['tflops']:.3f} of in-core cuBLAS")
+        if xt:
+            rp = cub["tflops"] / xt["pinned_best"]["tflops"]
+            rg = cub["tflops"] / xt["pageable_best"]["tflops"]
+            lines.append(f"  kernel=cublas vs cuBLASXt pinned {rp:.2f}x [>= 1: {_verdict(rp >= 1)}]"
+                         f", vs pageable {rg:.2f}x [>= 3: {_verdict(rg >= 3)}]")
+    if bh and len(bh) > 2:
+        for key, v in bh.items():
+            if key not in ("bigmm", "cublas"):
+                row(f"bigmm {key}", v, f"C tile {v['plan']['bm']}x{v['plan']['bn']}")
+    fl, dk = res.get("io_floor"), res.get("dask")
+    layouts = res.get("bigmm_h5", {})
+    for layout, bh5 in layouts.items():
+        if not (fl and ic):
+            break
+        compute = 2.0 * n**3 / (ic["bigmm"]["tflops"] * 1e12)
+        for cache in ("cold", "warm"):
+            io_t = fl[f"floor_{cache}_seconds"]
+            floor = max(io_t, compute)
+            t = bh5[cache]["seconds"]
+            lines.append(f"HDF5 {layout} {cache}: bigmm {t:.2f} s; floor max(I/O {io_t:.2f}, compute "
+                         f"{compute:.2f}) = {floor:.2f} s -> {t / floor:.2f}x "
+                         f"[<= 1.25: {_verdict(t / floor <= 1.25)}]")
+            runs = {k: v for k, v in (dk or {}).items()
+                    if k.startswith(cache + "_") and layout == res.get("dask_layout")}
+            if runs:
+                kb, vb = min(runs.items(), key=lambda kv: kv[1]["seconds"])
+                sp = vb["seconds"] / t
+                lines.append(f"  dask+CuPy best {vb['seconds']:.2f} s (chunks {kb.split('_')[1]})"
+                             f" -> bigmm {sp:.2f}x faster [>= 2: {_verdict(sp >= 2)}]")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=32768)
+    ap.add_argument("--memory", default="8GiB", help="bigmm's device budget")
+    ap.add_argument("--dir", default="bench-out", help="directory for the HDF5 files")
+    ap.add_argument("--out", default="bench-out/results", help="directory for results")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--parts", default="host,xt,h5,dask")
+    ap.add_argument("--xt-blocks", default="2048,4096,8192,16384")
+    ap.add_argument("--dask-chunks", default="8192,16384")
+    ap.add_argument("--dask-caches", default="cold,warm")
+    ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--layouts", default="chunked,contiguous",
+                    help="HDF5 layouts of the inputs; the first also gets the floor and dask")
+    ap.add_argument("--h5-chunk", type=int, default=4096, help="chunk edge of 'chunked'")
+    ap.add_argument("--host-variants", default="",
+                    help="extra host staging budgets for the own-kernel host run, e.g. 2GiB")
+    args = ap.parse_args(argv)
+
+    import cupy
+
+    n, parts = args.n, set(args.parts.split(","))
+    d, out_dir = Path(args.dir), Path(args.out)
+    d.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    res = {"n": n, "memory": args.memory, "memory_bytes": parse_size(args.memory),
+           "device": name, "command": " ".join(sys.argv), "host": platform.node(),
+           "cpus": os.cpu_count(), "cupy": cupy.__version__,
+           "disk": {"dir": str(d.resolve()), "free_bytes": shutil.disk_usage(d).free}}
+    json_path = out_dir / "bench_e2e.json"
+
+    def save():
+        json_path.write_text(json.dumps(res, indent=1, default=str))
+
+    t0 = time.perf_counter()
+    a, b = random_f32(n, 1, args.threads), random_f32(n, 2, args.threads)
+    res["generate_seconds"] = time.perf_counter() - t0
+    log(f"generated A, B ({n} x {n} float32) in {res['generate_seconds']:.1f} s on {name}")
+    ref = in_core(a, b, n, args.repeat, res)
+    save()
+    prof_dir = out_dir / "profiles"
+    prof_dir.mkdir(exist_ok=True)
+    if "host" in parts:
+        variants = [v for v in args.host_variants.split(",") if v]
+        bigmm_host(a, b, n, args.memory, args.repeat, ref, prof_dir, res, variants)
+        save()
+    if "xt" in parts:
+        cublasxt(a, b, n, [int(x) for x in args.xt_blocks.split(",")], ref, res)
+        save()
+    if parts & {"h5", "dask"}:
+        c_host = ref.c.get()
+        for i, layout in enumerate(args.layouts.split(",")):
+            chunk = args.h5_chunk if layout == "chunked" else None
+            t0 = time.perf_counter()
+            path_a, path_b = d / f"a_{layout}.h5", d / f"b_{layout}.h5"
+            spec_a, spec_b = write_h5(path_a, "A", a, chunk), write_h5(path_b, "B", b, chunk)
+            res[f"write_inputs_{layout}_seconds"] = time.perf_counter() - t0
+            if "h5" in parts:
+                if i == 0:
+                    io_floor(spec_a, spec_b, path_a, path_b, c_host, n, args.threads, d, res)
+                    save()
+                bigmm_h5(spec_a, spec_b, path_a, path_b, n, args.memory, ref, d, prof_dir, res,
+                         layout)
+                save()
+            if "dask" in parts and i == 0:
+                res["dask_layout"] = layout
+                dask_h5(path_a, path_b, n, [int(x) for x in args.dask_chunks.split(",")],
+                        args.dask_caches.split(","), ref, d, res)
+                save()
+            path_a.unlink()
+            path_b.unlink()
+    res["table"] = summary_table(res)
+    save()
+    log("")
+    log(res["table"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
