@@ -250,6 +250,8 @@ def plot(results: dict, path: Path) -> bool:
         rows = [r for r in results["shapes"] if r["dtype"] == dtype and r.get("tflops")]
         labels = sorted({f"{r['m']}x{r['n']}x{r['k']}" + (" b=1" if r["beta"] else "") for r in rows},
                         key=lambda s: [r["m"] for r in rows if f"{r['m']}x{r['n']}x{r['k']}" in s][0])
+        for r in rows:  # the table's choice is marked in the printed table, not the plot
+            r["kernel"] = r["kernel"].rstrip(" *")
         kernels = list(dict.fromkeys(r["kernel"] for r in rows))
         width = 0.8 / max(1, len(kernels))
         for i, kn in enumerate(kernels):

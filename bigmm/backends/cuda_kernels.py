@@ -413,13 +413,14 @@ def split_count(config: TileConfig, m: int, n: int, k: int) -> int:
 
 
 def _plan_split(cfg: TileConfig, tiles: int, k: int) -> int:
-    """Split K when the C tiles alone cannot fill the GPU's resident blocks: aim at two waves,
-    each split at least 256 deep.  Shorter sums per split also keep the rounding error of
-    long, narrow products (large K, small M and N) near cuBLAS's."""
+    """Split K when the C tiles fill at most half of the GPU's resident blocks: as many splits
+    as keep every block in one wave, each split at least 256 deep.  Shorter sums per split
+    also keep the rounding error of long, narrow products (large K, small M and N) near
+    cuBLAS's."""
     resident = _sm_count() * max(1, cfg.min_blocks)
-    if tiles >= resident or k <= 256:
+    if 2 * tiles > resident or k <= 256:
         return 1
-    return max(1, min(-(-2 * resident // tiles), -(-k // 256)))
+    return max(1, min(resident // tiles, -(-k // 256)))
 
 
 def baseline_gemm(a, b, c, alpha=1.0, beta=0.0, stream=None):
