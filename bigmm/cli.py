@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     b.add_argument("--memory", default=None, help="device budget (default: a quarter of the inputs)")
     b.add_argument("--backend", default="auto")
+    b.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
+                   help="GPU tile products (as for multiply)")
     b.add_argument("--dir", default=None, help="directory for the operands (default: a temp dir)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
@@ -428,11 +430,12 @@ def cmd_bench(args) -> int:
             generate(spec, (n, n), dtype=args.dtype, seed=seed, overwrite=True)
         memory = args.memory or max(2 * w * n * n // 4, 1 << 20)
         out, stats = api.matmul(a, b, c, memory=memory, backend=name, overwrite=True,
-                                stats=True)
+                                stats=True, kernel=args.kernel)
         check = verify(a, b, c)
-        t_core = in_core_seconds(a, b, name)
+        t_core = in_core_seconds(a, b, name, args.kernel)
     flops = 2.0 * n ** 3
     result = {"n": n, "dtype": args.dtype, "memory": str(memory), "backend": name,
+              "kernel": args.kernel,
               "verified": check.passed, "bigmm_seconds": stats.seconds,
               "bigmm_tflops": flops / stats.seconds / 1e12, "in_core_seconds": t_core,
               "in_core_tflops": flops / t_core / 1e12, "ratio_to_in_core": t_core / stats.seconds}
@@ -450,12 +453,12 @@ def cmd_bench(args) -> int:
     return 0 if check.passed else EXIT_FAIL
 
 
-def in_core_seconds(a: str, b: str, backend: str) -> float:
+def in_core_seconds(a: str, b: str, backend: str, kernel: str | None = None) -> float:
     """Seconds of one gemm of the whole operands in the backend's memory (after a warm-up)."""
     from .backends import get_backend
     from .io import open_input
 
-    be = get_backend(backend)
+    be = get_backend(backend, **({"kernel": kernel} if kernel else {}))
     try:
         views = []
         for spec in (a, b, None):
