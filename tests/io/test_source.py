@@ -69,21 +69,30 @@ def check_reads(src, data, seed=0):
         np.testing.assert_array_equal(out, data[r0:r1, c0:c1], err_msg=f"{(r0, r1, c0, c1)}")
 
 
+# reader: memory map or not, full-width rows by preadv from what size, preadv flavour
+READERS = {
+    "mmap": (True, 16 << 20, rawio.GAP_MAX, True),        # mapped copies (the default)
+    "mmap-rows-preadv": (True, 0, rawio.GAP_MAX, True),  # mapped; full-width rows by preadv
+    "libc-per-row": (False, 0, 0, True),                 # libc preadv, one call per row
+    "libc-read-through": (False, 0, rawio.GAP_MAX, True),  # libc preadv, gaps into scratch
+    "os-per-row": (False, 0, 0, False),                  # os.preadv, one call per row
+    "os-read-through": (False, 0, 1 << 30, False),       # os.preadv, gaps into scratch
+}
+
+
 @pytest.mark.parametrize("name, kwargs, dtype, layout", LAYOUTS, ids=[c[0] for c in LAYOUTS])
-@pytest.mark.parametrize("gap_max, native", [
-    (0, True),               # libc preadv, one call per row
-    (rawio.GAP_MAX, True),   # libc preadv, read-through gaps (the default)
-    (0, False),              # os.preadv, one call per row
-    (1 << 30, False),        # os.preadv, read-through gaps
-])
-def test_reads_equal_h5py(tmp_path, monkeypatch, name, kwargs, dtype, layout, gap_max, native):
+@pytest.mark.parametrize("reader", list(READERS))
+def test_reads_equal_h5py(tmp_path, monkeypatch, name, kwargs, dtype, layout, reader):
+    use_mmap, full_rows, gap_max, native = READERS[reader]
+    monkeypatch.setattr(source, "PREAD_FULL_ROWS", full_rows)
     monkeypatch.setattr(rawio, "GAP_MAX", gap_max)
     monkeypatch.setattr(rawio, "NATIVE", native and rawio.NATIVE)
     path, data = make(tmp_path, kwargs, dtype)
     before = sha(path)
-    with open_input(f"{path}:/A") as src:
+    with open_input(f"{path}:/A", use_mmap=use_mmap) as src:
         assert src.layout == layout, getattr(src, "reason", "")
         assert src.fast == (layout != "h5py")
+        assert src.mapped == (use_mmap and layout in ("contiguous", "chunked"))
         assert src.dtype == np.dtype(dtype).newbyteorder("=")
         assert src.shape == SHAPE
         assert src.identity == (os.path.realpath(path), "/A")
@@ -91,12 +100,41 @@ def test_reads_equal_h5py(tmp_path, monkeypatch, name, kwargs, dtype, layout, ga
     assert sha(path) == before
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"chunks": (32, 48)}])  # contiguous, chunked
+@pytest.mark.parametrize("dtype", ["<f4", ">f8"])              # both byte orders
+def test_mapped_reads_of_random_regions(tmp_path, kwargs, dtype):
+    shape = (517, 389)
+    data = random_matrix(shape, np.dtype(dtype).newbyteorder("="), seed=21)
+    path = str(tmp_path / "r.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("A", data=data.astype(dtype), **kwargs)
+        d = f["A"]
+        with open_input(f"{path}:/A", threads=3) as src:  # h5py still holds the file
+            assert src.mapped
+            for r0, r1, c0, c1 in regions(shape, seed=22, count=40):
+                out = np.full((r1 - r0, c1 - c0), np.nan, src.dtype)
+                src.read(r0, r1, c0, c1, out)
+                np.testing.assert_array_equal(out, d[r0:r1, c0:c1], err_msg=f"{r0, r1, c0, c1}")
+
+
+def test_unmappable_file_reads_with_preadv(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")  # ENODEV: the file system cannot mmap
+
+    monkeypatch.setattr(source, "FileMap", refuse)
+    path, data = make(tmp_path, {"chunks": (37, 23)}, ">f4", seed=14)
+    with open_input(f"{path}:/A") as src:
+        assert src.layout == "chunked" and not src.mapped
+        check_reads(src, data)
+
+
 @pytest.mark.parametrize("task_bytes", [1, 4096, 1 << 20])  # many tiny tasks, some, one
 @pytest.mark.parametrize("kwargs", [{}, {"chunks": (11, 13)}])  # contiguous, chunked
-def test_region_split_over_pool(tmp_path, monkeypatch, task_bytes, kwargs):
+@pytest.mark.parametrize("use_mmap", [True, False])  # mapped copies, preadv
+def test_region_split_over_pool(tmp_path, monkeypatch, task_bytes, kwargs, use_mmap):
     monkeypatch.setattr(source, "TASK_BYTES", task_bytes)
     path, data = make(tmp_path, kwargs, "<f8")
-    with open_input(f"{path}:/A", threads=3) as src:
+    with open_input(f"{path}:/A", threads=3, use_mmap=use_mmap) as src:
         check_reads(src, data, seed=5)
 
 
@@ -114,7 +152,7 @@ def test_short_reads_are_resumed(tmp_path, monkeypatch, limit):
     monkeypatch.setattr(rawio, "_C_PREADV", short)
     monkeypatch.setattr(source, "TASK_BYTES", 1 << 30)  # read inline, in this thread
     path, data = make(tmp_path, {"chunks": (30, 40)}, "<f4", seed=11)
-    with open_input(f"{path}:/A") as src:
+    with open_input(f"{path}:/A", use_mmap=False) as src:
         for r0, r1, c0, c1 in [(3, 50, 5, 100), (0, 203, 1, 157)]:
             out = np.full((r1 - r0, c1 - c0), np.nan, np.float32)
             src.read(r0, r1, c0, c1, out)
@@ -203,15 +241,44 @@ def test_h5py_dataset_and_array_inputs(tmp_path):
         check_reads(src, data.astype(np.float64))
 
 
-def test_read_error_names_file_and_region(tmp_path):
-    path, _ = make(tmp_path, {}, "<f4", seed=10)
-    src = open_input(f"{path}:/A")
-    os.truncate(path, 4096)  # the data is gone
-    out = np.empty((3, 5), np.float32)
-    with pytest.raises(ReadError) as err:
-        src.read(200, 203, 1, 6, out)
+def data_end(path) -> int:
+    """The end of dataset /A's stored bytes in its file."""
+    with h5py.File(path, "r") as f:
+        d = f["A"]
+        if d.chunks is None:
+            return d.id.get_offset() + d.id.get_storage_size()
+        return max(info.byte_offset + info.size
+                   for info in map(d.id.get_chunk_info, range(d.id.get_num_chunks())))
+
+
+# contiguous; chunked with chunks dividing the shape (so the last stored byte is data)
+@pytest.mark.parametrize("kwargs", [{}, {"chunks": (29, 157)}])
+@pytest.mark.parametrize("use_mmap", [True, False])  # mapped copies, preadv
+@pytest.mark.parametrize("cut", [4096, 1])  # most of the data gone; only its last byte
+def test_truncated_file_is_a_read_error(tmp_path, kwargs, use_mmap, cut):
+    path, data = make(tmp_path, kwargs, "<f4", seed=10)
+    src = open_input(f"{path}:/A", use_mmap=use_mmap)
+    assert src.mapped == use_mmap
+    out = np.empty(SHAPE, np.float32)
+    src.read(0, SHAPE[0], 0, SHAPE[1], out)
+    os.truncate(path, cut if cut > 1 else data_end(path) - 1)
+    with pytest.raises(ReadError) as err:  # not SIGBUS: the mapped size is checked first
+        src.read(0, SHAPE[0], 0, SHAPE[1], out)
     src.close()
-    assert "rows 200:203, columns 1:6" in str(err.value) and path in str(err.value)
+    assert f"rows 0:{SHAPE[0]}, columns 0:{SHAPE[1]}" in str(err.value)
+    assert path in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"chunks": (40, 30)}])  # contiguous, chunked
+def test_truncated_copy_cannot_be_opened(tmp_path, kwargs):
+    path, _ = make(tmp_path, kwargs, "<f4", seed=13)
+    for cut in sorted({data_end(path) - 1, os.path.getsize(path) - 1}):
+        copy = str(tmp_path / f"cut{cut}.h5")
+        with open(path, "rb") as fh, open(copy, "wb") as out:
+            out.write(fh.read(cut))
+        with pytest.raises(ReadError) as err:
+            open_input(f"{copy}:/A")
+        assert copy in str(err.value)
 
 
 def test_corrupt_compressed_chunk_is_a_read_error(tmp_path):
