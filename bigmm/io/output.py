@@ -7,8 +7,8 @@ import os
 import h5py
 import numpy as np
 
-from ..errors import (DtypeError, OperandNotFound, OutputExistsError, OutputIsInputError,
-                      OutputNotWritable, ResumeError, ShapeError, SpecError)
+from ..errors import (DiskFullError, DtypeError, OperandNotFound, OutputExistsError,
+                      OutputIsInputError, OutputNotWritable, ResumeError, ShapeError, SpecError)
 from ._h5 import COMPLETE_ATTR, H5LOCK, dtype_name
 from .journal import Journal, journal_path, normalise, parse_journal
 from .sink import PARTIAL_SUFFIX, ArraySink, DatasetSink, FileSink, Sink, create_dataset
@@ -143,6 +143,9 @@ def _open_file(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, thre
     try:
         target = _create(spec, shape, dtype, partial, drop_old=not reads_c)
         return FileSink(spec, shape, dtype, journal, target, reads_c, threads)
+    except DiskFullError:  # the output exists, empty: keep its journal for --resume
+        journal.close()
+        raise
     except BaseException:
         journal.remove()
         raise

@@ -3,14 +3,22 @@
 File outputs are created **contiguous, unfiltered, with storage allocated at creation**
 (``ALLOC_TIME_EARLY``, ``FILL_TIME_NEVER``): every element then has a fixed byte offset before
 the first tile is computed, any tile grid maps onto it (the planner's tiles need not match a
-chunk shape fixed at creation, and a resumed run may write any subset of tiles), writes are
-plain ``os.pwritev`` calls from threads with no HDF5 chunk index to update, and the finished
-dataset is the simplest layout for every other reader (memory-mappable, no chunk cache). h5py's
-handle on the file is closed while raw writes happen; the file is reopened with h5py only to
-create datasets and to set the completion attribute.
+chunk shape fixed at creation, and a resumed run may write any subset of tiles), writes need no
+HDF5 chunk index, and the finished dataset is the simplest layout for every other reader
+(memory-mappable, no chunk cache). h5py's handle on the file is closed while raw writes happen;
+the file is reopened with h5py only to create datasets and to set the completion attribute.
+
+Raw writes: when the output is opened, its bytes are reserved with ``os.posix_fallocate`` (a
+full disk is a DiskFullError then, naming the bytes needed and free, before anything is
+computed, and no later write can meet ENOSPC), and the dataset's byte range is mapped shared
+and writable (:mod:`.mapped`): a tile is one NumPy copy into the mapping (no system call per
+row, GIL released), made durable in :meth:`Sink.commit` by ``msync`` of the page-aligned range
+written since the last commit. Where ``posix_fallocate`` is not supported (EOPNOTSUPP, EINVAL)
+or the file cannot be mapped, tiles are written with ``os.pwritev`` per row and ``fsync``, and
+ENOSPC on a write is the DiskFullError.
 
 Crash safety: the journal (see :mod:`.journal`) is written before the dataset, tiles are
-journaled only after their bytes are fsynced, and the dataset carries ``bigmm_complete = False``
+journaled only after their bytes are durable, and the dataset carries ``bigmm_complete = False``
 until :meth:`Sink.finish`. When old C must be read (beta != 0) the new values go to a dataset
 ``<name>.bigmm-partial`` beside it; ``finish`` journals the swap, then replaces the original.
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import h5py
 import numpy as np
@@ -27,13 +36,18 @@ from h5py import h5d, h5p, h5s, h5t
 from ..errors import BigmmError, DiskFullError, ShapeError, WriteError
 from ._h5 import COMPLETE_ATTR, H5LOCK
 from .journal import Journal
+from ..units import format_bytes
 from .layout import probe_layout
+from .mapped import FileMap
 from .rawio import write_block
 from .source import DEFAULT_THREADS, open_input, release_h5_handles
 from .spec import Spec
 
 PARTIAL_SUFFIX = ".bigmm-partial"
 _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+#: posix_fallocate errors that mean "not supported here": write with pwritev instead.
+_NO_FALLOCATE = {errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
+                 getattr(errno, "ENOSYS", errno.EOPNOTSUPP)}
 
 
 class Sink:
@@ -45,6 +59,7 @@ class Sink:
     done: frozenset = frozenset()
     result = None
     layout: str = "array"
+    mapped: bool = False  # tiles are copied into a memory map of the output
 
     def read(self, r0, r1, c0, c1, out) -> None:
         raise NotImplementedError
@@ -170,7 +185,9 @@ class FileSink(Sink):
         self.journal, self.target, self.reads_c = journal, target, reads_c
         self.done = frozenset(journal.tiles)
         self._threads = threads
-        self._fd = self._file = self._dset = self._old = None
+        self._fd = self._file = self._dset = self._old = self._map = self._view = None
+        self._dirty: tuple[int, int] | None = None  # mapped bytes written since the last sync
+        self._dirty_lock = threading.Lock()
         self._finished = False
         if journal.swap:  # all tiles are durable; finish() completes the swap
             self.layout = "done"
@@ -195,6 +212,47 @@ class FileSink(Sink):
                 self._file = h5py.File(self.path, "r+")
                 self._dset = self._file[self.target]
                 self.layout = "h5py"
+        if self._fd is not None:
+            try:
+                self._map_target()
+            except BaseException:
+                self._close_handles()
+                raise
+
+    def _map_target(self) -> None:
+        """Reserve the dataset's bytes on disk, then map them (else leave pwritev to write)."""
+        m, n = self.shape
+        nbytes = m * n * self.dtype.itemsize
+        if nbytes == 0 or not hasattr(os, "posix_fallocate"):
+            return
+        try:
+            os.posix_fallocate(self._fd, self._offset, nbytes)
+        except OSError as exc:
+            if exc.errno in _FULL:
+                raise self._full_at_creation(nbytes, exc) from exc
+            if exc.errno in _NO_FALLOCATE:
+                return
+            raise WriteError(f"Expected to reserve {format_bytes(nbytes)} for {self.label} in "
+                             f"'{self.path}'. Got {type(exc).__name__}: {exc}.") from exc
+        try:
+            self._map = FileMap(self._fd, self._offset, self._offset + nbytes, path=self.path,
+                                writable=True)
+        except (OSError, ValueError, OverflowError):  # cannot map here: pwritev instead
+            return
+        self._view = self._map.array(self._offset, self.shape, self.dtype)
+        self.mapped = True
+
+    def _full_at_creation(self, nbytes: int, exc: OSError) -> DiskFullError:
+        try:
+            st = os.statvfs(self.path)
+            free = format_bytes(st.f_bavail * st.f_frsize)
+        except OSError:
+            free = "unknown"
+        return DiskFullError(
+            f"Expected {format_bytes(nbytes)} ({nbytes} bytes) free on the file system of "
+            f"'{self.path}' for {self.label}. Got {free} free ({exc.strerror}). Nothing was "
+            f"computed; free space and rerun with --resume (resume=True), or choose another "
+            f"output.")
 
     def _open_old(self):
         if self._file is not None:  # h5py writer: read old C through the same handle
@@ -217,8 +275,18 @@ class FileSink(Sink):
         self._check(r0, r1, c0, c1, src)
         if r0 == r1 or c0 == c1:
             return
-        src = np.ascontiguousarray(src)
         try:
+            if self._view is not None:
+                self._map.check()  # a page past the end of the file would raise SIGBUS
+                self._view[r0:r1, c0:c1] = src
+                n, w = self.shape[1], self.dtype.itemsize
+                lo = self._offset + (r0 * n + c0) * w
+                hi = self._offset + ((r1 - 1) * n + c1) * w
+                with self._dirty_lock:
+                    d = self._dirty
+                    self._dirty = (lo, hi) if d is None else (min(d[0], lo), max(d[1], hi))
+                return
+            src = np.ascontiguousarray(src)
             if self._fd is None:
                 with H5LOCK:
                     self._dset.write_direct(src, dest_sel=np.s_[r0:r1, c0:c1])
@@ -235,7 +303,19 @@ class FileSink(Sink):
 
     def _sync(self) -> None:
         try:
-            if self._fd is not None:
+            if self._map is not None:
+                with self._dirty_lock:
+                    dirty, self._dirty = self._dirty, None
+                if dirty is not None:
+                    try:
+                        self._map.sync(*dirty)
+                    except BaseException:
+                        with self._dirty_lock:  # not durable: sync it again next time
+                            d = self._dirty
+                            self._dirty = dirty if d is None else (min(d[0], dirty[0]),
+                                                                   max(d[1], dirty[1]))
+                        raise
+            elif self._fd is not None:
                 os.fsync(self._fd)
             elif self._file is not None:
                 with H5LOCK:
@@ -277,6 +357,10 @@ class FileSink(Sink):
         if self._old is not None:
             self._old.close()
             self._old = None
+        if self._map is not None:
+            self._view = None
+            self._map.close()
+            self._map = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

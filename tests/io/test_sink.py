@@ -1,6 +1,8 @@
 import errno
 import hashlib
 import os
+import shutil
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import h5py
@@ -10,8 +12,9 @@ import pytest
 
 from bigmm.errors import (DiskFullError, DtypeError, IncompleteOutputError, OperandNotFound,
                           OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
-                          ShapeError)
-from bigmm.io import open_input, open_output, read_journal
+                          ShapeError, WriteError)
+from bigmm.io import mapped, open_input, open_output, read_journal
+from bigmm.io.journal import Journal
 from bigmm.testing import random_matrix
 
 SHAPE = (97, 61)
@@ -73,6 +76,7 @@ def test_create_write_commit_finish(tmp_path, inputs):
     data = random_matrix(SHAPE, np.float32, seed=3)
     with new_sink(spec, srcs) as sink:
         assert sink.layout == "contiguous" and sink.done == frozenset() and sink.result == spec
+        assert sink.mapped
         write_tiles(sink, data, tiles())
         sink.commit(tiles())
         with pytest.raises(IncompleteOutputError, match="resume"):
@@ -299,11 +303,75 @@ def test_crash_during_swap_recovers(tmp_path, inputs, stage):
     np.testing.assert_array_equal(read_back(spec), new)
 
 
-def test_disk_full_is_resumable(tmp_path, inputs, monkeypatch):
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 1 MiB tmpfs: a real full disk (needs root and mount; skipped elsewhere)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small file system needs root")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fallocate_fails(monkeypatch, code):
+    def fail(fd, offset, length):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "posix_fallocate", fail)
+
+
+def check_full_at_creation(err, spec, needed):
+    msg = str(err.value)
+    assert "free" in msg and f"{needed} bytes" in msg and spec.split(":/")[0] in msg, msg
+    assert "Nothing was computed" in msg and "resume" in msg
+
+
+@pytest.mark.parametrize("reads_c", [False, True])  # new output; partial dataset beside old C
+def test_disk_full_at_creation_then_resume(tmp_path, inputs, monkeypatch, reads_c):
+    _, srcs = inputs
+    path = str(tmp_path / "out.h5")
+    spec = f"{path}:/C"
+    if reads_c:
+        with h5py.File(path, "w") as f:
+            f["C"] = random_matrix(SHAPE, np.float32, seed=20)
+    fallocate_fails(monkeypatch, errno.ENOSPC)
+    with pytest.raises(DiskFullError) as err:
+        new_sink(spec, srcs, reads_c=reads_c)
+    check_full_at_creation(err, spec, SHAPE[0] * SHAPE[1] * 4)
+    monkeypatch.undo()
+    data = random_matrix(SHAPE, np.float32, seed=12)
+    with pytest.raises(OutputExistsError, match="resume"):  # the journal was kept
+        new_sink(spec, srcs, reads_c=reads_c)
+    with new_sink(spec, srcs, reads_c=reads_c, resume=True) as sink:
+        assert sink.mapped and sink.done == frozenset()
+        write_tiles(sink, data, tiles())
+        sink.commit(tiles())
+        sink.finish()
+    np.testing.assert_array_equal(read_back(spec), data)
+
+
+def test_disk_full_at_creation_on_a_small_file_system(small_fs, inputs):
+    _, srcs = inputs
+    spec = f"{small_fs}/c.h5:/C"
+    shape = (2048, 2048)  # 16 MiB on a 1 MiB file system
+    with pytest.raises(DiskFullError) as err:
+        open_output(spec, shape=shape, dtype=np.float32, inputs=srcs, job=JOB)
+    check_full_at_creation(err, spec, shape[0] * shape[1] * 4)
+
+
+@pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.EINVAL])  # fallocate unsupported
+def test_disk_full_in_pwrite_fallback_is_resumable(tmp_path, inputs, monkeypatch, code):
     _, srcs = inputs
     spec = f"{tmp_path}/out.h5:/C"
     data = random_matrix(SHAPE, np.float32, seed=12)
+    fallocate_fails(monkeypatch, code)
     sink = new_sink(spec, srcs)
+    assert sink.layout == "contiguous" and not sink.mapped
     write_tiles(sink, data, tiles()[:3])
     sink.commit(tiles()[:3])
 
@@ -318,12 +386,76 @@ def test_disk_full_is_resumable(tmp_path, inputs, monkeypatch):
     sink.close()
     monkeypatch.undo()
     with new_sink(spec, srcs, resume=True) as sink:
-        assert sink.done == frozenset(tiles()[:3])
+        assert sink.mapped and sink.done == frozenset(tiles()[:3])
         rest = tiles()[3:]
         write_tiles(sink, data, rest)
         sink.commit(rest)
         sink.finish()
     np.testing.assert_array_equal(read_back(spec), data)
+
+
+def test_disk_full_in_pwrite_fallback_on_a_small_file_system(small_fs, inputs, monkeypatch):
+    _, srcs = inputs
+    fallocate_fails(monkeypatch, errno.EOPNOTSUPP)
+    shape = (1024, 1024)  # 4 MiB on a 1 MiB file system
+    sink = open_output(f"{small_fs}/c.h5:/C", shape=shape, dtype=np.float32, inputs=srcs,
+                       job=JOB)
+    assert not sink.mapped
+    rows = np.ones((64, shape[1]), np.float32)
+    with pytest.raises(DiskFullError, match="disk full") as err:
+        for r0 in range(0, shape[0], 64):
+            sink.write(r0, r0 + 64, 0, shape[1], rows)
+        sink.commit([(0, 0)])
+    sink.close()
+    assert "c.h5" in str(err.value)
+
+
+def test_mapped_commit_syncs_before_journaling(tmp_path, inputs, monkeypatch):
+    _, srcs = inputs
+    spec = f"{tmp_path}/out.h5:/C"
+    data = random_matrix(SHAPE, np.float32, seed=17)
+    events = []
+    real_sync, real_append = mapped.FileMap.sync, Journal.append
+
+    def sync(self, lo, hi):
+        events.append(("sync", lo, hi))
+        real_sync(self, lo, hi)
+
+    def append(self, record):
+        events.append(("journal", record))
+        real_append(self, record)
+
+    monkeypatch.setattr(mapped.FileMap, "sync", sync)
+    monkeypatch.setattr(Journal, "append", append)
+    with new_sink(spec, srcs) as sink:
+        assert sink.mapped
+        first = [t for t in tiles() if t[0] == 1]  # one row of tiles
+        write_tiles(sink, data, first)
+        sink.commit(first)
+        (_, lo, hi), (_, record) = events
+        assert hi - lo == BM * SHAPE[1] * 4  # the rows written, no more
+        assert record == {"tiles": [list(t) for t in first]}
+        sink.commit([])  # nothing new written: no sync
+        assert len(events) == 2
+        write_tiles(sink, data, tiles())
+        sink.commit(tiles())
+        sink.finish()
+    np.testing.assert_array_equal(read_back(spec), data)
+
+
+def test_mapped_write_to_a_truncated_output_is_an_error(tmp_path, inputs):
+    _, srcs = inputs
+    path = str(tmp_path / "out.h5")
+    data = random_matrix(SHAPE, np.float32, seed=18)
+    sink = new_sink(f"{path}:/C", srcs)
+    assert sink.mapped
+    write_tiles(sink, data, tiles()[:2])
+    os.truncate(path, 2048)
+    r0, r1, c0, c1 = region(tiles()[-1])
+    with pytest.raises(WriteError) as err:  # not SIGBUS: the file size is checked first
+        sink.write(r0, r1, c0, c1, data[r0:r1, c0:c1].copy())
+    sink.close()
+    assert "truncated" in str(err.value) and path in str(err.value)
 
 
 def test_array_outputs():
