@@ -280,10 +280,11 @@ class CupyBackend:
         if profile is None:
             return
         anchor, t_anchor = self._anchor
-        for stage, e0, e1, label, nbytes, flops in marks:
+        for stage, e0, e1, enqueued, label, nbytes, flops in marks:
             e1.synchronize()
-            t0 = t_anchor + cupy.cuda.get_elapsed_time(anchor, e0) / 1e3
             t1 = t_anchor + cupy.cuda.get_elapsed_time(anchor, e1) / 1e3
+            t0 = t_anchor + cupy.cuda.get_elapsed_time(anchor, e0) / 1e3
+            t0 = min(max(t0, enqueued), t1)
             profile.add(stage, t0, t1, lane=_LANES[stage], label=label, nbytes=nbytes,
                         flops=flops)
 
@@ -296,8 +297,12 @@ class CupyBackend:
 
     def _marked(self, stage: str, e0, stream, label: str, nbytes: int = 0,
                 flops: int = 0) -> None:
+        """Close the interval opened by ``e0``. The work cannot have started before it was
+        enqueued (a first launch compiles its kernel in between), so the host time now bounds
+        its start from below."""
         if e0 is not None:
-            self._marks.append((stage, e0, self._mark(stream), label, nbytes, flops))
+            self._marks.append((stage, e0, self._mark(stream), time.perf_counter(), label,
+                                nbytes, flops))
 
     # ----- resources ------------------------------------------------------------------------
     def memory_available(self) -> int:
