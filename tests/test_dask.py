@@ -79,7 +79,7 @@ def test_matmul_matches_reference_and_dask(client, m, k, n, ach, bch, ta, tb, dt
     C = bd.matmul(A, B, alpha=alpha, trans_a=ta, trans_b=tb, memory=memory)
     assert C.shape == (m, n) and C.dtype == np.dtype(dtype)
     assert isinstance(C._meta, np.ndarray)
-    got = C.compute()
+    got = client.compute(C).result()  # on the cluster
     ref = reference_gemm(a, b, alpha=alpha, trans_a=ta, trans_b=tb)
     assert got.shape == (m, n) and got.dtype == np.dtype(dtype)
     assert relative_error(got, ref) <= tolerance(dtype, k)
@@ -133,7 +133,8 @@ def test_matmul_budget_bounds_each_task(client, memory, ta, tb):
     assert 8 * (2 * bm * bn + 2 * bm * bk + 2 * bk * bn) <= memory  # the docstring's bound
     C = bd.matmul(A, B, trans_a=ta, trans_b=tb, memory=memory)
     assert C.chunks == (A2.chunks[1 if ta else 0], B2.chunks[0 if tb else 1])
-    assert relative_error(C.compute(), reference_gemm(a, b, trans_a=ta, trans_b=tb)) <= \
+    got = client.compute(C).result()
+    assert relative_error(got, reference_gemm(a, b, trans_a=ta, trans_b=tb)) <= \
         tolerance(np.float64, k)
 
 
@@ -145,10 +146,10 @@ def test_matmul_odd_blocks(client):
     B = da.from_array(b, chunks=(5, 6))[:, ::-1]  # strided (reversed) blocks
     C = bd.matmul(A, B)
     assert C.dtype == np.float64  # mixed inputs in float64
-    assert relative_error(C.compute(), a @ b[:, ::-1].astype(np.float64)) <= \
+    assert relative_error(client.compute(C).result(), a @ b[:, ::-1].astype(np.float64)) <= \
         tolerance(np.float32, 44)
     Z = bd.matmul(da.zeros((6, 0), chunks=3), da.zeros((0, 4), chunks=2))
-    assert np.array_equal(Z.compute(), np.zeros((6, 4)))
+    assert np.array_equal(client.compute(Z).result(), np.zeros((6, 4)))
 
 
 def test_operand_layouts():
