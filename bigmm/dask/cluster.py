@@ -35,7 +35,11 @@ def local_cluster(n_workers: int, *, backend: str = "auto", **kwargs):
             raise BackendUnavailable(f"Expected dask-cuda for a local cluster of GPU workers "
                                      f"(pip install dask-cuda). Got {type(e).__name__}: "
                                      f"{e}.") from e
-        cluster = LocalCUDACluster(**opts)
+        try:
+            cluster = LocalCUDACluster(**opts)
+        except ValueError as e:  # more workers than GPUs
+            raise OptionError(f"Expected at most one worker per GPU. Got {n_workers} workers: "
+                              f"{e}.") from e
     else:
         cluster = distributed.LocalCluster(processes=True, **opts)
     try:
