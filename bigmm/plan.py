@@ -14,7 +14,9 @@ Schedule (C is M x N, depth K, element size w, device budget S bytes):
 * ``resident-b``: the mirror image, column-major tile order: B read once, A ceil(N/bn) times.
 
 The planner enumerates tile sizes for each order, keeps those within both budgets, and picks the
-fewest bytes moved; ties go to fewer, larger tiles, then larger K panels.
+fewest bytes moved, counting as moved the pipeline's fill (the first panels) and drain (the last
+C tile), which no overlap hides, and a fixed cost per gemm; ties go to fewer tiles, then larger
+K panels.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ C_SLOTS = 2
 HOST_PANEL_SLOTS = 2
 #: Host C buffers: one being filled from the device while the previous one is written to disk.
 HOST_C_SLOTS = 2
-#: Fixed cost of one gemm step (launch, synchronisation, bookkeeping), counted as bytes moved
-#: when comparing schedules: about 10 us at tens of GB/s. Stops the planner from trading a few
+#: Fixed cost of one gemm step (launch, events, the executor's bookkeeping), counted as bytes
+#: moved when comparing schedules: about 40 us at 25 GB/s. Stops the planner from trading a few
 #: bytes for thousands of tiny panels.
-STEP_COST_BYTES = 256 * 1024
+STEP_COST_BYTES = 1 << 20
+#: Writing a byte of C (device -> host copy, then disk) costs about twice reading one.
+DRAIN_WEIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -436,8 +440,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                         p = Plan(bm=bm, bn=bn, bk=bk, order=o, **base)
                         if _fits(p):
                             steps = p.n_tiles * p.nk
-                            score = (p.bytes_read + STEP_COST_BYTES * steps, steps,
-                                     -p.bk, ORDERS.index(o))
+                            score = (_cost(p), steps, -p.bk, ORDERS.index(o))
                             if best is None or score < best[0]:
                                 best = (score, p)
                             break
@@ -445,6 +448,16 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
             return best[1]
     raise _too_small(Plan(bm=min(m, min_tile), bn=min(n, min_tile), bk=min(k, min_tile),
                           order="stream", **base))
+
+
+def _cost(p: Plan) -> int:
+    """What the planner minimises, in bytes moved: the traffic, plus the pipeline's fill (the
+    first panels, read before any compute) and drain (the last C tile, written after all
+    compute), which no overlap hides, plus a fixed cost per gemm step."""
+    w = p.itemsize
+    fill = w * (p.bm * p.bk + p.bk * p.bn)
+    drain = DRAIN_WEIGHT * w * p.bm * p.bn
+    return p.bytes_read + fill + drain + STEP_COST_BYTES * p.n_tiles * p.nk
 
 
 def _fits(plan: Plan) -> bool:

@@ -141,8 +141,16 @@ def test_resident_panel_is_read_once_when_it_fits():
 
 def test_everything_fits_reads_each_input_once():
     plan = make_plan(300, 200, 500, device_budget=2**30)
-    assert (plan.a_reads, plan.b_reads, plan.n_tiles) == (1, 1, 1)
+    assert (plan.a_reads, plan.b_reads) == (1, 1)
     assert plan.bound_ratio == pytest.approx(1.0)
+
+
+def test_large_c_tiles_are_split_to_shorten_the_drain():
+    # n = 32768 with 8 GiB: each input is read once either way, so the last C tile (written
+    # after all compute) should be small, not a third of C
+    plan = make_plan(32768, 32768, 32768, device_budget=8 * 2**30, host_budget=32 * 2**30)
+    assert (plan.a_reads, plan.b_reads) == (1, 1)
+    assert plan.bm * plan.bn * plan.itemsize <= 256 * 2**20
 
 
 def test_stream_order_moves_more_than_resident():
