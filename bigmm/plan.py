@@ -389,10 +389,13 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               trans_b: bool = False, reads_c: bool = False, device_budget: int,
               host_budget: int | None = None, staging: bool = True,
               a_chunks: tuple[int, int] | None = None, b_chunks: tuple[int, int] | None = None,
-              align: int = 128, max_bk: int = 4096, min_tile: int = 8,
+              align: int = 256, max_bk: int = 4096, min_tile: int = 8,
               tile: tuple[int, int, int] | None = None, order: str | None = None,
               rates: Rates | None = None) -> Plan:
     """Choose the schedule moving the fewest bytes within both budgets.
+
+    Tile edges are multiples of ``align`` (256: whole block tiles of the GPU kernels, whose
+    largest is 128 x 256) unless the dimension is smaller or the budget forbids it.
 
     ``a_chunks``/``b_chunks`` are the stored datasets' chunk shapes (before transposition);
     tile edges are multiples of them where the budget allows. ``tile``=(bm, bn, bk) and

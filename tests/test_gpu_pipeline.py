@@ -46,8 +46,8 @@ E2E = [
     # B transposed, negative beta, NumPy arrays in and out
     (520, 1100, 999, F32, False, True, 1.0, -1.0, 600_000, "bigmm", "array", "array", None,
      16, 4, "stream"),
-    # a resident A row panel reused across the tile row (fewer panels: the order needs it)
-    (1000, 900, 1100, F32, False, False, 1.0, 0.0, 3_000_000, "bigmm", "h5", "array", None,
+    # a resident A row panel (601 x 4001, 4 panels) reused across a row of 18 tiles
+    (601, 9001, 4001, F32, False, False, 1.0, 0.0, 20_000_000, "bigmm", "h5", "array", None,
      16, 3, "resident-a"),
     # cuBLAS for the tile products, float32
     (1000, 900, 1100, F32, False, False, 1.0, 0.0, 800_000, "cublas", "array", "h5", None,

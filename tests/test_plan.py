@@ -162,7 +162,7 @@ def test_stream_order_moves_more_than_resident():
 @pytest.mark.parametrize("a_chunks, b_chunks, trans_a, unit_m, unit_k", [
     ((256, 512), (512, 384), False, 256, 512),   # row chunks of A set bm, A's column chunks set bk
     ((512, 256), (512, 384), True, 256, 512),    # transposed A: its column chunks set bm
-    (None, (320, 384), False, 128, 320),          # unchunked A: bm aligns to 128, bk to B's chunks
+    (None, (320, 384), False, 256, 320),          # unchunked A: bm aligns to 256, bk to B's chunks
 ])
 def test_tiles_align_to_chunks(a_chunks, b_chunks, trans_a, unit_m, unit_k):
     plan = make_plan(5000, 4000, 6000, trans_a=trans_a, device_budget=64 * 2**20,
