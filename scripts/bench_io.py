@@ -1,11 +1,18 @@
-"""Warm-file read throughput: bigmm's parallel pread fast path against h5py ``read_direct``.
+"""Warm-file I/O throughput: bigmm's raw read paths against h5py ``read_direct``, and C writes.
 
 Creates (once) an HDF5 file with a contiguous, a chunked and a gzip-compressed (shuffled,
-level 1) float32 dataset of about ``--gib`` GiB each, reads it once to warm the page cache, then reads it panel by panel
-(``--block`` x ``--block``, row panels as the executor reads A) both ways and prints GB/s and
-the ratio. Example::
+level 1) float32 dataset of about ``--gib`` GiB each, reads it once to warm the page cache,
+then reads it panel by panel (``--rows`` x ``--cols`` panels, default ``--block`` square) with
+h5py ``read_direct``, with bigmm's memory-mapped copies and with its parallel ``preadv``, and
+prints GB/s, CPU seconds per pass (all threads) and the ratio of the default path (mapped for
+raw datasets) to ``read_direct``. ``--writes`` also times writing a C of the same shape tile by
+tile through the output layer: copies into a shared memory map (the default, after
+``posix_fallocate``) against ``pwritev`` per row (the fallback), a commit per row of tiles.
+``--gil`` measures how much a pure-Python thread keeps running while a mapped read copies
+(near 100%: the copy released the GIL). Example::
 
     python scripts/bench_io.py --dir /tmp/bench --gib 1 --block 2048 --threads 8
+    python scripts/bench_io.py --gib 0.25 --rows 4096 --cols 640 --threads 4 --writes --gil
 """
 
 from __future__ import annotations
@@ -15,12 +22,13 @@ import json
 import os
 import platform
 import subprocess
+import threading
 import time
 
 import h5py
 import numpy as np
 
-from bigmm.io import open_input, rawio
+from bigmm.io import open_input, open_output, rawio
 
 
 def cpu_model() -> str:
@@ -59,48 +67,127 @@ def warm(path: str) -> None:
             pass
 
 
-def panels(n: int, block: int):
-    for r in range(0, n, block):
-        for c in range(0, n, block):
-            yield r, min(r + block, n), c, min(c + block, n)
+def panels(n: int, rows: int, cols: int):
+    for r in range(0, n, rows):
+        for c in range(0, n, cols):
+            yield r, min(r + rows, n), c, min(c + cols, n)
 
 
-def time_reads(read, n: int, block: int, repeat: int) -> float:
-    """Best seconds over ``repeat`` passes of reading every panel once."""
-    buf = np.empty((block, block), np.float32)
-    best = float("inf")
+def time_reads(read, n: int, rows: int, cols: int, repeat: int) -> tuple[float, float]:
+    """(seconds, CPU seconds) of the fastest of ``repeat`` passes reading every panel once."""
+    buf = np.empty((rows, cols), np.float32)
+    best = (float("inf"), float("inf"))
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        for r0, r1, c0, c1 in panels(n, block):
-            out = buf[: r1 - r0, : c1 - c0] if (r1 - r0, c1 - c0) == buf.shape else \
-                np.empty((r1 - r0, c1 - c0), np.float32)
-            read(r0, r1, c0, c1, out)
-        best = min(best, time.perf_counter() - t0)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for r0, r1, c0_, c1 in panels(n, rows, cols):
+            out = buf[: r1 - r0, : c1 - c0_] if (r1 - r0, c1 - c0_) == buf.shape else \
+                np.empty((r1 - r0, c1 - c0_), np.float32)
+            read(r0, r1, c0_, c1, out)
+        best = min(best, (time.perf_counter() - t0, time.process_time() - c0))
     return best
 
 
-def bench(path: str, name: str, n: int, block: int, threads: int, repeat: int) -> dict:
+def bench(path: str, name: str, n: int, rows: int, cols: int, threads: int,
+          repeat: int) -> dict:
     nbytes = n * n * 4
     with h5py.File(path, "r") as f:
         dset = f[name]
-        direct = time_reads(lambda r0, r1, c0, c1, out:
-                            dset.read_direct(out, np.s_[r0:r1, c0:c1]), n, block, repeat)
+        direct, direct_cpu = time_reads(lambda r0, r1, c0, c1, out:
+                                        dset.read_direct(out, np.s_[r0:r1, c0:c1]),
+                                        n, rows, cols, repeat)
         ref = dset[: min(n, 512), : min(n, 512)]
-    with open_input(f"{path}:/{name}", threads=threads) as src:
-        assert src.fast, src
-        check = np.empty(ref.shape, np.float32)
-        src.read(0, ref.shape[0], 0, ref.shape[1], check)
-        assert np.array_equal(check, ref)
-        fast = time_reads(src.read, n, block, repeat)
-    return {"dataset": name, "bytes": nbytes, "read_direct_GBps": nbytes / direct / 1e9,
-            "fast_GBps": nbytes / fast / 1e9, "ratio": direct / fast}
+    row = {"dataset": name, "bytes": nbytes, "read_direct_GBps": nbytes / direct / 1e9,
+           "read_direct_cpu_s": direct_cpu}
+    for how, use_mmap in (("mmap", True), ("preadv", False)):
+        with open_input(f"{path}:/{name}", threads=threads, use_mmap=use_mmap) as src:
+            assert src.fast, src
+            if use_mmap and not src.mapped:
+                continue
+            check = np.empty(ref.shape, np.float32)
+            src.read(0, ref.shape[0], 0, ref.shape[1], check)
+            assert np.array_equal(check, ref)
+            t, cpu = time_reads(src.read, n, rows, cols, repeat)
+        row[f"{how}_GBps"], row[f"{how}_cpu_s"] = nbytes / t / 1e9, cpu
+        row.setdefault("ratio", direct / t)  # the default path (mapped where it maps)
+    return row
+
+
+def bench_writes(folder: str, n: int, rows: int, cols: int, repeat: int) -> list:
+    """Write an n x n float32 C in ``rows`` x ``cols`` tiles, mapped and by pwritev."""
+    tile = np.random.default_rng(1).standard_normal((rows, cols), dtype=np.float32)
+    spec = f"{os.path.join(folder, 'bench-c.h5')}:/C"
+    out = []
+    for how in ("mmap", "pwritev"):
+        best = (float("inf"), float("inf"))
+        for _ in range(repeat):
+            real = os.posix_fallocate
+            if how == "pwritev":  # as where posix_fallocate is unsupported
+                def unsupported(*args):
+                    raise OSError(95, "Operation not supported")
+                os.posix_fallocate = unsupported
+            try:
+                t0, c0 = time.perf_counter(), time.process_time()
+                sink = open_output(spec, shape=(n, n), dtype=np.float32, inputs=[], job={},
+                                   overwrite=True)
+            finally:
+                os.posix_fallocate = real
+            assert sink.mapped == (how == "mmap")
+            for i, r in enumerate(range(0, n, rows)):
+                done = []
+                for j, c in enumerate(range(0, n, cols)):
+                    r1, c1 = min(r + rows, n), min(c + cols, n)
+                    sink.write(r, r1, c, c1, tile[: r1 - r, : c1 - c])
+                    done.append((i, j))
+                sink.commit(done)
+            sink.finish()
+            sink.close()
+            best = min(best, (time.perf_counter() - t0, time.process_time() - c0))
+        out.append({"writes": how, "bytes": n * n * 4, "GBps": n * n * 4 / best[0] / 1e9,
+                    "cpu_s": best[1]})
+    os.unlink(spec.rsplit(":/", 1)[0])
+    return out
+
+
+def gil_share(path: str, n: int, rows: int, cols: int) -> float:
+    """A counting Python thread's rate while one reader thread copies mapped panels, as a
+    share of its rate alone (about 100% when the copies release the GIL; near 0 if not)."""
+    def spin(seconds=None, during=None):
+        count, stop = [0], threading.Event()
+
+        def loop():
+            while not stop.is_set():
+                count[0] += 1
+        t = threading.Thread(target=loop, daemon=True)
+        t0 = time.perf_counter()
+        t.start()
+        try:
+            if during is None:
+                time.sleep(seconds)
+            else:
+                during()
+        finally:
+            stop.set()
+            t.join()
+        return count[0] / (time.perf_counter() - t0)
+
+    def read_all():
+        for r0, r1, c0, c1 in panels(n, rows, cols):
+            src.read(r0, r1, c0, c1, np.empty((r1 - r0, c1 - c0), np.float32))
+
+    with open_input(f"{path}:/contiguous", threads=1) as src:
+        assert src.mapped
+        idle = spin(seconds=0.5)
+        busy = spin(during=read_all)
+    return busy / idle
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/tmp/bigmm-bench-io")
     ap.add_argument("--gib", type=float, default=1.0, help="size of each dataset (GiB)")
-    ap.add_argument("--block", type=int, default=2048)
+    ap.add_argument("--block", type=int, default=2048, help="square panel edge")
+    ap.add_argument("--rows", type=int, default=None, help="panel rows (default --block)")
+    ap.add_argument("--cols", type=int, default=None, help="panel columns (default --block)")
     ap.add_argument("--chunk", type=int, default=1024, help="chunk edge of the chunked dataset")
     ap.add_argument("--threads", type=int, default=min(16, 2 * (os.cpu_count() or 1)))
     ap.add_argument("--repeat", type=int, default=3)
@@ -108,31 +195,45 @@ def main() -> None:
                     help="largest gap between row segments read through in one preadv (bytes)")
     ap.add_argument("--os-preadv", action="store_true",
                     help="build iovecs as memoryviews for os.preadv instead of libc preadv")
+    ap.add_argument("--writes", action="store_true", help="also time tile writes of C")
+    ap.add_argument("--gil", action="store_true",
+                    help="also measure a Python thread's progress during mapped reads")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rawio.GAP_MAX = args.gap_max
     rawio.NATIVE = rawio.NATIVE and not args.os_preadv
+    rows, cols = args.rows or args.block, args.cols or args.block
     n = int((args.gib * 2**30 / 4) ** 0.5)
     os.makedirs(args.dir, exist_ok=True)
     path = os.path.join(args.dir, f"bench-{n}.h5")
     make_file(path, n, args.chunk)
     warm(path)
-    rows = [bench(path, name, n, args.block, args.threads, args.repeat)
-            for name in ("contiguous", "chunked", "gzip")]
-    meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "n": n, "block": args.block,
+    load = os.getloadavg()[0]
+    results = [bench(path, name, n, rows, cols, args.threads, args.repeat)
+               for name in ("contiguous", "chunked", "gzip")]
+    writes = bench_writes(args.dir, n, rows, cols, args.repeat) if args.writes else []
+    gil = gil_share(path, n, rows, cols) if args.gil else None
+    meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "n": n, "rows": rows, "cols": cols,
             "chunk": args.chunk, "threads": args.threads, "gap_max": args.gap_max,
-            "iovecs": "libc" if rawio.NATIVE else "os.preadv"}
+            "iovecs": "libc" if rawio.NATIVE else "os.preadv", "load": load}
     if args.json:
-        print(json.dumps({"meta": meta, "results": rows}, indent=2))
+        print(json.dumps({"meta": meta, "results": results, "writes": writes, "gil": gil},
+                         indent=2))
         return
-    print(f"{meta['cpu']}, {meta['cores']} cores; float32 {n} x {n} "
-          f"({rows[0]['bytes'] / 2**30:.2f} GiB), panels {args.block}^2, "
+    print(f"{meta['cpu']}, {meta['cores']} cores, load average {load:.2f}; float32 {n} x {n} "
+          f"({results[0]['bytes'] / 2**30:.2f} GiB), panels {rows} x {cols}, "
           f"chunks {args.chunk}^2, {args.threads} threads, gap_max {args.gap_max}, "
-          f"iovecs {meta['iovecs']}, warm page cache")
-    print(f"{'dataset':<12}{'read_direct GB/s':>18}{'fast GB/s':>12}{'ratio':>8}")
-    for r in rows:
-        print(f"{r['dataset']:<12}{r['read_direct_GBps']:>18.2f}{r['fast_GBps']:>12.2f}"
-              f"{r['ratio']:>8.2f}")
+          f"iovecs {meta['iovecs']}, warm page cache; GB/s (CPU-s per pass)")
+    print(f"{'dataset':<12}{'read_direct':>18}{'mmap':>18}{'preadv':>18}{'ratio':>8}")
+    for r in results:
+        cells = [f"{r[k + '_GBps']:.2f} ({r[k + '_cpu_s']:.2f})" if k + "_GBps" in r else "-"
+                 for k in ("read_direct", "mmap", "preadv")]
+        print(f"{r['dataset']:<12}" + "".join(f"{c:>18}" for c in cells) + f"{r['ratio']:>8.2f}")
+    for w in writes:
+        print(f"write C by {w['writes']:<8} {w['GBps']:.2f} GB/s, {w['cpu_s']:.2f} CPU-s")
+    if gil is not None:
+        print(f"a Python thread ran at {gil:.0%} of its rate alone while one thread copied "
+              f"mapped panels")
 
 
 if __name__ == "__main__":
