@@ -3,12 +3,12 @@
 A :class:`FileMap` maps bytes ``[start, stop)`` of an open file once (from the page boundary at
 or before ``start``) and hands out NumPy views at file byte offsets. Copies between those views
 and ordinary arrays are plain NumPy assignments, which release the GIL for float dtypes
-(measured: a pure-Python counting thread kept 75-95% of its idle rate while another thread
+(measured: a pure-Python counting thread kept 35-96% of its rate alone while another thread
 copied 4096 x 640 float32 panels out of a mapped file, native or byte-swapped, against 3% while
-it copied by slicing the ``mmap`` object), so reader threads copy in parallel and the cost
-follows the bytes copied, not the span of the rows they lie in (a 640-wide panel of an
-8192-wide row-major dataset: 0.04 CPU-s per 256 MiB dataset pass, against 0.30-0.38 for
-``preadv`` reading the gaps between rows into scratch).
+it copied by slicing the ``mmap`` object, which holds the GIL), so reader threads copy in
+parallel and the cost follows the bytes copied, not the span of the rows they lie in (a
+640-wide panel of an 8192-wide row-major dataset: 0.04-0.05 CPU-s per 256 MiB dataset pass,
+against 0.30-0.51 for ``preadv`` reading the gaps between rows into scratch).
 
 Touching a mapped page past the end of the file raises SIGBUS, which kills the process. Callers
 therefore check the file still covers the mapped range (:meth:`FileMap.check`, one ``fstat``)
