@@ -15,6 +15,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..errors import DtypeError, ShapeError
+
+#: The dtypes every backend's gemm takes.
+GEMM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
 
 @runtime_checkable
 class Backend(Protocol):
@@ -59,3 +64,20 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release buffers, streams and handles."""
+
+
+def check_gemm_dtypes(a, b, c) -> None:
+    """DtypeError unless a, b and c share one dtype of GEMM_DTYPES."""
+    if c.dtype not in GEMM_DTYPES or a.dtype != c.dtype or b.dtype != c.dtype:
+        raise DtypeError(f"Expected a, b and c of one dtype, float32 or float64. "
+                         f"Got {a.dtype}, {b.dtype} and {c.dtype}.")
+
+
+def gemm_shape(a, b, c, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
+    """(m, k, n) of c = op(a) @ op(b) for 2-D a, b and c; ShapeError unless they match."""
+    m, k = a.shape[::-1] if trans_a else a.shape
+    kb, n = b.shape[::-1] if trans_b else b.shape
+    if k != kb or c.shape != (m, n):
+        raise ShapeError(f"Expected op(a) (m x k), op(b) (k x n) and c (m x n). Got op(a) "
+                         f"{(m, k)}, op(b) {(kb, n)} and c {c.shape}.")
+    return m, k, n

@@ -34,8 +34,9 @@ import time
 import cupy
 import numpy as np
 
-from ..errors import DtypeError, KernelError, OptionError, ShapeError
+from ..errors import KernelError, OptionError, ShapeError
 from ..plan import Rates
+from .base import check_gemm_dtypes, gemm_shape
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
@@ -45,7 +46,6 @@ _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
 _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
-_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _LANES = {"copy_in": "GPU copy-in stream", "compute": "GPU compute stream",
           "copy_out": "GPU copy-out stream"}
 
@@ -398,12 +398,5 @@ def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
         if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
             raise ShapeError(f"Expected {name} as a 2-D array with contiguous rows. "
                              f"Got shape {x.shape}, strides {x.strides}.")
-    if c.dtype not in _DTYPES or a.dtype != c.dtype or b.dtype != c.dtype:
-        raise DtypeError(f"Expected a, b and c of one dtype, float32 or float64. "
-                         f"Got {a.dtype}, {b.dtype} and {c.dtype}.")
-    m, k = a.shape[::-1] if trans_a else a.shape
-    kb, n = b.shape[::-1] if trans_b else b.shape
-    if k != kb or c.shape != (m, n):
-        raise ShapeError(f"Expected op(a) (m x k), op(b) (k x n) and c (m x n). Got op(a) "
-                         f"{(m, k)}, op(b) {(kb, n)} and c {c.shape}.")
-    return m, k, n
+    check_gemm_dtypes(a, b, c)
+    return gemm_shape(a, b, c, trans_a, trans_b)

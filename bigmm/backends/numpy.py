@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import BackendUnavailable, DtypeError, ShapeError
+from ..errors import BackendUnavailable, ShapeError
+from .base import check_gemm_dtypes, gemm_shape
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _PREFIXES = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}
@@ -121,21 +122,14 @@ def memory_available() -> int:
 
 def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
     """(m, k, n) after checking dtypes, contiguity and shapes (the BLAS call trusts them)."""
-    if c.dtype not in _PREFIXES or a.dtype != c.dtype or b.dtype != c.dtype:
-        raise DtypeError(f"Expected a, b and c of one dtype, float32 or float64. "
-                         f"Got {a.dtype}, {b.dtype} and {c.dtype}.")
+    check_gemm_dtypes(a, b, c)
     for name, x in (("a", a), ("b", b), ("c", c)):
         if x.ndim != 2 or not x.flags.c_contiguous:
             raise ShapeError(f"Expected {name} as a C-contiguous 2-D array. "
                              f"Got ndim {x.ndim}, strides {x.strides}.")
     if not c.flags.writeable:
         raise ShapeError("Expected c to be writeable. Got a read-only array.")
-    m, k = a.shape[::-1] if trans_a else a.shape
-    kb, n = b.shape[::-1] if trans_b else b.shape
-    if k != kb or c.shape != (m, n):
-        raise ShapeError(f"Expected op(a) (m x k), op(b) (k x n) and c (m x n). Got op(a) "
-                         f"{(m, k)}, op(b) {(kb, n)} and c {c.shape}.")
-    return m, k, n
+    return gemm_shape(a, b, c, trans_a, trans_b)
 
 
 def _blas_libraries() -> list[str]:
