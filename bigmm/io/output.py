@@ -11,18 +11,21 @@ from ..errors import (DiskFullError, DtypeError, OperandNotFound, OutputExistsEr
                       OutputIsInputError, OutputNotWritable, ResumeError, ShapeError, SpecError)
 from ._h5 import COMPLETE_ATTR, H5LOCK, dtype_name
 from .journal import Journal, journal_path, normalise, parse_journal
-from .sink import PARTIAL_SUFFIX, ArraySink, DatasetSink, FileSink, Sink, create_dataset
+from .sink import (PARTIAL_SUFFIX, ArraySink, DatasetSink, FileSink, Sink, create_dataset,
+                   tile_chunks)
 from .source import DEFAULT_THREADS, Source, release_h5_handles
 from .spec import Spec, parse_spec
 
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
                 resume: bool = False, reads_c: bool = False,
-                threads: int = DEFAULT_THREADS) -> Sink:
+                threads: int = DEFAULT_THREADS, tile=None) -> Sink:
     """Open the output C (see the I/O layer's docs for every case and error).
 
     ``x``: a spec string or Spec (an HDF5 dataset, created if missing), None (a new NumPy
-    array), a NumPy array or an h5py.Dataset (written in place).
+    array), a NumPy array or an h5py.Dataset (written in place). ``tile``: the (rows, columns)
+    of the tiles the run writes; a dataset bigmm creates is then chunked by them where that
+    helps (:func:`.sink.tile_chunks`), so that each tile is one byte range of the file.
     """
     shape = tuple(int(d) for d in shape)
     dtype = np.dtype(dtype)
@@ -53,8 +56,9 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
     if not isinstance(x, (str, Spec)):
         raise SpecError(f"Expected 'file.h5:/dataset', None, an h5py.Dataset or a NumPy array "
                         f"for the output. Got {type(x).__name__}.")
+    chunks = tile_chunks(shape, tile, dtype.itemsize)
     return _open_file(parse_spec(x), shape, dtype, inputs, job, overwrite, resume, reads_c,
-                      threads)
+                      threads, chunks)
 
 
 def _check_like(have_shape, have_dtype, shape, dtype, label) -> None:
@@ -113,7 +117,8 @@ def _header(spec, shape, dtype, job, partial) -> dict:
                       "dtype": dtype.name, "partial": partial, "job": job})
 
 
-def _open_file(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, threads) -> Sink:
+def _open_file(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, threads,
+               chunks) -> Sink:
     _check_writable(spec.path)
     label = f"C ({spec})"
     _check_not_input((os.path.realpath(spec.path), spec.dataset), inputs, label)
@@ -123,7 +128,7 @@ def _open_file(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, thre
     info = _inspect(spec, spec.dataset + PARTIAL_SUFFIX)
     header = _header(spec, shape, dtype, job, partial)
     if resume and journal is not None:
-        return _resume(spec, journal, header, info, shape, dtype, reads_c, threads)
+        return _resume(spec, journal, header, info, shape, dtype, reads_c, threads, chunks)
     if resume and not overwrite:
         state = " (the output is complete)" if info["exists"] and info.get("complete") else ""
         raise ResumeError(f"Expected a journal '{jpath}' of an interrupted run to resume "
@@ -141,7 +146,7 @@ def _open_file(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, thre
         journal.remove()
     journal = Journal.create(jpath, header)
     try:
-        target = _create(spec, shape, dtype, partial, drop_old=not reads_c)
+        target = _create(spec, shape, dtype, partial, drop_old=not reads_c, chunks=chunks)
         return FileSink(spec, shape, dtype, journal, target, reads_c, threads)
     except DiskFullError:  # the output exists, empty: keep its journal for --resume
         journal.close()
@@ -151,8 +156,10 @@ def _open_file(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, thre
         raise
 
 
-def _create(spec: Spec, shape, dtype, partial: str | None, drop_old: bool) -> str:
-    """Create the dataset the run writes (the partial one when old C must survive)."""
+def _create(spec: Spec, shape, dtype, partial: str | None, drop_old: bool,
+            chunks=None) -> str:
+    """Create the dataset the run writes (the partial one when old C must survive), chunked
+    by ``chunks`` or contiguous."""
     target = partial or spec.dataset
     stale = spec.dataset + PARTIAL_SUFFIX
     with H5LOCK:
@@ -163,7 +170,7 @@ def _create(spec: Spec, shape, dtype, partial: str | None, drop_old: bool) -> st
                     del f[stale]
                 if drop_old and spec.dataset in f:
                     del f[spec.dataset]
-                create_dataset(f, target, shape, dtype)
+                create_dataset(f, target, shape, dtype, chunks)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise OutputNotWritable(f"Expected to create dataset '{target}' in '{spec.path}'. "
                                     f"Got {type(exc).__name__}: {exc}.") from exc
@@ -175,7 +182,7 @@ def _create(spec: Spec, shape, dtype, partial: str | None, drop_old: bool) -> st
     return target
 
 
-def _resume(spec, journal, header, info, shape, dtype, reads_c, threads) -> Sink:
+def _resume(spec, journal, header, info, shape, dtype, reads_c, threads, chunks) -> Sink:
     recorded = journal.header
     diffs = [f"{key}: recorded {recorded.get(key)!r}, given {header.get(key)!r}"
              for key in ("dataset", "shape", "dtype", "partial")
@@ -196,7 +203,7 @@ def _resume(spec, journal, header, info, shape, dtype, reads_c, threads) -> Sink
             raise ResumeError(f"Expected the original {spec} (old C for beta != 0) to resume. "
                               f"Got no such dataset.")
         if not present:
-            _create(spec, shape, dtype, header["partial"], drop_old=not reads_c)
+            _create(spec, shape, dtype, header["partial"], drop_old=not reads_c, chunks=chunks)
     elif not (info["exists"] or info["partial"]):
         raise ResumeError(f"Expected {spec} or its partial dataset to finish resuming. "
                           f"Got neither.")

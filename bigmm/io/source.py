@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import (BigmmError, IncompleteOutputError, OperandNotFound, ReadError, ShapeError,
                       SpecError)
 from ._h5 import H5LOCK, check_matrix, is_incomplete
+from .base import Matrix
 from .layout import Layout, probe_layout
 from .mapped import FileMap
 from .rawio import read_block
@@ -59,15 +60,11 @@ def release_h5_handles(path: str) -> None:
                 src._drop_handle()
 
 
-class Source:
+class Source(Matrix):
     """An input matrix as stored (before any transpose)."""
 
-    shape: tuple[int, int]
-    dtype: np.dtype
     chunks: tuple[int, int] | None = None
-    label: str
     identity: tuple | None = None
-    layout: str
     mapped: bool = False
 
     @property
@@ -78,24 +75,8 @@ class Source:
     def read(self, r0: int, r1: int, c0: int, c1: int, out: np.ndarray) -> None:
         raise NotImplementedError
 
-    def close(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __repr__(self) -> str:
-        return (f"<{type(self).__name__} {self.label} {self.shape} {self.dtype} "
-                f"layout={self.layout}>")
-
     def _check_out(self, r0, r1, c0, c1, out) -> None:
-        m, n = self.shape
-        if not (0 <= r0 <= r1 <= m and 0 <= c0 <= c1 <= n):
-            raise ShapeError(f"Expected a region within {self.shape} of {self.label}. "
-                             f"Got rows {r0}:{r1}, columns {c0}:{c1}.")
+        self._check_region(r0, r1, c0, c1)
         if (out.shape != (r1 - r0, c1 - c0) or out.dtype != self.dtype
                 or not out.flags.c_contiguous):
             raise ShapeError(f"Expected a C-contiguous {self.dtype} buffer of shape "

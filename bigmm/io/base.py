@@ -1,0 +1,36 @@
+"""What inputs (:class:`.Source`) and the output (:class:`.Sink`) share: a 2-D matrix with a
+label, regions checked against its shape, and ``close`` / context-manager / ``repr``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError
+
+
+class Matrix:
+    """A stored matrix that reads or writes rectangular regions ``[r0:r1, c0:c1]``."""
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    label: str
+    layout: str
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} {self.label} {self.shape} {self.dtype} "
+                f"layout={self.layout}>")
+
+    def _check_region(self, r0, r1, c0, c1) -> None:
+        m, n = self.shape
+        if not (0 <= r0 <= r1 <= m and 0 <= c0 <= c1 <= n):
+            raise ShapeError(f"Expected a region within {self.shape} of {self.label}. "
+                             f"Got rows {r0}:{r1}, columns {c0}:{c1}.")
