@@ -165,10 +165,10 @@ def test_subprocess_roundtrip_and_error(tmp_path):
 def test_ctrl_c_leaves_a_resumable_output(tmp_path):
     """SIGINT mid-run: one line with the --resume command, exit 130; that command finishes."""
     a, b, c = (f"{tmp_path / 'i.h5'}:/{x}" for x in "ABC")
-    n = 1200
+    n = 1600  # about 3 s at --memory 150KB on 2 cores: long enough to interrupt mid-run
     for spec, seed in ((a, 1), (b, 2)):
         assert _bigmm("generate", spec, "--shape", n, n, "--seed", seed).returncode == 0
-    argv = ["multiply", a, b, "-o", c, "--memory", "300KB", "--backend", "numpy"]
+    argv = ["multiply", a, b, "-o", c, "--memory", "150KB", "--backend", "numpy"]
     proc = subprocess.Popen([sys.executable, "-m", "bigmm", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
