@@ -55,8 +55,8 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
     ".profile", or "bigmm-profile" for array outputs; a string or path is the prefix; a
     :class:`bigmm.profile.Profile` is filled and nothing is written.
     """
-    threads = _io_threads(io_threads)
-    be = _get_backend(backend, kernel)
+    threads = parse_io_threads(io_threads)
+    be = resolve_backend(backend, kernel)
     closing: list = []
     try:
         A, B = _open_inputs(a, b, closing)
@@ -64,13 +64,12 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
                            trans_b=trans_b, memory=memory, host_memory=host_memory,
                            resume=resume, calibrate=False)
         sink = io.open_output(out, shape=(p.m, p.n), dtype=np.dtype(p.dtype), inputs=[A, B],
-                              job=job, overwrite=overwrite, resume=resume, reads_c=p.reads_c,
-                              tile=(p.bm, p.bn))
+                              job=job, overwrite=overwrite, resume=resume, reads_c=p.reads_c)
         if not resume and sink.done:
             raise ResumeError(f"Expected a fresh output. Got {sink.label} with finished tiles.")
         closing.append(sink)
         prof = _start_profile(profile, be)
-        run = execute(p, A, B, sink, be, alpha=alpha, beta=_parse_scalar(beta, "beta"),
+        run = execute(p, A, B, sink, be, alpha=alpha, beta=parse_scalar(beta, "beta"),
                       progress=progress, io_threads=threads, profile=prof)
         if prof is not None:
             run = _finish_profile(profile, prof, be, run, out)
@@ -87,7 +86,7 @@ def plan(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool
          resume: bool = False, kernel: str | None = None, **_ignored) -> Plan:
     """The Plan ``matmul`` would run with the same arguments (opens inputs read-only, writes
     nothing)."""
-    be = _get_backend(backend, kernel)
+    be = resolve_backend(backend, kernel)
     closing: list = []
     try:
         A, B = _open_inputs(a, b, closing)
@@ -101,7 +100,7 @@ def plan(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool
 
 # ----- resolving the job --------------------------------------------------------------------
 
-def _get_backend(name: str, kernel: str | None):
+def resolve_backend(name: str, kernel: str | None):
     """The backend, with ``kernel`` passed to it (only GPU backends take one)."""
     be = get_backend(name)
     if kernel is None:
@@ -124,24 +123,26 @@ def _open_inputs(a, b, closing: list):
 
 def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memory, resume,
               calibrate: bool) -> tuple[Plan, dict]:
-    m, k, n, dtype = _check_operands(A, B, trans_a, trans_b)
-    alpha, beta = _parse_scalar(alpha, "alpha"), _parse_scalar(beta, "beta")
+    m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
+    alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
     if beta != 0 and out is None:
         raise ShapeError(f"Expected an existing C as out when beta != 0. Got out=None with "
                          f"beta={beta}.")
-    device, host = _budgets(be, memory, host_memory)
+    device, host = resolve_budgets(be, memory, host_memory)
     args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                 device_budget=device, host_budget=host, staging=be.staging,
                 a_chunks=A.chunks, b_chunks=B.chunks,
                 rates=_rates(be, dtype) if calibrate else None)
-    fixed = _resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
+    fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
     p = make_plan(m, n, k, dtype, **args, **fixed)
     job = {"plan": p.key(), "alpha": alpha, "beta": beta,
            "a": A.label, "b": B.label}
     return p, job
 
 
-def _check_operands(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int, str]:
+def check_operands(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int, str]:
+    """(m, k, n, dtype name) of op(A) @ op(B) for opened inputs; ShapeError or DtypeError
+    naming the stored operands when they do not fit together."""
     m, k = A.shape[::-1] if trans_a else A.shape
     kb, n = B.shape[::-1] if trans_b else B.shape
     if k != kb:
@@ -157,7 +158,8 @@ def _check_operands(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int, 
     return m, k, n, np.dtype(A.dtype).name
 
 
-def _parse_scalar(x, name: str) -> float:
+def parse_scalar(x, name: str) -> float:
+    """``x`` (alpha or beta) as a finite float; OptionError naming ``name`` otherwise."""
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -167,17 +169,27 @@ def _parse_scalar(x, name: str) -> float:
     return v
 
 
-def _budgets(be, memory, host_memory) -> tuple[int, int]:
+def resolve_budgets(be, memory, host_memory, *, limit: int | None = None) -> tuple[int, int]:
+    """(device, host) budgets in bytes for backend ``be``: ``memory`` and ``host_memory``
+    parsed, else DEVICE_SHARE of what the backend reports and HOST_SHARE of available RAM
+    (without staging the host budget is the device budget). ``limit``, where given, caps
+    the RAM those shares are taken of (a dask worker's memory limit)."""
     device = parse_size(memory, name="memory")
     host = parse_size(host_memory, name="host_memory")
     if device is None:
-        device = int(be.memory_available() * DEVICE_SHARE[bool(be.staging)])
+        free = be.memory_available()
+        if not be.staging and limit:
+            free = min(free, limit)
+        device = int(free * DEVICE_SHARE[bool(be.staging)])
     if host is None:
-        host = int(host_memory_available() * HOST_SHARE) if be.staging else device
+        host = device
+        if be.staging:
+            ram = host_memory_available()
+            host = int(min(ram, limit or ram) * HOST_SHARE)
     return device, host
 
 
-def _resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:
+def resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:
     """tile= and order= of the interrupted run recorded for ``out``; ResumeError if the job
     differs."""
     if out is None:
@@ -267,7 +279,9 @@ def profile_prefix(profile, out) -> str:
     return "bigmm-profile"
 
 
-def _io_threads(n: int | None) -> int:
+def parse_io_threads(n: int | None) -> int:
+    """Disk I/O threads: ``n``, or by default one per CPU core between 2 and 16; OptionError
+    unless ``n`` is a positive integer."""
     if n is None:
         return min(16, max(2, os.cpu_count() or 1))
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:

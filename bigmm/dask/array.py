@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..api import _parse_scalar
+from ..api import parse_scalar
 from ..backends import BACKENDS
 from ..errors import BackendUnavailable, DtypeError, ShapeError
 from ..plan import make_plan
@@ -69,7 +69,7 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
                              f"(call {name}.compute_chunk_sizes() first).")
     dtype = _common_float(a.dtype, b.dtype)
     a, b = (x if x.dtype == dtype else x.astype(dtype) for x in (a, b))
-    alpha = _parse_scalar(alpha, "alpha")
+    alpha = parse_scalar(alpha, "alpha")
     m, k = a.shape[::-1] if trans_a else a.shape
     kb, n = b.shape[::-1] if trans_b else b.shape
     if k != kb:

@@ -16,14 +16,12 @@ from typing import Callable
 import numpy as np
 
 from .. import io
-from ..api import (DEVICE_SHARE, HOST_SHARE, _check_operands, _get_backend, _io_threads,
-                   _parse_scalar, _resumed_schedule)
+from ..api import (check_operands, parse_io_threads, parse_scalar, resolve_backend,
+                   resolve_budgets, resumed_schedule)
 from ..backends import get_backend
-from ..backends.numpy import memory_available as host_memory_available
 from ..errors import BudgetError, Interrupted, OptionError, ResumeError
 from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
 from ..plan import Plan, Tile, make_plan
-from ..units import parse_size
 from ._common import RESOURCE
 from ._common import distributed as _distributed
 
@@ -71,7 +69,7 @@ class _Region(io.Source):
 
 def _tile_task(job: _TileJob, t: Tile):
     """On a worker: C[t] from A's row panel and B's column panel, read from the files here."""
-    be = _get_backend(job.backend, job.kernel)  # its buffers live until close()
+    be = resolve_backend(job.backend, job.kernel)  # its buffers live until close()
     k, dt = job.k, np.dtype(job.dtype)
     opened: list = []
     try:
@@ -93,7 +91,7 @@ def _tile_task(job: _TileJob, t: Tile):
             C.read(t.r0, t.r1, t.c0, t.c1, c)
         sink = io.open_output(c, shape=t.shape, dtype=dt, inputs=[], job={})
         stats = execute(sub, a, b, sink, be, alpha=job.alpha, beta=job.beta,
-                        io_threads=_io_threads(job.io_threads))
+                        io_threads=parse_io_threads(job.io_threads))
     finally:
         for x in reversed(opened):
             x.close()
@@ -118,16 +116,7 @@ def _worker_budget(backend: str, memory, host_memory, dask_worker=None) -> tuple
     be = get_backend(backend)
     try:
         limit = getattr(getattr(dask_worker, "memory_manager", None), "memory_limit", None)
-        device = parse_size(memory, name="memory")
-        host = parse_size(host_memory, name="host_memory")
-        if device is None:
-            free = be.memory_available()
-            if not be.staging and limit:
-                free = min(free, limit)
-            device = int(free * DEVICE_SHARE[bool(be.staging)])
-        if host is None:
-            ram = host_memory_available()
-            host = int(min(ram, limit or ram) * HOST_SHARE) if be.staging else device
+        device, host = resolve_budgets(be, memory, host_memory, limit=limit)
         return be.name, bool(be.staging), device, host
     finally:
         be.close()
@@ -248,7 +237,7 @@ def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host
     """matmul_files, returning (output spec, Plan, RunStats, the workers' backend name)."""
     client = _get_client(client)
     if io_threads is not None:
-        _io_threads(io_threads)
+        parse_io_threads(io_threads)
     if out is None:
         raise OptionError("Expected an output spec 'file.h5:/C' for a job on a cluster. Got "
                           "out=None.")
@@ -262,20 +251,20 @@ def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host
         closing.append(A)
         B = io.open_input(b, name="B")
         closing.append(B)
-        m, k, n, dtype = _check_operands(A, B, trans_a, trans_b)
-        alpha, beta = _parse_scalar(alpha, "alpha"), _parse_scalar(beta, "beta")
+        m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
+        alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
         args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                     device_budget=budgets.device, host_budget=budgets.host,
                     staging=budgets.staging, a_chunks=A.chunks, b_chunks=B.chunks)
         if resume:
             plan = make_plan(m, n, k, dtype, **args,
-                             **_resumed_schedule(out, m, n, k, dtype, alpha, beta, args))
+                             **resumed_schedule(out, m, n, k, dtype, alpha, beta, args))
         else:
             plan = _grid(make_plan(m, n, k, dtype, **args, order="stream"), slots)
         job = {"plan": plan.key(), "alpha": alpha, "beta": beta, "a": A.label, "b": B.label}
         sink = io.open_output(out, shape=(m, n), dtype=np.dtype(dtype), inputs=[A, B],
                               job=job, overwrite=overwrite, resume=resume,
-                              reads_c=plan.reads_c, tile=(plan.bm, plan.bn))
+                              reads_c=plan.reads_c)
         closing.append(sink)
         if not resume and sink.done:
             raise ResumeError(f"Expected a fresh output. Got {sink.label} with finished tiles.")
