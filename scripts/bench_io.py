@@ -7,7 +7,9 @@ h5py ``read_direct``, with bigmm's memory-mapped copies and with its parallel ``
 prints GB/s, CPU seconds per pass (all threads) and the ratio of the default path (mapped for
 raw datasets) to ``read_direct``. ``--writes`` also times writing a C of the same shape tile by
 tile through the output layer: copies into a shared memory map (the default, after
-``posix_fallocate``) against ``pwritev`` per row (the fallback), a commit per row of tiles.
+``posix_fallocate``) against ``pwritev`` (the fallback), each into a contiguous dataset and
+into one chunked by the tiles (as bigmm creates outputs for its plan's tiles), a commit per row
+of tiles (``--commit tile``: per tile).
 ``--gil`` measures how much a pure-Python thread keeps running while a mapped read copies
 (near 100%: the copy released the GIL). Example::
 
@@ -112,12 +114,15 @@ def bench(path: str, name: str, n: int, rows: int, cols: int, threads: int,
     return row
 
 
-def bench_writes(folder: str, n: int, rows: int, cols: int, repeat: int) -> list:
-    """Write an n x n float32 C in ``rows`` x ``cols`` tiles, mapped and by pwritev."""
+def bench_writes(folder: str, n: int, rows: int, cols: int, repeat: int,
+                 commit: str = "row") -> list:
+    """Write an n x n float32 C in ``rows`` x ``cols`` tiles, mapped and by pwritev, into a
+    contiguous dataset and into one chunked by the tiles (as bigmm creates its outputs)."""
     tile = np.random.default_rng(1).standard_normal((rows, cols), dtype=np.float32)
     spec = f"{os.path.join(folder, 'bench-c.h5')}:/C"
     out = []
-    for how in ("mmap", "pwritev"):
+    for how, by_tiles in (("mmap", False), ("mmap", True), ("pwritev", False),
+                          ("pwritev", True)):
         best = (float("inf"), float("inf"))
         for _ in range(repeat):
             real = os.posix_fallocate
@@ -128,21 +133,26 @@ def bench_writes(folder: str, n: int, rows: int, cols: int, repeat: int) -> list
             try:
                 t0, c0 = time.perf_counter(), time.process_time()
                 sink = open_output(spec, shape=(n, n), dtype=np.float32, inputs=[], job={},
-                                   overwrite=True)
+                                   overwrite=True, tile=(rows, cols) if by_tiles else None)
             finally:
                 os.posix_fallocate = real
             assert sink.mapped == (how == "mmap")
+            layout = sink.layout
             for i, r in enumerate(range(0, n, rows)):
                 done = []
                 for j, c in enumerate(range(0, n, cols)):
                     r1, c1 = min(r + rows, n), min(c + cols, n)
                     sink.write(r, r1, c, c1, tile[: r1 - r, : c1 - c])
                     done.append((i, j))
+                    if commit == "tile":
+                        sink.commit(done)
+                        done = []
                 sink.commit(done)
             sink.finish()
             sink.close()
             best = min(best, (time.perf_counter() - t0, time.process_time() - c0))
-        out.append({"writes": how, "bytes": n * n * 4, "GBps": n * n * 4 / best[0] / 1e9,
+        out.append({"writes": how, "layout": layout, "bytes": n * n * 4,
+                    "GBps": n * n * 4 / best[0] / 1e9,
                     "cpu_s": best[1]})
     os.unlink(spec.rsplit(":/", 1)[0])
     return out
@@ -196,6 +206,8 @@ def main() -> None:
     ap.add_argument("--os-preadv", action="store_true",
                     help="build iovecs as memoryviews for os.preadv instead of libc preadv")
     ap.add_argument("--writes", action="store_true", help="also time tile writes of C")
+    ap.add_argument("--commit", choices=("row", "tile"), default="row",
+                    help="--writes: commit (msync/fsync) per row of tiles or per tile")
     ap.add_argument("--gil", action="store_true",
                     help="also measure a Python thread's progress during mapped reads")
     ap.add_argument("--json", action="store_true")
@@ -211,7 +223,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     results = [bench(path, name, n, rows, cols, args.threads, args.repeat)
                for name in ("contiguous", "chunked", "gzip")]
-    writes = bench_writes(args.dir, n, rows, cols, args.repeat) if args.writes else []
+    writes = (bench_writes(args.dir, n, rows, cols, args.repeat, args.commit)
+              if args.writes else [])
     gil = gil_share(path, n, rows, cols) if args.gil else None
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "n": n, "rows": rows, "cols": cols,
             "chunk": args.chunk, "threads": args.threads, "gap_max": args.gap_max,
@@ -230,7 +243,8 @@ def main() -> None:
                  for k in ("read_direct", "mmap", "preadv")]
         print(f"{r['dataset']:<12}" + "".join(f"{c:>18}" for c in cells) + f"{r['ratio']:>8.2f}")
     for w in writes:
-        print(f"write C by {w['writes']:<8} {w['GBps']:.2f} GB/s, {w['cpu_s']:.2f} CPU-s")
+        print(f"write C by {w['writes']:<8} into {w['layout']:<10} {w['GBps']:.2f} GB/s, "
+              f"{w['cpu_s']:.2f} CPU-s")
     if gil is not None:
         print(f"a Python thread ran at {gil:.0%} of its rate alone while one thread copied "
               f"mapped panels")
