@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import glob
 import importlib.util
+import os
+import time
 
 import numpy as np
 
@@ -55,3 +58,17 @@ def tolerance(dtype, k: int) -> float:
     """Relative-error bound for a float product of depth k."""
     eps = np.finfo(dtype).eps
     return float(eps * 8 * max(1.0, np.sqrt(k)))
+
+
+def wait_for_journaled_tiles(folder, proc, timeout: float, output: str = "c.h5") -> str:
+    """The journal path of ``output`` in ``folder`` once it records finished tiles, while the
+    run in subprocess ``proc`` goes on; AssertionError if ``proc`` ends first or ``timeout``
+    seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for j in glob.glob(os.path.join(os.fspath(folder), output + ".*journal")):
+            if '"tiles"' in open(j).read():
+                return j
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("no tile was journaled in time")

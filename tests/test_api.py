@@ -19,7 +19,8 @@ import bigmm
 from bigmm import errors
 from bigmm.executor import RunStats
 from bigmm.plan import Plan
-from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
+                            wait_for_journaled_tiles)
 
 
 def _h5(path, name, array, **kw) -> str:
@@ -264,15 +265,8 @@ def _start(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_journaled_tiles(tmp_path, proc, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for j in glob.glob(str(tmp_path / "c.h5.*journal")):
-            if '"tiles"' in open(j).read():
-                return j
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    raise AssertionError("no tile was journaled in time")
+def _wait_for_journaled_tiles(tmp_path, proc):
+    return wait_for_journaled_tiles(tmp_path, proc, timeout=60.0)
 
 
 @pytest.mark.slow

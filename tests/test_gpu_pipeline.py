@@ -7,13 +7,11 @@ event ordering between the three streams and edge tiles are all exercised.
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import h5py
 import numpy as np
@@ -23,7 +21,8 @@ import bigmm
 from bigmm.errors import OptionError
 from bigmm.plan import make_plan
 from bigmm.profile import Profile
-from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
+                            wait_for_journaled_tiles)
 
 HOST = "64MiB"  # fixed host staging budget: plans do not depend on the machine's RAM
 F32, F64 = np.float32, np.float64
@@ -203,15 +202,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _wait_for_journaled_tiles(tmp_path, proc, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for j in glob.glob(str(tmp_path / "c.h5.*journal")):
-            if '"tiles"' in open(j).read():
-                return j
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    raise AssertionError("no tile was journaled in time")
+def _wait_for_journaled_tiles(tmp_path, proc):
+    return wait_for_journaled_tiles(tmp_path, proc, timeout=120.0)
 
 
 @pytest.mark.gpu
