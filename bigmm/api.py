@@ -64,7 +64,8 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
                            trans_b=trans_b, memory=memory, host_memory=host_memory,
                            resume=resume, calibrate=False)
         sink = io.open_output(out, shape=(p.m, p.n), dtype=np.dtype(p.dtype), inputs=[A, B],
-                              job=job, overwrite=overwrite, resume=resume, reads_c=p.reads_c)
+                              job=job, overwrite=overwrite, resume=resume, reads_c=p.reads_c,
+                              tile=(p.bm, p.bn))
         if not resume and sink.done:
             raise ResumeError(f"Expected a fresh output. Got {sink.label} with finished tiles.")
         closing.append(sink)

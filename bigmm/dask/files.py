@@ -264,7 +264,7 @@ def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host
         job = {"plan": plan.key(), "alpha": alpha, "beta": beta, "a": A.label, "b": B.label}
         sink = io.open_output(out, shape=(m, n), dtype=np.dtype(dtype), inputs=[A, B],
                               job=job, overwrite=overwrite, resume=resume,
-                              reads_c=plan.reads_c)
+                              reads_c=plan.reads_c, tile=(plan.bm, plan.bn))
         closing.append(sink)
         if not resume and sink.done:
             raise ResumeError(f"Expected a fresh output. Got {sink.label} with finished tiles.")
