@@ -337,10 +337,11 @@ def test_worker_killed_mid_job(tmp_path):
         def kill_one(p):
             if killed or p.tiles_done < 1:
                 return
-            busy = [w for w, keys in c.processing().items() if keys]
+            processing = c.processing()  # one snapshot: a second query may see the task done
+            busy = [w for w, keys in processing.items() if keys]
             if busy:
                 killed["worker"], killed["pid"] = busy[0], pids[busy[0]]
-                killed["in_flight"] = len(c.processing()[busy[0]])
+                killed["in_flight"] = len(processing[busy[0]])
                 os.kill(killed["pid"], signal.SIGKILL)
 
         out, stats = bd.matmul_files(sa, sb, sc, client=c, memory="160KiB", backend="numpy",
