@@ -24,6 +24,17 @@ from h5py import h5d, h5z
 from ._h5 import H5LOCK
 
 
+
+def chunk_cells(chunks: tuple[int, int], r0: int, r1: int, c0: int, c1: int):
+    """The chunks a region [r0:r1, c0:c1] overlaps, in row-major order: (ci, cj, a0, a1, b0, b1)
+    per chunk, where rows a0:a1 and columns b0:b1 (dataset coordinates) are the part of the
+    region inside chunk (ci, cj)."""
+    cr, cc = chunks
+    for ci in range(r0 // cr, (r1 - 1) // cr + 1):
+        a0, a1 = max(r0, ci * cr), min(r1, (ci + 1) * cr)
+        for cj in range(c0 // cc, (c1 - 1) // cc + 1):
+            yield ci, cj, a0, a1, max(c0, cj * cc), min(c1, (cj + 1) * cc)
+
 @dataclass(frozen=True, eq=False)
 class Layout:
     kind: str  # "contiguous" | "chunked" | "h5py"

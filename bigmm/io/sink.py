@@ -47,7 +47,7 @@ from ._h5 import COMPLETE_ATTR, H5LOCK
 from .base import Matrix
 from .journal import Journal
 from ..units import format_bytes
-from .layout import probe_layout
+from .layout import chunk_cells, probe_layout
 from .mapped import FileMap
 from .rawio import write_block
 from .source import DEFAULT_THREADS, open_input, release_h5_handles
@@ -341,15 +341,10 @@ class FileSink(Sink):
         if lay.kind == "contiguous":
             return [(lay.offset, self.shape, (r0, r1, c0, c1), (0, r1 - r0, 0, c1 - c0))]
         cr, cc = lay.chunks
-        pieces = []
-        for ci in range(r0 // cr, (r1 - 1) // cr + 1):
-            a0, a1 = max(r0, ci * cr), min(r1, (ci + 1) * cr)
-            for cj in range(c0 // cc, (c1 - 1) // cc + 1):
-                b0, b1 = max(c0, cj * cc), min(c1, (cj + 1) * cc)
-                pieces.append((int(lay.chunk_offsets[ci, cj]), (cr, cc),
-                               (a0 - ci * cr, a1 - ci * cr, b0 - cj * cc, b1 - cj * cc),
-                               (a0 - r0, a1 - r0, b0 - c0, b1 - c0)))
-        return pieces
+        return [(int(lay.chunk_offsets[ci, cj]), (cr, cc),
+                 (a0 - ci * cr, a1 - ci * cr, b0 - cj * cc, b1 - cj * cc),
+                 (a0 - r0, a1 - r0, b0 - c0, b1 - c0))
+                for ci, cj, a0, a1, b0, b1 in chunk_cells((cr, cc), r0, r1, c0, c1)]
 
     def _mark_dirty(self, ranges) -> None:
         """Record mapped byte ranges written since the last sync (merged where they touch)."""

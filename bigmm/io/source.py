@@ -28,7 +28,7 @@ from ..errors import (BigmmError, IncompleteOutputError, OperandNotFound, ReadEr
                       SpecError)
 from ._h5 import H5LOCK, check_matrix, is_incomplete
 from .base import Matrix
-from .layout import Layout, probe_layout
+from .layout import Layout, chunk_cells, probe_layout
 from .mapped import FileMap
 from .rawio import read_block
 from .spec import Spec, parse_spec
@@ -280,18 +280,15 @@ class H5Source(Source):
         cr, cc = self._layout.chunks
         offsets, stored, fill = self._layout.chunk_offsets, self._stored(), self._layout.fill
         groups, group, size = [], [], 0
-        for ci in range(r0 // cr, (r1 - 1) // cr + 1):
-            a0, a1 = max(r0, ci * cr), min(r1, (ci + 1) * cr)
-            for cj in range(c0 // cc, (c1 - 1) // cc + 1):
-                b0, b1 = max(c0, cj * cc), min(c1, (cj + 1) * cc)
-                base = int(offsets[ci, cj])
-                src = None if base < 0 else self._map.array(base, (cr, cc), stored)[
-                    a0 - ci * cr:a1 - ci * cr, b0 - cj * cc:b1 - cj * cc]
-                group.append((out[a0 - r0:a1 - r0, b0 - c0:b1 - c0], src, fill))
-                size += (a1 - a0) * (b1 - b0) * self.dtype.itemsize
-                if size >= piece:
-                    groups.append(group)
-                    group, size = [], 0
+        for ci, cj, a0, a1, b0, b1 in chunk_cells((cr, cc), r0, r1, c0, c1):
+            base = int(offsets[ci, cj])
+            src = None if base < 0 else self._map.array(base, (cr, cc), stored)[
+                a0 - ci * cr:a1 - ci * cr, b0 - cj * cc:b1 - cj * cc]
+            group.append((out[a0 - r0:a1 - r0, b0 - c0:b1 - c0], src, fill))
+            size += (a1 - a0) * (b1 - b0) * self.dtype.itemsize
+            if size >= piece:
+                groups.append(group)
+                group, size = [], 0
         if group:
             groups.append(group)
         return groups
@@ -310,30 +307,24 @@ class H5Source(Source):
         offsets = self._layout.chunk_offsets
         fill = self._raw_fill()
         groups, group, size = [], [], 0
-        for ci in range(r0 // cr, (r1 - 1) // cr + 1):
-            a0, a1 = max(r0, ci * cr), min(r1, (ci + 1) * cr)
-            for cj in range(c0 // cc, (c1 - 1) // cc + 1):
-                b0, b1 = max(c0, cj * cc), min(c1, (cj + 1) * cc)
-                base = int(offsets[ci, cj])
-                rows = a1 - a0 if base < 0 else max(1, piece // ((b1 - b0) * w))
-                for s0 in range(a0, a1, rows):  # big chunks split by rows
-                    s1 = min(a1, s0 + rows)
-                    off = -1 if base < 0 else base + ((s0 - ci * cr) * cc + (b0 - cj * cc)) * w
-                    group.append((off, cc * w, out, s0 - r0, s1 - r0, b0 - c0, b1 - c0, fill))
-                    size += (s1 - s0) * (b1 - b0) * w
-                    if size >= piece:
-                        groups.append(group)
-                        group, size = [], 0
+        for ci, cj, a0, a1, b0, b1 in chunk_cells((cr, cc), r0, r1, c0, c1):
+            base = int(offsets[ci, cj])
+            rows = a1 - a0 if base < 0 else max(1, piece // ((b1 - b0) * w))
+            for s0 in range(a0, a1, rows):  # big chunks split by rows
+                s1 = min(a1, s0 + rows)
+                off = -1 if base < 0 else base + ((s0 - ci * cr) * cc + (b0 - cj * cc)) * w
+                group.append((off, cc * w, out, s0 - r0, s1 - r0, b0 - c0, b1 - c0, fill))
+                size += (s1 - s0) * (b1 - b0) * w
+                if size >= piece:
+                    groups.append(group)
+                    group, size = [], 0
         if group:
             groups.append(group)
         return groups
 
     def _deflate_tasks(self, r0, r1, c0, c1, out) -> list:
-        cr, cc = self._layout.chunks
-        return [(ci, cj, out, max(r0, ci * cr), min(r1, (ci + 1) * cr), max(c0, cj * cc),
-                 min(c1, (cj + 1) * cc), r0, c0)
-                for ci in range(r0 // cr, (r1 - 1) // cr + 1)
-                for cj in range(c0 // cc, (c1 - 1) // cc + 1)]
+        return [(ci, cj, out, a0, a1, b0, b1, r0, c0)
+                for ci, cj, a0, a1, b0, b1 in chunk_cells(self._layout.chunks, r0, r1, c0, c1)]
 
     def _inflate(self, task) -> None:
         """Read one compressed chunk, inflate (and unshuffle) it, copy its overlap into out."""
