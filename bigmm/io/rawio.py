@@ -111,28 +111,28 @@ def _read_rows_native(fd: int, off: int, stride: int, seg: int, addr: int, pitch
 
 def preadv_full(fd: int, views: list, offset: int) -> None:
     """Fill every view from the file starting at ``offset``; retries short reads; EOF -> OSError."""
-    while views:
-        want = sum(len(v) for v in views)
-        got = os.preadv(fd, views, offset)
-        if got == want:
-            return
-        if got == 0:
-            raise OSError(f"unexpected end of file at byte {offset} (file truncated?)")
-        offset += got
-        views = _advance(views, got)
+    _transfer_full(os.preadv, fd, views, offset,
+                   lambda want, at: f"unexpected end of file at byte {at} (file truncated?)")
 
 
 def pwritev_full(fd: int, views: list, offset: int) -> None:
     """Write every view to the file starting at ``offset``; retries short writes."""
+    _transfer_full(os.pwritev, fd, views, offset,
+                   lambda want, at: f"write of {want} bytes at {at} made no progress")
+
+
+def _transfer_full(call, fd: int, views: list, offset: int, stalled) -> None:
+    """Repeat a vectored positional transfer until every view is done; a call that moves no
+    byte raises OSError(stalled(bytes wanted, offset))."""
     while views:
         want = sum(len(v) for v in views)
-        put = os.pwritev(fd, views, offset)
-        if put == want:
+        done = call(fd, views, offset)
+        if done == want:
             return
-        if put == 0:
-            raise OSError(f"write of {want} bytes at {offset} made no progress")
-        offset += put
-        views = _advance(views, put)
+        if done == 0:
+            raise OSError(stalled(want, offset))
+        offset += done
+        views = _advance(views, done)
 
 
 def _advance(views: list, n: int) -> list:
