@@ -1,5 +1,5 @@
 // Shared helpers for bigmm's GEMM kernels: asynchronous copies, 16-byte shared-memory
-// vectors and the block-index swizzle. Included by every kernel family; compiled by
+// vectors, the block-index swizzle and the float64 tensor-core product. Included by every kernel family; compiled by
 // NVRTC (through cupy.RawModule) and by nvcc (the CI resource check), so it uses no
 // standard headers.
 #pragma once
@@ -90,6 +90,27 @@ __device__ __forceinline__ void swizzle_tile(int bid, int tiles_m, int tiles_n, 
     const int in_group = bid % per_group;
     tm = first_m + in_group % rows;
     tn = in_group / rows;
+}
+
+// D(16x8) += A(16x4) B(4x8) in float64 on the tensor cores.  Fragments (g = lane / 4,
+// t = lane % 4): a = {A[g][t], A[g+8][t]}, b = B[t][g], d = {D[g][2t], D[g][2t+1],
+// D[g+8][2t], D[g+8][2t+1]}.  sm_90 has the m16n8k4 shape; sm_80 runs it as two m8n8k4,
+// whose fragments are the two row halves of the same layout.
+__device__ __forceinline__ void dmma_16x8x4(double* d, const double* a, double b) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};\n"
+        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+        : "d"(a[0]), "d"(a[1]), "d"(b));
+#else
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+                 : "+d"(d[0]), "+d"(d[1])
+                 : "d"(a[0]), "d"(b));
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+                 : "+d"(d[2]), "+d"(d[3])
+                 : "d"(a[1]), "d"(b));
+#endif
 }
 
 }  // namespace bigmm
