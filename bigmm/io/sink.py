@@ -26,6 +26,19 @@ Where ``posix_fallocate`` is not supported (EOPNOTSUPP, EINVAL) or the file cann
 tiles are written with ``os.pwritev`` per row (per chunk: one write) and ``fsync``, and ENOSPC
 on a write is the DiskFullError.
 
+Writes from other processes: while a file output is written raw, :meth:`Sink.raw_region`
+describes where a region lies in the file (path, dtype, the byte pieces of the stored blocks it
+overlaps) in a small picklable :class:`RawRegion`, and :func:`write_region` writes a tile there
+from another process (a dask worker): ``pwritev``, ``fdatasync``, close. The sink's owner then
+journals the tile with :meth:`Sink.commit` as if it had written it. Only the owner touches HDF5
+metadata (it creates the dataset, reserves its bytes, sets the completion attribute and swaps
+the partial dataset), so no two processes ever write one HDF5 file's structures. On one host the
+owner's shared mapping and the writers' ``pwritev`` go through the same page cache, and the owner
+never writes the regions it hands out, so no stale page can overwrite a tile; on a file system
+shared between hosts, the writer's ``fdatasync`` before it reports the tile makes the bytes
+durable and visible to the owner's later opens. An output written through h5py has no raw
+regions (None): its tiles must come back to the owner.
+
 Crash safety: the journal (see :mod:`.journal`) is written before the dataset, tiles are
 journaled only after their bytes are durable, and the dataset carries ``bigmm_complete = False``
 until :meth:`Sink.finish`. When old C must be read (beta != 0) the new values go to a dataset
@@ -37,6 +50,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from dataclasses import dataclass
 
 import h5py
 import numpy as np
@@ -63,6 +77,8 @@ _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 #: posix_fallocate errors that mean "not supported here": write with pwritev instead.
 _NO_FALLOCATE = {errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
                  getattr(errno, "ENOSYS", errno.EOPNOTSUPP)}
+#: Makes a file's data durable, with what reading it back needs (not its timestamps).
+_fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
 class Sink(Matrix):
@@ -85,19 +101,76 @@ class Sink(Matrix):
     def finish(self) -> None:
         pass
 
+    def raw_region(self, r0, r1, c0, c1) -> RawRegion | None:
+        """Where rows r0:r1, columns c0:c1 lie in the output file, for another process to
+        write them with :func:`write_region`; None where only this sink can write them."""
+        return None
+
     def _check(self, r0, r1, c0, c1, arr) -> None:
         self._check_region(r0, r1, c0, c1)
-        if arr.shape != (r1 - r0, c1 - c0) or arr.dtype != self.dtype:
-            raise ShapeError(f"Expected a {self.dtype} array of shape {(r1 - r0, c1 - c0)}. "
-                             f"Got {arr.dtype} {arr.shape}.")
+        _check_tile(self.dtype, (r1 - r0, c1 - c0), arr)
 
     def _write_error(self, r0, r1, c0, c1, exc) -> WriteError:
-        region = f"rows {r0}:{r1}, columns {c0}:{c1} of {self.label}"
-        if isinstance(exc, OSError) and exc.errno in _FULL:
-            return DiskFullError(
-                f"Expected free space to write {region}. Got: disk full ({exc.strerror}). "
-                f"Finished tiles are kept; free space and rerun with --resume (resume=True).")
-        return WriteError(f"Expected to write {region}. Got {type(exc).__name__}: {exc}.")
+        return _write_error(self.label, r0, r1, c0, c1, exc)
+
+
+def _check_tile(dtype, shape, arr) -> None:
+    if arr.shape != shape or arr.dtype != dtype:
+        raise ShapeError(f"Expected a {dtype} array of shape {shape}. "
+                         f"Got {arr.dtype} {arr.shape}.")
+
+
+def _write_error(label: str, r0, r1, c0, c1, exc) -> WriteError:
+    region = f"rows {r0}:{r1}, columns {c0}:{c1} of {label}"
+    if isinstance(exc, OSError) and exc.errno in _FULL:
+        return DiskFullError(
+            f"Expected free space to write {region}. Got: disk full ({exc.strerror}). "
+            f"Finished tiles are kept; free space and rerun with --resume (resume=True).")
+    return WriteError(f"Expected to write {region}. Got {type(exc).__name__}: {exc}.")
+
+
+@dataclass(frozen=True)
+class RawRegion:
+    """Where a region of a raw-writable output lies in its file: small and picklable, so that
+    a process other than the sink's (a dask worker) can write it (:func:`write_region`)."""
+
+    path: str  # the file, as the sink resolved it
+    label: str  # the output, for messages
+    dtype: str
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    pieces: tuple  # per stored block it overlaps, as FileSink._pieces gives them
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows[1] - self.rows[0], self.cols[1] - self.cols[0]
+
+
+def write_pieces(fd: int, pieces, src, itemsize: int) -> None:
+    """Write ``src`` (C-contiguous) to the file at ``pieces`` (FileSink._pieces) with
+    ``pwritev``, from this thread only: row-sized pwrites from many threads contend for the
+    GIL, and the disk, not the copy into the page cache, bounds the rate."""
+    for base, (_, bc), (ra, _rb, ca, _cb), (a, b, c, d) in pieces:
+        write_block(fd, base + (ra * bc + ca) * itemsize, bc * itemsize, src, a, b, c, d)
+
+
+def write_region(where: RawRegion, src) -> None:
+    """Write ``src`` to ``where`` from any process, durably: open the file for writing,
+    ``pwritev`` the pieces, ``fdatasync``, close. Touches only the region's bytes (the storage
+    exists and is reserved; no HDF5 metadata is read or written), so several processes may
+    write disjoint regions of one output while the sink's owner journals them after this
+    returns. Errors are WriteError (DiskFullError when the disk is full)."""
+    (r0, r1), (c0, c1) = where.rows, where.cols
+    _check_tile(np.dtype(where.dtype), where.shape, src)
+    try:
+        fd = os.open(where.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            write_pieces(fd, where.pieces, np.ascontiguousarray(src), src.dtype.itemsize)
+            _fdatasync(fd)
+        finally:
+            os.close(fd)
+    except Exception as exc:
+        raise _write_error(where.label, r0, r1, c0, c1, exc) from exc
 
 
 class ArraySink(Sink):
@@ -322,15 +395,19 @@ class FileSink(Sink):
                     dirty.append((base + (ra * bc + ca) * w, base + ((rb - 1) * bc + cb) * w))
                 self._mark_dirty(dirty)
                 return
-            # One thread per tile: row-sized pwrites from many threads contend for the GIL,
-            # and the disk, not the copy into the page cache, bounds the rate.
-            src = np.ascontiguousarray(src)
-            for base, (_, bc), (ra, _rb, ca, _cb), (a, b, c, d) in pieces:
-                write_block(self._fd, base + (ra * bc + ca) * w, bc * w, src, a, b, c, d)
+            write_pieces(self._fd, pieces, np.ascontiguousarray(src), w)
         except BigmmError:
             raise
         except Exception as exc:
             raise self._write_error(r0, r1, c0, c1, exc) from exc
+
+    def raw_region(self, r0, r1, c0, c1) -> RawRegion | None:
+        """The region's place in the file while it is written raw (None through h5py)."""
+        self._check_region(r0, r1, c0, c1)
+        if self._fd is None:
+            return None
+        return RawRegion(self.path, self.label, self.dtype.str, (r0, r1), (c0, c1),
+                         tuple(self._pieces(r0, r1, c0, c1)))
 
     def _pieces(self, r0, r1, c0, c1) -> list:
         """Where region [r0:r1, c0:c1] lies in the file, per stored block it overlaps (the

@@ -1,6 +1,7 @@
 import errno
 import hashlib
 import os
+import pickle
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,9 @@ from bigmm.errors import (DiskFullError, DtypeError, IncompleteOutputError, Oper
                           OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
                           ShapeError, WriteError)
 from bigmm.io import mapped, open_input, open_output, read_journal
+from bigmm.io import sink as sink_mod
 from bigmm.io.journal import Journal
+from bigmm.io.sink import write_region
 from bigmm.testing import random_matrix
 
 SHAPE = (97, 61)
@@ -523,3 +526,97 @@ def test_resume_into_a_dataset_that_is_not_raw_writable(tmp_path, inputs, reads_
         sink.commit(tiles())
         sink.finish()
     np.testing.assert_array_equal(read_back(spec), new)
+
+
+def write_from_elsewhere(sink, data, which):
+    """Write tiles the way another process does: a pickled RawRegion and write_region."""
+    for t in which:
+        r0, r1, c0, c1 = region(t)
+        where = pickle.loads(pickle.dumps(sink.raw_region(r0, r1, c0, c1)))
+        assert where.shape == (r1 - r0, c1 - c0) and len(pickle.dumps(where)) < 2048
+        write_region(where, np.ascontiguousarray(data[r0:r1, c0:c1]))
+
+
+RAW_REGION_CASES = [
+    # (output chunks, whether posix_fallocate works, beta != 0)
+    # contiguous, reserved and mapped by the sink
+    (None, True, False),
+    # chunked by other tiles: every region cuts across chunks, several pieces each
+    ((16, 11), True, False),
+    # chunked by the regions' own tiles: one piece each
+    ((BM, BN), True, False),
+    # no posix_fallocate: the sink itself would write with pwritev
+    (None, False, False),
+    # beta != 0: regions lie in the partial dataset while old C stays readable
+    ((BM, BN), True, True),
+]
+
+
+@pytest.mark.parametrize("chunks,fallocate,reads_c", RAW_REGION_CASES)
+def test_raw_regions_written_elsewhere(tmp_path, inputs, monkeypatch, chunks, fallocate,
+                                       reads_c):
+    _, srcs = inputs
+    path = str(tmp_path / "c.h5")
+    spec = f"{path}:/C"
+    old, new = random_matrix(SHAPE, np.float32, seed=30), random_matrix(SHAPE, np.float32, seed=31)
+    if reads_c:
+        with h5py.File(path, "w") as f:
+            f["C"] = old
+    monkeypatch.setattr(sink_mod, "MIN_CHUNK_BYTES", 0)
+    if not fallocate:
+        fallocate_fails(monkeypatch, errno.EOPNOTSUPP)
+    sink = new_sink(spec, srcs, reads_c=reads_c, tile=chunks)
+    assert sink.mapped == fallocate
+    with h5py.File(path, "r") as f:
+        assert f[sink.target].chunks == chunks
+    pieces = {t: len(sink.raw_region(*region(t)).pieces) for t in tiles()}
+    if chunks in (None, (BM, BN)):
+        assert set(pieces.values()) == {1}
+    else:
+        assert min(pieces.values()) > 1
+    half = tiles()[:5]
+    write_from_elsewhere(sink, new, half)
+    sink.commit(half)
+    sink.close()  # crash: the written tiles are journaled, old C is intact
+    if reads_c:
+        np.testing.assert_array_equal(read_back(spec), old)
+    with new_sink(spec, srcs, reads_c=reads_c, resume=True) as sink:
+        assert sink.done == frozenset(half)
+        rest = [t for t in tiles() if t not in sink.done]
+        write_from_elsewhere(sink, new, rest)
+        sink.commit(rest)
+        sink.finish()
+    np.testing.assert_array_equal(read_back(spec), new)
+
+
+def test_no_raw_regions_through_h5py(tmp_path, inputs):
+    """Outputs written through h5py (or arrays) have no raw regions: only the sink writes."""
+    _, srcs = inputs
+    assert new_sink(None, []).raw_region(0, BM, 0, BN) is None
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        d = f.create_dataset("C", shape=SHAPE, dtype="f4", chunks=(9, 9), compression="gzip")
+        assert new_sink(d, srcs).raw_region(0, BM, 0, BN) is None
+    path = str(tmp_path / "c.h5")
+    new_sink(f"{path}:/C", srcs).close()
+    with h5py.File(path, "r+") as f:  # a filtered dataset in its place
+        del f["C"]
+        f.create_dataset("C", shape=SHAPE, dtype="f4", chunks=(8, 8), compression="gzip")
+    with new_sink(f"{path}:/C", srcs, resume=True) as sink:
+        assert sink.layout == "h5py" and sink.raw_region(0, BM, 0, BN) is None
+
+
+def test_write_region_errors(tmp_path, inputs):
+    _, srcs = inputs
+    path = str(tmp_path / "c.h5")
+    with new_sink(f"{path}:/C", srcs) as sink:
+        with pytest.raises(ShapeError, match="Expected"):
+            sink.raw_region(0, SHAPE[0] + 1, 0, BN)  # outside C
+        where = sink.raw_region(0, BM, 0, BN)
+    with pytest.raises(ShapeError, match=r"\(20, 17\)"):  # a tile of another shape
+        write_region(where, np.zeros((BM, BN + 1), np.float32))
+    with pytest.raises(ShapeError, match="float32"):  # or dtype
+        write_region(where, np.zeros((BM, BN), np.float64))
+    os.remove(path)
+    with pytest.raises(WriteError) as err:  # the file is gone
+        write_region(where, np.zeros((BM, BN), np.float32))
+    assert f"rows 0:{BM}, columns 0:{BN}" in str(err.value) and "c.h5" in str(err.value)
