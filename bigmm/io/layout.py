@@ -51,6 +51,14 @@ class Layout:
     def fast(self) -> bool:
         return self.kind != "h5py"
 
+    def data_ranges(self, shape, itemsize: int) -> list[tuple[int, int]]:
+        """The file byte ranges [lo, hi) holding a raw (contiguous or unfiltered chunked)
+        dataset's elements: one range, or one per stored chunk."""
+        if self.kind == "contiguous":
+            return [(self.offset, self.offset + int(np.prod(shape)) * itemsize)]
+        size = self.chunks[0] * self.chunks[1] * itemsize
+        return [(int(o), int(o) + size) for o in self.chunk_offsets.ravel() if o >= 0]
+
 
 def _fallback(reason: str, chunks=None) -> Layout:
     return Layout("h5py", reason=reason, chunks=chunks)

@@ -47,6 +47,43 @@ def _libc_msync():
 
 
 _C_MSYNC = _libc_msync()
+#: fallocate(2) mode giving blocks back without changing the file's size.
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+
+
+def _libc_fallocate():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):  # pragma: no cover
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_C_FALLOCATE = _libc_fallocate()
+
+
+def reserve(fd: int, start: int, length: int, *, release=()) -> None:
+    """``posix_fallocate`` bytes ``[start, start + length)`` of the file open as ``fd``.
+
+    Raises OSError(ENOSPC) without trying when the file system reports less free space than
+    the blocks the file still lacks. A failed ``posix_fallocate`` keeps the blocks it did get
+    on some file systems (measured on ext4: a 16 MiB request on a 6 MiB file system left it
+    with 0 bytes free): the byte ranges ``(lo, hi)`` in ``release`` (data that holds nothing
+    to keep, never file metadata) are then given back by punching holes before the error.
+    """
+    try:
+        os.posix_fallocate(fd, start, 1)  # not supported here: that error, before any check
+        st, fs = os.fstat(fd), os.fstatvfs(fd)
+        if fs.f_blocks and fs.f_bavail * fs.f_frsize < length - min(length, st.st_blocks * 512):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.posix_fallocate(fd, start, length)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC and _C_FALLOCATE is not None:
+            for lo, hi in release:  # best effort
+                _C_FALLOCATE(fd, _PUNCH_HOLE, lo, hi - lo)
+        raise
 
 
 class FileShortError(OSError):
