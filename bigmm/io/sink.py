@@ -62,7 +62,7 @@ from .base import Matrix
 from .journal import Journal
 from ..units import format_bytes
 from .layout import chunk_cells, probe_layout
-from .mapped import FileMap
+from .mapped import FileMap, reserve
 from .rawio import write_block
 from .source import DEFAULT_THREADS, open_input, release_h5_handles
 from .spec import Spec
@@ -331,7 +331,9 @@ class FileSink(Sink):
         if nbytes <= 0 or not hasattr(os, "posix_fallocate"):
             return
         try:
-            os.posix_fallocate(self._fd, start, nbytes)
+            reserve(self._fd, start, nbytes,  # gives back a failed attempt's blocks
+                    release=() if self.done else self._lay.data_ranges(
+                        self.shape, self.dtype.itemsize))
         except OSError as exc:
             if exc.errno in _FULL:
                 raise self._full_at_creation(nbytes, exc) from exc
