@@ -458,7 +458,8 @@ class _Writer(threading.Thread):
                     last = time.perf_counter()
             except BaseException as e:
                 self.error = e
-                fut.set_exception(e)
+                if not fut.done():  # a failed commit comes after this tile's result
+                    fut.set_exception(e)
         if self.error is None:
             try:
                 self._commit(pending)
