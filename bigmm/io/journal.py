@@ -45,6 +45,7 @@ class Journal:
         self.path, self.header, self.tiles, self.swap = path, header, tiles, swap
         self._lock = threading.Lock()
         self._fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        self._size = valid_bytes
         if os.fstat(self._fd).st_size != valid_bytes:  # cut a torn last line
             os.ftruncate(self._fd, valid_bytes)
             os.fsync(self._fd)
@@ -71,11 +72,22 @@ class Journal:
         return None if parsed is None else cls(path, *parsed)
 
     def append(self, record: dict) -> None:
+        """Append one line and fsync it. On failure (a full disk) the partial line is cut
+        off again where possible, and the record counts as not written."""
         line = (json.dumps(record, sort_keys=True) + "\n").encode()
         with self._lock:
-            os.lseek(self._fd, 0, os.SEEK_END)
-            os.write(self._fd, line)
-            os.fsync(self._fd)
+            try:
+                done = 0
+                while done < len(line):  # a short write (disk nearly full) goes on
+                    done += os.pwrite(self._fd, line[done:], self._size + done)
+                os.fsync(self._fd)
+            except BaseException:
+                try:
+                    os.ftruncate(self._fd, self._size)
+                except OSError:
+                    pass  # a torn last line is ignored on loading anyway
+                raise
+            self._size += len(line)
             if "tiles" in record:
                 self.tiles.update(tuple(t) for t in record["tiles"])
             if record.get("swap"):
