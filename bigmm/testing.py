@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import glob
+import hashlib
 import importlib.util
 import os
+import shutil
+import subprocess
 import time
 
 import numpy as np
@@ -72,3 +77,80 @@ def wait_for_journaled_tiles(folder, proc, timeout: float, output: str = "c.h5")
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     raise AssertionError("no tile was journaled in time")
+
+
+# ----- fault injection ------------------------------------------------------------------------
+
+def sha256(path) -> str:
+    """The SHA-256 of a file's bytes (inputs must be byte-identical after any run)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fail_after(call, n: int, code: int = errno.ENOSPC):
+    """``call`` for its first ``n`` uses, then OSError(``code``) on every later one (a disk
+    that fills up, or a device that starts failing, after ``n`` operations). ``.calls`` counts
+    the uses."""
+
+    @functools.wraps(call)
+    def wrapped(*args, **kwargs):
+        wrapped.calls += 1
+        if wrapped.calls > n:
+            raise OSError(code, os.strerror(code))
+        return call(*args, **kwargs)
+
+    wrapped.calls = 0
+    return wrapped
+
+
+def mount_prefix() -> list[str] | None:
+    """A command prefix running its command in a private mount namespace where it may mount a
+    tmpfs (``unshare -m`` as root, ``unshare -rm`` in a user namespace otherwise), or None
+    where neither works."""
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return None
+    for prefix in (["unshare", "-m"], ["unshare", "-rm"]):
+        if prefix == ["unshare", "-m"] and os.geteuid() != 0:
+            continue
+        probe = subprocess.run([*prefix, "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt "
+                                "|| mount -t tmpfs -o size=64k tmpfs /tmp"],
+                               capture_output=True)
+        if probe.returncode == 0:
+            return prefix
+    return None
+
+
+@contextlib.contextmanager
+def small_filesystem(folder, size: int, fstype: str = "tmpfs"):
+    """Mount a ``size``-byte file system (``tmpfs``, or ``ext4`` on a loop device) on the new
+    directory ``folder`` for the block; raises ``Unavailable`` where this process cannot mount
+    (needs root; tests skip then)."""
+    folder = os.fspath(folder)
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        raise Unavailable("mounting a file system needs root")
+    os.makedirs(folder, exist_ok=True)
+    if fstype == "tmpfs":
+        cmd = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", folder]
+    else:
+        image = folder.rstrip("/") + ".img"
+        with open(image, "wb") as fh:
+            fh.truncate(size)
+        made = subprocess.run(["mkfs." + fstype, "-q", "-F", image], capture_output=True,
+                              text=True)
+        if made.returncode:
+            raise Unavailable(f"cannot make {fstype}: {made.stderr.strip()}")
+        cmd = ["mount", "-o", "loop", image, folder]
+    made = subprocess.run(cmd, capture_output=True, text=True)
+    if made.returncode:
+        raise Unavailable(f"cannot mount {fstype} here: {made.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", folder], check=False)
+
+
+class Unavailable(RuntimeError):
+    """A test facility (a mount, a namespace) is not available on this machine."""
