@@ -1,7 +1,9 @@
 """bigmm on dask: dask arrays in and out, HDF5 jobs on a real local cluster, faults, resume, CLI.
 
 Every test that computes runs on a LocalCluster of two worker processes (one thread each)
-started here; the fault test starts its own and kills one of its workers mid-job.
+started here; the fault test starts its own and kills one of its workers mid-job. HDF5 jobs
+check where C's tiles were written: by the workers, into C's file (the task results carry no
+data), or, for an output only h5py can write, by this process.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ distributed = pytest.importorskip("distributed")
 import bigmm  # noqa: E402
 import bigmm.dask as bd  # noqa: E402
 from bigmm import cli  # noqa: E402
+from bigmm.dask import files as dask_files  # noqa: E402
 from bigmm.dask.array import _k_pieces, _operand, _rechunk_to_budget  # noqa: E402
+from bigmm.io import sink as sink_mod  # noqa: E402
 from bigmm.errors import (BackendUnavailable, BudgetError, DtypeError, Interrupted,  # noqa: E402
                           OptionError, OutputExistsError, ShapeError)
 from bigmm.io.journal import journal_path, parse_journal  # noqa: E402
@@ -218,6 +222,31 @@ def _read(spec):
         return d[...], dict(d.attrs)
 
 
+@pytest.fixture
+def landed(monkeypatch):
+    """What came back to this process per finished tile (None: the worker wrote it into C's
+    file), and how many regions this process wrote into C itself."""
+    seen = {"data": [], "caller_writes": 0}
+    real_landed, real_write = dask_files._Tiles._landed, sink_mod.FileSink.write
+
+    def spy_landed(self, t, c, st):
+        seen["data"].append(c)
+        real_landed(self, t, c, st)
+
+    def spy_write(self, *args):
+        seen["caller_writes"] += 1
+        real_write(self, *args)
+
+    monkeypatch.setattr(dask_files._Tiles, "_landed", spy_landed)
+    monkeypatch.setattr(sink_mod.FileSink, "write", spy_write)
+    return seen
+
+
+def _written_on_workers(seen, tiles):
+    assert len(seen["data"]) == tiles and all(c is None for c in seen["data"])
+    assert seen["caller_writes"] == 0
+
+
 FILE_CASES = [
     # (m, k, n, dtype, trans_a, trans_b, alpha, beta, layout, memory)
     # contiguous inputs, a budget that forces many tiles and K panels
@@ -234,7 +263,8 @@ FILE_CASES = [
 
 
 @pytest.mark.parametrize("m,k,n,dtype,ta,tb,alpha,beta,layout,memory", FILE_CASES)
-def test_files_on_cluster(client, tmp_path, m, k, n, dtype, ta, tb, alpha, beta, layout, memory):
+def test_files_on_cluster(client, tmp_path, landed, m, k, n, dtype, ta, tb, alpha, beta, layout,
+                          memory):
     a = random_matrix(_stored((m, k), ta), dtype, seed=m)
     b = random_matrix(_stored((k, n), tb), dtype, seed=n)
     sa = _h5(tmp_path / "a.h5", "A", a, layout)
@@ -257,6 +287,78 @@ def test_files_on_cluster(client, tmp_path, m, k, n, dtype, ta, tb, alpha, beta,
     assert stats.tiles_done == stats.tiles_total >= 4  # at least two tiles per worker
     assert stats.flops == 2 * m * n * k and stats.bytes_written == got.nbytes
     assert [p.tiles_done for p in seen] == list(range(1, stats.tiles_total + 1))
+    _written_on_workers(landed, stats.tiles_total)
+
+
+OUTPUT_CASES = [
+    # (C's layout, beta, old C's layout)
+    # contiguous C: each tile is rows of strided byte ranges
+    ("contiguous", 0.0, None),
+    # C chunked by the tiles: each tile one byte range
+    ("tile-chunked", 0.0, None),
+    # beta != 0: workers read old C from C and write the partial dataset beside it in one file
+    ("tile-chunked", -0.5, "contiguous"),
+    # beta != 0 on a gzip-compressed C: old C read through h5py on the workers, the new C
+    # (created unfiltered) written raw by them
+    ("contiguous", 2.0, "compressed"),
+    ("tile-chunked", 1.0, "compressed"),
+]
+
+
+@pytest.mark.parametrize("out_layout,beta,old_layout", OUTPUT_CASES)
+def test_files_written_by_the_workers(client, tmp_path, monkeypatch, landed, out_layout, beta,
+                                      old_layout):
+    m, k, n = 83, 57, 95
+    if out_layout == "tile-chunked":  # chunk the small test output by its tiles too
+        monkeypatch.setattr(sink_mod, "MIN_CHUNK_BYTES", 0)
+    a, b = random_matrix((m, k), np.float64, seed=41), random_matrix((k, n), np.float64, seed=42)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    sc = f"{tmp_path / 'c.h5'}:/C"
+    c0 = None
+    if beta:
+        c0 = random_matrix((m, n), np.float64, seed=43)
+        _h5(tmp_path / "c.h5", "C", c0, old_layout)
+    out, stats = bd.matmul_files(sa, sb, sc, client=client, alpha=1.5, beta=beta,
+                                 memory="48KiB", backend="numpy", stats=True)
+    got, attrs = _read(sc)
+    ref = reference_gemm(a, b, alpha=1.5, beta=beta, c=c0)
+    assert relative_error(got, ref) <= tolerance(np.float64, k) and attrs["bigmm_complete"]
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert sorted(f) == ["C"]  # the partial dataset took C's place
+        chunks, compression = f["C"].chunks, f["C"].compression
+    assert compression is None and (chunks is None) == (out_layout == "contiguous")
+    _written_on_workers(landed, stats.tiles_total)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5])  # C itself; the partial dataset beside old C
+def test_files_h5py_output_tiles_come_back(client, tmp_path, landed, beta):
+    """An output only h5py can write (a filtered dataset put in its place between an
+    interrupted run and its resume): the tiles come back and this process writes them."""
+    m, k, n = 72, 64, 90
+    a, b = random_matrix((m, k), np.float64, seed=51), random_matrix((k, n), np.float64, seed=52)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    sc = f"{tmp_path / 'c.h5'}:/C"
+    c0 = None
+    if beta:
+        c0 = random_matrix((m, n), np.float64, seed=53)
+        _h5(tmp_path / "c.h5", "C", c0)
+    kw = dict(client=client, beta=beta, memory="40KiB", backend="numpy", stats=True)
+    with pytest.raises(Interrupted):
+        bd.matmul_files(sa, sb, sc, progress=_stop_after(2), **kw)
+    target = "C.bigmm-partial" if beta else "C"
+    with h5py.File(tmp_path / "c.h5", "r+") as f:  # the same values, stored compressed
+        data = f[target][...]
+        del f[target]
+        d = f.create_dataset(target, data=data, chunks=(8, 8), compression="gzip")
+        d.attrs["bigmm_complete"] = False
+    before = len(landed["data"])
+    _, stats = bd.matmul_files(sa, sb, sc, resume=True, **kw)
+    back = landed["data"][before:]
+    assert len(back) == stats.tiles_done > 0 and all(isinstance(c, np.ndarray) for c in back)
+    assert landed["caller_writes"] == stats.tiles_done
+    got, attrs = _read(sc)
+    ref = reference_gemm(a, b, beta=beta, c=c0)
+    assert relative_error(got, ref) <= tolerance(np.float64, k) and attrs["bigmm_complete"]
 
 
 def test_files_errors(client, tmp_path):
@@ -286,18 +388,22 @@ def _stop_after(n):
 
 
 RESUME_CASES = [
-    # (first run, second run)
+    # (first run, second run, C's layout)
     # interrupted on the cluster, resumed on the cluster after all its workers restarted
-    ("cluster", "cluster"),
+    ("cluster", "cluster", "contiguous"),
+    ("cluster", "cluster", "tile-chunked"),
     # interrupted on the cluster, resumed in this process by bigmm.matmul (same journal)
-    ("cluster", "local"),
+    ("cluster", "local", "tile-chunked"),
     # interrupted in this process, resumed on the cluster
-    ("local", "cluster"),
+    ("local", "cluster", "contiguous"),
 ]
 
 
-@pytest.mark.parametrize("first,second", RESUME_CASES)
-def test_resume_across_workers(client, tmp_path, first, second):
+@pytest.mark.parametrize("first,second,out_layout", RESUME_CASES)
+def test_resume_across_workers(client, tmp_path, monkeypatch, landed, first, second,
+                               out_layout):
+    if out_layout == "tile-chunked":
+        monkeypatch.setattr(sink_mod, "MIN_CHUNK_BYTES", 0)
     m, k, n = 96, 70, 88
     a, b = random_matrix((m, k), np.float64, seed=11), random_matrix((k, n), np.float64, seed=12)
     sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
@@ -321,6 +427,9 @@ def test_resume_across_workers(client, tmp_path, first, second):
     got, attrs = _read(sc)
     assert attrs["bigmm_complete"]
     assert relative_error(got, a @ b) <= tolerance(np.float64, k)
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert (f["C"].chunks is None) == (out_layout == "contiguous")
+    assert all(c is None for c in landed["data"])  # cluster tiles were written by the workers
 
 
 def test_worker_killed_mid_job(tmp_path):

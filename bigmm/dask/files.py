@@ -1,7 +1,12 @@
 """bigmm.dask.matmul_files: an HDF5 job as C-tile tasks on a dask.distributed cluster.
 
-Each tile task reopens A and B by path on its worker and runs bigmm's executor on its tile;
-finished tiles come back to the calling process, the only writer of C and of its journal.
+Each tile task reopens A and B by path on its worker and runs bigmm's executor on its tile.
+The calling process creates C (its storage reserved, so every tile has fixed byte offsets) and
+hands each task where its tile lies in the file (:meth:`bigmm.io.Sink.raw_region`); the worker
+writes the tile there, makes it durable and returns only its statistics, and the caller
+journals it. The caller alone touches HDF5 metadata and the journal. Where C can only be
+written through h5py (an existing filtered dataset), tiles come back to the caller, which
+writes them.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import contextlib
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -21,6 +26,7 @@ from ..api import (check_operands, parse_io_threads, parse_scalar, resolve_backe
 from ..backends import get_backend
 from ..errors import BudgetError, Interrupted, OptionError, ResumeError
 from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
+from ..io.sink import RawRegion, write_region
 from ..plan import Plan, Tile, make_plan
 from ._common import RESOURCE
 from ._common import distributed as _distributed
@@ -29,6 +35,8 @@ from ._common import distributed as _distributed
 WINDOW_PER_SLOT = 2
 #: The grid of a fresh job has at least this many tiles per task slot (load balance).
 TILES_PER_SLOT = 2
+#: After an error or an interrupt, how long to wait for the tasks in flight to finish.
+DRAIN_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -67,8 +75,13 @@ class _Region(io.Source):
         self.src.read(self.r0 + r0, self.r0 + r1, self.c0 + c0, self.c0 + c1, out)
 
 
-def _tile_task(job: _TileJob, t: Tile):
-    """On a worker: C[t] from A's row panel and B's column panel, read from the files here."""
+def _tile_task(job: _TileJob, t: Tile, where: RawRegion | None = None, old=None):
+    """On a worker: C[t] from A's row panel and B's column panel, read from the files here.
+
+    Returns (t, None, stats) after writing C[t] durably to ``where`` in C's file, or
+    (t, C[t], stats) for the caller to write when ``where`` is None. Old C (beta != 0) is
+    read from ``job.old_c`` here, or is ``old`` where the caller holds C's file open in h5py.
+    """
     be = resolve_backend(job.backend, job.kernel)  # its buffers live until close()
     k, dt = job.k, np.dtype(job.dtype)
     opened: list = []
@@ -85,7 +98,9 @@ def _tile_task(job: _TileJob, t: Tile):
         a = _Region(A, 0, k, t.r0, t.r1) if job.trans_a else _Region(A, t.r0, t.r1, 0, k)
         b = _Region(B, t.c0, t.c1, 0, k) if job.trans_b else _Region(B, 0, k, t.c0, t.c1)
         c = np.empty(t.shape, dt)
-        if job.old_c is not None:
+        if old is not None:
+            c[...] = old
+        elif job.old_c is not None:
             C = io.open_input(job.old_c, name="C")
             opened.append(C)
             C.read(t.r0, t.r1, t.c0, t.c1, c)
@@ -96,7 +111,11 @@ def _tile_task(job: _TileJob, t: Tile):
         for x in reversed(opened):
             x.close()
         be.close()
-    return t, c, stats
+    if where is None:
+        return t, c, stats
+    t0 = time.perf_counter()
+    write_region(where, c)
+    return t, None, replace(stats, write_busy=stats.write_busy + time.perf_counter() - t0)
 
 
 @dataclass(frozen=True)
@@ -215,14 +234,18 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
     The C tiles come from bigmm's planner (stream order; a grid too coarse for the cluster is
     split). Each tile is one task: on its worker it reopens A and B by path, reads its own
     panels and runs bigmm's executor for the tile under the budget (memory per task: the
-    plan's device and host bytes, plus the finished tile). Finished tiles come back to this
-    process, which alone writes C and journals the tiles, so ``resume=True`` skips every tile
-    an earlier run (on any cluster, or ``bigmm.matmul``) finished. A lost worker's tiles are
-    recomputed by dask. At most WINDOW_PER_SLOT tasks per task slot are in flight.
+    plan's device and host bytes, plus the finished tile). This process creates C; each
+    worker writes its finished tile into C's file at the tile's byte offsets and syncs it (so
+    ``out`` must be writable by every worker at the same path), and this process journals the
+    tile once the task reports it, so ``resume=True`` skips every tile an earlier run (on any
+    cluster, or ``bigmm.matmul``) finished. Only this process touches HDF5 metadata. An
+    existing C that must be written through h5py (filtered) gets its tiles back here instead.
+    A lost worker's tiles are recomputed by dask. At most WINDOW_PER_SLOT tasks per task slot
+    are in flight.
 
     ``kernel``: the GPU kernel, as in :func:`bigmm.matmul`. Returns the output spec, or
-    (spec, RunStats) with ``stats=True`` (busy times summed over
-    the tasks; ``write_busy`` is this process's writing).
+    (spec, RunStats) with ``stats=True`` (busy times summed over the tasks; ``write_busy``
+    adds this process's writing and journaling).
     """
     result, _, run, _ = _run_files(a, b, out, client=client, alpha=alpha, beta=beta,
                                    trans_a=trans_a, trans_b=trans_b, memory=memory,
@@ -286,7 +309,7 @@ def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host
 
 
 class _Tiles:
-    """Submits the tile tasks in a bounded window and writes the tiles as they arrive."""
+    """Submits the tile tasks in a bounded window and journals the tiles as they finish."""
 
     def __init__(self, client, job: _TileJob, plan: Plan, sink, progress, slots: int,
                  tagged: bool):
@@ -306,7 +329,14 @@ class _Tiles:
     def _submit(self, ac, it) -> None:
         t = next(it, None)
         if t is not None:
-            ac.add(self.client.submit(_tile_task, self.job, t, pure=False,
+            where = self.sink.raw_region(t.r0, t.r1, t.c0, t.c1)
+            old = None
+            if where is None and self.job.old_c is not None:
+                # C's file is open in h5py for writing here, so no worker may open it: old C
+                # travels with the task.
+                old = np.empty(t.shape, self.sink.dtype)
+                self.sink.read(t.r0, t.r1, t.c0, t.c1, old)
+            ac.add(self.client.submit(_tile_task, self.job, t, where, old, pure=False,
                                       key=f"bigmm-tile-{t.i}-{t.j}-{self.tag}",
                                       resources=self.resources))
 
@@ -323,7 +353,7 @@ class _Tiles:
             for fut in ac:
                 t, c, st = fut.result()
                 fut.release()
-                self._write(t, c, st)
+                self._landed(t, c, st)
                 if time.perf_counter() - last >= COMMIT_INTERVAL:
                     self._commit()
                     last = time.perf_counter()
@@ -331,10 +361,7 @@ class _Tiles:
                 self._submit(ac, it)
             self._commit()
         except BaseException as e:
-            for f in list(ac.futures):
-                f.cancel()
-            with contextlib.suppress(Exception):
-                self._commit()
+            self._drain(list(ac.futures))
             if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
                 raise Interrupted(
                     f"Interrupted after {len(self.written)} of {len(self.todo)} tiles; the "
@@ -342,18 +369,36 @@ class _Tiles:
             raise
         return self._stats()
 
-    def _write(self, t: Tile, c, st: RunStats) -> None:
-        t0 = time.perf_counter()
-        self.sink.write(t.r0, t.r1, t.c0, t.c1, c)
-        self.busy["write"] += time.perf_counter() - t0
+    def _drain(self, futures: list) -> None:
+        """After an error or an interrupt: wait for the tasks in flight, journal the tiles that
+        landed, cancel the rest. A running task cannot be stopped, and returning while one is
+        still writing into C's file would leave a writer behind (into a new output a later run
+        creates there, say); a second interrupt stops the wait."""
+        from distributed import wait
+
+        with contextlib.suppress(BaseException):
+            wait(futures, timeout=DRAIN_SECONDS)
+        for f in futures:
+            if f.status == "finished":
+                with contextlib.suppress(Exception):
+                    self._landed(*f.result())
+            f.cancel()
+        with contextlib.suppress(Exception):
+            self._commit()
+
+    def _landed(self, t: Tile, c, st: RunStats) -> None:
+        """A finished task: its tile is in C's file, or it is ``c`` for this process to write."""
+        if c is not None:
+            t0 = time.perf_counter()
+            self.sink.write(t.r0, t.r1, t.c0, t.c1, c)
+            self.busy["write"] += time.perf_counter() - t0
         self.written.append(t.index)
         self.pending.append(t.index)
         self.totals["flops"] += st.flops
         self.totals["bytes_read"] += st.bytes_read
-        self.totals["bytes_written"] += c.nbytes
+        self.totals["bytes_written"] += t.shape[0] * t.shape[1] * self.sink.dtype.itemsize
         for s in STAGES:
-            if s != "write":
-                self.busy[s] += getattr(st, f"{s}_busy")
+            self.busy[s] += getattr(st, f"{s}_busy")
 
     def _commit(self) -> None:
         if self.pending:
