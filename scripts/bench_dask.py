@@ -15,10 +15,12 @@ and the worker's RSS before the run.
 GPU mode (``--gpus``): the scaling of one HDF5 job (n x n float32, compute-bound) on a
 LocalCUDACluster of 1 GPU and then of ``--gpus`` GPUs (one worker per GPU, one bigmm task per
 GPU at a time) through ``bigmm.dask.matmul_files``. The same job runs once to warm up (kernels
-compiled, pinned buffers made in every worker), then is timed and verified. C (4 GiB at
-n = 32768) is written durably by one process: at about 1 GB/s to disk that alone takes longer
-than the product on one GPU, so ``--out-dir /dev/shm`` measures the compute scaling and the
-default (C beside the inputs) the end-to-end time; the busy times printed tell which bound.
+compiled, pinned buffers made in every worker), then is timed and verified. Each worker writes
+its tiles of C (4 GiB at n = 32768) durably into C's file: at about 1 GB/s to disk that alone
+can take longer than the product on one GPU, so ``--out-dir /dev/shm`` measures the compute
+scaling and the default (C beside the inputs) the end-to-end time; the busy times printed
+tell which bound. ``--backend numpy`` runs the same flow on CPU worker processes (a check of
+the script, not a measurement).
 
     python scripts/bench_dask.py --gpus 2 --size 32768 --dir /data/bench --out-dir /dev/shm
 """
@@ -248,7 +250,8 @@ def run_gpus(args) -> dict:
                                    "tiles": stats.tiles_total, "busy_summed": busy,
                                    "verified": str(check)})
             print(f"{gpus} GPU(s): {seconds:.2f} s, {2 * n ** 3 / seconds / 1e12:.2f} TFLOP/s, "
-                  f"{stats.tiles_total} tiles; busy (summed over tasks; write = this process) "
+                  f"{stats.tiles_total} tiles; busy (summed over tasks; write = the workers' "
+                  f"writes into C and this process's journaling) "
                   f"{busy}; {check}", flush=True)
     if len(result["runs"]) == 2:
         one, many = result["runs"]
