@@ -97,3 +97,7 @@ class Interrupted(BigmmError, KeyboardInterrupt):
 
 class OptionError(BigmmError, ValueError):
     """An option has a value bigmm does not take (layout, compression, seed, sample count, ...)."""
+
+
+class OutputTooLarge(BigmmError, MemoryError):
+    """The result was asked for as an in-memory array (out=None) and does not fit in memory."""

@@ -40,10 +40,17 @@ def dtype_name(dtype: np.dtype) -> str:
 
 
 def check_matrix(shape, dtype, label: str) -> np.dtype:
-    """Raise unless 2-D and float32/float64 (any byte order); return the native dtype."""
+    """Raise unless 2-D with at least one row and one column, and float32/float64 (any byte
+    order); return the native dtype."""
+    if shape is None:
+        raise ShapeError(f"Expected a 2-D matrix for {label}. Got an empty dataset (no "
+                         f"dataspace).")
     if len(shape) != 2:
         raise ShapeError(
             f"Expected a 2-D matrix for {label}. Got shape {tuple(shape)} ({len(shape)}-D).")
+    if 0 in tuple(shape):
+        raise ShapeError(f"Expected a matrix with at least one row and one column for {label}. "
+                         f"Got shape {tuple(shape)}.")
     dtype = np.dtype(dtype)
     native = dtype.newbyteorder("=") if dtype.kind == "f" else dtype
     if dtype.names or native not in FLOAT_DTYPES:

@@ -60,6 +60,11 @@ class Layout:
         return [(int(o), int(o) + size) for o in self.chunk_offsets.ravel() if o >= 0]
 
 
+#: Chunk grids with more cells than this are read through h5py: the raw readers' index holds
+#: two int64 per cell (a declared 10^7 x 10^7 dataset in 1000 x 1000 chunks: 1.6 GB).
+MAX_INDEX_CELLS = 1 << 22
+
+
 def _fallback(reason: str, chunks=None) -> Layout:
     return Layout("h5py", reason=reason, chunks=chunks)
 
@@ -87,6 +92,10 @@ def _probe(dset: h5py.Dataset) -> Layout:
     if kind == h5d.VIRTUAL:
         return _fallback("virtual dataset", chunks)
     fill = float(np.asarray(dset.fillvalue, dtype=dtype.newbyteorder("=")))
+    if chunks is not None and len(chunks) == 2:
+        cells = -(-dset.shape[0] // chunks[0]) * -(-dset.shape[1] // chunks[1])
+        if cells > MAX_INDEX_CELLS:
+            return _fallback(f"{cells} chunks, more than {MAX_INDEX_CELLS} to index", chunks)
     if dcpl.get_nfilters():
         filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
         codes = [code for code, _flags, _values, _name in filters]
