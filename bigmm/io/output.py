@@ -15,6 +15,7 @@ from .sink import (PARTIAL_SUFFIX, ArraySink, DatasetSink, FileSink, Sink, creat
                    tile_chunks)
 from .source import DEFAULT_THREADS, Source, release_h5_handles
 from .spec import Spec, parse_spec
+from ..units import format_bytes
 
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
@@ -156,12 +157,29 @@ def _open_file(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, thre
         raise
 
 
+def _check_space(spec: Spec, need: int) -> None:
+    """DiskFullError before HDF5 lays out a dataset the file system cannot hold (a huge one
+    would take HDF5 seconds to index, then fail to reserve)."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(spec.path)))
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if st.f_blocks and need > free:
+        raise DiskFullError(
+            f"Expected {format_bytes(need)} ({need} bytes) free on the file system of "
+            f"'{spec.path}' for C ({spec}). Got {format_bytes(free)} free. Nothing was "
+            f"computed; free space and rerun with --resume (resume=True), or choose another "
+            f"output.")
+
+
 def _create(spec: Spec, shape, dtype, partial: str | None, drop_old: bool,
             chunks=None) -> str:
     """Create the dataset the run writes (the partial one when old C must survive), chunked
     by ``chunks`` or contiguous."""
     target = partial or spec.dataset
     stale = spec.dataset + PARTIAL_SUFFIX
+    _check_space(spec, int(np.prod(shape)) * np.dtype(dtype).itemsize)
     with H5LOCK:
         release_h5_handles(spec.path)
         try:
