@@ -17,11 +17,11 @@ import numpy as np
 from . import io
 from .backends import get_backend
 from .backends.numpy import memory_available as host_memory_available
-from .errors import DtypeError, OptionError, ResumeError, ShapeError
+from .errors import DtypeError, OptionError, OutputTooLarge, ResumeError, ShapeError
 from .executor import STAGES, Progress, RunStats, execute
 from .plan import Plan, Rates, make_plan
 from .profile import Profile
-from .units import parse_size
+from .units import format_bytes, parse_size
 
 #: Without a budget, the compute side may use this share of the memory the backend reports.
 DEVICE_SHARE = {False: 0.25, True: 0.85}
@@ -63,6 +63,8 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
         p, job = _plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                            trans_b=trans_b, memory=memory, host_memory=host_memory,
                            resume=resume, calibrate=False)
+        if out is None:
+            _check_array_result(p)
         sink = io.open_output(out, shape=(p.m, p.n), dtype=np.dtype(p.dtype), inputs=[A, B],
                               job=job, overwrite=overwrite, resume=resume, reads_c=p.reads_c,
                               tile=(p.bm, p.bn))
@@ -139,6 +141,15 @@ def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memo
     job = {"plan": p.key(), "alpha": alpha, "beta": beta,
            "a": A.label, "b": B.label}
     return p, job
+
+
+def _check_array_result(p: Plan) -> None:
+    """out=None returns C as a NumPy array: it must fit in the memory available now."""
+    need, free = p.m * p.n * p.itemsize, host_memory_available()
+    if need > free:
+        raise OutputTooLarge(f"Expected C to fit in memory for out=None (the result is a NumPy "
+                             f"array). Got C of {format_bytes(need)} with {format_bytes(free)} "
+                             f"available; write it to a file instead (out='c.h5:/C').")
 
 
 def check_operands(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int, str]:
