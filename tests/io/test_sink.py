@@ -400,10 +400,18 @@ def test_disk_full_in_pwrite_fallback_is_resumable(tmp_path, inputs, monkeypatch
 def test_disk_full_in_pwrite_fallback_on_a_small_file_system(small_fs, inputs, monkeypatch):
     _, srcs = inputs
     fallocate_fails(monkeypatch, errno.EOPNOTSUPP)
-    shape = (1024, 1024)  # 4 MiB on a 1 MiB file system
+    shape = (512, 256)  # 512 KiB: fits on the 1 MiB file system when the output is created
     sink = open_output(f"{small_fs}/c.h5:/C", shape=shape, dtype=np.float32, inputs=srcs,
                        job=JOB)
     assert not sink.mapped
+    fd = os.open(small_fs / "filler", os.O_WRONLY | os.O_CREAT)
+    try:  # then another file fills the disk
+        while os.write(fd, bytes(1 << 16)):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
     rows = np.ones((64, shape[1]), np.float32)
     with pytest.raises(DiskFullError, match="disk full") as err:
         for r0 in range(0, shape[0], 64):
