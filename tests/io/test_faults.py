@@ -55,10 +55,12 @@ def read(spec: str) -> np.ndarray:
 
 
 def check_incomplete(spec: str) -> None:
-    """The output is marked incomplete and refuses to be read as an input."""
-    with pytest.raises(IncompleteOutputError, match="resume"):
-        io.open_input(spec, name="C")
+    """A journal to resume from; the output, where it was created, is marked incomplete and
+    refuses to be read as an input."""
     assert io.read_journal(spec) is not None
+    if os.path.exists(spec.split(":/")[0]):
+        with pytest.raises(IncompleteOutputError, match="resume"):
+            io.open_input(spec, name="C")
 
 
 def check_one_line(rc: int, err: str, *words) -> None:
