@@ -36,32 +36,21 @@ PAGE = mmap.ALLOCATIONGRANULARITY
 _MS_SYNC = getattr(mmap, "MS_SYNC", 4)
 
 
-def _libc_msync():
+def libc_function(name: str, argtypes: list, restype=ctypes.c_int):
+    """libc's ``name`` through ctypes (errno kept), or None where libc or it is missing."""
     try:
-        fn = ctypes.CDLL(None, use_errno=True).msync
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):  # pragma: no cover
         return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
+    fn.argtypes, fn.restype = argtypes, restype
     return fn
 
 
-_C_MSYNC = _libc_msync()
+_C_MSYNC = libc_function("msync", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
+_C_FALLOCATE = libc_function("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                                           ctypes.c_int64])
 #: fallocate(2) mode giving blocks back without changing the file's size.
 _PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
-
-
-def _libc_fallocate():
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).fallocate
-    except (OSError, AttributeError):  # pragma: no cover
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_C_FALLOCATE = _libc_fallocate()
 
 
 def reserve(fd: int, start: int, length: int, *, release=()) -> None:
