@@ -24,6 +24,7 @@ from .. import io
 from ..api import (check_operands, parse_io_threads, parse_scalar, resolve_backend,
                    resolve_budgets, resumed_schedule)
 from ..backends import get_backend
+from ..checksum import parse_verify
 from ..errors import BudgetError, Interrupted, OptionError, ResumeError
 from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
 from ..io.sink import RawRegion, write_region
@@ -31,6 +32,8 @@ from ..plan import Plan, Tile, make_plan
 from ._common import RESOURCE
 from ._common import distributed as _distributed
 
+#: RunStats checksum counts summed over the tile tasks.
+_CHECKS = ("tiles_checked", "checksum_mismatches", "tiles_recomputed")
 #: Tile tasks in flight per task slot: one running, one queued behind it.
 WINDOW_PER_SLOT = 2
 #: The grid of a fresh job has at least this many tiles per task slot (load balance).
@@ -58,6 +61,7 @@ class _TileJob:
     device_budget: int
     host_budget: int
     io_threads: int | None
+    verify: str | None = None  # "checksum": each task checks its tile (bigmm.checksum)
 
 
 class _Region(io.Source):
@@ -106,7 +110,7 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | None = None, old=None)
             C.read(t.r0, t.r1, t.c0, t.c1, c)
         sink = io.open_output(c, shape=t.shape, dtype=dt, inputs=[], job={})
         stats = execute(sub, a, b, sink, be, alpha=job.alpha, beta=job.beta,
-                        io_threads=parse_io_threads(job.io_threads))
+                        io_threads=parse_io_threads(job.io_threads), verify=job.verify)
     finally:
         for x in reversed(opened):
             x.close()
@@ -222,7 +226,7 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
                  trans_a: bool = False, trans_b: bool = False, memory=None, host_memory=None,
                  backend: str = "auto", progress: Callable[[Progress], None] | None = None,
                  resume: bool = False, overwrite: bool = False, io_threads: int | None = None,
-                 stats: bool = False, kernel: str | None = None):
+                 stats: bool = False, kernel: str | None = None, verify: str | None = None):
     """C = alpha * op(A) @ op(B) + beta * C on HDF5 files, as C-tile tasks on a dask cluster.
 
     ``a``, ``b``, ``out``: "file.h5:/dataset" specs (or h5py Datasets for a and b) on a
@@ -251,12 +255,12 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
                                    trans_a=trans_a, trans_b=trans_b, memory=memory,
                                    host_memory=host_memory, backend=backend, kernel=kernel,
                                    progress=progress, resume=resume, overwrite=overwrite,
-                                   io_threads=io_threads)
+                                   io_threads=io_threads, verify=verify)
     return (result, run) if stats else result
 
 
 def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_memory,
-               backend, progress, resume, overwrite, io_threads, kernel=None):
+               backend, progress, resume, overwrite, io_threads, kernel=None, verify=None):
     """matmul_files, returning (output spec, Plan, RunStats, the workers' backend name)."""
     client = _get_client(client)
     if io_threads is not None:
@@ -295,7 +299,7 @@ def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host
                  if plan.reads_c else None)
         tj = _TileJob(a_path, b_path, old_c, k, dtype, plan.trans_a, plan.trans_b,
                       (plan.bm, plan.bn, plan.bk), alpha, beta, backend, kernel,
-                      budgets.device, budgets.host, io_threads)
+                      budgets.device, budgets.host, io_threads, parse_verify(verify))
         run = _Tiles(client, tj, plan, sink, progress, slots, tagged).run()
         sink.finish()
         result = sink.result
@@ -322,7 +326,7 @@ class _Tiles:
         self.skipped = plan.n_tiles - len(self.todo)
         self.written: list[tuple[int, int]] = []
         self.pending: list[tuple[int, int]] = []
-        self.totals = dict.fromkeys(("flops", "bytes_read", "bytes_written"), 0)
+        self.totals = dict.fromkeys(("flops", "bytes_read", "bytes_written", *_CHECKS), 0)
         self.busy = dict.fromkeys(STAGES, 0.0)
         self.tag = uuid.uuid4().hex[:12]
 
@@ -395,6 +399,8 @@ class _Tiles:
         self.written.append(t.index)
         self.pending.append(t.index)
         self.totals["flops"] += st.flops
+        for key in _CHECKS:
+            self.totals[key] += getattr(st, key)
         self.totals["bytes_read"] += st.bytes_read
         self.totals["bytes_written"] += t.shape[0] * t.shape[1] * self.sink.dtype.itemsize
         for s in STAGES:
@@ -418,4 +424,5 @@ class _Tiles:
         return RunStats(time.perf_counter() - self.t0, self.totals["flops"],
                         self.totals["bytes_read"], self.totals["bytes_written"],
                         len(self.written), self.skipped, self.plan.n_tiles,
-                        **{f"{s}_busy": v for s, v in self.busy.items()})
+                        **{f"{s}_busy": v for s, v in self.busy.items()},
+                        **{key: self.totals[key] for key in _CHECKS})
