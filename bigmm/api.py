@@ -17,6 +17,7 @@ import numpy as np
 from . import io
 from .backends import get_backend
 from .backends.numpy import memory_available as host_memory_available
+from .checksum import parse_verify
 from .errors import DtypeError, OptionError, OutputTooLarge, ResumeError, ShapeError
 from .executor import STAGES, Progress, RunStats, execute
 from .plan import Plan, Rates, make_plan
@@ -37,7 +38,7 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
            trans_b: bool = False, memory=None, host_memory=None, backend: str = "auto",
            progress: Callable[[Progress], None] | None = None, resume: bool = False,
            overwrite: bool = False, io_threads: int | None = None, stats: bool = False,
-           kernel: str | None = None, profile=None):
+           kernel: str | None = None, profile=None, verify: str | None = None):
     """C = alpha * op(A) @ op(B) + beta * C, out of core.
 
     ``a``, ``b``: "file.h5:/dataset" specs, h5py Datasets or NumPy arrays (stored matrices;
@@ -54,8 +55,15 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
     and ``<prefix>.png`` (timeline, with matplotlib) where prefix is the output file plus
     ".profile", or "bigmm-profile" for array outputs; a string or path is the prefix; a
     :class:`bigmm.profile.Profile` is filled and nothing is written.
+
+    ``verify="checksum"``: check every C tile with Huang-Abraham checksums as it is computed
+    (column and row sums of C against those predicted from the panels, under a rigorous
+    rounding bound) and compute a tile that fails again; a second failure raises
+    :class:`bigmm.errors.ChecksumError`. The RunStats count the checks, mismatches and
+    recomputed tiles. Off by default (None): see README, Verification.
     """
     threads = parse_io_threads(io_threads)
+    verify = parse_verify(verify)
     be = resolve_backend(backend, kernel)
     closing: list = []
     try:
@@ -73,7 +81,7 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
         closing.append(sink)
         prof = _start_profile(profile, be)
         run = execute(p, A, B, sink, be, alpha=alpha, beta=parse_scalar(beta, "beta"),
-                      progress=progress, io_threads=threads, profile=prof)
+                      progress=progress, io_threads=threads, profile=prof, verify=verify)
         if prof is not None:
             run = _finish_profile(profile, prof, be, run, out)
         result = sink.result

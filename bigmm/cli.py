@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--resume", action="store_true", help="continue an interrupted run")
     m.add_argument("--io-threads", type=int, default=None, help="disk I/O threads")
     m.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    m.add_argument("--verify", default=None, choices=("checksum",),
+                   help="check every C tile with checksums and recompute a tile that fails")
     m.add_argument("-q", "--quiet", action="store_true", help="no summary (errors only)")
     m.add_argument("--profile", nargs="?", const=True, default=None, metavar="PREFIX",
                    help="time each stage; print its utilisation and write PREFIX.trace.json "
@@ -147,9 +149,12 @@ def _job_options(p) -> None:
 
 
 def _job_kwargs(args) -> dict:
-    return dict(alpha=args.alpha, beta=args.beta, trans_a=args.trans_a, trans_b=args.trans_b,
-                memory=args.memory, host_memory=args.host_memory, backend=args.backend,
-                kernel=args.kernel)
+    kwargs = dict(alpha=args.alpha, beta=args.beta, trans_a=args.trans_a, trans_b=args.trans_b,
+                  memory=args.memory, host_memory=args.host_memory, backend=args.backend,
+                  kernel=args.kernel)
+    if getattr(args, "verify", None) is not None:
+        kwargs["verify"] = args.verify
+    return kwargs
 
 
 # ----- entry point --------------------------------------------------------------------------
@@ -296,7 +301,19 @@ def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
         "tiles_done": int(stats.tiles_done), "tiles_skipped": int(stats.tiles_skipped),
         "tiles_total": plan.n_tiles, "tile": [plan.bm, plan.bn, plan.bk], "order": plan.order,
         "stages": stages,
+        **checksum_summary(stats),
     }
+
+
+def checksum_summary(stats) -> dict:
+    """{"checksum": counts and mismatches} for a run that checked its tiles, else {}."""
+    checked = int(getattr(stats, "tiles_checked", 0) or 0)
+    if not checked:
+        return {}
+    return {"checksum": {"tiles_checked": checked,
+                         "mismatches": int(stats.checksum_mismatches),
+                         "tiles_recomputed": int(stats.tiles_recomputed),
+                         "details": [str(m) for m in getattr(stats, "mismatches", ())]}}
 
 
 def format_summary(s: dict) -> str:
@@ -307,6 +324,11 @@ def format_summary(s: dict) -> str:
         f"(read {format_bytes(s['bytes_read'])}, wrote {format_bytes(s['bytes_written'])})",
         f"tiles {s['tiles_done']} done, {s['tiles_skipped']} skipped of {s['tiles_total']}",
     ]
+    if "checksum" in s:
+        ck = s["checksum"]
+        lines.append(f"checksum: {ck['tiles_checked']} tile checks, {ck['mismatches']} "
+                     f"mismatches detected, {ck['tiles_recomputed']} tiles recomputed")
+        lines += [f"  mismatch: {d}" for d in ck["details"]]
     if s["stages"]:
         lines.append("stages busy: " + ", ".join(
             f"{k} {format_seconds(v['busy_seconds'])} ({100 * v['utilisation']:.0f}%)"

@@ -101,3 +101,7 @@ class OptionError(BigmmError, ValueError):
 
 class OutputTooLarge(BigmmError, MemoryError):
     """The result was asked for as an in-memory array (out=None) and does not fit in memory."""
+
+
+class ChecksumError(VerificationError):
+    """A C tile failed its checksum check again after it was computed a second time."""

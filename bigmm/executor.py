@@ -11,6 +11,13 @@ for the event that frees the buffer (the gemm that used a device slot, or the co
 a host staging slot). Without staging (NumPy) the readers fill the compute slots directly and
 every event is already complete when it is recorded; with staging (GPU) they fill the host slots
 and the calling thread orders copies and kernels on three streams with events.
+
+With ``verify="checksum"`` every C tile is checked (:mod:`bigmm.checksum`): the checksum work is
+issued on the compute stream beside the gemms, and the writer reads each tile's verdict when it
+takes the tile (it waits for the tile's copy-out anyway), so the checks add no host
+synchronisation. A tile that fails is not written; once the schedule is done, the failed tiles
+are computed again from freshly read panels through the same pipeline and checked again, and a
+second failure raises ChecksumError (the output stays resumable without them).
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import BigmmError, Interrupted, ReadError, ShapeError, DtypeError, WriteError
+from .checksum import Faults, Mismatch, TileChecksums, has_checksums, parse_verify
+from .errors import (BigmmError, ChecksumError, DtypeError, Interrupted, OptionError,
+                     ReadError, ShapeError, WriteError)
 from .plan import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, Plan, Step, Tile
 
 STAGES = ("read", "copy_in", "compute", "copy_out", "write")
@@ -67,6 +76,12 @@ class RunStats:
     compute_busy: float = 0.0
     copy_out_busy: float = 0.0
     write_busy: float = 0.0
+    #: Checksum checks run (verify="checksum"; a recomputed tile is checked again).
+    tiles_checked: int = 0
+    #: Checks that failed, and the tiles computed again because of them.
+    checksum_mismatches: int = 0
+    tiles_recomputed: int = 0
+    mismatches: tuple[Mismatch, ...] = ()
 
     @property
     def busy(self) -> dict[str, float]:
@@ -129,17 +144,26 @@ class _Entry:
 
 def execute(plan: Plan, a, b, out, backend, *, alpha: float = 1.0, beta: float = 0.0,
             progress: Callable[[Progress], None] | None = None, io_threads: int = 4,
-            stop: threading.Event | None = None, profile=None) -> RunStats:
+            stop: threading.Event | None = None, profile=None, verify: str | None = None,
+            faults: Faults | None = None) -> RunStats:
     """Run ``plan`` for out = alpha * op(a) @ op(b) + beta * out; returns the run's RunStats.
 
     ``a``/``b`` are io Sources, ``out`` an io Sink whose ``done`` tiles are skipped. Raises
     Interrupted (output resumable) on KeyboardInterrupt or when ``stop`` is set; errors from
     reader or writer threads are raised here after the other threads have stopped.
     ``profile``: a :class:`bigmm.profile.Profile` that records every stage clock's intervals.
+    ``verify="checksum"``: check every C tile with checksums and recompute a tile that fails
+    (see the module docstring). ``faults``: a :class:`bigmm.checksum.Faults` that corrupts a
+    panel or a finished tile on the compute stream (for tests of the checks).
     """
     _check_operands(plan, a, b, out, beta)
+    verify = parse_verify(verify)
+    if verify is not None and not has_checksums(backend):
+        raise OptionError(f"Expected a backend with checksum support for verify={verify!r}. "
+                          f"Got {getattr(backend, 'name', type(backend).__name__)!r}.")
     return _Run(plan, a, b, out, backend, float(alpha), float(beta), progress,
-                max(1, int(io_threads)), stop or threading.Event(), profile).run()
+                max(1, int(io_threads)), stop or threading.Event(), profile, verify,
+                faults).run()
 
 
 def _check_operands(plan: Plan, a, b, out, beta: float) -> None:
@@ -160,7 +184,7 @@ def _check_operands(plan: Plan, a, b, out, beta: float) -> None:
 
 class _Run:
     def __init__(self, plan, a, b, out, backend, alpha, beta, progress, io_threads, stop,
-                 profile=None):
+                 profile=None, verify=None, faults=None):
         self.plan, self.a, self.b, self.out, self.be = plan, a, b, out, backend
         self.alpha, self.beta, self.progress, self.stop = alpha, beta, progress, stop
         self.io_threads = io_threads
@@ -176,6 +200,12 @@ class _Run:
         self.skipped = sum(1 for t in plan.tiles() if t.index in done)
         self.done_before = done
         self.written = 0
+        self.verify, self.faults = verify, faults
+        self.checks: TileChecksums | None = None
+        self.checked = 0
+        self.mismatches: list[Mismatch] = []
+        self.redo: list[Tile] = []  # tiles whose first check failed, not written
+        self.retried: set = set()
 
     # ----- set-up ---------------------------------------------------------------------------
     def _allocate(self) -> None:
@@ -189,6 +219,8 @@ class _Run:
                          "B": [be.host_buffer(p.bk * p.bn, dt) for _ in range(HOST_PANEL_SLOTS)],
                          "C": [be.host_buffer(p.bm * p.bn, dt) for _ in range(HOST_C_SLOTS)]}
         self.s_in, self.s_compute, self.s_out = be.stream(), be.stream(), be.stream()
+        if self.verify is not None:
+            self.checks = TileChecksums(be, p, self.alpha, self.beta)
         self.events: dict[tuple, Any] = {}  # buffer key -> event after which it is free
         self.c_written: dict[int, cf.Future] = {}  # C slot -> write of its last tile
         self.last_user: dict[tuple, int] = {}
@@ -202,7 +234,9 @@ class _Run:
         self.writer = _Writer(self)
         self.writer.start()
         try:
-            self._loop()
+            self.assigned = self.issued = 0
+            self._loop(self.plan.steps(done=self.done_before))
+            self._recompute()
             self.writer.stop()
             self._raise_writer_error()
             self._report()
@@ -219,11 +253,10 @@ class _Run:
             self.writer.stop()
         return self._stats()
 
-    def _loop(self) -> None:
-        self.steps = iter(self.plan.steps(done=self.done_before))
+    def _loop(self, steps) -> None:
+        self.steps = iter(steps)
         self.pending: Step | None = next(self.steps, None)
         self.window: deque[_Entry] = deque()
-        self.assigned = self.issued = 0
         self._fill()
         while self.window:
             self._check()
@@ -350,8 +383,24 @@ class _Run:
                     (t.c1 - t.c0, st.k1 - st.k0) if p.trans_b else (st.k1 - st.k0, t.c1 - t.c0))
         c = be.view(self.dev["C"][st.c_slot], t.shape)
         beta = (self.beta if st.first else 1.0)
+        checks, s = self.checks, self.s_compute
         with self.clocks["compute"]:
-            be.gemm(a, b, c, self.alpha, beta, p.trans_a, p.trans_b, self.s_compute)
+            if checks is not None:
+                for op, load, slot, x in (("A", st.load_a, st.a_slot, a),
+                                          ("B", st.load_b, st.b_slot, b)):
+                    if load:
+                        checks.landed(op, slot, x, s)
+            if self.faults is not None:
+                with be.run_on(s):
+                    self.faults.corrupt_panel(st, a, b)
+            if checks is not None:
+                checks.step(st, a, b, c, s)
+            be.gemm(a, b, c, self.alpha, beta, p.trans_a, p.trans_b, s)
+            if st.last and self.faults is not None:
+                with be.run_on(s):
+                    self.faults.corrupt_tile(st, c)
+            if st.last and checks is not None:
+                checks.finish(st, c, s)
         event = be.record(self.s_compute)
         self.events[("A", st.a_slot)] = self.events[("B", st.b_slot)] = event
         with self.lock:
@@ -386,9 +435,55 @@ class _Run:
             with self.clocks["copy_out"]:
                 be.wait(self.s_out, event)
                 be.copy_out(c, src, self.s_out)
+                if self.checks is not None:  # beside the tile, guarded by the same write
+                    self.checks.fetch(cs, self.s_out)
                 event = be.record(self.s_out)
             self.events[("C", cs)] = event
-        self.c_written[cs] = self.writer.submit(st.tile, src, event)
+        check = None
+        if self.checks is not None:
+            check = (lambda checks=self.checks, slot=cs, tile=st.tile: checks.verdict(slot, tile))
+        self.c_written[cs] = self.writer.submit(st.tile, src, event, check)
+
+    # ----- checksum failures ----------------------------------------------------------------
+    def accept(self, tile: Tile, mismatch: Mismatch | None) -> bool:
+        """Writer thread: count a tile's check; False when it failed for the first time (the
+        tile is then computed again by :meth:`_recompute`). ChecksumError on a second failure."""
+        with self.lock:
+            self.checked += 1
+            if mismatch is None:
+                return True
+            self.mismatches.append(mismatch)
+            if tile.index in self.retried:
+                raise ChecksumError(
+                    f"Expected tile {tile.index} (rows {tile.r0}:{tile.r1}, columns "
+                    f"{tile.c0}:{tile.c1}) to pass its checksum check when computed again. Got "
+                    f"a second mismatch: {mismatch}. The output {self.out.label} is resumable "
+                    f"without that tile.")
+            self.redo.append(tile)
+            return False
+
+    def _recompute(self) -> None:
+        """Compute the tiles whose check failed again, from freshly read panels, through the
+        same pipeline (every panel loaded again; the checks run again)."""
+        if self.checks is None:
+            return
+        self._wait(self.writer.barrier())
+        while self.redo:
+            with self.lock:
+                tiles, self.redo = self.redo, []
+                self.retried.update(t.index for t in tiles)
+            self._loop(self._fresh_steps(tiles))
+            self._wait(self.writer.barrier())
+
+    def _fresh_steps(self, tiles: list[Tile]):
+        """Steps for ``tiles`` in stream order, each loading both of its panels."""
+        p, n = self.plan, 0
+        panels = p.k_panels()
+        for ti, t in enumerate(tiles):
+            for kp, (k0, k1) in enumerate(panels):
+                yield Step(t, kp, k0, k1, kp == 0, kp == len(panels) - 1, n % p.a_slots, True,
+                           n % p.b_slots, True, ti % C_SLOTS)
+                n += 1
 
     def _wait(self, fut: cf.Future) -> None:
         """Wait for a future while watching the stop flag and the writer; raise its error."""
@@ -409,7 +504,9 @@ class _Run:
     def _stats(self) -> RunStats:
         busy = {f"{s}_busy": c.total for s, c in self.clocks.items()}
         return RunStats(time.perf_counter() - self.t0, self.flops, self.bytes_read,
-                        self.bytes_written, self.written, self.skipped, self.tiles_total, **busy)
+                        self.bytes_written, self.written, self.skipped, self.tiles_total, **busy,
+                        tiles_checked=self.checked, checksum_mismatches=len(self.mismatches),
+                        tiles_recomputed=len(self.retried), mismatches=tuple(self.mismatches))
 
 
 class _Writer(threading.Thread):
@@ -423,10 +520,16 @@ class _Writer(threading.Thread):
         self.error: BaseException | None = None
         self._stopped = False
 
-    def submit(self, tile: Tile, src, event) -> cf.Future:
+    def submit(self, tile: Tile, src, event, check=None) -> cf.Future:
+        """Queue a tile for writing; ``check()`` (when given) returns its checksum verdict once
+        ``event`` completed, and a tile that fails it is not written."""
         fut: cf.Future = cf.Future()
-        self.q.put((tile, src, event, fut))
+        self.q.put((tile, src, event, fut, check))
         return fut
+
+    def barrier(self) -> cf.Future:
+        """A future done once every tile queued before it has been handled."""
+        return self.submit(None, None, None)
 
     def stop(self) -> None:
         """Write and commit what is queued, then end the thread (idempotent)."""
@@ -444,12 +547,17 @@ class _Writer(threading.Thread):
             item = self.q.get()
             if item is None:
                 break
-            tile, src, event, fut = item
+            tile, src, event, fut, check = item
             if self.error is not None:
                 fut.set_exception(self.error)
                 continue
+            if tile is None:  # a barrier
+                fut.set_result(None)
+                continue
             try:
-                self._write(tile, src, event)
+                if not self._write(tile, src, event, check):
+                    fut.set_result(None)
+                    continue
                 pending.append(tile.index)
                 fut.set_result(None)
                 self.finished.put(tile)
@@ -466,9 +574,13 @@ class _Writer(threading.Thread):
             except BaseException as e:
                 self.error = e
 
-    def _write(self, tile: Tile, src, event) -> None:
+    def _write(self, tile: Tile, src, event, check) -> bool:
+        """Write a tile once ``event`` completed; False (nothing written) when it fails its
+        check for the first time."""
         r = self.run_
         r.be.synchronize(event)
+        if check is not None and not r.accept(tile, check()):
+            return False
         with r.clocks["write"]:
             try:
                 r.out.write(tile.r0, tile.r1, tile.c0, tile.c1, src)
@@ -480,6 +592,7 @@ class _Writer(threading.Thread):
                                  f"Got {type(e).__name__}: {e}") from e
         with r.lock:
             r.bytes_written += src.nbytes
+        return True
 
     def _commit(self, pending: list) -> None:
         if pending:

@@ -2,7 +2,8 @@
 """CI check of bigmm's CUDA kernels without a GPU.
 
 Compiles every kernel (each tile config of bigmm/backends/kernel_table.json for the GEMM family,
-plus kernel 01 and the FMA probes) with ``nvcc -cubin -Xptxas -v`` for sm_80 and sm_90 and fails
+plus kernel 01, the FMA probes, the split-K reduction and the ABFT checksums) with
+``nvcc -cubin -Xptxas -v`` for sm_80 and sm_90 and fails
 when any kernel:
 
 * spills or uses local memory (stack frame, spill stores or spill loads above 0 bytes), or
@@ -73,6 +74,8 @@ def jobs_from_table() -> list[dict]:
     jobs.append({"name": "peak_fma", "file": "peak_fma.cu", "defines": [],
                  "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
     jobs.append({"name": "splitk_reduce", "file": "splitk_reduce.cu", "defines": [],
+                 "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
+    jobs.append({"name": "abft_checksum", "file": "abft_checksum.cu", "defines": [],
                  "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
     return jobs
 

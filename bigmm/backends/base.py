@@ -59,6 +59,30 @@ class Backend(Protocol):
     def synchronize(self, event: Any) -> None:
         """Block the host until ``event`` has completed."""
 
+    def weighted_sums(self, x: Any, out: Any, out_abs: Any = None, *, weights: Any = None,
+                      abs_weights: Any = None, scale: float = 1.0, accumulate: bool = False,
+                      stream: Any = None) -> None:
+        """Checksums: sums along axis 0 of the 2-D view ``x`` (any strides; ``x.T`` gives row
+        sums), in float64 on ``stream``: ``out[j] (+)= scale * sum_i w[i] x[i, j]`` and
+        ``out_abs[j] (+)= |scale| * sum_i wa[i] |x[i, j]|`` (w: ``weights`` or ones; wa:
+        ``abs_weights`` or |w|; ``out_abs`` optional). Vectors are flat float64 device arrays;
+        without ``accumulate`` the outputs are overwritten."""
+
+    def compare_sums(self, expected: Any, magnitude: Any, actual: Any, rel_tol: float,
+                     floor: float, result: Any, stream: Any) -> None:
+        """``result[0] = max_j |expected_j - actual_j| / (rel_tol * magnitude_j + floor)``,
+        ``result[1]`` = that j (-1 for empty vectors), on ``stream``. Non-finite expected or
+        magnitude counts 0 (nothing to check against); non-finite actual against a finite
+        expected counts +inf."""
+
+    def epsilon(self, dtype: np.dtype) -> float:
+        """Relative rounding unit of one product term of ``gemm`` (the dtype's machine
+        epsilon, or more where the products round their inputs, as TF32 does)."""
+
+    def run_on(self, stream: Any) -> Any:
+        """A context manager in which array operations on device arrays are issued on
+        ``stream`` (used by fault-injection tests)."""
+
     def memory_available(self) -> int:
         """Bytes the backend could allocate now (free device memory, or available RAM)."""
 

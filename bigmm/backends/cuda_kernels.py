@@ -442,3 +442,80 @@ def baseline_gemm(a, b, c, alpha=1.0, beta=0.0, stream=None):
         kern(((n + 15) // 16, (m + 15) // 16), (16, 16), args)
     return c
 
+
+
+# ---- checksums (ABFT) ---------------------------------------------------------------------
+
+_CHECKSUM_SOURCE = "abft_checksum.cu"
+_SUMS_TILE = 32  # columns per block and rows per shared-memory tile (kernels/abft_checksum.cu)
+
+
+def _vector(x, n: int, what: str):
+    """``x`` as a pointer argument: a contiguous float64 cupy vector of ``n`` elements, or the
+    null pointer for None."""
+    import cupy
+    import numpy as np
+
+    if x is None:
+        return np.uint64(0)
+    if not isinstance(x, cupy.ndarray) or x.dtype != np.float64 or x.ndim != 1:
+        raise KernelError(f"Expected {what} as a 1-D float64 cupy array. Got "
+                          f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}.")
+    if x.size != n or (n > 1 and x.strides[0] != 8):
+        raise ShapeError(f"Expected {what} of {n} contiguous elements. Got shape {x.shape}, "
+                         f"strides {x.strides}.")
+    return x
+
+
+def weighted_sums(x, out, out_abs=None, *, weights=None, abs_weights=None, scale=1.0,
+                  accumulate=False, stream=None):
+    """Sums along axis 0 of the 2-D cupy view ``x`` (float32 or float64, any strides: pass
+    ``x.T`` for row sums), accumulated in float64 on ``stream``:
+    ``out[j] (+)= scale * sum_i w[i] x[i, j]`` and ``out_abs[j] (+)= |scale| * sum_i wa[i]
+    |x[i, j]|``. ``weights`` (w) default to ones, ``abs_weights`` (wa) to ``|w|``; without
+    ``accumulate`` the outputs are overwritten. Not synchronised."""
+    import cupy
+    import numpy as np
+
+    if not isinstance(x, cupy.ndarray) or x.ndim != 2 or str(x.dtype) not in _DTYPES:
+        raise KernelError(f"Expected x as a 2-D float32 or float64 cupy array. Got "
+                          f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}.")
+    rows, cols = x.shape
+    if any(s % x.itemsize for s in x.strides):
+        raise ShapeError(f"Expected x's strides in whole elements. Got {x.strides}.")
+    sr, sc = (s // x.itemsize for s in x.strides)
+    args = [_vector(out, cols, "out"), _vector(out_abs, cols, "out_abs"),
+            _vector(weights, rows, "weights"), _vector(abs_weights, rows, "abs_weights")]
+    cuda_stream = stream if stream is not None else cupy.cuda.get_current_stream()
+    with cuda_stream:
+        if not accumulate:
+            for v in (out, out_abs):
+                if v is not None and v.size:
+                    cupy.cuda.runtime.memsetAsync(v.data.ptr, 0, v.nbytes, cuda_stream.ptr)
+        if rows == 0 or cols == 0:
+            return
+        kern = raw_kernel(_CHECKSUM_SOURCE, "abft_sums_f32" if x.itemsize == 4 else "abft_sums_f64")
+        gx = -(-cols // _SUMS_TILE)
+        tiles_i = -(-rows // _SUMS_TILE)
+        gy = max(1, min(tiles_i, (8 * _sm_count()) // gx))  # about 8 blocks per SM in all
+        per_block = -(-tiles_i // gy) * _SUMS_TILE
+        gy = -(-rows // per_block)
+        kern((gx, gy, 1), (_SUMS_TILE, 8, 1),
+             (np.int32(rows), np.int32(cols), x, np.int64(sr), np.int64(sc), args[2], args[3],
+              np.float64(scale), np.int32(per_block), args[0], args[1]))
+
+
+def compare_sums(expected, magnitude, actual, rel_tol: float, floor: float, result,
+                 stream=None) -> None:
+    """``result[0] = max_j |expected_j - actual_j| / (rel_tol * magnitude_j + floor)`` and
+    ``result[1]`` = that j, on ``stream`` (float64 cupy vectors; ``result`` holds 2)."""
+    import cupy
+    import numpy as np
+
+    n = expected.size
+    args = [_vector(v, n, what) for v, what in ((expected, "expected"), (magnitude, "magnitude"),
+                                                (actual, "actual"))]
+    res = _vector(result, 2, "result")
+    kern = raw_kernel(_CHECKSUM_SOURCE, "abft_compare")
+    with (stream if stream is not None else cupy.cuda.get_current_stream()):
+        kern((1,), (256,), (np.int32(n), *args, np.float64(rel_tol), np.float64(floor), res))

@@ -260,6 +260,38 @@ class CupyBackend:
                                _TF32_MATH if self.kernel == "cublas-tf32" else _DEFAULT_MATH)
         return self._handle
 
+    # ----- checksums ------------------------------------------------------------------------
+    def weighted_sums(self, x, out, out_abs=None, *, weights=None, abs_weights=None,
+                      scale: float = 1.0, accumulate: bool = False, stream=None) -> None:
+        """See :meth:`bigmm.backends.base.Backend.weighted_sums` (kernels/abft_checksum.cu)."""
+        from . import cuda_kernels
+
+        stream = stream if stream is not None else cupy.cuda.get_current_stream()
+        e0 = self._mark(stream)
+        with self._device:
+            cuda_kernels.weighted_sums(x, out, out_abs, weights=weights,
+                                       abs_weights=abs_weights, scale=scale,
+                                       accumulate=accumulate, stream=stream)
+        self._marked("compute", e0, stream, f"checksum {x.shape[0]}x{x.shape[1]}")
+
+    def compare_sums(self, expected, magnitude, actual, rel_tol: float, floor: float, result,
+                     stream=None) -> None:
+        from . import cuda_kernels
+
+        with self._device:
+            cuda_kernels.compare_sums(expected, magnitude, actual, rel_tol, floor, result,
+                                      stream=stream)
+
+    def epsilon(self, dtype) -> float:
+        """The dtype's machine epsilon; 2**-10 for float32 products on TF32 tensor cores
+        (inputs rounded to 10 mantissa bits)."""
+        if self.kernel == "cublas-tf32" and np.dtype(dtype) == np.float32:
+            return 2.0 ** -10
+        return float(np.finfo(dtype).eps)
+
+    def run_on(self, stream):
+        return _OnStream(self._device, stream)
+
     # ----- profiling ------------------------------------------------------------------------
     def start_profile(self, profile) -> None:
         """Time every later copy and kernel with events; see :meth:`stop_profile`."""
@@ -367,6 +399,23 @@ class CupyBackend:
             _PINNED.keep(blocks)
         self._pinned, self._device_ptrs, self._streams = [], [], []
         self.device_bytes = self.host_bytes = 0
+
+
+class _OnStream:
+    """Context: this backend's device current and ``stream`` the current stream."""
+
+    def __init__(self, device, stream):
+        self.device, self.stream = device, stream
+
+    def __enter__(self):
+        self.device.__enter__()
+        self.stream.__enter__()
+        return self.stream
+
+    def __exit__(self, *exc):
+        self.stream.__exit__(*exc)
+        self.device.__exit__(*exc)
+        return False
 
 
 def _direct(size: int, dtype: np.dtype) -> cupy.ndarray:

@@ -13,6 +13,7 @@ arrays (c.T = op(b).T @ op(a).T), which also works in place without temporaries.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from typing import Any, Callable
@@ -29,6 +30,8 @@ _PREFIXES = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}
 # a full register or stack slot); the self-test below guards the choice either way.
 _SYMBOLS = ("scipy_cblas_{p}gemm64_", "cblas_{p}gemm64_", "cblas_{p}gemm")
 BLAS_MODES = ("auto", "cblas", "scipy")
+#: Elements of an operand converted to float64 at a time by ``weighted_sums``.
+SUMS_BLOCK = 1 << 20
 
 
 class _Event:
@@ -99,6 +102,49 @@ class NumpyBackend:
         """c = alpha * op(a) @ op(b) + beta * c in place; beta == 0 never reads c."""
         m, k, n = _check_gemm(a, b, c, trans_a, trans_b)
         self._gemm[c.dtype](a, b, c, m, n, k, float(alpha), float(beta), trans_a, trans_b)
+
+    # ----- checksums ------------------------------------------------------------------------
+    def weighted_sums(self, x, out, out_abs=None, *, weights=None, abs_weights=None,
+                      scale: float = 1.0, accumulate: bool = False, stream: Any = None) -> None:
+        """See :meth:`bigmm.backends.base.Backend.weighted_sums`: float64 sums of blocks of
+        about SUMS_BLOCK elements of ``x`` at a time (bounded temporaries)."""
+        rows, cols = x.shape
+        s = np.zeros(cols)
+        sa = np.zeros(cols) if out_abs is not None else None
+        step = max(1, SUMS_BLOCK // max(cols, 1))
+        with np.errstate(all="ignore"):  # Inf and NaN propagate into the sums, quietly
+            self._sums(x, s, sa, weights, abs_weights, step)
+        for o, v, f in ((out, s, scale), (out_abs, sa, abs(scale))):
+            if o is not None:
+                o[...] = (o if accumulate else 0.0) + f * v
+
+    @staticmethod
+    def _sums(x, s, sa, weights, abs_weights, step: int) -> None:
+        if abs_weights is None and weights is not None:
+            abs_weights = np.abs(weights)
+        for r0 in range(0, x.shape[0], step):
+            r1 = min(x.shape[0], r0 + step)
+            xb = x[r0:r1].astype(np.float64)  # a copy, also of float64 input: abs() goes in place
+            s += xb.sum(axis=0) if weights is None else weights[r0:r1] @ xb
+            if sa is not None:
+                np.abs(xb, out=xb)
+                sa += xb.sum(axis=0) if abs_weights is None else abs_weights[r0:r1] @ xb
+
+    def compare_sums(self, expected, magnitude, actual, rel_tol: float, floor: float, result,
+                     stream: Any = None) -> None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            ratio = np.abs(expected - actual) / (rel_tol * magnitude + floor)
+        ratio[~np.isfinite(actual)] = np.inf
+        ratio[~(np.isfinite(expected) & np.isfinite(magnitude))] = 0.0
+        at = int(np.argmax(ratio)) if ratio.size else -1
+        result[0] = ratio[at] if ratio.size else 0.0
+        result[1] = at
+
+    def epsilon(self, dtype) -> float:
+        return float(np.finfo(dtype).eps)
+
+    def run_on(self, stream: Any):
+        return contextlib.nullcontext()
 
     # ----- resources ------------------------------------------------------------------------
     def memory_available(self) -> int:

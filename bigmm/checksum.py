@@ -1,0 +1,243 @@
+"""Checksum verification of every C tile (algorithm-based fault tolerance, Huang & Abraham 1984).
+
+For one C tile, C = alpha * sum_k op(A)_k op(B)_k + beta * C0 over its K panels. As soon as a
+panel lands in the buffer the gemm uses, two vectors are taken from it in float64:
+
+* from an A panel: ``a_k = e^T op(A)_k`` and ``|a|_k = e^T |op(A)_k|`` (length bk);
+* from a B panel: ``b_k = op(B)_k e`` and ``|b|_k = |op(B)_k| e``.
+
+Each step then adds ``alpha * a_k^T op(B)_k`` to the expected column sums of C and
+``alpha * op(A)_k b_k`` to the expected row sums (``beta * e^T C0`` and ``beta * C0 e`` from
+the first step), with the same sums of absolute values beside them. After the last step the
+actual ``e^T C`` and ``C e`` (float64) are compared with the expected ones. ``a_k`` comes from
+the A panel as it landed while the column update reads the B buffer, so a bit flipped in A
+after landing breaks the column check, one flipped in B the row check, and a changed C value
+both. The work runs on the backend (a shared-memory tree-reduction kernel on the GPU, NumPy on
+the CPU); only four numbers per tile come back to the host.
+
+Tolerance. Each element of C is a sum of n = K + P + 2 rounded terms (K products, one
+accumulation per K panel P, alpha and beta), so with u = eps/2 the rounding error of C[i, j]
+is at most gamma_n * s_ij with ``s_ij = |alpha| sum_k |A_ik| |B_kj| + |beta| |C0_ij|`` and
+gamma_n = n*u / (1 - n*u) <= n*eps while n*u <= 1/2 (Higham, Accuracy and Stability, 3.5),
+whatever the order of the sums (blocked, split K, FMA). A column sum of C is off by at most
+n*eps * sum_i s_ij, and that sum is exactly the expected sum of absolute values. The float64
+checksums add their own rounding, at most (K + P + bm + 4) * eps64 times the same magnitude
+(bm the rows summed; bn for the row sums). Both together are below
+``SAFETY * eps * (K + P + bm + 4) * magnitude`` with SAFETY = 2 (eps >= eps64); an absolute
+floor of the same count of smallest subnormals covers products that underflow. The bound is
+rigorous: no data (mixed sign, all positive, long K) can fail it without a fault. The price is
+that it scales with K and bm, so a fault is seen when it moves a column or row sum by more
+than that: a flipped high exponent bit, an Inf or NaN, a lost panel; an error in the last
+mantissa bits stays within rounding and is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import OptionError
+from .plan import C_SLOTS, Plan, Step, Tile
+
+#: Values ``verify=`` takes (None: no checks).
+VERIFY_MODES = (None, "checksum")
+#: Factor over n*eps covering the product's rounding and the float64 checksums' own.
+SAFETY = 2.0
+_F64 = np.dtype(np.float64)
+
+
+def parse_verify(verify) -> str | None:
+    """``verify`` as None or "checksum"; OptionError otherwise."""
+    if verify is None or verify is False:
+        return None
+    if isinstance(verify, str) and verify.lower() in VERIFY_MODES[1:]:
+        return verify.lower()
+    raise OptionError(f"Expected verify to be None or 'checksum'. Got {verify!r}.")
+
+
+def bounds(eps: float, dtype, k: int, panels: int, summed: int) -> tuple[float, float]:
+    """(relative, absolute) tolerance of one checksum: |expected - actual| may reach
+    ``relative * magnitude + absolute`` without a fault (see the module docstring)."""
+    n = k + panels + summed + 4
+    tiny = float(np.finfo(dtype).smallest_subnormal)
+    return SAFETY * eps * n, SAFETY * n * max(summed, 1) * tiny
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A tile whose checksums disagree: for the column and the row sums, the largest error
+    over its bound (a ratio above 1 fails) and where it is (column or row within the tile)."""
+
+    tile: tuple[int, int]
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    column_ratio: float
+    column_at: int
+    row_ratio: float
+    row_at: int
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The checks that failed: "column", "row" or both."""
+        return tuple(name for name, r in (("column", self.column_ratio), ("row", self.row_ratio))
+                     if r > 1.0)
+
+    def __str__(self) -> str:
+        parts = [f"{name} sums off by {ratio:.3g}x the rounding bound at {name} {at}"
+                 for name, ratio, at in (("column", self.column_ratio, self.column_at),
+                                         ("row", self.row_ratio, self.row_at)) if ratio > 1.0]
+        return (f"tile {self.tile} (rows {self.rows[0]}:{self.rows[1]}, columns "
+                f"{self.cols[0]}:{self.cols[1]}): {'; '.join(parts)}")
+
+
+class TileChecksums:
+    """The checksum vectors of one run on backend ``be``, allocated once: two per A and B panel
+    slot, the expected sums per C slot, one actual-sums buffer and four result numbers per C
+    slot (copied to pinned host memory where the backend stages). Every call is issued on the
+    given stream in the executor's order; see the module docstring."""
+
+    def __init__(self, be, plan: Plan, alpha: float, beta: float):
+        self.be, self.plan, self.alpha, self.beta = be, plan, float(alpha), float(beta)
+        bm, bn, bk = plan.bm, plan.bn, plan.bk
+        self.a = [be.device_buffer(2 * bk, _F64) for _ in range(plan.a_slots)]
+        self.b = [be.device_buffer(2 * bk, _F64) for _ in range(plan.b_slots)]
+        self.expected = [be.device_buffer(2 * (bm + bn), _F64) for _ in range(C_SLOTS)]
+        self.actual = be.device_buffer(bm + bn, _F64)
+        self.result = [be.device_buffer(4, _F64) for _ in range(C_SLOTS)]
+        self.host = ([be.host_buffer(4, _F64) for _ in range(C_SLOTS)] if be.staging
+                     else self.result)
+        self.eps = float(be.epsilon(np.dtype(plan.dtype)))
+        self.panels = len(plan.k_panels())
+
+    def _pair(self, buf, k: int):
+        """(values, absolute values) halves of a panel slot's vector buffer, k long."""
+        bk = self.plan.bk
+        return buf[:k], buf[bk:bk + k]
+
+    def _expected(self, c_slot: int, shape: tuple[int, int]):
+        """(column sums, their magnitudes, row sums, their magnitudes) of a C slot."""
+        bm, bn = self.plan.bm, self.plan.bn
+        e, (rows, cols) = self.expected[c_slot], shape
+        return e[:cols], e[bn:bn + cols], e[2 * bn:2 * bn + rows], e[2 * bn + bm:2 * bn + bm + rows]
+
+    def landed(self, op: str, slot: int, panel, stream) -> None:
+        """Take the vectors of a stored panel of A or B that just landed in ``slot``."""
+        p = self.plan
+        if op == "A":  # e^T op(A): sums over the rows of op(A)
+            x, buf = (panel.T if p.trans_a else panel), self.a[slot]
+        else:  # op(B) e: sums over the rows of op(B)^T
+            x, buf = (panel if p.trans_b else panel.T), self.b[slot]
+        self.be.weighted_sums(x, *self._pair(buf, x.shape[1]), stream=stream)
+
+    def step(self, st: Step, a, b, c, stream) -> None:
+        """Add one step's terms to its tile's expected sums (before its gemm: on the first
+        step ``c`` still holds C0, read when beta != 0)."""
+        p, be = self.plan, self.be
+        col, col_abs, row, row_abs = self._expected(st.c_slot, st.tile.shape)
+        more = not st.first
+        if st.first and p.reads_c:
+            be.weighted_sums(c, col, col_abs, scale=self.beta, stream=stream)
+            be.weighted_sums(c.T, row, row_abs, scale=self.beta, stream=stream)
+            more = True
+        k = st.k1 - st.k0
+        av, av_abs = self._pair(self.a[st.a_slot], k)
+        bv, bv_abs = self._pair(self.b[st.b_slot], k)
+        op_a = a.T if p.trans_a else a
+        op_b = b.T if p.trans_b else b
+        be.weighted_sums(op_b, col, col_abs, weights=av, abs_weights=av_abs, scale=self.alpha,
+                         accumulate=more, stream=stream)
+        be.weighted_sums(op_a.T, row, row_abs, weights=bv, abs_weights=bv_abs,
+                         scale=self.alpha, accumulate=more, stream=stream)
+
+    def finish(self, st: Step, c, stream) -> None:
+        """Compare the finished tile's column and row sums with the expected ones; the four
+        result numbers stay on the device until :meth:`fetch`."""
+        rows, cols = st.tile.shape
+        bn, be = self.plan.bn, self.be
+        col, col_abs, row, row_abs = self._expected(st.c_slot, st.tile.shape)
+        act_col, act_row = self.actual[:cols], self.actual[bn:bn + rows]
+        be.weighted_sums(c, act_col, stream=stream)
+        be.weighted_sums(c.T, act_row, stream=stream)
+        res = self.result[st.c_slot]
+        k, dt = self.plan.k, np.dtype(self.plan.dtype)
+        be.compare_sums(col, col_abs, act_col, *bounds(self.eps, dt, k, self.panels, rows),
+                        res[0:2], stream)
+        be.compare_sums(row, row_abs, act_row, *bounds(self.eps, dt, k, self.panels, cols),
+                        res[2:4], stream)
+
+    def fetch(self, c_slot: int, stream) -> None:
+        """Copy a C slot's result numbers to the host (staging backends) on ``stream``."""
+        if self.be.staging:
+            self.be.copy_out(self.be.view(self.result[c_slot], (1, 4)),
+                             self.be.view(self.host[c_slot], (1, 4)), stream)
+
+    def verdict(self, c_slot: int, tile: Tile) -> Mismatch | None:
+        """The fetched result of ``tile`` (its copy complete): None when both checks pass."""
+        r = [float(x) for x in self.host[c_slot][:4]]
+        if r[0] <= 1.0 and r[2] <= 1.0:
+            return None
+        return Mismatch(tile.index, (tile.r0, tile.r1), (tile.c0, tile.c1), r[0], int(r[1]),
+                        r[2], int(r[3]))
+
+
+def has_checksums(be) -> bool:
+    """Whether backend ``be`` implements the checksum methods."""
+    return all(callable(getattr(be, m, None))
+               for m in ("weighted_sums", "compare_sums", "epsilon", "run_on"))
+
+
+# ----- fault injection (tests) --------------------------------------------------------------
+
+@dataclass
+class Faults:
+    """Corrupts one value at one point of a run, ``times`` times (a seam for tests).
+
+    ``where="A"`` or ``"B"``: after K panel ``kp`` of tile ``tile`` landed in its buffer (and
+    its checksum vector was taken), flip an exponent bit of ``element`` of the stored panel.
+    ``where="C"``: flip one of ``element`` of the finished tile ``tile`` before it is checked
+    and written back. Elements are clipped to the array's shape. The executor calls
+    :meth:`corrupt_panel` and :meth:`corrupt_tile` on its compute stream; ``fired`` records (where, tile, old
+    value, new value).
+    """
+
+    where: str
+    tile: tuple[int, int] = (0, 0)
+    kp: int = 0
+    element: tuple[int, int] = (0, 0)
+    times: int = 1
+    fired: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.where not in ("A", "B", "C"):
+            raise OptionError(f"Expected where to be 'A', 'B' or 'C'. Got {self.where!r}.")
+
+    def _due(self, where: str, st: Step) -> bool:
+        return (self.where == where and st.tile.index == tuple(self.tile)
+                and (where == "C" or st.kp == self.kp) and len(self.fired) < self.times)
+
+    def corrupt_panel(self, st: Step, a, b) -> None:
+        for where, x in (("A", a), ("B", b)):
+            if self._due(where, st):
+                self.fired.append((where, st.tile.index) + flip_exponent(x, self.element))
+
+    def corrupt_tile(self, st: Step, c) -> None:
+        if self._due("C", st):
+            self.fired.append(("C", st.tile.index) + flip_exponent(c, self.element))
+
+
+def flip_exponent(x, element: tuple[int, int]) -> tuple[float, float]:
+    """Flip the highest clear exponent bit of one element of the 2-D array ``x`` (NumPy or a
+    device array); returns (old, new). For values of ordinary size this multiplies them by
+    2**64 or more, or makes them Inf."""
+    i, j = (min(max(int(e), 0), s - 1) for e, s in zip(element, x.shape))
+    dt = np.dtype(x.dtype)
+    info = np.finfo(dt)
+    uint = np.dtype(f"u{dt.itemsize}")
+    old = np.array(float(x[i, j]), dtype=dt)
+    bits = int(old.view(uint))
+    exponent = (bits >> info.nmant) & ((1 << info.nexp) - 1)
+    p = next((p for p in range(info.nexp - 1, -1, -1) if not exponent >> p & 1), info.nexp - 1)
+    new = np.array(bits ^ (1 << (info.nmant + p)), dtype=uint).view(dt)
+    x[i, j] = new[()]
+    return float(old), float(new)

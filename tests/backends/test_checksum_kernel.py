@@ -1,0 +1,120 @@
+"""The checksum kernels (kernels/abft_checksum.cu) against NumPy: weighted sums along axis 0
+of strided and transposed views, float32 and float64, with and without weights, overwriting
+and accumulating; and the comparison with its non-finite rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bigmm.backends.numpy import NumpyBackend
+
+pytestmark = pytest.mark.gpu
+
+VIEWS = [
+    # (stored shape, view (slices, transpose), dtype, weighted)
+    # contiguous, column sums of a row-major panel (threads along j)
+    ((300, 257), (slice(None), slice(None), False), np.float32, False),
+    # transposed: row sums of the stored panel (threads along i, through shared memory)
+    ((300, 257), (slice(None), slice(None), True), np.float32, True),
+    # a view inside a larger buffer (leading dimension 513), float64, weighted
+    ((1000, 513), (slice(7, 900), slice(3, 200), False), np.float64, True),
+    # transposed view with a leading dimension, float64
+    ((1000, 513), (slice(7, 900), slice(3, 200), True), np.float64, False),
+    # neither stride 1: every other row and column
+    ((400, 400), (slice(0, 400, 2), slice(1, 400, 3), False), np.float32, True),
+    # one column, many rows (one block column, many row blocks and atomics)
+    ((70000, 1), (slice(None), slice(None), False), np.float32, True),
+    # one row, many columns
+    ((1, 70000), (slice(None), slice(None), False), np.float64, False),
+    # a long thin transposed panel (K panel of a narrow tile)
+    ((20000, 33), (slice(None), slice(None), True), np.float32, True),
+]
+
+
+@pytest.mark.parametrize("shape, view, dtype, weighted", VIEWS)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_weighted_sums_match_numpy(shape, view, dtype, weighted, accumulate):
+    import cupy
+
+    from bigmm.backends import get_backend
+
+    rng = np.random.default_rng(sum(shape))
+    host = rng.standard_normal(shape).astype(dtype)
+    rows, cols, transpose = view
+    x_h = host[rows, cols]
+    x_d = cupy.asarray(host)[rows, cols]
+    if transpose:
+        x_h, x_d = x_h.T, x_d.T
+    r, c = x_h.shape
+    w = rng.standard_normal(r) if weighted else None
+    wa = rng.random(r) if weighted else None
+    start = rng.standard_normal(c), rng.random(c)
+    ref = [v.copy() for v in start]
+    NumpyBackend().weighted_sums(x_h, *ref, weights=w, abs_weights=wa, scale=-1.25,
+                                 accumulate=accumulate)
+    out = [cupy.asarray(v) for v in start]
+    be = get_backend("cupy")
+    try:
+        s = be.stream()
+        be.weighted_sums(x_d, *out, weights=None if w is None else cupy.asarray(w),
+                         abs_weights=None if wa is None else cupy.asarray(wa), scale=-1.25,
+                         accumulate=accumulate, stream=s)
+        s.synchronize()
+        scale = np.abs(x_h.astype(np.float64)).sum() + 1.0
+        for got, want in zip(out, ref):
+            np.testing.assert_allclose(got.get(), want, rtol=1e-12, atol=1e-12 * scale)
+    finally:
+        be.close()
+
+
+def test_weighted_sums_without_abs_and_empty():
+    import cupy
+
+    from bigmm.backends import get_backend
+
+    be = get_backend("cupy")
+    try:
+        x = cupy.arange(12, dtype=cupy.float32).reshape(3, 4)
+        out = cupy.full(4, 7.0)
+        s = be.stream()
+        be.weighted_sums(x, out, stream=s)
+        empty = cupy.full(4, 7.0)
+        be.weighted_sums(x[:0], empty, stream=s)  # no rows: zeros
+        s.synchronize()
+        assert out.get().tolist() == [12.0, 15.0, 18.0, 21.0]
+        assert empty.get().tolist() == [0.0] * 4
+    finally:
+        be.close()
+
+
+def test_compare_sums_matches_numpy():
+    import cupy
+
+    from bigmm.backends import get_backend
+
+    rng = np.random.default_rng(5)
+    n = 5000
+    expected = rng.standard_normal(n)
+    magnitude = np.abs(expected) + rng.random(n)
+    actual = expected + 1e-9 * rng.standard_normal(n)
+    actual[4321] += 1e-3
+    cases = [(expected, magnitude, actual)]
+    a2 = actual.copy()
+    a2[17] = np.nan  # NaN against a finite sum: +inf
+    e2 = expected.copy()
+    e2[4321] = np.inf  # Inf in the inputs: not checked
+    cases.append((e2, magnitude, a2))
+    be = get_backend("cupy")
+    try:
+        s = be.stream()
+        for e, m, a in cases:
+            want, got = np.zeros(2), cupy.zeros(2)
+            NumpyBackend().compare_sums(e, m, a, 1e-6, 1e-30, want)
+            be.compare_sums(cupy.asarray(e), cupy.asarray(m), cupy.asarray(a), 1e-6, 1e-30,
+                            got, s)
+            s.synchronize()
+            np.testing.assert_allclose(got.get(), want, rtol=1e-12)
+        assert want[0] == np.inf and want[1] == 17
+    finally:
+        be.close()
