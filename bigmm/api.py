@@ -60,7 +60,7 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
     (column and row sums of C against those predicted from the panels, under a rigorous
     rounding bound) and compute a tile that fails again; a second failure raises
     :class:`bigmm.errors.ChecksumError`. The RunStats count the checks, mismatches and
-    recomputed tiles. Off by default (None): see README, Verification.
+    recomputed tiles. Off by default (None): see README, Checksums during the run.
     """
     threads = parse_io_threads(io_threads)
     verify = parse_verify(verify)

@@ -21,6 +21,9 @@ with ``|a_i . b_j| <= |a_i| |b_j|`` standing in for the magnitudes. ``max_rel_er
 largest ``|c_ij - ref_ij| / s_ij`` (for a Freivalds probe, the error of (C @ x)_i over
 ``sqrt(sum_j s_ij^2 x_j^2)``, the same bound carried through the sum); the check passes when it
 is at most ``tolerance = SAFETY * eps * sqrt(K + 2)``.
+
+This checks a finished product after the fact; ``bigmm.matmul(..., verify="checksum")``
+checks each C tile while it is computed (:mod:`bigmm.checksum`).
 """
 
 from __future__ import annotations

@@ -12,6 +12,11 @@ HDF5 files (contiguous float32 n x n in ``--dir``):
   same run; cold page cache (``posix_fadvise(DONTNEED)`` on the inputs after an fsync) and
   warm page cache.
 
+Checksum overhead (``--parts verify``): the same HDF5 files (first of ``--layouts``, warm page
+cache) and the same host arrays multiplied with ``verify=None`` and ``verify="checksum"``,
+alternating, ``--verify-repeat`` times each after a warm-up of both; the medians and the
+overhead in per cent of the unchecked run.
+
 Every product is checked before its time counts: against the in-core cuBLAS product on the
 device (relative Frobenius error) and, for that reference, by float64 probes
 (C x against A (B x)). In-core GPU times come from CUDA events after a warm-up (median of
@@ -22,6 +27,7 @@ trace, PNG timeline) are separate runs. Writes ``bench_e2e.json`` and the profil
 
     PYTHONPATH=. python scripts/bench_e2e.py --n 32768 --memory 8GiB --dir bench-out --out res
     PYTHONPATH=. python scripts/bench_e2e.py --n 8192 --memory 256MiB     # a smoke run
+    PYTHONPATH=. python scripts/bench_e2e.py --n 16384 --parts verify --layouts contiguous
 """
 
 from __future__ import annotations
@@ -363,6 +369,79 @@ def bigmm_h5(spec_a, spec_b, path_a, path_b, n, memory, ref, d, out_dir, res, la
     res.setdefault("bigmm_h5", {})[layout] = out
 
 
+def verify_overhead(spec_a, spec_b, a, b, n, memory, ref, d, repeat, res):
+    """Median seconds with and without verify="checksum", on the files (warm) and on host
+    arrays, runs alternating; overhead = checked / unchecked - 1."""
+    c_spec = f"{d / 'c_verify.h5'}:/C"
+    c_host = np.empty((n, n), F32)
+    jobs = {"h5": lambda v: bigmm.matmul(spec_a, spec_b, c_spec, overwrite=True, stats=True,
+                                         memory=memory, backend="cupy", verify=v),
+            "host": lambda v: bigmm.matmul(a, b, c_host, overwrite=True, stats=True,
+                                           memory=memory, backend="cupy", verify=v)}
+    out = {}
+    for where, job in jobs.items():
+        times: dict = {None: [], "checksum": []}
+        checks = {}
+        for i in range(repeat + 1):  # the first round warms the page cache and the kernels
+            for v in (None, "checksum"):
+                t0 = time.perf_counter()
+                _, stats = job(v)
+                t = time.perf_counter() - t0
+                if i == 0:
+                    buf = c_host if where == "host" else np.empty((n, n), F32)
+                    if where == "h5":
+                        read_all(c_spec, buf)
+                    ref.check(buf, f"bigmm {where} verify={v}")
+                    checks[str(v)] = {"tiles_checked": stats.tiles_checked,
+                                      "mismatches": stats.checksum_mismatches}
+                else:
+                    times[v].append(t)
+        off, on = float(np.median(times[None])), float(np.median(times["checksum"]))
+        out[where] = {"seconds_off": off, "seconds_on": on, "overhead_percent": 100 * (on / off - 1),
+                      "runs_off": times[None], "runs_on": times["checksum"], "checks": checks}
+        log(f"verify overhead, {where}: {off:.3f} s off, {on:.3f} s with checksums "
+            f"(median of {repeat}): {100 * (on / off - 1):+.2f}%; {checks}")
+    (d / "c_verify.h5").unlink(missing_ok=True)
+    out["device"] = checksum_device_cost(spec_a, spec_b, memory, repeat)
+    res["verify_overhead"] = out
+
+
+def checksum_device_cost(spec_a, spec_b, memory, repeat) -> dict:
+    """GPU time of the checksum work of one tile of the run's plan against its gemms (CUDA
+    events, median of ``repeat``): the overhead where the compute stream is the busiest stage.
+    Counts both panels' vectors at every step (stream order loads both)."""
+    import cupy
+
+    from bigmm.backends import get_backend
+    from bigmm.checksum import TileChecksums
+
+    be = get_backend("cupy")
+    try:
+        p = bigmm.plan(spec_a, spec_b, memory=memory, backend="cupy")
+        rng = cupy.random.default_rng(0)
+        a, b, c = (be.view(be.device_buffer(r * k, F32), (r, k))
+                   for r, k in ((p.bm, p.bk), (p.bk, p.bn), (p.bm, p.bn)))
+        for x in (a, b):
+            x[...] = rng.standard_normal(x.shape, dtype=F32)
+        ck = TileChecksums(be, p, 1.0, 0.0)
+        st = next(iter(p.steps()))
+        s = be.stream()
+        panel = lambda: (ck.landed("A", st.a_slot, a, s), ck.landed("B", st.b_slot, b, s),  # noqa: E731
+                         ck.step(st, a, b, c, s))
+        parts = {"gemm": lambda: be.gemm(a, b, c, 1.0, 0.0, False, False, s),
+                 "checks_per_step": panel, "finish_per_tile": lambda: ck.finish(st, c, s)}
+        t = {k: time_events(fn, s, repeat) for k, fn in parts.items()}
+    finally:
+        be.close()
+    steps = len(p.k_panels())
+    ratio = (steps * t["checks_per_step"] + t["finish_per_tile"]) / (steps * t["gemm"])
+    log(f"checksum device cost per {p.bm}x{p.bn}x{p.bk} step: gemm {1e3 * t['gemm']:.2f} ms, "
+        f"checks {1e3 * t['checks_per_step']:.3f} ms, finish {1e3 * t['finish_per_tile']:.3f} "
+        f"ms per tile: {100 * ratio:.2f}% of the compute")
+    return {"tile": [p.bm, p.bn, p.bk], "steps_per_tile": steps, **t,
+            "overhead_percent_of_compute": 100 * ratio}
+
+
 def dask_h5(path_a, path_b, n, chunk_list, caches, ref, d, res):
     """dask.array + CuPy on the same files, per chunk size and cache state."""
     import cupy
@@ -481,6 +560,8 @@ def main(argv=None) -> int:
                     help="host staging budget of the HDF5 runs (default: bigmm's)")
     ap.add_argument("--h5-prewarm", action="store_true",
                     help="an untimed HDF5 run first (pins the staging buffers)")
+    ap.add_argument("--verify-repeat", type=int, default=11,
+                    help="timed runs each with and without checksums (--parts verify)")
     ap.add_argument("--host-variants", default="",
                     help="extra host staging budgets for the own-kernel host run, e.g. 2GiB")
     args = ap.parse_args(argv)
@@ -518,7 +599,7 @@ def main(argv=None) -> int:
     if "xt" in parts:
         cublasxt(a, b, n, [int(x) for x in args.xt_blocks.split(",")], ref, res)
         save()
-    if parts & {"h5", "dask"}:
+    if parts & {"h5", "dask", "verify"}:
         c_host = ref.c.get()
         for i, layout in enumerate(args.layouts.split(",")):
             chunk = args.h5_chunk if layout == "chunked" else None
@@ -532,6 +613,10 @@ def main(argv=None) -> int:
                     save()
                 bigmm_h5(spec_a, spec_b, path_a, path_b, n, args.memory, ref, d, prof_dir, res,
                          layout, args.h5_host_memory, args.h5_prewarm)
+                save()
+            if "verify" in parts and i == 0:
+                verify_overhead(spec_a, spec_b, a, b, n, args.memory, ref, d,
+                                args.verify_repeat, res)
                 save()
             if "dask" in parts and i == 0:
                 res["dask_layout"] = layout
