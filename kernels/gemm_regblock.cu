@@ -39,16 +39,12 @@ struct Tile {
     static constexpr int VW = 16 / int(sizeof(T));  // elements per 16-byte vector
     static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
     static constexpr int NT = WARPS_M * WARPS_N * 32;
-    static constexpr int TH_M = WM / TM, TH_N = WN / TN;  // a warp's threads along M and N
     static constexpr int PAD = PAD_BYTES_ / int(sizeof(T));
     static constexpr int SA = BM + PAD, SB = BN + PAD;  // shared row strides (elements)
     static constexpr int STAGE = BK * (SA + SB);        // elements per pipeline stage
     static constexpr int SMEM_BYTES = STAGES * STAGE * int(sizeof(T));
     static_assert(BM % WM == 0 && BN % WN == 0, "warp tile must divide block tile");
-    static_assert(TH_M * TH_N == 32, "a warp's thread grid must have 32 threads");
-    static_assert(TM % VW == 0 && TN % VW == 0, "thread tile must be whole 16-byte vectors");
     static_assert(STAGES >= 2, "the pipeline needs at least two stages");
-    static_assert(BK % 2 == 0, "fragment double-buffering runs on across tiles");
     static_assert(PAD_BYTES_ % 16 == 0, "rows must stay 16-byte aligned");
 };
 
@@ -189,7 +185,146 @@ struct TileLoader<T, R, BK, NT, STRIDE, LOAD_S> {
 __device__ __forceinline__ float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 __device__ __forceinline__ double fma_rn(double a, double b, double c) { return __fma_rn(a, b, c); }
 
-template <class TL, int LA, int LB>
+// ---- compute policies: what a thread holds and how one k-step multiplies it ---------------
+// A policy has KSTEP (k per step), acc (the thread's accumulators), init(warp, lane),
+// a_off / b_off (the thread's element offsets within a stage's A and B tiles), load(buf, As,
+// Bs, step) (the fragments of k-step `step` into register buffer buf), mma(buf), and
+// each_vec(f) (calls f(row, col, vals) per run of VW consecutive C elements it holds).
+
+// CUDA-core FMAs: a TM x TN register tile per thread, in 16-byte column groups spread over
+// the warp tile so that every fragment load is one conflict-free 16-byte LDS.
+template <class TL>
+struct FmaCompute {
+    typedef typename TL::T T;
+    static constexpr int TM = TL::TM, TN = TL::TN, VW = TL::VW, KSTEP = 1;
+    static constexpr int TH_M = TL::WM / TM, TH_N = TL::WN / TN;  // a warp's threads along M, N
+    T acc[TM][TN];
+    T fa[2][TM], fb[2][TN];
+    int a_off, b_off;
+
+    __device__ __forceinline__ void init(int warp, int lane) {
+        a_off = (warp % TL::WARPS_M) * TL::WM + (lane / TH_N) * VW;
+        b_off = (warp / TL::WARPS_M) * TL::WN + (lane % TH_N) * VW;
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
+    }
+
+    __device__ __forceinline__ void load(int buf, const T* As, const T* Bs, int step) {
+#pragma unroll
+        for (int i = 0; i < TM / VW; ++i) load16(&fa[buf][i * VW], As + step * TL::SA + i * TH_M * VW);
+#pragma unroll
+        for (int j = 0; j < TN / VW; ++j) load16(&fb[buf][j * VW], Bs + step * TL::SB + j * TH_N * VW);
+    }
+
+    __device__ __forceinline__ void mma(int buf) {
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] = fma_rn(fa[buf][i], fb[buf][j], acc[i][j]);
+    }
+
+    template <class F>
+    __device__ __forceinline__ void each_vec(F&& f) const {
+#pragma unroll
+        for (int i = 0; i < TM / VW; ++i)
+#pragma unroll
+            for (int v = 0; v < VW; ++v)
+#pragma unroll
+                for (int j = 0; j < TN / VW; ++j) {
+                    T out[VW];
+#pragma unroll
+                    for (int u = 0; u < VW; ++u) out[u] = acc[i * VW + v][j * VW + u];
+                    f(a_off + i * TH_M * VW + v, b_off + j * TH_N * VW, out);
+                }
+    }
+};
+
+// FP64 tensor cores (DMMA): a warp's WM x WN tile is (WM/16) x (WN/8) mma tiles of 16x8, each
+// thread holding four accumulators of each.  A k-step is 4 deep.  Both operands stay k-major
+// in shared memory; a fragment load is one 8-byte LDS per lane at S[k = t][r = g], which is
+// conflict-free per half-warp when the row stride is 4 (mod 16) doubles (a 32-byte pad).
+template <class TL>
+struct DmmaCompute {
+    typedef double T;
+    static constexpr int MI = TL::WM / 16, NJ = TL::WN / 8, KSTEP = 4;
+    static_assert(TL::WM % 16 == 0 && TL::WN % 8 == 0, "DMMA warp tile is whole 16x8 tiles");
+    static_assert(TL::SA % 16 == 4 && TL::SB % 16 == 4, "DMMA rows need a 32-byte pad");
+    T acc[MI][NJ][4];
+    T fa[2][MI][2], fb[2][NJ];
+    int a_off, b_off, row0, col0;
+
+    __device__ __forceinline__ void init(int warp, int lane) {
+        const int g = lane / 4, t = lane % 4;
+        row0 = (warp % TL::WARPS_M) * TL::WM + g;
+        col0 = (warp / TL::WARPS_M) * TL::WN + 2 * t;
+        a_off = t * TL::SA + row0;
+        b_off = t * TL::SB + (warp / TL::WARPS_M) * TL::WN + g;
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0;
+    }
+
+    __device__ __forceinline__ void load(int buf, const T* As, const T* Bs, int step) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+            fa[buf][i][0] = As[step * KSTEP * TL::SA + i * 16];
+            fa[buf][i][1] = As[step * KSTEP * TL::SA + i * 16 + 8];
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) fb[buf][j] = Bs[step * KSTEP * TL::SB + j * 8];
+    }
+
+    __device__ __forceinline__ void mma(int buf) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) dmma_16x8x4(acc[i][j], fa[buf][i], fb[buf][j]);
+    }
+
+    template <class F>
+    __device__ __forceinline__ void each_vec(F&& f) const {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) f(row0 + i * 16 + 8 * h, col0 + j * 8, &acc[i][j][2 * h]);
+    }
+};
+
+// C[row][col, col + VW) = alpha * vals + beta * C, guarded by M and N; C is never read when
+// beta == 0; one 16-byte store when C is aligned (c_vec) and the run is whole.
+template <typename T, int VW>
+__device__ __forceinline__ void store_vec(T* __restrict__ C, long long ldc, int M, int N, int row,
+                                          int col, const T* vals, T alpha, T beta, bool read_c,
+                                          int c_vec) {
+    if (row >= M) return;
+    T* crow = C + (long long)row * ldc;
+    T out[VW];
+#pragma unroll
+    for (int u = 0; u < VW; ++u) out[u] = alpha * vals[u];
+    if (c_vec && col + VW <= N) {
+        if (read_c) {
+            T old[VW];
+            load16(old, crow + col);
+#pragma unroll
+            for (int u = 0; u < VW; ++u) out[u] = fma_rn(beta, old[u], out[u]);
+        }
+        store16(crow + col, out);
+    } else {
+#pragma unroll
+        for (int u = 0; u < VW; ++u) {
+            if (col + u < N) crow[col + u] = read_c ? fma_rn(beta, crow[col + u], out[u]) : out[u];
+        }
+    }
+}
+
+template <class TL, class CP, int LA, int LB>
 __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T alpha,
                                           const typename TL::T* __restrict__ A, long long lda,
                                           const typename TL::T* __restrict__ B, long long ldb,
@@ -197,10 +332,13 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
                                           long long ldc, int c_vec, int k_chunk,
                                           long long c_zstride) {
     typedef typename TL::T T;
-    constexpr int BM = TL::BM, BN = TL::BN, BK = TL::BK, TM = TL::TM, TN = TL::TN;
+    constexpr int BM = TL::BM, BN = TL::BN, BK = TL::BK;
     constexpr int VW = TL::VW, NT = TL::NT, STAGES = TL::STAGES;
     constexpr int SA = TL::SA, SB = TL::SB, STAGE = TL::STAGE;
+    constexpr int STEPS = BK / CP::KSTEP;  // k-steps per k-tile
     constexpr unsigned STAGE_BYTES = unsigned(STAGE) * sizeof(T);
+    static_assert(BK % CP::KSTEP == 0 && STEPS % 2 == 0,
+                  "fragment double-buffering runs on across tiles: an even number of k-steps");
 
     // Split K: block z multiplies the k range [z * k_chunk, (z + 1) * k_chunk) into its own
     // slice of C, c_zstride elements further on (gridDim.z == 1 without a split).
@@ -228,16 +366,8 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
     load_a.init(A, lda, m0, M, kstart, tid, sbase);
     load_b.init(B, ldb, n0, N, kstart, tid, sbase + unsigned(BK * SA) * sizeof(T));
 
-    const int warp = tid / 32, lane = tid % 32;
-    const int a_off = (warp % TL::WARPS_M) * TL::WM + (lane / TL::TH_N) * VW;
-    const int b_off = (warp / TL::WARPS_M) * TL::WN + (lane % TL::TH_N) * VW;
-
-    T acc[TM][TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
-    T fa[2][TM], fb[2][TN];
+    CP cp;
+    cp.init(tid / 32, tid % 32);
 
     if (KT > 0) {
         load_a.template load<true>(0, kstart);
@@ -253,19 +383,17 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
         cp_async_commit();
     }
 
-    // Fragments of k-step kk sit in buffer kk & 1 (BK is even, so the parity runs on across
+    // Fragments of k-step kk sit in buffer kk & 1 (STEPS is even, so the parity runs on across
     // tiles).  The barrier for tile kt + 1 comes before the last k-step of tile kt, whose
     // fragments are already in registers: the first fragments of the next tile then load
-    // while the last FMAs of this one run, and no warp waits on shared memory after a barrier.
+    // while the last multiplies of this one run, and no warp waits on shared memory after a
+    // barrier.
     int read_stage = 0, write_stage = STAGES - 1;
-    const T* As = smem + a_off;
-    const T* Bs = smem + BK * SA + b_off;
+    const T* As = smem + cp.a_off;
+    const T* Bs = smem + BK * SA + cp.b_off;
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile 0 is visible
-#pragma unroll
-    for (int i = 0; i < TM / VW; ++i) load16(&fa[0][i * VW], As + i * TL::TH_M * VW);
-#pragma unroll
-    for (int j = 0; j < TN / VW; ++j) load16(&fb[0][j * VW], Bs + j * TL::TH_N * VW);
+    cp.load(0, As, Bs, 0);
 
     for (int kt = 0; kt < KT; ++kt) {
         // Stage write_stage held tile kt - 1, which every thread finished reading before the
@@ -278,72 +406,28 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
         write_stage = (write_stage + 1 == STAGES) ? 0 : write_stage + 1;
 
 #pragma unroll
-        for (int kk = 0; kk < BK; ++kk) {
+        for (int kk = 0; kk < STEPS; ++kk) {
             const int cur = kk & 1, nxt = cur ^ 1;
-            if (kk + 1 < BK) {
-#pragma unroll
-                for (int i = 0; i < TM / VW; ++i)
-                    load16(&fa[nxt][i * VW], As + (kk + 1) * SA + i * TL::TH_M * VW);
-#pragma unroll
-                for (int j = 0; j < TN / VW; ++j)
-                    load16(&fb[nxt][j * VW], Bs + (kk + 1) * SB + j * TL::TH_N * VW);
+            if (kk + 1 < STEPS) {
+                cp.load(nxt, As, Bs, kk + 1);
             } else {
                 cp_async_wait<STAGES - 2>();
                 __syncthreads();  // tile kt + 1 is visible; tile kt's stage is no longer read
                 read_stage = (read_stage + 1 == STAGES) ? 0 : read_stage + 1;
-                As = smem + read_stage * STAGE + a_off;
-                Bs = smem + read_stage * STAGE + BK * SA + b_off;
-                if (kt + 1 < KT) {
-#pragma unroll
-                    for (int i = 0; i < TM / VW; ++i)
-                        load16(&fa[nxt][i * VW], As + i * TL::TH_M * VW);
-#pragma unroll
-                    for (int j = 0; j < TN / VW; ++j)
-                        load16(&fb[nxt][j * VW], Bs + j * TL::TH_N * VW);
-                }
+                As = smem + read_stage * STAGE + cp.a_off;
+                Bs = smem + read_stage * STAGE + BK * SA + cp.b_off;
+                if (kt + 1 < KT) cp.load(nxt, As, Bs, 0);
             }
-#pragma unroll
-            for (int i = 0; i < TM; ++i)
-#pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] = fma_rn(fa[cur][i], fb[cur][j], acc[i][j]);
+            cp.mma(cur);
         }
     }
     cp_async_wait<0>();
 
     // Epilogue: C = alpha * acc + beta * C, C never read when beta == 0.
     const bool read_c = !(beta == T(0));
-#pragma unroll
-    for (int i = 0; i < TM / VW; ++i) {
-#pragma unroll
-        for (int v = 0; v < VW; ++v) {
-            const int row = m0 + a_off + i * TL::TH_M * VW + v;
-            if (row >= M) continue;
-            T* crow = C + (long long)row * ldc;
-#pragma unroll
-            for (int j = 0; j < TN / VW; ++j) {
-                const int col = n0 + b_off + j * TL::TH_N * VW;
-                T out[VW];
-#pragma unroll
-                for (int u = 0; u < VW; ++u) out[u] = alpha * acc[i * VW + v][j * VW + u];
-                if (c_vec && col + VW <= N) {
-                    if (read_c) {
-                        T old[VW];
-                        load16(old, crow + col);
-#pragma unroll
-                        for (int u = 0; u < VW; ++u) out[u] = fma_rn(beta, old[u], out[u]);
-                    }
-                    store16(crow + col, out);
-                } else {
-#pragma unroll
-                    for (int u = 0; u < VW; ++u) {
-                        if (col + u < N) {
-                            crow[col + u] = read_c ? fma_rn(beta, crow[col + u], out[u]) : out[u];
-                        }
-                    }
-                }
-            }
-        }
-    }
+    cp.each_vec([&](int r, int c, const T* vals) {
+        store_vec<T, VW>(C, ldc, M, N, m0 + r, n0 + c, vals, alpha, beta, read_c, c_vec);
+    });
 }
 
 }  // namespace bigmm
@@ -382,10 +466,18 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
 #ifndef BIGMM_MIN_BLOCKS
 #define BIGMM_MIN_BLOCKS 2
 #endif
+#ifndef BIGMM_DMMA
+#define BIGMM_DMMA 0  // 1: float64 on the FP64 tensor cores (DmmaCompute); TM, TN unused
+#endif
 
 typedef bigmm::Tile<BIGMM_DTYPE, BIGMM_BM, BIGMM_BN, BIGMM_BK, BIGMM_WM, BIGMM_WN, BIGMM_TM,
                     BIGMM_TN, BIGMM_STAGES, BIGMM_PAD_BYTES>
     BigmmTile;
+#if BIGMM_DMMA
+typedef bigmm::DmmaCompute<BigmmTile> BigmmCompute;
+#else
+typedef bigmm::FmaCompute<BigmmTile> BigmmCompute;
+#endif
 
 // One launch signature for every entry point.  Name: gemm_<A mode><B mode>, k/v/s = LOAD_K,
 // LOAD_V, LOAD_S.  NN uses k{v,s}, NT kk, TN {v,s}{v,s}, TT {v,s}k.  With -DBIGMM_ONLY only the
@@ -396,8 +488,8 @@ typedef bigmm::Tile<BIGMM_DTYPE, BIGMM_BM, BIGMM_BN, BIGMM_BK, BIGMM_WM, BIGMM_W
              long long lda, const BIGMM_DTYPE* __restrict__ B, long long ldb, BIGMM_DTYPE beta,   \
              BIGMM_DTYPE* __restrict__ C, long long ldc, int c_vec, int k_chunk,                 \
              long long c_zstride) {                                                              \
-        bigmm::gemm_body<BigmmTile, bigmm::LA, bigmm::LB>(M, N, K, alpha, A, lda, B, ldb, beta, \
-                                                           C, ldc, c_vec, k_chunk, c_zstride);  \
+        bigmm::gemm_body<BigmmTile, BigmmCompute, bigmm::LA, bigmm::LB>(                      \
+            M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, c_vec, k_chunk, c_zstride);          \
     }
 
 #if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_kv)

@@ -78,14 +78,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="where to write the new table")
     ap.add_argument("--table", help="table holding the candidate configs (default: the packaged one)")
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
+                    help="dtypes to tune; the others keep the source table's rules")
     args = ap.parse_args(argv)
 
     src = json.loads(Path(args.table or ck._TABLE_PATH).read_text())
     dev = device_info()
     new = {"about": src["about"], "device": dev["name"],
            "command": "CUPY_TF32=0 PYTHONPATH=. python scripts/autotune_kernels.py " + " ".join(argv or sys.argv[1:]),
-           "configs": src["configs"], "select": {}, "timings": {}}
-    for dtype in ("float32", "float64"):
+           "configs": src["configs"], "select": dict(src["select"]),
+           "timings": dict(src.get("timings", {}))}
+    for dtype in args.dtypes:
         timings, rules = tune(dtype, args.sizes, args.table)
         new["select"][dtype] = rules
         new["timings"][dtype] = timings

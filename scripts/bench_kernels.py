@@ -121,16 +121,22 @@ def device_info() -> dict:
 
 
 def peak_fma(dtype: str) -> float:
-    """Measured FMA ceiling, TFLOP/s (kernels/peak_fma.cu)."""
+    """Measured ceiling, TFLOP/s (kernels/peak_fma.cu): FMA for "float32" and "float64", the
+    FP64 tensor cores for "float64_dmma"."""
     cp = cupy_module()
-    entry = "peak_fma_f32" if dtype == "float32" else "peak_fma_f64"
+    entry = {"float32": "peak_fma_f32", "float64": "peak_fma_f64",
+             "float64_dmma": "peak_dmma_f64"}[dtype]
+    dtype = dtype.split("_")[0]
     kern = ck.raw_kernel("peak_fma.cu", entry)
     sms = device_info()["sm_count"]
     blocks, threads, iters = sms * 16, 256, 4096
     out = cp.empty(blocks * threads, dtype=dtype)
     t = np.dtype(dtype).type
     ms = time_ms(lambda: kern((blocks,), (threads,), (out, np.int32(iters), t(0.999), t(1e-3))), 5)
-    return 2 * 8 * 8 * iters * blocks * threads / (ms * 1e-3) / 1e12
+    per_thread = 2 * 8 * 8 * iters  # 8 chains x 8 steps x iters FMAs
+    if entry == "peak_dmma_f64":
+        per_thread = 2 * 16 * 8 * 4 * 8 * 8 * iters // 32  # 16x8x4 products, per warp
+    return per_thread * blocks * threads / (ms * 1e-3) / 1e12
 
 
 def operands(dtype, m, n, k, seed=0):
@@ -287,7 +293,7 @@ def main(argv=None) -> int:
     results = {"device": device_info(), "compute_type_f32": check_tf32_off(),
                "command": "CUPY_TF32=0 PYTHONPATH=. python scripts/bench_kernels.py " + " ".join(argv or sys.argv[1:])}
     print(f"device {results['device']}  cupy f32 compute type {results['compute_type_f32']}", flush=True)
-    results["peak_tflops"] = {d: peak_fma(d) for d in ("float32", "float64")}
+    results["peak_tflops"] = {d: peak_fma(d) for d in ("float32", "float64", "float64_dmma")}
     print(f"FMA ceilings: {results['peak_tflops']}", flush=True)
 
     table_cfgs = {d: list(ck.tile_configs(d, args.table).values()) for d in args.dtypes}
@@ -316,7 +322,8 @@ def main(argv=None) -> int:
 
     # The short table, last.
     print(f"\n== {results['device']['name']}: FMA ceilings f32 {results['peak_tflops']['float32']:.1f}, "
-          f"f64 {results['peak_tflops']['float64']:.1f} TFLOP/s ==")
+          f"f64 {results['peak_tflops']['float64']:.1f}; FP64 tensor cores "
+          f"{results['peak_tflops']['float64_dmma']:.1f} TFLOP/s ==")
     print(f"{'dtype':8s} {'shape':12s} {'M x N x K':>20s} {'beta':>4s} {'kernel':30s} {'TFLOP/s':>8s} {'%cuBLAS':>8s} {'%FMA':>6s}")
     for r in results["shapes"]:
         pk = results["peak_tflops"][r["dtype"]]

@@ -30,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
+sys.path.insert(0, str(ROOT))
+from bigmm.backends.cuda_kernels import TileConfig  # noqa: E402  (no GPU needed to import)
+
 TABLE = ROOT / "bigmm" / "backends" / "kernel_table.json"
 
 # Per-SM limits: register file (32-bit registers) and shared memory usable by blocks (bytes).
@@ -55,19 +58,10 @@ def jobs_from_table() -> list[dict]:
     table = json.loads(TABLE.read_text())
     jobs = []
     for name, c in table["configs"].items():
-        item = 4 if c["dtype"] == "float32" else 8
-        pad = c.get("pad_bytes", 16)
-        threads = (c["bm"] // c["wm"]) * (c["bn"] // c["wn"]) * 32
-        smem = c["stages"] * c["bk"] * (c["bm"] + c["bn"] + 2 * pad // item) * item
-        defines = {
-            "DTYPE": "float" if item == 4 else "double", "BM": c["bm"], "BN": c["bn"], "BK": c["bk"],
-            "WM": c["wm"], "WN": c["wn"], "TM": c["tm"], "TN": c["tn"], "STAGES": c["stages"],
-            "PAD_BYTES": pad, "MIN_BLOCKS": c.get("min_blocks", 1),
-        }
+        cfg = TileConfig.from_dict(name, c)
         jobs.append({
-            "name": name, "file": "gemm_regblock.cu",
-            "defines": [f"-DBIGMM_{k}={v}" for k, v in defines.items()],
-            "threads": threads, "dynamic_smem": smem, "min_blocks": c.get("min_blocks", 1),
+            "name": name, "file": "gemm_regblock.cu", "defines": list(cfg.defines()),
+            "threads": cfg.threads, "dynamic_smem": cfg.smem_bytes, "min_blocks": cfg.min_blocks,
         })
     jobs.append({"name": "sgemm_01_naive_tiled", "file": "sgemm_01_naive_tiled.cu", "defines": [],
                  "threads": 256, "dynamic_smem": 0, "min_blocks": 1})

@@ -51,6 +51,7 @@ class TileConfig:
     stages: int
     min_blocks: int = 1
     pad_bytes: int = 16
+    dmma: bool = False  # float64 on the FP64 tensor cores (tm, tn unused)
 
     @property
     def itemsize(self) -> int:
@@ -70,7 +71,7 @@ class TileConfig:
         values = {
             "DTYPE": ctype, "BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm,
             "WN": self.wn, "TM": self.tm, "TN": self.tn, "STAGES": self.stages,
-            "PAD_BYTES": self.pad_bytes, "MIN_BLOCKS": self.min_blocks,
+            "PAD_BYTES": self.pad_bytes, "MIN_BLOCKS": self.min_blocks, "DMMA": int(self.dmma),
         }
         return tuple(f"-DBIGMM_{k}={v}" for k, v in values.items())
 
@@ -82,14 +83,24 @@ class TileConfig:
         nt = self.threads
         rules = [
             (self.bm % self.wm == 0 and self.bn % self.wn == 0, "warp tile divides block tile"),
-            ((self.wm // self.tm) * (self.wn // self.tn) == 32, "32 threads per warp tile"),
-            (self.tm % vw == 0 and self.tn % vw == 0, "thread tile in 16-byte vectors"),
             (self.stages >= 2 and self.bk % 8 == 0, "stages >= 2 and bk % 8 == 0"),
             (all(r % (nt // 8) == 0 for r in (self.bm, self.bn)), "rows divisible by threads/8"),
             (all(nt % (r // vw) == 0 and self.bk % (nt // (r // vw)) == 0
                  for r in (self.bm, self.bn)), "16-byte copies tile the block"),
             (self.pad_bytes % 16 == 0, "pad keeps rows 16-byte aligned"),
         ]
+        if self.dmma:
+            pad = self.pad_bytes // self.itemsize
+            rules += [
+                (self.dtype == "float64", "DMMA is float64"),
+                (self.wm % 16 == 0 and self.wn % 8 == 0, "warp tile of whole 16x8 DMMA tiles"),
+                (all((r + pad) % 16 == 4 for r in (self.bm, self.bn)), "DMMA row stride 4 mod 16"),
+            ]
+        else:
+            rules += [
+                ((self.wm // self.tm) * (self.wn // self.tn) == 32, "32 threads per warp tile"),
+                (self.tm % vw == 0 and self.tn % vw == 0, "thread tile in 16-byte vectors"),
+            ]
         for ok, rule in rules:
             if not ok:
                 raise KernelError(f"Expected tile config {self.name} to satisfy '{rule}'. Got {self}.")

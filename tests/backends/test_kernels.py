@@ -94,10 +94,38 @@ def cp():
 
 @pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
 def test_gemm_matches_float64_reference(cp, case):
+    _check_case(cp, case, SEED + 10 * CASES.index(case))
+
+
+def _table_configs():
+    from bigmm.backends import cuda_kernels
+
+    return sorted(cuda_kernels.tile_configs())
+
+
+# Every config of the table (not only those the rules pick today), on ragged shapes in all four
+# transposes, unaligned views with alpha and beta: what the autotuner may choose must be right.
+CONFIG_SHAPES = [
+    (1000, 1027, 333, False, False, 1.0, 0.0, "odd"),  # NN, unaligned views, C never read
+    (1000, 1027, 333, True, False, -0.5, 0.75, "odd"),  # TN, alpha and beta
+    (129, 4097, 7, False, True, 1.0, 1.0, "ld"),  # NT, K under one k-tile, accumulate
+    (129, 4097, 7, True, True, 2.0, 0.0, None),  # TT, wide
+]
+
+
+@pytest.mark.parametrize("name", _table_configs())
+@pytest.mark.parametrize("shape", CONFIG_SHAPES, ids=[_ids(("", *s)) for s in CONFIG_SHAPES])
+def test_every_table_config(cp, name, shape):
+    from bigmm.backends import cuda_kernels
+
+    cfg = cuda_kernels.tile_configs()[name]
+    _check_case(cp, (cfg.dtype, *shape), SEED + 7 * CONFIG_SHAPES.index(shape), config=cfg)
+
+
+def _check_case(cp, case, seed, config=None):
     from bigmm.backends import cuda_kernels
 
     dtype, m, n, k, ta, tb, alpha, beta, view = case
-    seed = SEED + 10 * CASES.index(case)
     a_h = random_matrix((k, m) if ta else (m, k), dtype, seed)
     b_h = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
     c_h = random_matrix((m, n), dtype, seed + 2)
@@ -108,7 +136,7 @@ def test_gemm_matches_float64_reference(cp, case):
     c, c_big, (r0, c0) = _embed(cp, c_h, view, dtype, 2)
     if beta == 0:
         c.fill(np.nan)  # must never be read
-    cuda_kernels.gemm(a, b, c, alpha, beta, trans_a=ta, trans_b=tb)
+    cuda_kernels.gemm(a, b, c, alpha, beta, trans_a=ta, trans_b=tb, config=config)
     out = cp.asnumpy(c)
 
     # cuBLAS on the same operands, same dtype.
