@@ -7,6 +7,7 @@ files, an array for arrays).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import replace
@@ -143,7 +144,7 @@ def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memo
     args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                 device_budget=device, host_budget=host, staging=be.staging,
                 a_chunks=A.chunks, b_chunks=B.chunks,
-                rates=_rates(be, dtype) if calibrate else None)
+                rates=_rates(be, dtype, min(device, host)) if calibrate else None)
     fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
     p = make_plan(m, n, k, dtype, **args, **fixed)
     job = {"plan": p.key(), "alpha": alpha, "beta": beta,
@@ -235,15 +236,17 @@ def resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:
         raise ResumeError(f"Expected a journal recording the schedule. Got {job!r}.") from None
 
 
-def _rates(be, dtype: str) -> Rates | None:
+def _rates(be, dtype: str, limit: int) -> Rates | None:
     """Nominal rates for the predicted time: the backend's own, else a short gemm timing on a
-    backend whose compute memory is host memory (None otherwise)."""
+    backend whose compute memory is host memory (None otherwise). The timing holds at most
+    ``limit`` bytes (the run's smaller budget), so planning stays within the budgets."""
     own = getattr(be, "rates", None)
     if callable(own):
-        return own(dtype)
+        return own(dtype, limit)
     if be.staging:
         return None
-    n, dt = 1024, np.dtype(dtype)
+    dt = np.dtype(dtype)
+    n = max(16, min(1024, math.isqrt(limit // (2 * dt.itemsize))))
     a = be.view(be.host_buffer(n * n, dt), (n, n))
     c = be.view(be.host_buffer(n * n, dt), (n, n))
     a[...] = 1.0

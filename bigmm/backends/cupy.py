@@ -28,6 +28,7 @@ asked for.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -343,23 +344,28 @@ class CupyBackend:
             free, _ = cupy.cuda.runtime.memGetInfo()
         return int(free)
 
-    def rates(self, dtype: str) -> Rates:
+    def rates(self, dtype: str, limit: int | None = None) -> Rates:
         """Rates for the predicted time: this kernel's gemm and pinned host-to-device copies,
-        measured once per process (a 4096^3 product and a 256 MiB copy, timed with events)."""
-        key = (self._device.id, self.kernel, str(dtype))
+        measured once per process and size (a 4096^3 product and a 256 MiB copy, timed with
+        events; smaller when ``limit``, the bytes the run may hold on the device and in pinned
+        memory, is less, so that planning stays within the run's budgets)."""
+        item = np.dtype(dtype).itemsize
+        nbytes = 256 << 20 if limit is None else max(1 << 20, min(256 << 20, int(limit) // 2))
+        n = min(4096, math.isqrt(nbytes // item))  # an n^2 operand fits in the copied buffer
+        key = (self._device.id, self.kernel, str(dtype), nbytes, n)
         if key not in _RATES:
-            _RATES[key] = self._calibrate(np.dtype(dtype))
+            _RATES[key] = self._calibrate(np.dtype(dtype), nbytes, n)
         return _RATES[key]
 
-    def _calibrate(self, dtype: np.dtype) -> Rates:
-        n, nbytes = 4096, 256 << 20  # a 4096^2 operand fits in the copied buffer
+    def _calibrate(self, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         with self._device:
             s = cupy.cuda.Stream(non_blocking=True)
             pinned = cupy.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE)
             host = np.ndarray((nbytes // dtype.itemsize,), dtype,
                               buffer=cupy.cuda.PinnedMemoryPointer(pinned, 0))
             block = np.random.default_rng(0).standard_normal(1 << 16).astype(dtype)
-            host.reshape(-1, block.size)[:] = block
+            host[: host.size - host.size % block.size].reshape(-1, block.size)[:] = block
+            host[host.size - host.size % block.size:] = 1.0
             dev = _direct(host.size, dtype)
             c = _direct(n * n, dtype).reshape(n, n)
             t_copy = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
