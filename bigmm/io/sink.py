@@ -22,6 +22,8 @@ computed, and no later write can meet ENOSPC), and the dataset's byte range is m
 and writable (:mod:`.mapped`): a tile is one NumPy copy into the mapping per stored block it
 overlaps (no system call per row, GIL released), made durable in :meth:`Sink.commit` by
 ``msync`` of the page-aligned ranges written since the last commit (merged where they touch).
+Each copy releases the pages it wrote from the process's RSS as it goes (:meth:`.FileMap.copy`);
+they stay dirty in the page cache, and ``msync`` writes the file range all the same.
 Where ``posix_fallocate`` is not supported (EOPNOTSUPP, EINVAL) or the file cannot be mapped,
 tiles are written with ``os.pwritev`` per row (per chunk: one write) and ``fsync``, and ENOSPC
 on a write is the DiskFullError.
@@ -392,8 +394,8 @@ class FileSink(Sink):
                 self._map.check()  # a page past the end of the file would raise SIGBUS
                 dirty = []
                 for base, (_, bc), (ra, rb, ca, cb), (a, b, c, d) in pieces:
-                    block = self._map.array(base, (rb, bc), self.dtype)
-                    block[ra:rb, ca:cb] = src[a:b, c:d]
+                    view = self._map.array(base, (rb, bc), self.dtype)[ra:rb, ca:cb]
+                    self._map.copy(view, src[a:b, c:d], view=view)  # pages leave RSS, stay dirty
                     dirty.append((base + (ra * bc + ca) * w, base + ((rb - 1) * bc + cb) * w))
                 self._mark_dirty(dirty)
                 return

@@ -10,7 +10,9 @@ cannot be mapped (or ``use_mmap=False``), and for full-width row ranges of conti
 ``read_direct`` under one lock, except gzip-compressed chunks (optionally shuffled), which are
 read raw and inflated with zlib in the reader threads. ``Source.layout`` says which path a
 source uses ("array", "contiguous", "chunked", "deflate" or "h5py"), ``Source.fast`` whether
-reads bypass h5py, ``Source.mapped`` whether they copy from a memory map.
+reads bypass h5py, ``Source.mapped`` whether they copy from a memory map. Mapped copies drop
+the pages they touched as they go (:meth:`.FileMap.copy`), so a reader thread holds a few MiB
+of the file in its process's RSS at a time, not the pages of every read so far.
 """
 
 from __future__ import annotations
@@ -224,6 +226,7 @@ class H5Source(Source):
     def _read_fast(self, r0, r1, c0, c1, out, mapped: bool) -> None:
         kind = self._layout.kind
         piece = max(TASK_BYTES, out.nbytes // self._threads + 1)
+        inline = True  # a single task runs in the calling thread
         if kind == "deflate":
             tasks, run = self._deflate_tasks(r0, r1, c0, c1, out), self._inflate
         elif mapped and not (kind == "contiguous" and c1 - c0 == self.shape[1]
@@ -232,11 +235,14 @@ class H5Source(Source):
             tasks = (self._mapped_rows if kind == "contiguous"
                      else self._mapped_chunks)(r0, r1, c0, c1, out, piece)
             run = self._copy
+            # every mapped copy runs on the pool, so that at most ``threads`` copies (each
+            # holding at most one block of mapped pages, see FileMap.copy) run at once
+            inline = False
         else:
             tasks = (self._contiguous_tasks if kind == "contiguous"
                      else self._chunked_tasks)(r0, r1, c0, c1, out, piece)
             run = self._run
-        if len(tasks) < 2:
+        if len(tasks) < 2 and inline:
             for task in tasks:
                 run(task)
             return
@@ -261,13 +267,12 @@ class H5Source(Source):
                 out[a:b, c:d].byteswap(inplace=True)
 
     # mapped copies: a task is a list of (destination view, source view or None for the fill)
-    @staticmethod
-    def _copy(group) -> None:
+    def _copy(self, group) -> None:
         for dest, src, fill in group:
             if src is None:
                 dest[...] = fill
-            else:
-                dest[...] = src  # stored byte order -> native, in the copy
+            else:  # stored byte order -> native, in the copy; the pages leave RSS after it
+                self._map.copy(dest, src, view=src)
 
     def _stored(self) -> np.dtype:
         return self.dtype.newbyteorder(">" if self._layout.swap else "<")
