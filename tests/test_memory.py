@@ -12,13 +12,14 @@ than its budget. What is measured, and why:
   them to the end, so the sampled peak is the plateau of the run; a spike shorter than a
   sample could be missed, which is why the total below is also taken from the kernel.
 * **Total resident memory** (the kernel's high-water mark ``VmHWM``, exact, which the
-  process reads when the command has finished): private memory plus the pages of the inputs and the output mapped into the
-  process. The io layer reads inputs and writes C through shared file mappings, and every page
-  touched stays counted in RSS until it is unmapped; those pages are page cache (clean for the
-  inputs, written back for C) that the kernel can reclaim, but RSS-based limits (batch
-  schedulers, dask's worker memory monitor) see them. The total is asserted against the same
-  bound with ``MAPPED_SLACK`` for the file pages of the reads and writes in flight; today it
-  grows with the matrices (the mapped pages are never dropped) and the test is marked xfail.
+  process reads when the command has finished): private memory plus the pages of the inputs
+  and the output mapped into the process. The io layer reads inputs and writes C through
+  shared file mappings, and every page touched stays counted in RSS until it is unmapped;
+  those pages are page cache (clean for the inputs, written back for C) that the kernel can
+  reclaim, but RSS-based limits (batch schedulers, dask's worker memory monitor) see them. The
+  io layer therefore drops the pages behind each copy as it goes
+  (``bigmm.io.mapped.FileMap.copy``), and the total is asserted against the same bound plus
+  ``MAPPED_SLACK`` for the file pages of the copies in flight.
 
 On the GPU the device memory a run holds is measured with the CUDA driver's used memory
 (``cudaMemGetInfo``), sampled during the run, against the device budget: the multiplication
@@ -38,6 +39,8 @@ import time
 import pytest
 
 from bigmm.io.generate import generate
+from bigmm.io.mapped import HELD_BYTES
+from bigmm.io.source import DEFAULT_THREADS
 from bigmm.units import parse_size
 
 MiB = 1 << 20
@@ -45,10 +48,14 @@ MiB = 1 << 20
 #: which a large gemm touches more of than a tiny one (measured 2-4 MiB on 2 cores), the
 #: reader and writer threads' stacks, the plan's steps and the page-rounding of the buffers.
 ANON_SLACK = 16 * MiB
-#: File pages mapped at once by the reads and writes in flight: io threads x the span of one
-#: copy task, plus the tile being written (what an engine that unmaps pages after copying
-#: them would still hold).
-MAPPED_SLACK = 32 * MiB
+#: File pages mapped at once, beyond the tiny run's: each thread copying through a map holds at
+#: most ``HELD_BYTES`` of it mapped (a 4 MiB block of the copy and a 2 MiB fault window at
+#: either end; see bigmm.io.mapped), and such copies run only on the reader threads of A and
+#: of B (``DEFAULT_THREADS`` each) and on the one writer thread: 72 MiB with 4 reader threads
+#: (2 cores). Plus 8 MiB of library code a large run touches beyond a tiny one (measured 1-3
+#: MiB: BLAS kernels, more of HDF5). A bound, not the usual figure: the runs measured here
+#: held up to 25 MiB of the files' pages at their peaks.
+MAPPED_SLACK = (2 * DEFAULT_THREADS + 1) * HELD_BYTES + 8 * MiB
 #: Between samples of /proc/PID/status.
 SAMPLE_SECONDS = 0.002
 
@@ -174,8 +181,6 @@ def test_private_memory_within_budget(peaks, name, budget):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="input and output pages mapped by the io layer stay in "
-                   "RSS until the maps close, so the total grows with the matrices")
 @pytest.mark.parametrize("name,budget", CASES)
 def test_total_rss_within_budget(peaks, name, budget):
     base, peak = peaks("tiny"), peaks(name, budget)
