@@ -306,3 +306,34 @@ def test_gpu_tf32_no_false_positives():
     finally:
         be.close()
     assert stats.tiles_checked == p.n_tiles and stats.checksum_mismatches == 0
+
+
+# ----- which checksum kernel a view gets (no GPU needed) ------------------------------------
+
+SUMS_PATHS = [
+    # (rows, cols, sr, sc, itemsize, address, kernel)
+    # the row check: op(A).T of a row-major A panel, summed along its contiguous rows
+    (4096, 16384, 1, 4096, 4, 0, "contig"),
+    # the A panel's column sums: columns contiguous, rows 16 KiB apart
+    (16384, 4096, 4096, 1, 4, 256, "strided"),
+    # the B panel (4096 x 768) both ways, float64
+    (768, 4096, 1, 768, 8, 512, "contig"),
+    (4096, 768, 768, 1, 8, 512, "strided"),
+    # a leading dimension that is not a multiple of 16 bytes: the fallback
+    (300, 257, 1, 257, 4, 0, "generic"),
+    (257, 300, 257, 1, 4, 0, "generic"),
+    # a view starting 4 bytes into an aligned buffer
+    (300, 256, 256, 1, 4, 4, "generic"),
+    # one column (both strides 1) and one row: any leading dimension
+    (70000, 1, 1, 1, 4, 0, "contig"),
+    (1, 70000, 70001, 1, 8, 16, "strided"),
+    # neither stride 1
+    (200, 100, 800, 4, 4, 0, "generic"),
+]
+
+
+@pytest.mark.parametrize("rows, cols, sr, sc, itemsize, ptr, kernel", SUMS_PATHS)
+def test_checksum_kernel_choice(rows, cols, sr, sc, itemsize, ptr, kernel):
+    from bigmm.backends.cuda_kernels import sums_path
+
+    assert sums_path(rows, cols, sr, sc, itemsize, ptr) == kernel

@@ -459,6 +459,53 @@ def baseline_gemm(a, b, c, alpha=1.0, beta=0.0, stream=None):
 
 _CHECKSUM_SOURCE = "abft_checksum.cu"
 _SUMS_TILE = 32  # columns per block and rows per shared-memory tile (kernels/abft_checksum.cu)
+_SUMS_ROWS = 8  # thread rows per block (generic, strided), warps per block (contig)
+_SUMS_OUTS = 4  # columns per warp (contig)
+_SUMS_UNROLL = 4  # row loads in flight per thread (strided)
+_SUMS_BLOCKS_PER_SM = 4  # the fast kernels' __launch_bounds__ minimum
+#: Kernels of weighted_sums: "contig" (summed axis contiguous, 16-byte vectors along it),
+#: "strided" (columns contiguous, 16-byte vectors across them), "generic" (any strides).
+SUMS_PATHS = ("contig", "strided", "generic")
+
+
+def sums_path(rows: int, cols: int, sr: int, sc: int, itemsize: int, ptr: int) -> str:
+    """The kernel weighted_sums uses for a rows x cols view with element strides (sr, sc) at
+    address ``ptr``: a fast path when the 16-byte vectors it reads are aligned, else
+    "generic"."""
+    def aligned(stride: int, count: int) -> bool:  # every line of the view starts aligned
+        return count <= 1 or (stride * itemsize) % 16 == 0
+
+    if ptr % 16:
+        return "generic"
+    if sr == 1 and (sc != 1 or cols == 1) and aligned(sc, cols):
+        return "contig"
+    if sc == 1 and aligned(sr, rows):
+        return "strided"
+    return "generic"
+
+
+def _sums_launch(path: str, rows: int, cols: int, itemsize: int) -> tuple[tuple, tuple, int]:
+    """(grid, block, rows_per_block) of one weighted_sums kernel. The fast paths fill the
+    GPU in one wave (their __launch_bounds__ blocks per SM): blocks over the columns first,
+    then over the rows while there are SMs left."""
+    target = _SUMS_BLOCKS_PER_SM * _sm_count()
+    vec = 16 // itemsize
+    if path == "contig":  # rows_per_block a multiple of the vector: every chunk aligned
+        gx = min(-(-cols // (_SUMS_ROWS * _SUMS_OUTS)), target)  # warps stride over columns
+        line = 32 * vec  # one vector per lane
+        gy = max(1, min(target // gx, -(-rows // line)))
+        per_block = -(-rows // (gy * line)) * line
+        return (gx, -(-rows // per_block), 1), (32 * _SUMS_ROWS, 1, 1), per_block
+    if path == "strided":
+        gx = -(-cols // (_SUMS_TILE * vec))
+        gy = max(1, min(target // gx, -(-rows // (_SUMS_ROWS * _SUMS_UNROLL))))
+        per_block = -(-rows // gy)
+        return (gx, -(-rows // per_block), 1), (_SUMS_TILE, _SUMS_ROWS, 1), per_block
+    gx = -(-cols // _SUMS_TILE)
+    tiles_i = -(-rows // _SUMS_TILE)
+    gy = max(1, min(tiles_i, (8 * _sm_count()) // gx))  # about 8 blocks per SM in all
+    per_block = -(-tiles_i // gy) * _SUMS_TILE
+    return (gx, -(-rows // per_block), 1), (_SUMS_TILE, _SUMS_ROWS, 1), per_block
 
 
 def _vector(x, n: int, what: str):
@@ -479,12 +526,14 @@ def _vector(x, n: int, what: str):
 
 
 def weighted_sums(x, out, out_abs=None, *, weights=None, abs_weights=None, scale=1.0,
-                  accumulate=False, stream=None):
+                  accumulate=False, stream=None, path: str | None = None) -> str:
     """Sums along axis 0 of the 2-D cupy view ``x`` (float32 or float64, any strides: pass
     ``x.T`` for row sums), accumulated in float64 on ``stream``:
     ``out[j] (+)= scale * sum_i w[i] x[i, j]`` and ``out_abs[j] (+)= |scale| * sum_i wa[i]
     |x[i, j]|``. ``weights`` (w) default to ones, ``abs_weights`` (wa) to ``|w|``; without
-    ``accumulate`` the outputs are overwritten. Not synchronised."""
+    ``accumulate`` the outputs are overwritten. Not synchronised. ``path`` forces a kernel
+    (:data:`SUMS_PATHS`; a fast one only where :func:`sums_path` allows it, "generic"
+    always); returns the one used."""
     import cupy
     import numpy as np
 
@@ -495,6 +544,12 @@ def weighted_sums(x, out, out_abs=None, *, weights=None, abs_weights=None, scale
     if any(s % x.itemsize for s in x.strides):
         raise ShapeError(f"Expected x's strides in whole elements. Got {x.strides}.")
     sr, sc = (s // x.itemsize for s in x.strides)
+    chosen = sums_path(rows, cols, sr, sc, x.itemsize, x.data.ptr)
+    if path is not None:
+        if path not in SUMS_PATHS or path not in (chosen, "generic"):
+            raise KernelError(f"Expected path to be None, 'generic' or {chosen!r} for this view "
+                              f"(strides {x.strides}). Got {path!r}.")
+        chosen = path
     args = [_vector(out, cols, "out"), _vector(out_abs, cols, "out_abs"),
             _vector(weights, rows, "weights"), _vector(abs_weights, rows, "abs_weights")]
     cuda_stream = stream if stream is not None else cupy.cuda.get_current_stream()
@@ -504,16 +559,14 @@ def weighted_sums(x, out, out_abs=None, *, weights=None, abs_weights=None, scale
                 if v is not None and v.size:
                     cupy.cuda.runtime.memsetAsync(v.data.ptr, 0, v.nbytes, cuda_stream.ptr)
         if rows == 0 or cols == 0:
-            return
-        kern = raw_kernel(_CHECKSUM_SOURCE, "abft_sums_f32" if x.itemsize == 4 else "abft_sums_f64")
-        gx = -(-cols // _SUMS_TILE)
-        tiles_i = -(-rows // _SUMS_TILE)
-        gy = max(1, min(tiles_i, (8 * _sm_count()) // gx))  # about 8 blocks per SM in all
-        per_block = -(-tiles_i // gy) * _SUMS_TILE
-        gy = -(-rows // per_block)
-        kern((gx, gy, 1), (_SUMS_TILE, 8, 1),
-             (np.int32(rows), np.int32(cols), x, np.int64(sr), np.int64(sc), args[2], args[3],
-              np.float64(scale), np.int32(per_block), args[0], args[1]))
+            return chosen
+        suffix = "f32" if x.itemsize == 4 else "f64"
+        name = "abft_sums_" + (suffix if chosen == "generic" else f"{chosen}_{suffix}")
+        grid, block, per_block = _sums_launch(chosen, rows, cols, x.itemsize)
+        raw_kernel(_CHECKSUM_SOURCE, name)(
+            grid, block, (np.int32(rows), np.int32(cols), x, np.int64(sr), np.int64(sc), args[2],
+                          args[3], np.float64(scale), np.int32(per_block), args[0], args[1]))
+    return chosen
 
 
 def compare_sums(expected, magnitude, actual, rel_tol: float, floor: float, result,

@@ -1,6 +1,7 @@
 """The checksum kernels (kernels/abft_checksum.cu) against NumPy: weighted sums along axis 0
 of strided and transposed views, float32 and float64, with and without weights, overwriting
-and accumulating; and the comparison with its non-finite rules."""
+and accumulating, through each kernel (the two fast paths and the generic fallback, chosen
+by layout or forced); and the comparison with its non-finite rules."""
 
 from __future__ import annotations
 
@@ -66,6 +67,82 @@ def test_weighted_sums_match_numpy(shape, view, dtype, weighted, accumulate):
             np.testing.assert_allclose(got.get(), want, rtol=1e-12, atol=1e-12 * scale)
     finally:
         be.close()
+
+
+PATHS = [
+    # (stored shape, view (slices, transpose), dtype, weighted, path the layout gets)
+    # summed axis contiguous, ragged (1037 rows: a scalar tail after the vectors; 300 columns)
+    ((300, 1040), (slice(None), slice(0, 1037), True), np.float32, True, "contig"),
+    # the same, float64, view starting 16 bytes in, odd rows
+    ((257, 1002), (slice(None), slice(2, 999), True), np.float64, False, "contig"),
+    # one long column (sr == sc == 1): the contiguous path split over many block rows
+    ((70001, 1), (slice(None), slice(None), False), np.float32, True, "contig"),
+    # more column groups than one wave of warps: warps stride over the columns
+    ((17003, 68), (slice(None), slice(None), True), np.float32, True, "contig"),
+    # columns contiguous, ragged: 1023 columns (a partial vector), 1001 rows, view 16 bytes in
+    ((1001, 1028), (slice(None), slice(4, 1027), False), np.float32, False, "strided"),
+    # the same, float64, weighted, a window of a larger buffer
+    ((3000, 130), (slice(5, 2999), slice(2, 129), False), np.float64, True, "strided"),
+    # one row, many columns
+    ((1, 70001), (slice(None), slice(None), False), np.float64, True, "strided"),
+    # a tall panel (the A panel's column sums): many rows per block
+    ((9000, 260), (slice(None), slice(None), False), np.float32, True, "strided"),
+    # unaligned start (4 bytes in): the fallback, both orientations
+    ((300, 1036), (slice(None), slice(1, None), False), np.float32, True, "generic"),
+    ((300, 1036), (slice(None), slice(1, None), True), np.float32, True, "generic"),
+    # leading dimension not a multiple of 16 bytes: the fallback
+    ((500, 3 * 67), (slice(None), slice(None), True), np.float64, True, "generic"),
+    # neither stride 1: the fallback
+    ((400, 400), (slice(0, 400, 2), slice(0, 400, 4), False), np.float32, True, "generic"),
+]
+
+
+@pytest.mark.parametrize("shape, view, dtype, weighted, path", PATHS)
+@pytest.mark.parametrize("force_generic", [False, True])
+def test_each_sums_kernel_matches_numpy(shape, view, dtype, weighted, path, force_generic):
+    import cupy
+
+    from bigmm.backends import cuda_kernels
+
+    rng = np.random.default_rng(sum(shape) + 1)
+    host = rng.standard_normal(shape).astype(dtype)
+    host[0, 0] = 1e3  # magnitudes of different scale
+    rows, cols, transpose = view
+    x_h = host[rows, cols]
+    x_d = cupy.asarray(host)[rows, cols]
+    if transpose:
+        x_h, x_d = x_h.T, x_d.T
+    r, c = x_h.shape
+    w = rng.standard_normal(r) if weighted else None
+    wa = None if w is None else np.abs(w) + rng.random(r)
+    start = rng.standard_normal(c), rng.random(c)
+    ref = [v.copy() for v in start]
+    NumpyBackend().weighted_sums(x_h, *ref, weights=w, abs_weights=wa, scale=0.5,
+                                 accumulate=True)
+    out = [cupy.asarray(v) for v in start]
+    used = cuda_kernels.weighted_sums(
+        x_d, *out, weights=None if w is None else cupy.asarray(w),
+        abs_weights=None if wa is None else cupy.asarray(wa), scale=0.5, accumulate=True,
+        path="generic" if force_generic else None)
+    assert used == ("generic" if force_generic else path)
+    scale = np.abs(x_h.astype(np.float64)).sum() + 1.0
+    for got, want in zip(out, ref):
+        np.testing.assert_allclose(got.get(), want, rtol=1e-12, atol=1e-13 * scale)
+
+
+def test_fast_path_refused_where_the_layout_forbids_it():
+    import cupy
+
+    from bigmm.backends import cuda_kernels
+    from bigmm.errors import KernelError
+
+    x = cupy.ones((64, 64), dtype=cupy.float32)[:, 1:]  # 4 bytes in: generic only
+    out = cupy.zeros(63)
+    for path in ("contig", "strided", "fast"):
+        with pytest.raises(KernelError):
+            cuda_kernels.weighted_sums(x, out, path=path)
+    assert cuda_kernels.weighted_sums(x, out) == "generic"
+    assert out.get().tolist() == [64.0] * 63
 
 
 def test_weighted_sums_without_abs_and_empty():
