@@ -15,7 +15,12 @@ HDF5 files (contiguous float32 n x n in ``--dir``):
 Checksum overhead (``--parts verify``): the same HDF5 files (first of ``--layouts``, warm page
 cache) and the same host arrays multiplied with ``verify=None`` and ``verify="checksum"``,
 alternating, ``--verify-repeat`` times each after a warm-up of both; the medians and the
-overhead in per cent of the unchecked run.
+overhead in per cent of the unchecked run; the device cost of one step's checks against its
+gemm. Checksum kernels (``--parts kernels``): the bandwidth of each checksum kernel (the fast
+path the layout gets and the generic fallback) on the run's A and B panels, summed both ways,
+with weights and absolute sums, against a device-to-device copy of the same bytes (CUDA
+events around calls queued behind a spinning kernel, so the device time alone; median of
+``--kernel-repeat`` after warm-up; each result checked against float64 sums first).
 
 Every product is checked before its time counts: against the in-core cuBLAS product on the
 device (relative Frobenius error) and, for that reference, by float64 probes
@@ -28,6 +33,7 @@ trace, PNG timeline) are separate runs. Writes ``bench_e2e.json`` and the profil
     PYTHONPATH=. python scripts/bench_e2e.py --n 32768 --memory 8GiB --dir bench-out --out res
     PYTHONPATH=. python scripts/bench_e2e.py --n 8192 --memory 256MiB     # a smoke run
     PYTHONPATH=. python scripts/bench_e2e.py --n 16384 --parts verify --layouts contiguous
+    PYTHONPATH=. python scripts/bench_e2e.py --n 16384 --parts kernels
 """
 
 from __future__ import annotations
@@ -196,6 +202,42 @@ def time_events(fn, stream, repeat: int) -> float:
         e1.synchronize()
         times.append(cupy.cuda.get_elapsed_time(e0, e1) / 1e3)
     return float(np.median(times))
+
+
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+"""
+
+
+def time_gpu(fn, stream, repeat: int, calls: int = 10, hold: float = 5e-3) -> tuple[float, float]:
+    """(median GPU seconds, median host issue seconds) of one fn() call: ``calls`` calls are
+    queued behind a kernel that holds the stream for ``hold`` seconds, so the events time the
+    device work alone, back to back, without the host's issue time between calls (which the
+    executor overlaps with the previous gemm). One warm-up call first."""
+    import cupy
+
+    spin = cupy.RawKernel(_SPIN, "spin")
+    khz = cupy.cuda.Device().attributes["ClockRate"]
+    fn()
+    stream.synchronize()
+    gpu, host = [], []
+    for _ in range(repeat):
+        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+        with stream:
+            spin((1,), (1,), (np.int64(hold * khz * 1e3),))
+        e0.record(stream)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host.append((time.perf_counter() - t0) / calls)
+        e1.record(stream)
+        e1.synchronize()
+        gpu.append(cupy.cuda.get_elapsed_time(e0, e1) / 1e3 / calls)
+    return float(np.median(gpu)), float(np.median(host))
 
 
 def tflops(n: int, seconds: float) -> float:
@@ -397,19 +439,26 @@ def verify_overhead(spec_a, spec_b, a, b, n, memory, ref, d, repeat, res):
                 else:
                     times[v].append(t)
         off, on = float(np.median(times[None])), float(np.median(times["checksum"]))
+        best_off, best_on = min(times[None]), min(times["checksum"])
         out[where] = {"seconds_off": off, "seconds_on": on, "overhead_percent": 100 * (on / off - 1),
+                      "best_off": best_off, "best_on": best_on,
+                      "overhead_percent_best": 100 * (best_on / best_off - 1),
                       "runs_off": times[None], "runs_on": times["checksum"], "checks": checks}
         log(f"verify overhead, {where}: {off:.3f} s off, {on:.3f} s with checksums "
-            f"(median of {repeat}): {100 * (on / off - 1):+.2f}%; {checks}")
+            f"(median of {repeat}): {100 * (on / off - 1):+.2f}%; best {best_off:.3f} and "
+            f"{best_on:.3f} s: {100 * (best_on / best_off - 1):+.2f}%; {checks}")
     (d / "c_verify.h5").unlink(missing_ok=True)
     out["device"] = checksum_device_cost(spec_a, spec_b, memory, repeat)
     res["verify_overhead"] = out
 
 
 def checksum_device_cost(spec_a, spec_b, memory, repeat) -> dict:
-    """GPU time of the checksum work of one tile of the run's plan against its gemms (CUDA
-    events, median of ``repeat``): the overhead where the compute stream is the busiest stage.
-    Counts both panels' vectors at every step (stream order loads both)."""
+    """GPU time of the checksum work of the run's plan against its gemms (:func:`time_gpu`,
+    median of ``repeat``): the overhead where the compute stream is the busiest stage, and the
+    host's time to issue each part. Two figures:
+    a step whose panels are both new (both panels' vectors, the step's sums) and the whole
+    schedule (each panel's vectors as often as the plan loads it, every step's sums, every
+    tile's finish)."""
     import cupy
 
     from bigmm.backends import get_backend
@@ -426,20 +475,88 @@ def checksum_device_cost(spec_a, spec_b, memory, repeat) -> dict:
         ck = TileChecksums(be, p, 1.0, 0.0)
         st = next(iter(p.steps()))
         s = be.stream()
-        panel = lambda: (ck.landed("A", st.a_slot, a, s), ck.landed("B", st.b_slot, b, s),  # noqa: E731
-                         ck.step(st, a, b, c, s))
         parts = {"gemm": lambda: be.gemm(a, b, c, 1.0, 0.0, False, False, s),
-                 "checks_per_step": panel, "finish_per_tile": lambda: ck.finish(st, c, s)}
-        t = {k: time_events(fn, s, repeat) for k, fn in parts.items()}
+                 "landed_a": lambda: ck.landed("A", st.a_slot, a, s),
+                 "landed_b": lambda: ck.landed("B", st.b_slot, b, s),
+                 "step_sums": lambda: ck.step(st, a, b, c, s),
+                 "finish_per_tile": lambda: ck.finish(st, c, s)}
+        timed = {k: time_gpu(fn, s, repeat) for k, fn in parts.items()}
     finally:
         be.close()
-    steps = len(p.k_panels())
-    ratio = (steps * t["checks_per_step"] + t["finish_per_tile"]) / (steps * t["gemm"])
-    log(f"checksum device cost per {p.bm}x{p.bn}x{p.bk} step: gemm {1e3 * t['gemm']:.2f} ms, "
-        f"checks {1e3 * t['checks_per_step']:.3f} ms, finish {1e3 * t['finish_per_tile']:.3f} "
-        f"ms per tile: {100 * ratio:.2f}% of the compute")
-    return {"tile": [p.bm, p.bn, p.bk], "steps_per_tile": steps, **t,
-            "overhead_percent_of_compute": 100 * ratio}
+    t = {k: v[0] for k, v in timed.items()}
+    issue = {k: v[1] for k, v in timed.items()}
+    steps = list(p.steps())
+    loads_a, loads_b = sum(x.load_a for x in steps), sum(x.load_b for x in steps)
+    t["checks_per_step"] = t["landed_a"] + t["landed_b"] + t["step_sums"]
+    per_k = len(p.k_panels())
+    both_new = (per_k * t["checks_per_step"] + t["finish_per_tile"]) / (per_k * t["gemm"])
+    schedule = (loads_a * t["landed_a"] + loads_b * t["landed_b"] + len(steps) * t["step_sums"]
+                + p.n_tiles * t["finish_per_tile"]) / (len(steps) * t["gemm"])
+    log("checksum host issue time: " + ", ".join(f"{k} {1e6 * v:.0f} us" for k, v in issue.items()))
+    log(f"checksum device cost per {p.bm}x{p.bn}x{p.bk} step: gemm {1e3 * t['gemm']:.3f} ms; "
+        f"A vectors {1e3 * t['landed_a']:.3f} ms, B vectors {1e3 * t['landed_b']:.3f} ms, "
+        f"step sums {1e3 * t['step_sums']:.3f} ms, finish {1e3 * t['finish_per_tile']:.3f} ms "
+        f"per tile: {100 * both_new:.2f}% of the compute with both panels new at every step, "
+        f"{100 * schedule:.2f}% over the schedule ({loads_a} A and {loads_b} B loads in "
+        f"{len(steps)} steps)")
+    return {"tile": [p.bm, p.bn, p.bk], "steps_per_tile": per_k, "steps": len(steps),
+            "loads_a": loads_a, "loads_b": loads_b, **t, "host_issue_seconds": issue,
+            "overhead_percent_of_compute": 100 * both_new,
+            "overhead_percent_of_compute_schedule": 100 * schedule}
+
+
+def checksum_kernels(a, b, memory, repeat, res) -> None:
+    """GB/s (bytes read / GPU time, :func:`time_gpu`) of the checksum kernels on panels of the
+    run's plan, each way
+    (column sums: columns contiguous; row sums: the transposed view, rows contiguous), the
+    path the layout gets and the generic one, against a device-to-device copy of the panel
+    (bytes read + written / time). Panels that fit in L2 (50 MB on an H100) may be served
+    from it when timed back to back."""
+    import cupy
+
+    from bigmm.backends import cuda_kernels
+
+    p = bigmm.plan(a, b, memory=memory, backend="cupy")
+    s = cupy.cuda.Stream(non_blocking=True)
+    rng = cupy.random.default_rng(0)
+    rows: list = []
+    out = {"plan_tile": [p.bm, p.bn, p.bk], "rows": rows}
+    with s:
+        for panel, shape in (("A", (p.bm, p.bk)), ("B", (p.bk, p.bn))):
+            x = rng.standard_normal(shape, dtype=F32)
+            dst = cupy.empty_like(x)
+            copy = lambda x=x, dst=dst: cupy.cuda.runtime.memcpyAsync(  # noqa: E731
+                dst.data.ptr, x.data.ptr, x.nbytes, 3, s.ptr)
+            t, issue = time_gpu(copy, s, repeat)
+            rows.append({"panel": panel, "shape": list(shape), "sums": "copy", "path": "copy",
+                         "seconds": t, "issue_seconds": issue, "gb_per_s": 2 * x.nbytes / t / 1e9})
+            log(f"checksum kernels, {panel} panel {shape[0]}x{shape[1]}: copy {1e6 * t:.1f} us, "
+                f"{rows[-1]['gb_per_s']:.0f} GB/s (read + write)")
+            for sums, v in (("column", x), ("row", x.T)):
+                w = rng.standard_normal(v.shape[0], dtype=np.float64)
+                wa = cupy.abs(w)
+                want = w @ v.astype(np.float64), wa @ cupy.abs(v.astype(np.float64))
+                for force in (None, "generic"):
+                    o, o_abs = cupy.empty(v.shape[1]), cupy.empty(v.shape[1])
+                    run = lambda v=v, w=w, wa=wa, o=o, o_abs=o_abs, force=force: (  # noqa: E731
+                        cuda_kernels.weighted_sums(v, o, o_abs, weights=w, abs_weights=wa,
+                                                   stream=s, path=force))
+                    path = run()
+                    s.synchronize()
+                    for got, ref in zip((o, o_abs), want):
+                        err = float(cupy.max(cupy.abs(got - ref)) / cupy.max(want[1]))
+                        assert err < 1e-12, f"{panel} {sums} sums ({path}): error {err:.2e}"
+                    t, issue = time_gpu(run, s, repeat)
+                    rows.append({"panel": panel, "shape": list(v.shape), "sums": sums,
+                                 "path": path, "seconds": t, "issue_seconds": issue,
+                                 "gb_per_s": x.nbytes / t / 1e9})
+                    log(f"checksum kernels, {panel} panel {sums} sums ({path}): "
+                        f"{1e6 * t:.1f} us, {rows[-1]['gb_per_s']:.0f} GB/s; issued in "
+                        f"{1e6 * issue:.0f} us")
+                del want
+            del x, dst
+    cupy.get_default_memory_pool().free_all_blocks()
+    res["checksum_kernels"] = out
 
 
 def dask_h5(path_a, path_b, n, chunk_list, caches, ref, d, res):
@@ -538,6 +655,21 @@ def summary_table(res) -> str:
                 sp = vb["seconds"] / t
                 lines.append(f"  dask+CuPy best {vb['seconds']:.2f} s (chunks {kb.split('_')[1]})"
                              f" -> bigmm {sp:.2f}x faster [>= 2: {_verdict(sp >= 2)}]")
+    for r in res.get("checksum_kernels", {}).get("rows", []):
+        lines.append(f"checksum {r['panel']} panel {r['sums']:6s} {r['path']:8s} "
+                     f"{1e6 * r['seconds']:8.1f} us {r['gb_per_s']:6.0f} GB/s")
+    vo = res.get("verify_overhead", {})
+    for where in ("h5", "host"):
+        if where in vo:
+            v = vo[where]
+            lines.append(f"checksums, {where}: {v['seconds_off']:.3f} s off, {v['seconds_on']:.3f}"
+                         f" s on: {v['overhead_percent']:+.2f}% (medians); best of each "
+                         f"{v['overhead_percent_best']:+.2f}%")
+    if "device" in vo:
+        dv = vo["device"]
+        lines.append(f"checksums on the device: {dv['overhead_percent_of_compute']:.2f}% of the "
+                     f"gemm time with both panels new, {dv['overhead_percent_of_compute_schedule']:.2f}%"
+                     f" over the schedule")
     return "\n".join(lines)
 
 
@@ -562,6 +694,8 @@ def main(argv=None) -> int:
                     help="an untimed HDF5 run first (pins the staging buffers)")
     ap.add_argument("--verify-repeat", type=int, default=11,
                     help="timed runs each with and without checksums (--parts verify)")
+    ap.add_argument("--kernel-repeat", type=int, default=50,
+                    help="timed calls of each checksum kernel (--parts kernels)")
     ap.add_argument("--host-variants", default="",
                     help="extra host staging budgets for the own-kernel host run, e.g. 2GiB")
     args = ap.parse_args(argv)
@@ -592,6 +726,9 @@ def main(argv=None) -> int:
     save()
     prof_dir = out_dir / "profiles"
     prof_dir.mkdir(exist_ok=True)
+    if "kernels" in parts:
+        checksum_kernels(a, b, args.memory, args.kernel_repeat, res)
+        save()
     if "host" in parts:
         variants = [v for v in args.host_variants.split(",") if v]
         bigmm_host(a, b, n, args.memory, args.repeat, ref, prof_dir, res, variants)
