@@ -12,8 +12,8 @@ the first step), with the same sums of absolute values beside them. After the la
 actual ``e^T C`` and ``C e`` (float64) are compared with the expected ones. ``a_k`` comes from
 the A panel as it landed while the column update reads the B buffer, so a bit flipped in A
 after landing breaks the column check, one flipped in B the row check, and a changed C value
-both. The work runs on the backend (a shared-memory tree-reduction kernel on the GPU, NumPy on
-the CPU); only four numbers per tile come back to the host.
+both. The work runs on the backend (the reductions of kernels/abft_checksum.cu on the GPU,
+memory-bound, NumPy on the CPU); only four numbers per tile come back to the host.
 
 Tolerance. Each element of C is a sum of n = K + P + 2 rounded terms (K products, one
 accumulation per K panel P, alpha and beta), so with u = eps/2 the rounding error of C[i, j]
