@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from itertools import islice
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
@@ -44,6 +45,14 @@ HOST_C_SLOTS = 2
 STEP_COST_BYTES = 1 << 20
 #: Writing a byte of C (device -> host copy, then disk) costs about twice reading one.
 DRAIN_WEIGHT = 2
+#: Fixed time of one gemm step in the pipeline model (the same ~40 us as STEP_COST_BYTES).
+STEP_SECONDS = 40e-6
+#: Most steps whose loads may be in flight ahead of the compute (the executor's window).
+MAX_LOOKAHEAD = 64
+#: Steps the pipeline model simulates per plan; longer schedules are extrapolated.
+SIM_STEPS = 1024
+#: Most candidate plans simulated when choosing by time (those with the lowest bounds).
+SIM_PLANS = 32
 
 
 @dataclass(frozen=True)
@@ -185,18 +194,26 @@ class Plan:
         slot is not loaded again. The slot a panel is loaded into was last used at least two
         steps earlier, so loading it can overlap the previous step's compute.
         """
+        panels = self.k_panels()
+        last = len(panels) - 1
+        for t, kp, a_slot, load_a, b_slot, load_b, c_slot in self._slot_schedule(done):
+            k0, k1 = panels[kp]
+            yield Step(t, kp, k0, k1, kp == 0, kp == last, a_slot, load_a, b_slot, load_b, c_slot)
+
+    def _slot_schedule(self, done=frozenset()) -> Iterator[tuple]:
+        """``steps`` as plain tuples (tile, kp, a_slot, load_a, b_slot, load_b, c_slot): the one
+        place the slots are assigned, shared by ``steps`` and the pipeline model."""
         a_cache: OrderedDict = OrderedDict()  # key -> slot, in LRU order
         b_cache: OrderedDict = OrderedDict()
-        panels = self.k_panels()
+        a_slots, b_slots, nk = self.a_slots, self.b_slots, self.nk
         c_slot = 0
         for t in self.tiles():
             if t.index in done:
                 continue
-            for kp, (k0, k1) in enumerate(panels):
-                a_slot, load_a = _lru(a_cache, (t.i, kp), self.a_slots)
-                b_slot, load_b = _lru(b_cache, (t.j, kp), self.b_slots)
-                yield Step(t, kp, k0, k1, kp == 0, kp == len(panels) - 1,
-                           a_slot, load_a, b_slot, load_b, c_slot)
+            for kp in range(nk):
+                a_slot, load_a = _lru(a_cache, (t.i, kp), a_slots)
+                b_slot, load_b = _lru(b_cache, (t.j, kp), b_slots)
+                yield t, kp, a_slot, load_a, b_slot, load_b, c_slot
             c_slot = (c_slot + 1) % C_SLOTS
 
     # ----- memory -------------------------------------------------------------------------
@@ -278,18 +295,12 @@ class Plan:
 
     @property
     def predicted_seconds(self) -> float | None:
-        """max of the stage times (they overlap) plus the first read and last write."""
-        r = self.rates
-        if r is None:
+        """The pipeline model's makespan under ``rates`` (see :func:`predict_seconds`)."""
+        if self.rates is None:
             return None
-        stages = [self.flops / r.flops, self.bytes_read / r.read_bytes,
-                  self.bytes_written / r.write_bytes]
-        if self.staging and r.h2d_bytes:
-            stages.append(self.bytes_h2d / r.h2d_bytes)
-        w = self.itemsize
-        fill = w * (self.bm * self.bk + self.bk * self.bn) / r.read_bytes
-        drain = w * self.bm * self.bn / r.write_bytes
-        return max(stages) + fill + drain
+        if "_predicted" not in self.__dict__:  # frozen: cache beside the fields
+            object.__setattr__(self, "_predicted", predict_seconds(self, self.rates))
+        return self.__dict__["_predicted"]
 
     def key(self) -> dict:
         """What identifies the schedule (recorded in the resume journal)."""
@@ -343,6 +354,233 @@ def _lru(cache: OrderedDict, key, capacity: int) -> tuple[int, bool]:
         _, slot = cache.popitem(last=False)
     cache[key] = slot
     return slot, True
+
+
+# ----- the pipeline model -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds each stage of a plan is busy under some rates (``copy_out`` at the host-to-
+    device rate: the copies are symmetric), the fill before the first gemm (the first step's
+    reads and copies) and the drain after the last (the last tile's copy-out and write)."""
+
+    read: float
+    copy_in: float
+    compute: float
+    copy_out: float
+    write: float
+    fill: float
+    drain: float
+    #: Reading the first tile, or the first row (column) of tiles, then the gemms left after
+    #: it and the drain: the longer of the two.
+    head: float = 0.0
+    #: The first tile's gemms (no write starts before they end).
+    first: float = 0.0
+    #: How long each later row's (column's) first tile waits for its new row panel beyond its
+    #: own gemms, times the number of later rows: a guess (the slots let reads run only a
+    #: step or two ahead), not a bound.
+    bursts: float = 0.0
+
+    @property
+    def guess(self) -> float:
+        """A quick estimate of the makespan, to order the candidates simulated."""
+        return max(self.lower_bound,
+                   max(self.fill + self.compute + self.drain, self.head) + self.bursts)
+
+    @property
+    def lower_bound(self) -> float:
+        """No schedule ends sooner: each stage is one server, the gemms run between the fill
+        and the drain, and a prefix's gemms wait for the prefix's reads."""
+        return max(self.read + self.drain, self.copy_in, self.copy_out,
+                   self.fill + self.first + self.write, self.fill + self.compute + self.drain,
+                   self.head)
+
+    @property
+    def upper_bound(self) -> float:
+        """The stages one after the other (list scheduling never leaves all of them idle)."""
+        return self.read + self.copy_in + self.compute + self.copy_out + self.write
+
+
+def stage_times(p: Plan, r: Rates) -> StageTimes:
+    """Busy seconds per stage of ``p`` under ``r`` (whole schedule; no tiles done)."""
+    w, h2d = p.itemsize, (r.h2d_bytes if p.staging and r.h2d_bytes else None)
+    first = w * (p.bm * p.bk + p.bk * p.bn + (p.bm * p.bn if p.reads_c else 0))
+    rows, cols = p.tile(p.ni - 1, p.nj - 1).shape  # the last tile of either order
+    tail = w * rows * cols
+    copy = (lambda nbytes: nbytes / h2d) if h2d else (lambda nbytes: 0.0)
+    compute = p.flops / r.flops + STEP_SECONDS * p.n_tiles * p.nk
+    drain = copy(tail) + tail / r.write_bytes
+    # the first tile's panels and the first row's (column's) are read before their last gemm
+    if p.row_major:
+        wide, tiles, again = p.n, p.nj, p.a_reads > 1  # row 0: A row panel, all of B
+        row = p.bm * p.k * (tiles if again else 1) + p.k * wide
+    else:
+        wide, tiles, again = p.m, p.ni, p.b_reads > 1
+        row = p.bn * p.k * (tiles if again else 1) + p.k * wide
+    c = p.bm * p.bn if p.reads_c else 0
+    tile0 = 2 * p.bm * p.bn * p.k / r.flops + STEP_SECONDS * p.nk
+    head = max(w * (p.bm * p.k + p.k * p.bn + c) / r.read_bytes + compute - tile0,
+               w * (row + c * wide / (p.bn if p.row_major else p.bm)) / r.read_bytes + compute
+               - (2 * (p.bm if p.row_major else p.bn) * wide * p.k / r.flops
+                  + STEP_SECONDS * p.nk * tiles)) + drain
+    if p.row_major:
+        later, panels = p.ni - 1, p.bm * p.k + (p.k * p.bn if p.b_reads > 1 else 0) + c
+    else:
+        later, panels = p.nj - 1, p.k * p.bn + (p.bm * p.k if p.a_reads > 1 else 0) + c
+    burst = max(0.0, w * panels / r.read_bytes - tile0)
+    return StageTimes(read=p.bytes_read / r.read_bytes, copy_in=copy(p.bytes_h2d),
+                      compute=compute, copy_out=copy(p.bytes_written),
+                      write=p.bytes_written / r.write_bytes,
+                      fill=first / r.read_bytes + copy(first), drain=drain, head=head,
+                      first=tile0, bursts=later * burst)
+
+
+def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
+    """The makespan of ``p``'s pipeline under ``r``, within ``stage_times``' bounds.
+
+    Schedules of at most ``max_steps`` (default SIM_STEPS) steps are simulated whole
+    (:func:`simulate`). Longer ones are simulated over a prefix of whole periods (rows of the
+    tile order when two fit in ``max_steps``, else tiles, else steps) and extrapolated: the
+    last simulated period took ``f`` times its busiest stage's work, and the rest of the
+    schedule is taken to take ``f`` times its busiest stage's remaining work, then the drain
+    (when the period is a tile, every later row's first tile, which loads a new row panel, is
+    taken to take as long as the first one did, and its work is left out of the rest); never
+    less than any stage's end in the prefix plus its remaining work."""
+    st = stage_times(p, r)
+    limit = SIM_STEPS if max_steps is None else max_steps
+    total = p.n_tiles * p.nk
+    if total <= limit:
+        est = simulate(p, r).end
+    else:
+        row = (p.nj if p.row_major else p.ni) * p.nk
+        period = row if 2 * row <= limit else p.nk if 2 * p.nk <= limit else 1
+        sim = simulate(p, r, max(2, limit // period) * period, period)
+        (t0, *w0), (t1, *w1) = sim.marks[-2:]
+        f = (t1 - t0) / max(b - a for a, b in zip(w0, w1))
+        left = [total - done for total, done in
+                zip((st.read, st.copy_in, st.compute, st.copy_out, st.write), w1)]
+        rows = (p.ni if p.row_major else p.nj) - 1 if period == p.nk else 0
+        first = sim.marks[0]  # rows longer than the prefix: each later row's first tile
+        steady = [max(0.0, x - rows * y) for x, y in zip(left, first[1:])]  # (new row panel)
+        est = max(t1 + f * max(steady) + rows * first[0] + st.drain,  # takes as long as the first
+                  *(end + rest for end, rest in zip(sim.ends, left)))
+    return min(max(est, st.lower_bound), st.upper_bound)
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """After simulating a schedule or a prefix: when it ended, where each stage's server
+    stands (``ends``: read, copy_in, compute, copy_out, write), and at the end of every
+    ``period`` steps the last gemm's end followed by each stage's busy seconds so far."""
+
+    end: float
+    ends: tuple[float, float, float, float, float]
+    marks: tuple[tuple[float, ...], ...]
+
+
+def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -> Simulated:
+    """List-scheduling simulation of the executor's pipeline for ``p`` under ``r``.
+
+    Each stage is one server taking its work in schedule order: reads (``r.read_bytes``;
+    with staging they fill the host slots), copies in (``r.h2d_bytes``), gemms (``r.flops``
+    plus STEP_SECONDS), copies out (at the host-to-device rate) and writes of finished C
+    tiles (``r.write_bytes``). The executor's limits hold: a step's loads are issued only
+    once the last users of their slots have been issued and the step is within
+    MAX_LOOKAHEAD of the one issuing; a read waits for its host slot's previous copy-in
+    (staging) or its device slot's previous gemm (without staging); a copy-in waits for the
+    previous gemm on its device slot; a tile's first gemm waits for the copy-out (the write,
+    without staging) of the tile that used its C slot before; a copy-out waits for the write
+    of the tile that used its host C buffer before, and so does the issuing of later steps.
+    Without staging the gemm runs on the issuing thread. O(steps)."""
+    w, staging, reads_c, last_kp = p.itemsize, p.staging, p.reads_c, p.nk - 1
+    rd, wr, fl = r.read_bytes, r.write_bytes, r.flops
+    h2d = r.h2d_bytes if staging and r.h2d_bytes else math.inf  # no copies: free
+    depths = [k1 - k0 for k0, k1 in p.k_panels()]
+    read_end = cin_end = gemm_end = cout_end = write_end = issue = assign = 0.0
+    busy = [0.0] * 5  # seconds of work so far: read, copy_in, compute, copy_out, write
+    issued: list[float] = []  # per step: when the issuing thread was done with it
+    gemms: list[float] = [0.0]  # per step + 1: end of its gemm (gemms[0]: none)
+    # per operand (A, B, C) and slot: the last step using the device slot, the last step
+    # loading into the host slot and the end of that load's copy-in
+    dev_user = [[-1] * p.a_slots, [-1] * p.b_slots, [-1] * C_SLOTS]
+    host_user = [[-1] * HOST_PANEL_SLOTS, [-1] * HOST_PANEL_SLOTS, [-1] * HOST_C_SLOTS]
+    host_copied = [[0.0] * HOST_PANEL_SLOTS, [0.0] * HOST_PANEL_SLOTS, [0.0] * HOST_C_SLOTS]
+    host_next = [0, 0, 0]
+    c_copied = [0.0] * C_SLOTS  # copy-out end of the last tile in each C slot
+    c_written = [0.0] * C_SLOTS  # write end of the last tile in each C slot
+    marks = []
+    sched = p._slot_schedule()
+    if max_steps is not None:
+        sched = islice(sched, max_steps)
+    for s, (t, kp, a_slot, load_a, b_slot, load_b, cs) in enumerate(sched):
+        rows, cols, depth = t.r1 - t.r0, t.c1 - t.c0, depths[kp]
+        loads = []  # (operand 0/1/2 = A/B/C, device slot, bytes)
+        if load_a:
+            loads.append((0, a_slot, w * rows * depth))
+        if load_b:
+            loads.append((1, b_slot, w * depth * cols))
+        if kp == 0 and reads_c:
+            host_next[2] = cs
+            loads.append((2, cs, w * rows * cols))
+        # the loads go to the readers once their slots' last users were issued
+        if s >= MAX_LOOKAHEAD and issued[s - MAX_LOOKAHEAD] > assign:
+            assign = issued[s - MAX_LOOKAHEAD]
+        for op, slot, _ in loads:
+            u = dev_user[op][slot]
+            if u >= 0 and issued[u] > assign:
+                assign = issued[u]
+            u = host_user[op][host_next[op]] if staging else -1
+            if u >= 0 and issued[u] > assign:
+                assign = issued[u]
+        start = issue
+        for op, slot, nbytes in loads:
+            if op == 2:
+                ready = c_written[slot]
+            elif staging:
+                ready = host_copied[op][host_next[op]]
+            else:
+                ready = gemms[dev_user[op][slot] + 1]
+            read_end = max(read_end, assign, ready) + nbytes / rd
+            busy[0] += nbytes / rd
+            if read_end > start:
+                start = read_end
+        # the issuing thread: copies in, the gemm, and after a tile's last gemm its copy-out
+        gemm = 2 * rows * cols * depth / fl + STEP_SECONDS
+        busy[2] += gemm
+        if staging:
+            ready = start
+            for op, slot, nbytes in loads:
+                free = c_copied[slot] if op == 2 else gemms[dev_user[op][slot] + 1]
+                cin_end = ready = max(cin_end, start, free) + nbytes / h2d
+                busy[1] += nbytes / h2d
+                h = host_next[op]
+                host_user[op][h], host_copied[op][h] = s, cin_end
+                host_next[op] = (h + 1) % HOST_PANEL_SLOTS
+            if kp == 0 and not reads_c and c_copied[cs] > ready:
+                ready = c_copied[cs]
+            gemm_end = (gemm_end if gemm_end > ready else ready) + gemm
+            issue = start
+        else:
+            if kp == 0 and not reads_c and c_written[cs] > start:
+                start = c_written[cs]
+            issue = gemm_end = (gemm_end if gemm_end > start else start) + gemm
+        if kp == last_kp:
+            nbytes = w * rows * cols
+            done = gemm_end
+            if staging:
+                if c_written[cs] > issue:
+                    issue = c_written[cs]
+                c_copied[cs] = cout_end = done = max(cout_end, gemm_end, issue) + nbytes / h2d
+                busy[3] += nbytes / h2d
+            c_written[cs] = write_end = (write_end if write_end > done else done) + nbytes / wr
+            busy[4] += nbytes / wr
+        issued.append(issue)
+        gemms.append(gemm_end)
+        dev_user[0][a_slot] = dev_user[1][b_slot] = dev_user[2][cs] = s
+        if period and (s + 1) % period == 0:
+            marks.append((gemm_end, *busy))
+    return Simulated(end=max(write_end, gemm_end),
+                     ends=(read_end, cin_end, gemm_end, cout_end, write_end), marks=tuple(marks))
 
 
 # ----- planning ---------------------------------------------------------------------------
@@ -428,12 +666,12 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     am, ak = _op_chunks(a_chunks, trans_a)
     bkc, bnc = _op_chunks(b_chunks, trans_b)
     k_chunk = max(c for c in (ak, bkc, 1) if c)
-    best = None
     for aligned in (True, False):
         um = _units(m, am, align) if aligned else 1
         un = _units(n, bnc, align) if aligned else 1
         uk = _units(k, k_chunk if (ak or bkc) else align, align) if aligned else 1
         bks = [b for b in _candidates(k, uk, min_tile) if b <= max(max_bk, uk)] or [min(k, uk)]
+        found = []
         for o in ((order,) if order else ORDERS):
             for bm in _candidates(m, um, min_tile):
                 for bn in _candidates(n, un, min_tile):
@@ -442,15 +680,32 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                     for bk in bks:  # largest first: the first that fits is the best for (bm, bn)
                         p = Plan(bm=bm, bn=bn, bk=bk, order=o, **base)
                         if _fits(p):
-                            steps = p.n_tiles * p.nk
-                            score = (_cost(p), steps, -p.bk, ORDERS.index(o))
-                            if best is None or score < best[0]:
-                                best = (score, p)
+                            found.append(((_cost(p), p.n_tiles * p.nk, -p.bk, ORDERS.index(o)), p))
                             break
-        if best is not None:
-            return best[1]
+        if found:
+            return (_fastest(found, rates) if rates is not None
+                    else min(found, key=lambda x: x[0])[1])
     raise _too_small(Plan(bm=min(m, min_tile), bn=min(n, min_tile), bk=min(k, min_tile),
                           order="stream", **base))
+
+
+def _fastest(found: list[tuple[tuple, Plan]], rates: Rates) -> Plan:
+    """The candidate with the shortest predicted makespan (ties: the byte score), among the
+    first SIM_PLANS simulated in order of ``StageTimes.guess``; a candidate whose lower bound
+    exceeds the best makespan found is not simulated."""
+    ranked = sorted(((stage_times(p, rates), score, p) for score, p in found),
+                    key=lambda x: (x[0].guess, x[1]))
+    best, simulated = None, 0
+    for st, score, p in ranked:
+        if best is not None and st.lower_bound > best[0]:
+            continue
+        t = p.predicted_seconds
+        if best is None or (t, score) < best[:2]:
+            best = (t, score, p)
+        simulated += 1
+        if simulated == SIM_PLANS:
+            break
+    return best[2]
 
 
 def _cost(p: Plan) -> int:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
-from bigmm.plan import ORDERS, make_plan
+from bigmm.plan import (ORDERS, SIM_STEPS, Rates, make_plan, predict_seconds, simulate,
+                        stage_times)
 
 dims = st.integers(min_value=1, max_value=700)
 
@@ -202,3 +204,110 @@ def test_each_order_is_valid_when_forced(order):
     plan = make_plan(301, 257, 129, device_budget=600_000, order=order, align=16)
     assert plan.order == order and plan.device_bytes <= 600_000
     assert sum(1 for _ in plan.tiles()) == plan.n_tiles
+
+
+# ----- choosing by predicted time ----------------------------------------------------------
+
+GiB = 2**30
+#: The H100 host with NumPy inputs and output: its gemm, memcpy into pinned staging, pinned
+#: copies to the device, and the single writer into the output array.
+H100_ARRAYS = Rates(flops=47e12, read_bytes=15e9, write_bytes=5e9, h2d_bytes=50e9)
+#: The same GPU reading HDF5 files from a cold disk and writing C to it.
+H100_DISK = Rates(flops=47e12, read_bytes=1.2e9, write_bytes=1.0e9, h2d_bytes=50e9)
+N32 = dict(m=32768, n=32768, k=32768, device_budget=8 * GiB, host_budget=32 * GiB)
+
+
+@st.composite
+def rates(draw):
+    rate = st.floats(min_value=1e6, max_value=1e12)
+    return Rates(flops=draw(st.floats(min_value=1e8, max_value=1e15)), read_bytes=draw(rate),
+                 write_bytes=draw(rate), h2d_bytes=draw(st.one_of(st.none(), rate)))
+
+
+@settings(max_examples=120, deadline=None)
+@given(problems(), rates())
+def test_simulated_makespan_lies_between_the_stage_bounds(kw, r):
+    """No stage finishes its work sooner than alone, and the stages one after the other
+    bound the pipeline; the bounds the planner prunes with are true bounds."""
+    plan = plan_or_none(kw)
+    if plan is None or plan.n_tiles * plan.nk > 3000:
+        return
+    st_ = stage_times(plan, r)
+    end = simulate(plan, r).end
+    slack = 1e-9 * st_.upper_bound
+    assert max(st_.read, st_.copy_in, st_.compute, st_.copy_out, st_.write) <= end + slack
+    assert st_.lower_bound <= end + slack
+    assert end <= st_.upper_bound + slack
+    assert predict_seconds(plan, r) == pytest.approx(end)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), rates())
+def test_the_rates_choose_among_the_same_plans(kw, r):
+    """With rates the planner still returns a plan within the budgets; the schedule's
+    invariants are those of every plan (checked above), its predicted time is the model's."""
+    plan = plan_or_none(dict(kw, rates=r))
+    if plan is None:
+        return
+    assert plan.device_bytes <= plan.device_budget and plan.host_bytes <= plan.host_budget
+    assert plan.predicted_seconds == pytest.approx(predict_seconds(plan, r))
+    assert plan.predicted_seconds >= stage_times(plan, r).lower_bound * (1 - 1e-9)
+
+
+def test_host_arrays_no_longer_wait_for_all_of_a():
+    # n = 32768 from NumPy arrays: the fewest bytes (32768 x 1024 tiles, all of A resident)
+    # make the first tile wait ~0.3 s for all of A; by time the planner reads more but hides
+    # the reads under the gemms
+    by_bytes = make_plan(**N32)
+    assert (by_bytes.order, by_bytes.bm, by_bytes.bn) == ("resident-a", 32768, 1024)
+    plan = make_plan(**N32, rates=H100_ARRAYS)
+    assert plan.bm < plan.m and plan.ni > 1
+    compute = plan.flops / H100_ARRAYS.flops
+    old = make_plan(**N32, rates=H100_ARRAYS, tile=(32768, 1024, 4096), order="resident-a")
+    assert plan.predicted_seconds < 0.93 * old.predicted_seconds
+    # what is left: the last 0.5 GiB tile written at 5 GB/s, and each row's first tile
+    # reading its new A row panel with B faster than its gemms can use them
+    assert plan.predicted_seconds < 1.12 * compute
+
+
+def test_disk_bound_plans_stay_low_traffic():
+    # HDF5 inputs chunked 4096 x 4096 on a disk read at 1.2 GB/s: reading dominates, so the
+    # time objective keeps each input read once, as the byte objective does
+    chunks = dict(a_chunks=(4096, 4096), b_chunks=(4096, 4096))
+    by_bytes = make_plan(**N32, **chunks)
+    plan = make_plan(**N32, **chunks, rates=H100_DISK)
+    assert (plan.a_reads, plan.b_reads) == (1, 1)
+    old = make_plan(**N32, **chunks, rates=H100_DISK, tile=(by_bytes.bm, by_bytes.bn,
+                                                            by_bytes.bk), order=by_bytes.order)
+    assert plan.predicted_seconds <= old.predicted_seconds
+
+
+def test_without_rates_the_byte_objective_is_kept():
+    plan = make_plan(**N32)
+    assert plan.predicted_seconds is None
+    assert make_plan(**N32, rates=H100_ARRAYS, tile=(plan.bm, plan.bn, plan.bk),
+                     order=plan.order).key() == plan.key()  # resume: the recorded schedule
+
+
+@pytest.mark.parametrize("m, n, k, budget", [
+    (40000, 40000, 100000, 2 * GiB),   # resident rows of ~5000 steps: from whole tiles
+    (65536, 65536, 65536, 2 * GiB),    # resident rows of 400 steps: from whole rows
+    (20000, 20000, 300000, 8 * GiB),   # deep K: each row's first tile reads a long panel
+])
+def test_extrapolation_matches_the_whole_simulation(m, n, k, budget):
+    long = 0
+    for order in ORDERS:
+        plan = make_plan(m, n, k, device_budget=budget, host_budget=32 * GiB,
+                         rates=H100_ARRAYS, order=order)
+        long += plan.n_tiles * plan.nk > SIM_STEPS
+        whole = predict_seconds(plan, H100_ARRAYS, max_steps=10**9)
+        assert predict_seconds(plan, H100_ARRAYS) == pytest.approx(whole, rel=0.02)
+    assert long >= 2
+
+
+@pytest.mark.parametrize("n", [2**15, 2**18, 2**20])
+def test_planning_by_time_is_fast(n):
+    t0 = time.perf_counter()
+    plan = make_plan(n, n, n, device_budget=8 * GiB, host_budget=32 * GiB, rates=H100_ARRAYS)
+    assert time.perf_counter() - t0 < 1.0
+    assert plan.predicted_seconds >= plan.flops / H100_ARRAYS.flops
