@@ -31,6 +31,9 @@ DEVICE_SHARE = {False: 0.25, True: 0.85}
 HOST_SHARE = 0.25
 #: Nominal disk speeds for the predicted time (page-cache reads are faster).
 READ_RATE, WRITE_RATE = 2.0e9, 1.0e9
+#: Nominal speeds of reading a NumPy array input (a copy into the staging buffers, bound by
+#: host memory bandwidth: ~15 GB/s on the H100 host) and of writing C into a NumPy array.
+ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9
 #: Keys of the journal's job that must match for a resume.
 _JOB_KEYS = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c")
 
@@ -71,7 +74,7 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
         A, B = _open_inputs(a, b, closing)
         p, job = _plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                            trans_b=trans_b, memory=memory, host_memory=host_memory,
-                           resume=resume, calibrate=False)
+                           resume=resume, calibrate=be.staging)
         if out is None:
             _check_array_result(p)
         sink = io.open_output(out, shape=(p.m, p.n), dtype=np.dtype(p.dtype), inputs=[A, B],
@@ -135,18 +138,25 @@ def _open_inputs(a, b, closing: list):
 
 def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memory, resume,
               calibrate: bool) -> tuple[Plan, dict]:
+    """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
+    (and the operands' read and write speeds) give the predicted time, and on a staging
+    (GPU) backend the planner chooses the tiles by it; ``matmul`` calibrates on staging
+    backends only, so that on the CPU both plan by bytes moved."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
     alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
     if beta != 0 and out is None:
         raise ShapeError(f"Expected an existing C as out when beta != 0. Got out=None with "
                          f"beta={beta}.")
     device, host = resolve_budgets(be, memory, host_memory)
+    rates = _io_rates(_rates(be, dtype, min(device, host)), A, B, out) if calibrate else None
     args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                 device_budget=device, host_budget=host, staging=be.staging,
                 a_chunks=A.chunks, b_chunks=B.chunks,
-                rates=_rates(be, dtype, min(device, host)) if calibrate else None)
+                rates=rates if be.staging else None)  # CPU: the fewest bytes, as matmul plans
     fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
     p = make_plan(m, n, k, dtype, **args, **fixed)
+    if p.rates is None and rates is not None:
+        p = replace(p, rates=rates)  # for the predicted time only
     job = {"plan": p.key(), "alpha": alpha, "beta": beta,
            "a": A.label, "b": B.label}
     return p, job
@@ -256,6 +266,25 @@ def _rates(be, dtype: str, limit: int) -> Rates | None:
         be.gemm(a, a, c, 1.0, 0.0, False, False, None)
         best = min(best, time.perf_counter() - t0)
     return Rates(flops=2 * n**3 / max(best, 1e-9), read_bytes=READ_RATE, write_bytes=WRITE_RATE)
+
+
+def _io_rates(rates: Rates | None, A, B, out) -> Rates | None:
+    """``rates`` with the read and write speeds of these operands: a source's own
+    ``read_rate`` attribute (bytes per second) where it has one, else ARRAY_READ_RATE for
+    NumPy arrays and READ_RATE for files (the slower of A and B); ARRAY_WRITE_RATE when C is
+    a NumPy array (or a new one), else WRITE_RATE."""
+    if rates is None:
+        return None
+
+    def read_rate(src) -> float:
+        own = getattr(src, "read_rate", None)
+        if own:
+            return float(own)
+        return ARRAY_READ_RATE if getattr(src, "layout", None) == "array" else READ_RATE
+
+    array_out = out is None or isinstance(out, np.ndarray)
+    return replace(rates, read_bytes=min(read_rate(A), read_rate(B)),
+                   write_bytes=ARRAY_WRITE_RATE if array_out else WRITE_RATE)
 
 
 def _start_profile(profile, be):

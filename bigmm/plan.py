@@ -13,10 +13,20 @@ Schedule (C is M x N, depth K, element size w, device budget S bytes):
   row sweep over B: A is read once, B ceil(M/bm) times.
 * ``resident-b``: the mirror image, column-major tile order: B read once, A ceil(N/bn) times.
 
-The planner enumerates tile sizes for each order, keeps those within both budgets, and picks the
-fewest bytes moved, counting as moved the pipeline's fill (the first panels) and drain (the last
-C tile), which no overlap hides, and a fixed cost per gemm; ties go to fewer tiles, then larger
-K panels.
+The planner enumerates tile sizes for each order and keeps those within both budgets. Without
+rates it picks the fewest bytes moved, counting as moved the pipeline's fill (the first panels)
+and drain (the last C tile), which no overlap hides, and a fixed cost per gemm; ties go to fewer
+tiles, then larger K panels.
+
+With :class:`Rates` it picks the shortest predicted time (ties: the byte order above). The time
+is the makespan of a step-level model of the executor's pipeline (:func:`simulate`): read ->
+copy in -> gemm -> copy out -> write, each stage one server taking its work in schedule order,
+a load waiting for its slot's previous user (host staging slots, the order's device slots, the
+C slots) and for the executor's look-ahead window. Schedules longer than SIM_STEPS steps are
+simulated over a prefix of whole rows or tiles and extrapolated (:func:`predict_seconds`).
+Candidates are simulated in order of a quick estimate, at most SIM_PLANS of them, skipping any
+whose lower bound (:class:`StageTimes`) exceeds the best time found. The byte objective cannot
+see that a plan reading all of A before its first tile can compute waits for it; the time does.
 """
 
 from __future__ import annotations
@@ -47,7 +57,8 @@ STEP_COST_BYTES = 1 << 20
 DRAIN_WEIGHT = 2
 #: Fixed time of one gemm step in the pipeline model (the same ~40 us as STEP_COST_BYTES).
 STEP_SECONDS = 40e-6
-#: Most steps whose loads may be in flight ahead of the compute (the executor's window).
+#: Most steps whose loads may be in flight ahead of the compute: the executor's window
+#: (``executor.MAX_LOOKAHEAD``, which tests keep equal).
 MAX_LOOKAHEAD = 64
 #: Steps the pipeline model simulates per plan; longer schedules are extrapolated.
 SIM_STEPS = 1024

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import bigmm
-from bigmm import errors
+from bigmm import api, errors
 from bigmm.executor import RunStats
-from bigmm.plan import Plan
+from bigmm.plan import Plan, Rates, make_plan
 from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
                             wait_for_journaled_tiles)
 
@@ -309,3 +309,56 @@ def test_resume_with_another_budget_keeps_the_recorded_schedule(tmp_path):
                  resume=True)
     with h5py.File(tmp_path / "c.h5", "r") as f:
         assert np.array_equal(f["C"][...], full)
+
+
+class _StagingBackend:
+    """Just enough of a GPU backend for planning: staging, memory, calibrated rates."""
+
+    name, staging = "fake-gpu", True
+
+    def memory_available(self):
+        return 64 * 2**30
+
+    def rates(self, dtype, limit):
+        return _GPU_RATES
+
+    def close(self):
+        pass
+
+
+_GPU_RATES = Rates(flops=47e12, read_bytes=2e9, write_bytes=1e9, h2d_bytes=50e9)
+
+
+@pytest.mark.parametrize("kind, read, write", [
+    ("numpy", api.ARRAY_READ_RATE, api.ARRAY_WRITE_RATE),  # memcpy into staging, array out
+    ("file", api.READ_RATE, api.WRITE_RATE),                # disk in, disk out
+])
+def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind, read, write):
+    a, b = random_matrix((600, 500), np.float32), random_matrix((500, 400), np.float32, 1)
+    out = None
+    if kind == "file":
+        a, b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+        out = f"{tmp_path / 'c.h5'}:/C"
+    closing = []
+    A, B = api._open_inputs(a, b, closing)
+    try:
+        p, _ = api._plan_job(A, B, out, _StagingBackend(), alpha=1.0, beta=0.0, trans_a=False,
+                             trans_b=False, memory="2MiB", host_memory="4MiB", resume=False,
+                             calibrate=True)
+    finally:
+        for x in closing:
+            x.close()
+    assert (p.rates.read_bytes, p.rates.write_bytes) == (read, write)
+    assert p.rates.flops == _GPU_RATES.flops and p.rates.h2d_bytes == _GPU_RATES.h2d_bytes
+    best = make_plan(600, 400, 500, device_budget=2 * 2**20, host_budget=4 * 2**20,
+                     rates=p.rates, a_chunks=A.chunks, b_chunks=B.chunks)
+    assert p.key() == best.key() and p.predicted_seconds == best.predicted_seconds
+
+
+def test_cpu_matmul_plans_by_bytes_as_plan_does(tmp_path):
+    # on the CPU plan() calibrates for its predicted time only: the tiles are matmul's
+    a, b = random_matrix((300, 200), np.float32), random_matrix((200, 250), np.float32, 1)
+    p = bigmm.plan(a, b, memory="200KiB", backend="numpy")
+    fresh = make_plan(300, 250, 200, device_budget=200 * 1024, host_budget=200 * 1024,
+                      staging=False)
+    assert p.key() == fresh.key() and p.predicted_seconds is not None

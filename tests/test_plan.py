@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
-from bigmm.plan import (ORDERS, SIM_STEPS, Rates, make_plan, predict_seconds, simulate,
-                        stage_times)
+from bigmm.plan import (MAX_LOOKAHEAD, ORDERS, SIM_STEPS, Rates, make_plan, predict_seconds,
+                        simulate, stage_times)
 
 dims = st.integers(min_value=1, max_value=700)
 
@@ -238,7 +238,8 @@ def test_simulated_makespan_lies_between_the_stage_bounds(kw, r):
     assert max(st_.read, st_.copy_in, st_.compute, st_.copy_out, st_.write) <= end + slack
     assert st_.lower_bound <= end + slack
     assert end <= st_.upper_bound + slack
-    assert predict_seconds(plan, r) == pytest.approx(end)
+    if plan.n_tiles * plan.nk <= SIM_STEPS:
+        assert predict_seconds(plan, r) == pytest.approx(end)
 
 
 @settings(max_examples=60, deadline=None)
@@ -311,3 +312,9 @@ def test_planning_by_time_is_fast(n):
     plan = make_plan(n, n, n, device_budget=8 * GiB, host_budget=32 * GiB, rates=H100_ARRAYS)
     assert time.perf_counter() - t0 < 1.0
     assert plan.predicted_seconds >= plan.flops / H100_ARRAYS.flops
+
+
+def test_the_model_uses_the_executors_window():
+    from bigmm import executor
+
+    assert MAX_LOOKAHEAD == executor.MAX_LOOKAHEAD
