@@ -30,9 +30,11 @@ on a write is the DiskFullError.
 
 Writes from other processes: while a file output is written raw, :meth:`Sink.raw_region`
 describes where a region lies in the file (path, dtype, the byte pieces of the stored blocks it
-overlaps) in a small picklable :class:`RawRegion`, and :func:`write_region` writes a tile there
-from another process (a dask worker): ``pwritev``, ``fdatasync``, close. The sink's owner then
-journals the tile with :meth:`Sink.commit` as if it had written it. Only the owner touches HDF5
+overlaps) in a small picklable :class:`RawRegion`, and another process (a dask worker) writes
+it there: :class:`RegionSink` is the region as a Sink (the executor writes its sub-tiles with
+``pwritev`` as they finish, ``fdatasync`` makes them durable), :func:`write_region` writes it
+whole. The sink's owner then journals the region with :meth:`Sink.commit` as if it had written
+it. Only the owner touches HDF5
 metadata (it creates the dataset, reserves its bytes, sets the completion attribute and swaps
 the partial dataset), so no two processes ever write one HDF5 file's structures. On one host the
 owner's shared mapping and the writers' ``pwritev`` go through the same page cache, and the owner
@@ -141,15 +143,30 @@ class RawRegion:
     dtype: str
     rows: tuple[int, int]
     cols: tuple[int, int]
-    pieces: tuple  # per stored block it overlaps, as FileSink._pieces gives them
+    pieces: tuple  # per stored block it overlaps (clip_pieces), in region coordinates
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.rows[1] - self.rows[0], self.cols[1] - self.cols[0]
 
 
+def clip_pieces(pieces, r0, r1, c0, c1) -> list:
+    """The parts of ``pieces`` inside rows r0:r1, columns c0:c1 of the region they describe,
+    as pieces of that sub-region. A piece is (its stored block's byte offset, the block's
+    shape, rows ra:rb and columns ca:cb within the block, rows a:b and columns c:d of the
+    region): the one piece arithmetic of raw writes (:meth:`FileSink._pieces` clips whole
+    blocks to a region, :class:`RegionSink` a region's pieces to a sub-region)."""
+    out = []
+    for base, shape, (ra, _rb, ca, _cb), (a, b, c, d) in pieces:
+        lo, hi, left, right = max(a, r0), min(b, r1), max(c, c0), min(d, c1)
+        if lo < hi and left < right:
+            out.append((base, shape, (ra + lo - a, ra + hi - a, ca + left - c, ca + right - c),
+                        (lo - r0, hi - r0, left - c0, right - c0)))
+    return out
+
+
 def write_pieces(fd: int, pieces, src, itemsize: int) -> None:
-    """Write ``src`` (C-contiguous) to the file at ``pieces`` (FileSink._pieces) with
+    """Write ``src`` (C-contiguous) to the file at ``pieces`` (:func:`clip_pieces`) with
     ``pwritev``, from this thread only: row-sized pwrites from many threads contend for the
     GIL, and the disk, not the copy into the page cache, bounds the rate."""
     for base, (_, bc), (ra, _rb, ca, _cb), (a, b, c, d) in pieces:
@@ -158,21 +175,77 @@ def write_pieces(fd: int, pieces, src, itemsize: int) -> None:
 
 def write_region(where: RawRegion, src) -> None:
     """Write ``src`` to ``where`` from any process, durably: open the file for writing,
-    ``pwritev`` the pieces, ``fdatasync``, close. Touches only the region's bytes (the storage
-    exists and is reserved; no HDF5 metadata is read or written), so several processes may
-    write disjoint regions of one output while the sink's owner journals them after this
-    returns. Errors are WriteError (DiskFullError when the disk is full)."""
-    (r0, r1), (c0, c1) = where.rows, where.cols
+    ``pwritev`` the pieces, ``fdatasync``, close (a :class:`RegionSink` written whole).
+    Touches only the region's bytes (the storage exists and is reserved; no HDF5 metadata is
+    read or written), so several processes may write disjoint regions of one output while the
+    sink's owner journals them after this returns. Errors are WriteError (DiskFullError when
+    the disk is full)."""
     _check_tile(np.dtype(where.dtype), where.shape, src)
-    try:
-        fd = os.open(where.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    with RegionSink(where) as sink:
+        sink.write(0, where.shape[0], 0, where.shape[1], src)
+        sink.finish()
+
+
+class RegionSink(Sink):
+    """A region of a raw-writable output (:class:`RawRegion`) as a Sink of the region's shape,
+    written from any process (a dask worker computing one C tile with the executor).
+
+    ``write`` of a sub-region ``pwritev``s it at its byte offsets (:func:`clip_pieces` of the
+    region's pieces; no HDF5), so the executor's writer thread writes each sub-tile while the
+    next is computed; ``commit`` and ``finish`` ``fdatasync`` what was written, so when
+    ``execute`` returns every byte written is durable. ``read`` reads old C (beta != 0) from
+    ``old``, a Source of the region's old values in region coordinates. Nothing is journaled
+    here: the output's owner journals the whole region once its writer reports it."""
+
+    layout = "region"
+
+    def __init__(self, where: RawRegion, old=None):
+        self.where, self.old = where, old
+        self.shape, self.dtype = where.shape, np.dtype(where.dtype)
+        (self._r0, r1), (self._c0, c1) = where.rows, where.cols
+        self.label = f"{where.label} rows {self._r0}:{r1}, columns {self._c0}:{c1}"
+        self._dirty = False
         try:
-            write_pieces(fd, where.pieces, np.ascontiguousarray(src), src.dtype.itemsize)
-            _fdatasync(fd)
-        finally:
-            os.close(fd)
-    except Exception as exc:
-        raise _write_error(where.label, r0, r1, c0, c1, exc) from exc
+            self._fd = os.open(where.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise _write_error(where.label, self._r0, r1, self._c0, c1, exc) from exc
+
+    def read(self, r0, r1, c0, c1, out) -> None:
+        self._check(r0, r1, c0, c1, out)
+        if self.old is None:
+            raise BigmmError(f"Expected a source of old C to read {self.label}. Got none.")
+        self.old.read(r0, r1, c0, c1, out)
+
+    def write(self, r0, r1, c0, c1, src) -> None:
+        self._check(r0, r1, c0, c1, src)
+        try:
+            write_pieces(self._fd, clip_pieces(self.where.pieces, r0, r1, c0, c1),
+                         np.ascontiguousarray(src), self.dtype.itemsize)
+            self._dirty = True
+        except Exception as exc:
+            raise self._write_error(r0, r1, c0, c1, exc) from exc
+
+    def commit(self, tiles) -> None:
+        """Make every write so far durable (``fdatasync``)."""
+        if not self._dirty:
+            return
+        try:
+            _fdatasync(self._fd)
+        except OSError as exc:
+            raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
+        self._dirty = False
+
+    def finish(self) -> None:
+        self.commit([])
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _write_error(self, r0, r1, c0, c1, exc) -> WriteError:
+        return _write_error(self.where.label, self._r0 + r0, self._r0 + r1, self._c0 + c0,
+                            self._c0 + c1, exc)
 
 
 class ArraySink(Sink):
@@ -415,17 +488,18 @@ class FileSink(Sink):
 
     def _pieces(self, r0, r1, c0, c1) -> list:
         """Where region [r0:r1, c0:c1] lies in the file, per stored block it overlaps (the
-        whole dataset when contiguous, each chunk when chunked): (the block's byte offset, its
-        shape, rows ra:rb and columns ca:cb within it, rows a:b and columns c:d of the region).
-        """
+        whole dataset when contiguous, each chunk when chunked), as :func:`clip_pieces` gives
+        them: each block is a piece of the whole dataset, clipped to the region."""
         lay = self._lay
         if lay.kind == "contiguous":
-            return [(lay.offset, self.shape, (r0, r1, c0, c1), (0, r1 - r0, 0, c1 - c0))]
-        cr, cc = lay.chunks
-        return [(int(lay.chunk_offsets[ci, cj]), (cr, cc),
-                 (a0 - ci * cr, a1 - ci * cr, b0 - cj * cc, b1 - cj * cc),
-                 (a0 - r0, a1 - r0, b0 - c0, b1 - c0))
-                for ci, cj, a0, a1, b0, b1 in chunk_cells((cr, cc), r0, r1, c0, c1)]
+            m, n = self.shape
+            blocks = [(lay.offset, self.shape, (0, m, 0, n), (0, m, 0, n))]
+        else:
+            cr, cc = lay.chunks
+            blocks = [(int(lay.chunk_offsets[ci, cj]), (cr, cc), (0, cr, 0, cc),
+                       (ci * cr, (ci + 1) * cr, cj * cc, (cj + 1) * cc))
+                      for ci, cj, *_ in chunk_cells((cr, cc), r0, r1, c0, c1)]
+        return clip_pieces(blocks, r0, r1, c0, c1)
 
     def _mark_dirty(self, ranges) -> None:
         """Record mapped byte ranges written since the last sync (merged where they touch)."""

@@ -11,9 +11,9 @@ import hdf5plugin
 import numpy as np
 import pytest
 
-from bigmm.errors import (DiskFullError, DtypeError, IncompleteOutputError, OperandNotFound,
-                          OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
-                          ShapeError, WriteError)
+from bigmm.errors import (BigmmError, DiskFullError, DtypeError, IncompleteOutputError,
+                          OperandNotFound, OutputExistsError, OutputIsInputError,
+                          OutputNotWritable, ResumeError, ShapeError, WriteError)
 from bigmm.io import mapped, open_input, open_output, read_journal
 from bigmm.io import sink as sink_mod
 from bigmm.io.journal import Journal
@@ -628,3 +628,94 @@ def test_write_region_errors(tmp_path, inputs):
     with pytest.raises(WriteError) as err:  # the file is gone
         write_region(where, np.zeros((BM, BN), np.float32))
     assert f"rows 0:{BM}, columns 0:{BN}" in str(err.value) and "c.h5" in str(err.value)
+
+
+def sub_regions(h, w):
+    """A region split three ways: the top half, and the bottom half in two column parts."""
+    return [(0, h // 2, 0, w), (h // 2, h, 0, w // 3), (h // 2, h, w // 3, w)]
+
+
+REGION_SINK_CASES = [
+    # (output chunks, beta != 0)
+    # contiguous C: every sub-region is strided rows of the file
+    (None, False),
+    # chunked by other tiles: regions and their sub-regions cut across chunks
+    ((16, 11), False),
+    # chunked by the regions' own tiles: each sub-region lies in one chunk
+    ((BM, BN), False),
+    # beta != 0: old C read through the region's sink, the new values go to the partial dataset
+    ((BM, BN), True),
+    ((16, 11), True),
+]
+
+
+@pytest.mark.parametrize("chunks,reads_c", REGION_SINK_CASES)
+def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, reads_c):
+    """A RegionSink (what a dask worker's executor writes to) writes each sub-region at its
+    byte offsets and nothing else, reads old C from its source, and fdatasyncs in commit."""
+    _, srcs = inputs
+    path = str(tmp_path / "c.h5")
+    spec = f"{path}:/C"
+    old, new = random_matrix(SHAPE, np.float32, seed=32), random_matrix(SHAPE, np.float32, seed=33)
+    if reads_c:
+        with h5py.File(path, "w") as f:
+            f["C"] = old
+    monkeypatch.setattr(sink_mod, "MIN_CHUNK_BYTES", 0)
+    syncs = []
+    real_sync = sink_mod._fdatasync
+    monkeypatch.setattr(sink_mod, "_fdatasync", lambda fd: (syncs.append(fd), real_sync(fd)))
+
+    def stored():
+        with h5py.File(path, "r") as f:
+            return f[sink.target][...]
+
+    with new_sink(spec, srcs, reads_c=reads_c, tile=chunks) as sink:
+        for n, t in enumerate(tiles()):
+            r0, r1, c0, c1 = region(t)
+            where = pickle.loads(pickle.dumps(sink.raw_region(r0, r1, c0, c1)))
+            prior = open_input(np.ascontiguousarray(old[r0:r1, c0:c1])) if reads_c else None
+            before = stored() if n == 0 else None
+            with sink_mod.RegionSink(where, prior) as rs:
+                assert rs.shape == (r1 - r0, c1 - c0) and rs.done == frozenset()
+                for a, b, c, d in sub_regions(*rs.shape):
+                    # the sub-region's pieces are C's own pieces of it
+                    assert sink_mod.clip_pieces(where.pieces, a, b, c, d) == \
+                        sink._pieces(r0 + a, r0 + b, c0 + c, c0 + d)
+                    if reads_c:
+                        buf = np.full((b - a, d - c), np.nan, np.float32)
+                        rs.read(a, b, c, d, buf)
+                        np.testing.assert_array_equal(buf, old[r0 + a:r0 + b, c0 + c:c0 + d])
+                    rs.write(a, b, c, d,
+                             np.ascontiguousarray(new[r0 + a:r0 + b, c0 + c:c0 + d]))
+                assert syncs == []  # writes alone are not synced
+                rs.commit([t])
+                assert len(syncs) == 1  # one fdatasync makes the region durable
+                rs.commit([t])
+                rs.finish()
+                assert len(syncs) == 1  # nothing written since: no sync
+                syncs.clear()
+            if n == 0:  # exactly the region's bytes changed
+                want = before.copy()
+                want[r0:r1, c0:c1] = new[r0:r1, c0:c1]
+                np.testing.assert_array_equal(stored(), want)
+        sink.commit(tiles())
+        sink.finish()
+    np.testing.assert_array_equal(read_back(spec), new)
+
+
+def test_region_sink_errors(tmp_path, inputs):
+    _, srcs = inputs
+    path = str(tmp_path / "c.h5")
+    with new_sink(f"{path}:/C", srcs) as sink:
+        where = sink.raw_region(BM, 2 * BM, BN, 2 * BN)
+    with sink_mod.RegionSink(where) as rs:
+        with pytest.raises(BigmmError, match="old C"):  # beta != 0 needs a source of old C
+            rs.read(0, 2, 0, 2, np.zeros((2, 2), np.float32))
+        with pytest.raises(ShapeError, match="within"):  # outside the region
+            rs.write(0, BM + 1, 0, 2, np.zeros((BM + 1, 2), np.float32))
+        with pytest.raises(ShapeError, match=r"\(2, 3\)"):
+            rs.write(0, 2, 0, 3, np.zeros((2, 2), np.float32))
+    os.remove(path)
+    with pytest.raises(WriteError) as err:  # the file is gone
+        sink_mod.RegionSink(where)
+    assert f"rows {BM}:{2 * BM}, columns {BN}:{2 * BN}" in str(err.value)
