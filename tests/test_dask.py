@@ -225,12 +225,15 @@ def _read(spec):
 @pytest.fixture
 def landed(monkeypatch):
     """What came back to this process per finished tile (None: the worker wrote it into C's
-    file), and how many regions this process wrote into C itself."""
-    seen = {"data": [], "caller_writes": 0}
+    file), the sub-tiles of each tile's task, and how many regions this process wrote into C
+    itself."""
+    seen = {"data": [], "sub_tiles": [], "caller_writes": 0}
     real_landed, real_write = dask_files._Tiles._landed, sink_mod.FileSink.write
 
     def spy_landed(self, t, c, st):
         seen["data"].append(c)
+        assert st.tiles_done == st.tiles_total  # the task wrote every sub-tile
+        seen["sub_tiles"].append(st.tiles_total)
         real_landed(self, t, c, st)
 
     def spy_write(self, *args):
@@ -245,6 +248,7 @@ def landed(monkeypatch):
 def _written_on_workers(seen, tiles):
     assert len(seen["data"]) == tiles and all(c is None for c in seen["data"])
     assert seen["caller_writes"] == 0
+    assert min(seen["sub_tiles"]) > 1  # each task wrote its tile in sub-tiles as they finished
 
 
 FILE_CASES = [
@@ -291,27 +295,33 @@ def test_files_on_cluster(client, tmp_path, landed, m, k, n, dtype, ta, tb, alph
 
 
 OUTPUT_CASES = [
-    # (C's layout, beta, old C's layout)
+    # (C's layout, beta, old C's layout, trans_a, trans_b)
     # contiguous C: each tile is rows of strided byte ranges
-    ("contiguous", 0.0, None),
+    ("contiguous", 0.0, None, False, False),
     # C chunked by the tiles: each tile one byte range
-    ("tile-chunked", 0.0, None),
+    ("tile-chunked", 0.0, None, False, False),
+    # both operands stored transposed, C chunked by the tiles
+    ("tile-chunked", 0.0, None, True, True),
     # beta != 0: workers read old C from C and write the partial dataset beside it in one file
-    ("tile-chunked", -0.5, "contiguous"),
+    ("tile-chunked", -0.5, "contiguous", False, False),
+    ("contiguous", 0.25, "contiguous", True, False),
     # beta != 0 on a gzip-compressed C: old C read through h5py on the workers, the new C
     # (created unfiltered) written raw by them
-    ("contiguous", 2.0, "compressed"),
-    ("tile-chunked", 1.0, "compressed"),
+    ("contiguous", 2.0, "compressed", False, True),
+    ("tile-chunked", 1.0, "compressed", False, False),
 ]
 
 
-@pytest.mark.parametrize("out_layout,beta,old_layout", OUTPUT_CASES)
+@pytest.mark.parametrize("out_layout,beta,old_layout,ta,tb", OUTPUT_CASES)
 def test_files_written_by_the_workers(client, tmp_path, monkeypatch, landed, out_layout, beta,
-                                      old_layout):
+                                      old_layout, ta, tb):
+    """Each task's executor writes its tile's sub-tiles into C's file as they finish (old C,
+    for beta != 0, read per sub-tile on the worker); nothing comes back to this process."""
     m, k, n = 83, 57, 95
     if out_layout == "tile-chunked":  # chunk the small test output by its tiles too
         monkeypatch.setattr(sink_mod, "MIN_CHUNK_BYTES", 0)
-    a, b = random_matrix((m, k), np.float64, seed=41), random_matrix((k, n), np.float64, seed=42)
+    a = random_matrix(_stored((m, k), ta), np.float64, seed=41)
+    b = random_matrix(_stored((k, n), tb), np.float64, seed=42)
     sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
     sc = f"{tmp_path / 'c.h5'}:/C"
     c0 = None
@@ -319,15 +329,64 @@ def test_files_written_by_the_workers(client, tmp_path, monkeypatch, landed, out
         c0 = random_matrix((m, n), np.float64, seed=43)
         _h5(tmp_path / "c.h5", "C", c0, old_layout)
     out, stats = bd.matmul_files(sa, sb, sc, client=client, alpha=1.5, beta=beta,
-                                 memory="48KiB", backend="numpy", stats=True)
+                                 trans_a=ta, trans_b=tb, memory="48KiB", backend="numpy",
+                                 stats=True)
     got, attrs = _read(sc)
-    ref = reference_gemm(a, b, alpha=1.5, beta=beta, c=c0)
+    ref = reference_gemm(a, b, alpha=1.5, beta=beta, c=c0, trans_a=ta, trans_b=tb)
     assert relative_error(got, ref) <= tolerance(np.float64, k) and attrs["bigmm_complete"]
     with h5py.File(tmp_path / "c.h5", "r") as f:
         assert sorted(f) == ["C"]  # the partial dataset took C's place
         chunks, compression = f["C"].chunks, f["C"].compression
     assert compression is None and (chunks is None) == (out_layout == "contiguous")
     _written_on_workers(landed, stats.tiles_total)
+
+
+def test_files_verified_sub_tiles(client, tmp_path, landed):
+    """verify="checksum": each task checks every sub-tile before its executor writes it."""
+    m, k, n = 90, 64, 70
+    a, b = random_matrix((m, k), np.float64, seed=61), random_matrix((k, n), np.float64, seed=62)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    sc = f"{tmp_path / 'c.h5'}:/C"
+    _, stats = bd.matmul_files(sa, sb, sc, client=client, memory="64KiB", backend="numpy",
+                               verify="checksum", stats=True)
+    assert stats.tiles_checked == sum(landed["sub_tiles"]) > stats.tiles_total
+    assert stats.checksum_mismatches == 0
+    assert relative_error(_read(sc)[0], a @ b) <= tolerance(np.float64, k)
+    _written_on_workers(landed, stats.tiles_total)
+
+
+def _job(shape, k, budget, *, host=None, beta=0.0, bk=64, dtype="float32"):
+    return dask_files._TileJob("a", "b", None, k, dtype, False, False, (*shape, bk), 1.0, beta,
+                               "numpy", None, budget, host or budget, None)
+
+
+MiB = 1 << 20
+SUB_PLAN_CASES = [
+    # (tile, k, device budget, staging, A chunks, B chunks, order, sub-tile (bm, bn))
+    # a large GPU tile: eight row sub-tiles of 2048, B's column panel resident
+    ((16384, 32768), 32768, 80 << 30, True, None, None, "resident-b", (2048, 32768)),
+    # rows that do not split evenly by 256: sub-tiles rounded up to 256
+    ((3000, 2048), 4096, 1 << 30, True, None, None, "resident-b", (512, 2048)),
+    # A chunked by 96 rows: sub-tile rows are multiples of them
+    ((1000, 512), 1024, 64 * MiB, False, (96, 128), None, "resident-b", (192, 512)),
+    # a budget too small for B's column panel, large enough for A's row panel: column
+    # sub-tiles of 256
+    ((512, 2048), 4096, 30 * MiB, False, None, None, "resident-a", (512, 256)),
+    # a tile smaller than eight aligned rows: eight unaligned row sub-tiles
+    ((40, 30), 64, 1 * MiB, False, None, None, "resident-b", (5, 30)),
+    # a budget that holds neither resident panel: the tile as one sub-tile, streamed
+    ((512, 512), 8192, 5 * MiB, False, None, None, "stream", (512, 512)),
+]
+
+
+@pytest.mark.parametrize("tile,k,budget,staging,ach,bch,order,sub", SUB_PLAN_CASES)
+def test_sub_plan(tile, k, budget, staging, ach, bch, order, sub):
+    p = dask_files._sub_plan(_job(tile, k, budget), tile, staging, ach, bch)
+    assert (p.m, p.n, p.k) == (*tile, k) and p.order == order and (p.bm, p.bn) == sub
+    assert p.device_bytes <= budget and p.host_bytes <= budget
+    assert p.a_reads == p.b_reads == 1  # every operand panel read once per task
+    if order != "stream":
+        assert p.n_tiles > 1
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5])  # C itself; the partial dataset beside old C

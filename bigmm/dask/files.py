@@ -1,10 +1,11 @@
 """bigmm.dask.matmul_files: an HDF5 job as C-tile tasks on a dask.distributed cluster.
 
-Each tile task reopens A and B by path on its worker and runs bigmm's executor on its tile.
-The calling process creates C (its storage reserved, so every tile has fixed byte offsets) and
-hands each task where its tile lies in the file (:meth:`bigmm.io.Sink.raw_region`); the worker
-writes the tile there, makes it durable and returns only its statistics, and the caller
-journals it. The caller alone touches HDF5 metadata and the journal. Where C can only be
+Each tile task reopens A and B by path on its worker and runs bigmm's executor on its tile, in
+sub-tiles (:func:`_sub_plan`). The calling process creates C (its storage reserved, so every
+tile has fixed byte offsets) and hands each task where its tile lies in the file
+(:meth:`bigmm.io.Sink.raw_region`); the worker's executor writes each sub-tile there while it
+computes the next (:class:`bigmm.io.sink.RegionSink`), the task returns only its statistics once
+they are durable, and the caller journals the tile. The caller alone touches HDF5 metadata and the journal. Where C can only be
 written through h5py (an existing filtered dataset), tiles come back to the caller, which
 writes them.
 """
@@ -15,7 +16,7 @@ import contextlib
 import os
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -27,7 +28,7 @@ from ..backends import get_backend
 from ..checksum import parse_verify
 from ..errors import BudgetError, Interrupted, OptionError, ResumeError
 from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
-from ..io.sink import RawRegion, write_region
+from ..io.sink import RawRegion, RegionSink
 from ..plan import Plan, Tile, make_plan
 from ._common import RESOURCE
 from ._common import distributed as _distributed
@@ -40,6 +41,11 @@ WINDOW_PER_SLOT = 2
 TILES_PER_SLOT = 2
 #: After an error or an interrupt, how long to wait for the tasks in flight to finish.
 DRAIN_SECONDS = 600.0
+#: A tile task computes its tile in about this many sub-tiles, each written into C's file while
+#: the next is computed: only the last one's write is not overlapped.
+SUB_TILES = 8
+#: Sub-tile edges are multiples of this (the planner's alignment) where the tile is that large.
+SUB_ALIGN = 256
 
 
 @dataclass(frozen=True)
@@ -79,47 +85,92 @@ class _Region(io.Source):
         self.src.read(self.r0 + r0, self.r0 + r1, self.c0 + c0, self.c0 + c1, out)
 
 
+def _split(dim: int, parts: int, unit: int) -> int:
+    """The sub-tile edge that splits ``dim`` into about ``parts``: ceil(dim / parts) rounded up
+    to a multiple of ``unit``, or of dim // parts where ``dim`` is shorter than parts units."""
+    unit = max(1, min(unit, dim // parts))
+    return min(dim, -(-(-(-dim // parts)) // unit) * unit)
+
+
+def _edge(chunks, axis: int, trans: bool) -> int:
+    """op(X)'s chunk edge along ``axis`` (0: rows, 1: columns), else SUB_ALIGN."""
+    if not chunks:
+        return SUB_ALIGN
+    return chunks[1 - axis] if trans else chunks[axis]
+
+
+def _sub_plan(job: _TileJob, shape: tuple[int, int], staging: bool, a_chunks=None,
+              b_chunks=None) -> Plan:
+    """The plan one tile task runs: its C tile of ``shape`` in about SUB_TILES sub-tiles, so
+    that the executor's writer writes each into C's file while the next is computed.
+
+    The sub-tiles share one operand panel, read once and kept on the device: whole rows of the
+    tile ('resident-b': the tile's B column panel stays; each sub-tile is one byte range per
+    stored block of C) where that fits the task's budgets, else whole columns ('resident-a':
+    A's row panel stays), else the tile as one sub-tile (stream, nothing overlapped). Sub-tile
+    edges are multiples of the operand's chunk edge or SUB_ALIGN (``a_chunks``, ``b_chunks``:
+    the stored chunks of the task's A and B regions); K panels are the job's.
+    """
+    m, n = shape
+    bk = job.tile[2]
+    args = dict(trans_a=job.trans_a, trans_b=job.trans_b, reads_c=job.beta != 0,
+                device_budget=job.device_budget,
+                host_budget=job.host_budget if staging else job.device_budget, staging=staging)
+    rows = _split(m, SUB_TILES, _edge(a_chunks, 0, job.trans_a))
+    cols = _split(n, SUB_TILES, _edge(b_chunks, 1, job.trans_b))
+    for tile, order in (((rows, n, bk), "resident-b"), ((m, cols, bk), "resident-a")):
+        if tile[:2] == (m, n):
+            continue
+        try:
+            return make_plan(m, n, job.k, job.dtype, **args, tile=tile, order=order)
+        except BudgetError:
+            continue
+    return make_plan(m, n, job.k, job.dtype, **args, tile=(m, n, bk), order="stream")
+
+
 def _tile_task(job: _TileJob, t: Tile, where: RawRegion | None = None, old=None):
     """On a worker: C[t] from A's row panel and B's column panel, read from the files here.
 
-    Returns (t, None, stats) after writing C[t] durably to ``where`` in C's file, or
-    (t, C[t], stats) for the caller to write when ``where`` is None. Old C (beta != 0) is
-    read from ``job.old_c`` here, or is ``old`` where the caller holds C's file open in h5py.
+    With ``where`` (C[t]'s place in C's file), the executor writes C[t]'s sub-tiles there as
+    they finish (a RegionSink), and this returns (t, None, stats) once they are all durable.
+    Without, it computes C[t] into an array and returns (t, C[t], stats) for the caller to
+    write. Old C (beta != 0) is read per sub-tile from ``job.old_c`` here, or from ``old``
+    where the caller holds C's file open in h5py and sends it.
     """
     be = resolve_backend(job.backend, job.kernel)  # its buffers live until close()
     k, dt = job.k, np.dtype(job.dtype)
     opened: list = []
+    c = None
     try:
-        sub = make_plan(t.r1 - t.r0, t.c1 - t.c0, k, job.dtype, trans_a=job.trans_a,
-                        trans_b=job.trans_b, reads_c=job.beta != 0,
-                        device_budget=job.device_budget,
-                        host_budget=job.host_budget if be.staging else job.device_budget,
-                        staging=be.staging, tile=job.tile, order="stream")
         A = io.open_input(job.a, name="A")
         opened.append(A)
         B = io.open_input(job.b, name="B")
         opened.append(B)
         a = _Region(A, 0, k, t.r0, t.r1) if job.trans_a else _Region(A, t.r0, t.r1, 0, k)
         b = _Region(B, t.c0, t.c1, 0, k) if job.trans_b else _Region(B, 0, k, t.c0, t.c1)
-        c = np.empty(t.shape, dt)
+        sub = _sub_plan(job, t.shape, bool(be.staging), a.chunks, b.chunks)
+        prior = None  # old C[t] as a Source, for beta != 0
         if old is not None:
-            c[...] = old
+            prior = io.open_input(old, name="old C")
         elif job.old_c is not None:
             C = io.open_input(job.old_c, name="C")
             opened.append(C)
-            C.read(t.r0, t.r1, t.c0, t.c1, c)
-        sink = io.open_output(c, shape=t.shape, dtype=dt, inputs=[], job={})
+            prior = _Region(C, t.r0, t.r1, t.c0, t.c1)
+        if where is not None:
+            sink = RegionSink(where, prior)
+            opened.append(sink)
+        else:
+            c = np.empty(t.shape, dt)
+            if prior is not None:
+                prior.read(0, t.shape[0], 0, t.shape[1], c)
+            sink = io.open_output(c, shape=t.shape, dtype=dt, inputs=[], job={})
         stats = execute(sub, a, b, sink, be, alpha=job.alpha, beta=job.beta,
                         io_threads=parse_io_threads(job.io_threads), verify=job.verify)
     finally:
         for x in reversed(opened):
             x.close()
         be.close()
-    if where is None:
-        return t, c, stats
-    t0 = time.perf_counter()
-    write_region(where, c)
-    return t, None, replace(stats, write_busy=stats.write_busy + time.perf_counter() - t0)
+    return t, c, stats
 
 
 @dataclass(frozen=True)
@@ -237,9 +288,10 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
 
     The C tiles come from bigmm's planner (stream order; a grid too coarse for the cluster is
     split). Each tile is one task: on its worker it reopens A and B by path, reads its own
-    panels and runs bigmm's executor for the tile under the budget (memory per task: the
-    plan's device and host bytes, plus the finished tile). This process creates C; each
-    worker writes its finished tile into C's file at the tile's byte offsets and syncs it (so
+    panels once and runs bigmm's executor on the tile in about SUB_TILES sub-tiles under the
+    budget (memory per task: the sub-plan's device and host bytes). This process creates C;
+    each worker's executor writes the sub-tiles into C's file at their byte offsets as they
+    finish, overlapping the next one's compute, and syncs them before the task returns (so
     ``out`` must be writable by every worker at the same path), and this process journals the
     tile once the task reports it, so ``resume=True`` skips every tile an earlier run (on any
     cluster, or ``bigmm.matmul``) finished. Only this process touches HDF5 metadata. An
