@@ -33,6 +33,24 @@ VIEWS = [
 ]
 
 
+def _operands(cupy, shape, view, dtype, weighted, seed, big=None):
+    """(host view, the same view on the device, weights, absolute weights, starting sums):
+    random data of ``shape`` (element [0, 0] set to ``big`` if given), viewed through
+    ``view`` = (row slice, column slice, transpose)."""
+    rng = np.random.default_rng(seed)
+    host = rng.standard_normal(shape).astype(dtype)
+    if big is not None:
+        host[0, 0] = big
+    rows, cols, transpose = view
+    x_h, x_d = host[rows, cols], cupy.asarray(host)[rows, cols]
+    if transpose:
+        x_h, x_d = x_h.T, x_d.T
+    r, c = x_h.shape
+    w = rng.standard_normal(r) if weighted else None
+    wa = None if w is None else np.abs(w) + rng.random(r)
+    return x_h, x_d, w, wa, (rng.standard_normal(c), rng.random(c))
+
+
 @pytest.mark.parametrize("shape, view, dtype, weighted", VIEWS)
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_weighted_sums_match_numpy(shape, view, dtype, weighted, accumulate):
@@ -40,17 +58,7 @@ def test_weighted_sums_match_numpy(shape, view, dtype, weighted, accumulate):
 
     from bigmm.backends import get_backend
 
-    rng = np.random.default_rng(sum(shape))
-    host = rng.standard_normal(shape).astype(dtype)
-    rows, cols, transpose = view
-    x_h = host[rows, cols]
-    x_d = cupy.asarray(host)[rows, cols]
-    if transpose:
-        x_h, x_d = x_h.T, x_d.T
-    r, c = x_h.shape
-    w = rng.standard_normal(r) if weighted else None
-    wa = rng.random(r) if weighted else None
-    start = rng.standard_normal(c), rng.random(c)
+    x_h, x_d, w, wa, start = _operands(cupy, shape, view, dtype, weighted, sum(shape))
     ref = [v.copy() for v in start]
     NumpyBackend().weighted_sums(x_h, *ref, weights=w, abs_weights=wa, scale=-1.25,
                                  accumulate=accumulate)
@@ -104,18 +112,8 @@ def test_each_sums_kernel_matches_numpy(shape, view, dtype, weighted, path, forc
 
     from bigmm.backends import cuda_kernels
 
-    rng = np.random.default_rng(sum(shape) + 1)
-    host = rng.standard_normal(shape).astype(dtype)
-    host[0, 0] = 1e3  # magnitudes of different scale
-    rows, cols, transpose = view
-    x_h = host[rows, cols]
-    x_d = cupy.asarray(host)[rows, cols]
-    if transpose:
-        x_h, x_d = x_h.T, x_d.T
-    r, c = x_h.shape
-    w = rng.standard_normal(r) if weighted else None
-    wa = None if w is None else np.abs(w) + rng.random(r)
-    start = rng.standard_normal(c), rng.random(c)
+    x_h, x_d, w, wa, start = _operands(cupy, shape, view, dtype, weighted, sum(shape) + 1,
+                                       big=1e3)  # magnitudes of different scale
     ref = [v.copy() for v in start]
     NumpyBackend().weighted_sums(x_h, *ref, weights=w, abs_weights=wa, scale=0.5,
                                  accumulate=True)
