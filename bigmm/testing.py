@@ -35,6 +35,20 @@ def random_matrix(shape, dtype=np.float32, seed=0) -> np.ndarray:
     return rng.standard_normal(shape, dtype=np.float64).astype(dtype)
 
 
+def pinned_array(shape, dtype=np.float32, fill=None) -> np.ndarray:
+    """A NumPy array in page-locked host memory (``cupy.cuda.alloc_pinned_memory``; the array
+    keeps the block alive), a copy of ``fill`` when given (needs cupy)."""
+    import cupy
+
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape))
+    mem = cupy.cuda.alloc_pinned_memory(max(size, 1) * dtype.itemsize)
+    x = np.frombuffer(mem, dtype, size).reshape(shape)
+    if fill is not None:
+        x[...] = fill
+    return x
+
+
 def reference_gemm(a, b, *, alpha=1.0, beta=0.0, c=None, trans_a=False, trans_b=False) -> np.ndarray:
     """alpha * op(A) @ op(B) + beta * C in float64."""
     a64 = np.asarray(a, dtype=np.float64)

@@ -40,11 +40,17 @@ class Backend(Protocol):
     def stream(self) -> Any:
         """A new (non-blocking) stream."""
 
+    def host_pinned(self, arr: np.ndarray) -> bool:
+        """True when the whole host array ``arr`` lies in page-locked memory the device can
+        copy from and to asynchronously (always False without staging)."""
+
     def copy_in(self, host: np.ndarray, dev: Any, stream: Any) -> None:
-        """Asynchronous host -> device copy of equal-shaped contiguous arrays on ``stream``."""
+        """Asynchronous host -> device copy of equal-shaped 2-D arrays on ``stream``. Rows are
+        contiguous, the row pitch any (``host`` may be a region of a larger array); a contiguous
+        array is the case pitch == width."""
 
     def copy_out(self, dev: Any, host: np.ndarray, stream: Any) -> None:
-        """Asynchronous device -> host copy on ``stream``."""
+        """Asynchronous device -> host copy on ``stream`` (``host`` as for copy_in)."""
 
     def gemm(self, a: Any, b: Any, c: Any, alpha: float, beta: float,
              trans_a: bool, trans_b: bool, stream: Any) -> None:
@@ -88,6 +94,16 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release buffers, streams and handles."""
+
+
+def rows_contiguous(x) -> bool:
+    """Whether the 2-D array ``x`` has contiguous rows that do not overlap (any row pitch):
+    the layout one 2-D copy (cudaMemcpy2D) moves."""
+    if x.ndim != 2:
+        return False
+    rows, cols = x.shape
+    return ((cols <= 1 or x.strides[1] == x.itemsize)
+            and (rows <= 1 or x.strides[0] >= cols * x.itemsize))
 
 
 def check_gemm_dtypes(a, b, c) -> None:

@@ -37,13 +37,14 @@ import numpy as np
 
 from ..errors import KernelError, OptionError, ShapeError
 from ..plan import Rates
-from .base import check_gemm_dtypes, gemm_shape
+from .base import check_gemm_dtypes, gemm_shape, rows_contiguous
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
 #: Nominal disk rates for the predicted time (the planner's estimate only).
 READ_RATE, WRITE_RATE = 2.0e9, 1.0e9
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+_MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory known to CUDA
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
 _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
@@ -110,6 +111,7 @@ class CupyBackend:
         self._device = cupy.cuda.Device(device)
         self.keep_pinned = keep_pinned
         self._pinned: list = []  # (start, end, block) of this backend's pinned blocks
+        self._user_pinned: list = []  # (start, end, None) of user arrays found pinned
         self._device_ptrs: list[int] = []
         self._streams: list = []
         self._handle: int | None = None
@@ -164,10 +166,27 @@ class CupyBackend:
         return buf[: rows * cols].reshape(rows, cols)
 
     def is_pinned(self, arr: np.ndarray) -> bool:
-        """True when ``arr`` lies inside one of this backend's pinned host buffers."""
-        lo = arr.ctypes.data
-        hi = lo + arr.nbytes
-        return any(a <= lo and hi <= b for a, b, _ in self._pinned)
+        """True when ``arr`` (any strides) lies inside one of this backend's pinned host buffers
+        or inside a user array :meth:`host_pinned` found pinned during this run."""
+        lo, hi = _extent(arr)
+        return any(a <= lo and hi <= b for a, b, _ in self._pinned + self._user_pinned)
+
+    def host_pinned(self, arr: np.ndarray) -> bool:
+        """True when the whole of the host array ``arr`` lies in page-locked memory registered
+        with CUDA (``cudaHostAlloc``, ``cupy.cuda.alloc_pinned_memory``, ``cudaHostRegister``):
+        ``cudaPointerGetAttributes`` reports ``cudaMemoryTypeHost`` for its first and its last
+        byte. The runtime does not say whether both lie in one allocation; a NumPy array is one
+        range of virtual memory, pinned at both ends. Any error counts as not pinned."""
+        if not isinstance(arr, np.ndarray) or arr.size == 0:
+            return False
+        lo, hi = _extent(arr)
+        if self.is_pinned(arr):
+            return True
+        with self._device:
+            pinned = _page_locked(lo) and _page_locked(hi - 1)
+        if pinned:  # later copies of views of it skip the query
+            self._user_pinned.append((lo, hi, None))
+        return pinned
 
     # ----- streams, events, copies ----------------------------------------------------------
     def stream(self) -> cupy.cuda.Stream:
@@ -177,34 +196,48 @@ class CupyBackend:
         return s
 
     def copy_in(self, host: np.ndarray, dev: cupy.ndarray, stream) -> None:
-        self._check_copy(host, dev, "copy_in")
-        e0 = self._mark(stream)
-        cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, host.nbytes, _H2D,
-                                      stream.ptr)
-        self._marked("copy_in", e0, stream, f"H2D {host.shape[0]}x{host.shape[1]}",
-                     nbytes=host.nbytes)
+        """Asynchronous copy of a pinned host 2-D array (rows contiguous, any row pitch: a
+        region of a larger array) into the device array ``dev`` on ``stream``."""
+        self._copy("copy_in", host, dev, stream)
 
     def copy_out(self, dev: cupy.ndarray, host: np.ndarray, stream) -> None:
-        self._check_copy(host, dev, "copy_out")
+        """Asynchronous copy of ``dev`` into a pinned host 2-D array (rows contiguous, any row
+        pitch) on ``stream``."""
+        self._copy("copy_out", host, dev, stream)
+
+    def _copy(self, stage: str, host, dev, stream) -> None:
+        """One cudaMemcpy2DAsync (a plain cudaMemcpyAsync where both sides are contiguous, the
+        pitch == width case)."""
+        self._check_copy(host, dev, stage)
+        rows, cols = host.shape
+        width = cols * host.itemsize
+        h, d = (host.ctypes.data, _pitch(host)), (dev.data.ptr, _pitch(dev))
+        (dst, dpitch), (src, spitch), kind = ((d, h, _H2D) if stage == "copy_in" else
+                                              (h, d, _D2H))
         e0 = self._mark(stream)
-        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, host.nbytes, _D2H,
-                                      stream.ptr)
-        self._marked("copy_out", e0, stream, f"D2H {host.shape[0]}x{host.shape[1]}",
+        if rows and width:
+            if dpitch == spitch == width:
+                cupy.cuda.runtime.memcpyAsync(dst, src, width * rows, kind, stream.ptr)
+            else:
+                cupy.cuda.runtime.memcpy2DAsync(dst, dpitch, src, spitch, width, rows, kind,
+                                                stream.ptr)
+        self._marked(stage, e0, stream, f"{'H2D' if kind == _H2D else 'D2H'} {rows}x{cols}",
                      nbytes=host.nbytes)
 
     def _check_copy(self, host, dev, what: str) -> None:
         if not isinstance(host, np.ndarray) or not isinstance(dev, cupy.ndarray):
             raise ShapeError(f"Expected a NumPy host array and a cupy device array for {what}. "
                              f"Got {type(host).__name__} and {type(dev).__name__}.")
-        if host.shape != dev.shape or host.dtype != dev.dtype:
-            raise ShapeError(f"Expected host and device arrays of one shape and dtype for "
+        if host.shape != dev.shape or host.dtype != dev.dtype or host.ndim != 2:
+            raise ShapeError(f"Expected 2-D host and device arrays of one shape and dtype for "
                              f"{what}. Got {host.dtype} {host.shape} and {dev.dtype} {dev.shape}.")
-        if not (host.flags.c_contiguous and dev.flags.c_contiguous):
-            raise ShapeError(f"Expected C-contiguous arrays for {what}. Got host strides "
-                             f"{host.strides} and device strides {dev.strides}.")
-        if not self.is_pinned(host):
-            raise ShapeError(f"Expected a pinned host buffer of this backend for {what} "
-                             f"(pageable copies are synchronous). Got an ordinary array.")
+        if not (rows_contiguous(host) and rows_contiguous(dev)):
+            raise ShapeError(f"Expected arrays with contiguous rows (any row pitch) for {what}. "
+                             f"Got host strides {host.strides} and device strides "
+                             f"{dev.strides}.")
+        if host.size and not self.host_pinned(host):
+            raise ShapeError(f"Expected a pinned host array for {what} (pageable copies are "
+                             f"synchronous). Got an ordinary array.")
 
     def record(self, stream) -> cupy.cuda.Event:
         ev = cupy.cuda.Event(block=True, disable_timing=True)
@@ -404,6 +437,7 @@ class CupyBackend:
         if self.keep_pinned and blocks:
             _PINNED.keep(blocks)
         self._pinned, self._device_ptrs, self._streams = [], [], []
+        self._user_pinned = []
         self.device_bytes = self.host_bytes = 0
 
 
@@ -428,6 +462,32 @@ def _direct(size: int, dtype: np.dtype) -> cupy.ndarray:
     """A flat device array with its own cudaMalloc, freed when the last view of it goes."""
     mem = cupy.cuda.Memory(size * dtype.itemsize)
     return cupy.ndarray((size,), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def _page_locked(ptr: int) -> bool:
+    """Whether CUDA reports the host address ``ptr`` as page-locked (errors: not)."""
+    try:
+        attrs = cupy.cuda.runtime.pointerGetAttributes(ptr)
+    except Exception:  # older CUDA: cudaErrorInvalidValue for pageable memory
+        return False
+    kind = getattr(attrs, "type", None)  # cupy names the field "type" (CUDA >= 10) ...
+    if kind is None:
+        kind = getattr(attrs, "memoryType", None)  # ... or "memoryType" (older cupy)
+    return kind == _MEMORY_TYPE_HOST
+
+
+def _extent(arr) -> tuple[int, int]:
+    """[first byte, last byte + 1) of a 2-D (or flat) array with non-negative strides."""
+    lo = arr.ctypes.data
+    if arr.size == 0:
+        return lo, lo
+    return lo, lo + sum((n - 1) * st for n, st in zip(arr.shape, arr.strides)) + arr.itemsize
+
+
+def _pitch(x) -> int:
+    """Bytes between the starts of consecutive rows of a 2-D array with contiguous rows."""
+    rows, cols = x.shape
+    return x.strides[0] if rows > 1 else cols * x.itemsize
 
 
 def _scalars_by_pointer(fn) -> bool:

@@ -77,6 +77,9 @@ class NumpyBackend:
                              f"Got shape {shape}.")
         return buf[: rows * cols].reshape(rows, cols)
 
+    def host_pinned(self, arr: np.ndarray) -> bool:
+        return False  # host memory is the compute memory: nothing to copy through
+
     # ----- streams and events (trivial) -----------------------------------------------------
     def stream(self) -> None:
         return None

@@ -13,7 +13,8 @@ cupy = pytest.importorskip("cupy")
 from bigmm.backends import get_backend  # noqa: E402
 from bigmm.errors import DtypeError, OptionError, ShapeError  # noqa: E402
 from bigmm.profile import Profile  # noqa: E402
-from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance  # noqa: E402
+from bigmm.testing import (pinned_array, random_matrix, reference_gemm, relative_error,  # noqa: E402
+                           tolerance)
 
 pytestmark = pytest.mark.gpu
 
@@ -172,6 +173,63 @@ def test_copies_refuse_pageable_host_memory():
             be.copy_in(np.ones((8, 8), np.float32), dev, be.stream())
         with pytest.raises(ShapeError, match="pinned"):
             be.copy_out(dev, np.ones((8, 8), np.float32), be.stream())
+    finally:
+        be.close()
+
+
+def test_user_arrays_in_pinned_memory_are_recognised():
+    be = _backend()
+    try:
+        x = pinned_array((64, 80), np.float32)
+        assert be.host_pinned(x) and be.host_pinned(x[3:9, 5:45]) and be.host_pinned(x.T)
+        assert be.host_pinned(be.host_buffer(128, np.float32))  # its own staging too
+        assert not be.host_pinned(np.empty((64, 80), np.float32))  # pageable
+        assert not be.host_pinned(np.empty((0, 4), np.float32))  # nothing to copy
+        assert not be.host_pinned([1.0, 2.0])  # not an array
+    finally:
+        be.close()
+
+
+PITCHED = [
+    # (rows, cols, host columns, first column, dtype): host side a region of a wider array
+    (64, 40, 80, 5, np.float32),  # column slice: row pitch 320 bytes, width 160
+    (33, 17, 17, 0, np.float64),  # whole contiguous array: the pitch == width case
+    (1, 9, 30, 11, np.float32),  # one row
+    (50, 1, 7, 3, np.float64),  # one column: 8-byte rows, 56-byte pitch
+]
+
+
+@pytest.mark.parametrize("rows,cols,wide,c0,dtype", PITCHED)
+def test_copies_take_host_regions_with_a_row_pitch(rows, cols, wide, c0, dtype):
+    be = _backend()
+    try:
+        src = pinned_array((rows, wide), dtype, random_matrix((rows, wide), dtype, 1))
+        dst = pinned_array((rows, wide), dtype, np.nan)
+        dev = be.view(be.device_buffer(rows * cols, dtype), (rows, cols))
+        s = be.stream()
+        be.copy_in(src[:, c0:c0 + cols], dev, s)
+        be.copy_out(dev, dst[:, c0:c0 + cols], s)
+        be.synchronize(be.record(s))
+        assert np.array_equal(cupy.asnumpy(dev), src[:, c0:c0 + cols])
+        assert np.array_equal(dst[:, c0:c0 + cols], src[:, c0:c0 + cols])
+        outside = np.ones(wide, bool)
+        outside[c0:c0 + cols] = False
+        assert np.isnan(dst[:, outside]).all()  # nothing beyond the region touched
+        with pytest.raises(ShapeError, match="pinned"):
+            be.copy_in(np.ones((rows, wide), dtype)[:, c0:c0 + cols], dev, s)
+    finally:
+        be.close()
+
+
+def test_copies_refuse_host_rows_that_are_not_contiguous():
+    be = _backend()
+    try:
+        x = pinned_array((8, 8), np.float32, 1.0)
+        dev = be.view(be.device_buffer(32, np.float32), (8, 4))
+        with pytest.raises(ShapeError, match="contiguous rows"):
+            be.copy_in(x[:, ::2], dev, be.stream())  # every other column
+        with pytest.raises(ShapeError, match="contiguous rows"):
+            be.copy_out(dev, x[::-1, :4], be.stream())  # rows backwards
     finally:
         be.close()
 
