@@ -12,6 +12,13 @@ a host staging slot). Without staging (NumPy) the readers fill the compute slots
 every event is already complete when it is recorded; with staging (GPU) they fill the host slots
 and the calling thread orders copies and kernels on three streams with events.
 
+Direct copies: an operand that is a NumPy array in page-locked memory (``Backend.host_pinned``)
+with contiguous rows in the plan's dtype is not staged. Its panels are copied in straight from
+views of the user's array (no reader work, no host slot), and a pinned output array receives
+finished C tiles straight from the device; the writer then only waits for the tile's copy-out
+before reporting it finished. Other operands (files, pageable arrays) go through the staging
+slots as above. ``RunStats.bytes_staged`` counts the bytes that went through host slots.
+
 With ``verify="checksum"`` every C tile is checked (:mod:`bigmm.checksum`): the checksum work is
 issued on the compute stream beside the gemms, and the writer reads each tile's verdict when it
 takes the tile (it waits for the tile's copy-out anyway), so the checks add no host
@@ -27,17 +34,20 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from .checksum import Faults, Mismatch, TileChecksums, has_checksums, parse_verify
+from .backends.base import rows_contiguous
 from .errors import (BigmmError, ChecksumError, DtypeError, Interrupted, OptionError,
                      ReadError, ShapeError, WriteError)
+from .io.sink import ArraySink
+from .io.source import ArraySource
 from .plan import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, Plan, Step, Tile
+from .runstats import STAGES, Progress, RunStats, StageClock
 
-STAGES = ("read", "copy_in", "compute", "copy_out", "write")
 #: Most steps whose loads may be in flight ahead of the compute.
 MAX_LOOKAHEAD = 64
 #: Panel reads are split into pieces of about this many bytes, one per I/O thread.
@@ -45,83 +55,6 @@ PIECE_BYTES = 4 << 20
 #: Finished tiles are committed to the journal in batches at most this many seconds apart.
 COMMIT_INTERVAL = 0.5
 _POLL = 0.1  # seconds between checks of the stop flag while waiting
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Passed to the progress callback after each tile is written."""
-
-    tiles_done: int  # including tiles skipped because an earlier run finished them
-    tiles_total: int
-    tiles_skipped: int
-    bytes_read: int
-    bytes_written: int
-    flops_done: int
-    elapsed: float
-
-
-@dataclass(frozen=True)
-class RunStats:
-    """What a run did and how long each stage was busy (wall time with any work in flight)."""
-
-    seconds: float
-    flops: int
-    bytes_read: int
-    bytes_written: int
-    tiles_done: int
-    tiles_skipped: int
-    tiles_total: int
-    read_busy: float = 0.0
-    copy_in_busy: float = 0.0
-    compute_busy: float = 0.0
-    copy_out_busy: float = 0.0
-    write_busy: float = 0.0
-    #: Checksum checks run (verify="checksum"; a recomputed tile is checked again).
-    tiles_checked: int = 0
-    #: Checks that failed, and the tiles computed again because of them.
-    checksum_mismatches: int = 0
-    tiles_recomputed: int = 0
-    mismatches: tuple[Mismatch, ...] = ()
-
-    @property
-    def busy(self) -> dict[str, float]:
-        return {s: getattr(self, f"{s}_busy") for s in STAGES}
-
-    def utilisation(self) -> dict[str, float]:
-        """Busy time over elapsed time, per stage."""
-        return {s: (b / self.seconds if self.seconds > 0 else 0.0) for s, b in self.busy.items()}
-
-    @property
-    def flops_per_second(self) -> float:
-        return self.flops / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["flops_per_second"] = self.flops_per_second
-        d["utilisation"] = self.utilisation()
-        return d
-
-
-class _Clock:
-    """Union of the wall intervals during which at least one worker was in a stage."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._active = 0
-        self._since = 0.0
-        self.total = 0.0
-
-    def __enter__(self):
-        with self._lock:
-            if self._active == 0:
-                self._since = time.perf_counter()
-            self._active += 1
-
-    def __exit__(self, *exc):
-        with self._lock:
-            self._active -= 1
-            if self._active == 0:
-                self.total += time.perf_counter() - self._since
 
 
 @dataclass
@@ -189,11 +122,11 @@ class _Run:
         self.alpha, self.beta, self.progress, self.stop = alpha, beta, progress, stop
         self.io_threads = io_threads
         self.dtype = np.dtype(plan.dtype)
-        self.clocks = {s: _Clock() for s in STAGES}
+        self.clocks = {s: StageClock() for s in STAGES}
         if profile is not None:  # same clocks, each use also recorded as an interval
             self.clocks = {s: profile.clock(s, c) for s, c in self.clocks.items()}
         self.lock = threading.Lock()
-        self.bytes_read = self.bytes_written = self.flops = 0
+        self.bytes_read = self.bytes_written = self.flops = self.bytes_staged = 0
         self.cancel = threading.Event()
         self.tiles_total = plan.n_tiles
         done = frozenset(out.done)
@@ -213,11 +146,13 @@ class _Run:
         self.dev = {"A": [be.device_buffer(p.bm * p.bk, dt) for _ in range(p.a_slots)],
                     "B": [be.device_buffer(p.bk * p.bn, dt) for _ in range(p.b_slots)],
                     "C": [be.device_buffer(p.bm * p.bn, dt) for _ in range(C_SLOTS)]}
-        self.host = {}
-        if be.staging:
-            self.host = {"A": [be.host_buffer(p.bm * p.bk, dt) for _ in range(HOST_PANEL_SLOTS)],
-                         "B": [be.host_buffer(p.bk * p.bn, dt) for _ in range(HOST_PANEL_SLOTS)],
-                         "C": [be.host_buffer(p.bm * p.bn, dt) for _ in range(HOST_C_SLOTS)]}
+        self.direct = {op: self._direct(op, x) for op, x in (("A", self.a), ("B", self.b),
+                                                               ("C", self.out))}
+        sizes = {"A": (p.bm * p.bk, HOST_PANEL_SLOTS), "B": (p.bk * p.bn, HOST_PANEL_SLOTS),
+                 "C": (p.bm * p.bn, HOST_C_SLOTS)}
+        self.host = {op: [be.host_buffer(size, dt) for _ in range(slots)]
+                     for op, (size, slots) in sizes.items()
+                     if be.staging and self.direct[op] is None}
         self.s_in, self.s_compute, self.s_out = be.stream(), be.stream(), be.stream()
         if self.verify is not None:
             self.checks = TileChecksums(be, p, self.alpha, self.beta)
@@ -225,6 +160,23 @@ class _Run:
         self.c_written: dict[int, cf.Future] = {}  # C slot -> write of its last tile
         self.last_user: dict[tuple, int] = {}
         self.next_host = {"A": 0, "B": 0}
+
+    def _direct(self, op: str, io) -> np.ndarray | None:
+        """The user's array behind ``io`` when copies may use it in place (see the module
+        docstring): a staging backend, an array operand in the plan's dtype (native byte
+        order) with contiguous rows, in pinned memory. Not for C under verify, where a tile
+        that fails its check must not reach the output (its recomputation may read old C)."""
+        if not self.be.staging or (op == "C" and self.verify is not None):
+            return None
+        if not isinstance(io, ArraySink if op == "C" else ArraySource):
+            return None
+        x = io.array
+        if not (isinstance(x, np.ndarray) and x.dtype == self.dtype and x.dtype.isnative
+                and x.flags.aligned and rows_contiguous(x)
+                and (op != "C" or x.flags.writeable)):
+            return None
+        pinned = getattr(self.be, "host_pinned", None)
+        return x if pinned is not None and pinned(x) else None
 
     # ----- the run --------------------------------------------------------------------------
     def run(self) -> RunStats:
@@ -301,14 +253,13 @@ class _Run:
             self.pending = next(self.steps, None)
 
     def _assign(self, st: Step, idx: int) -> _Entry | None:
-        staging = self.be.staging
         targets = []  # (operand, device slot, host slot or None)
         if st.load_a:
-            targets.append(("A", st.a_slot, self.next_host["A"] if staging else None))
+            targets.append(("A", st.a_slot, self._host_slot("A")))
         if st.load_b:
-            targets.append(("B", st.b_slot, self.next_host["B"] if staging else None))
+            targets.append(("B", st.b_slot, self._host_slot("B")))
         if st.first and self.plan.reads_c:
-            targets.append(("C", st.c_slot, st.c_slot if staging else None))
+            targets.append(("C", st.c_slot, st.c_slot if "C" in self.host else None))
         keys = [(op, s) for op, s, _ in targets]
         keys += [("h" + op, h) for op, _, h in targets if h is not None]
         if any(self.last_user.get(k, -1) >= self.issued for k in keys):
@@ -321,10 +272,21 @@ class _Run:
             self.last_user[key] = idx
         return entry
 
+    def _host_slot(self, op: str) -> int | None:
+        return self.next_host[op] if op in self.host else None
+
     def _submit(self, st: Step, op: str, slot: int, hslot: int | None) -> _Load:
         src, (r0, r1, c0, c1), shape = self._region(st, op)
         dev = self.be.view(self.dev[op][slot], shape)
+        if self.direct[op] is not None:  # copied in from the user's pinned array
+            view = self.direct[op][r0:r1, c0:c1]
+            with self.lock:
+                self.bytes_read += view.nbytes
+            return _Load([], view, dev, (op, slot))
         host = self.be.view(self.host[op][hslot], shape) if hslot is not None else None
+        if host is not None:
+            with self.lock:
+                self.bytes_staged += host.nbytes
         target = dev if host is None else host
         if op == "C":  # the C buffer is free once the write of its previous tile finished
             gate = self.c_written.get(slot)
@@ -419,22 +381,27 @@ class _Run:
                     be.wait(self.s_in, free)
                 be.copy_in(load.host, load.dev, self.s_in)
                 done = be.record(self.s_in)
-                if load.dev_key[0] != "C":
+                if load.host_key and load.dev_key[0] != "C":
                     self.events[load.host_key] = done
                 be.wait(self.s_compute, done)
         if st.first and not c_loaded and ("C", st.c_slot) in self.events:
             be.wait(self.s_compute, self.events[("C", st.c_slot)])
 
     def _finish_tile(self, st: Step, c, event) -> None:
-        be, cs = self.be, st.c_slot
+        be, cs, t = self.be, st.c_slot, st.tile
         src = c
         if be.staging:
             if cs in self.c_written:
                 self._wait(self.c_written[cs])
-            src = be.view(self.host["C"][cs], st.tile.shape)
+            if self.direct["C"] is not None:  # into the user's array: nothing left to write
+                dst, src = self.direct["C"][t.r0:t.r1, t.c0:t.c1], None
+            else:
+                dst = src = be.view(self.host["C"][cs], t.shape)
+                with self.lock:
+                    self.bytes_staged += src.nbytes
             with self.clocks["copy_out"]:
                 be.wait(self.s_out, event)
-                be.copy_out(c, src, self.s_out)
+                be.copy_out(c, dst, self.s_out)
                 if self.checks is not None:  # beside the tile, guarded by the same write
                     self.checks.fetch(cs, self.s_out)
                 event = be.record(self.s_out)
@@ -506,7 +473,8 @@ class _Run:
         return RunStats(time.perf_counter() - self.t0, self.flops, self.bytes_read,
                         self.bytes_written, self.written, self.skipped, self.tiles_total, **busy,
                         tiles_checked=self.checked, checksum_mismatches=len(self.mismatches),
-                        tiles_recomputed=len(self.retried), mismatches=tuple(self.mismatches))
+                        tiles_recomputed=len(self.retried), mismatches=tuple(self.mismatches),
+                        bytes_staged=self.bytes_staged)
 
 
 class _Writer(threading.Thread):
@@ -522,7 +490,8 @@ class _Writer(threading.Thread):
 
     def submit(self, tile: Tile, src, event, check=None) -> cf.Future:
         """Queue a tile for writing; ``check()`` (when given) returns its checksum verdict once
-        ``event`` completed, and a tile that fails it is not written."""
+        ``event`` completed, and a tile that fails it is not written. ``src`` None: the tile
+        is copied into the output directly, and done once ``event`` completed."""
         fut: cf.Future = cf.Future()
         self.q.put((tile, src, event, fut, check))
         return fut
@@ -581,6 +550,10 @@ class _Writer(threading.Thread):
         r.be.synchronize(event)
         if check is not None and not r.accept(tile, check()):
             return False
+        if src is None:  # copied out into the output array itself
+            with r.lock:
+                r.bytes_written += tile.shape[0] * tile.shape[1] * r.dtype.itemsize
+            return True
         with r.clocks["write"]:
             try:
                 r.out.write(tile.r0, tile.r1, tile.c0, tile.c1, src)

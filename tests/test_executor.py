@@ -346,3 +346,121 @@ PIECES = [
 @pytest.mark.parametrize("r0,r1,cols,threads,chunks,expected", PIECES)
 def test_panel_reads_split_on_chunk_rows(r0, r1, cols, threads, chunks, expected):
     assert _pieces(r0, r1, cols, 4, threads, chunks) == expected
+
+
+# ----- pinned user arrays: copied directly, no staging ------------------------------------------
+
+class PinnedAsyncBackend(AsyncBackend):
+    """AsyncBackend that treats the arrays given to ``pin`` (and views into them) as page-locked
+    user memory; copies check that their host side is a staging buffer or such memory."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        self.pinned: list[tuple[int, int]] = []
+        self.staging_bytes = 0  # host staging allocated
+
+    def pin(self, x):
+        lo = x.ctypes.data
+        self.pinned.append((lo, lo + x.nbytes))
+        return x
+
+    def host_buffer(self, size, dtype):
+        self.staging_bytes += int(size) * np.dtype(dtype).itemsize
+        return self.pin(super().host_buffer(size, dtype))
+
+    def host_pinned(self, arr):
+        lo = arr.ctypes.data
+        hi = lo + sum((n - 1) * s for n, s in zip(arr.shape, arr.strides)) + arr.itemsize
+        return any(a <= lo and hi <= b for a, b in self.pinned)
+
+    def copy_in(self, host, dev, stream):
+        assert self.host_pinned(host), "a pageable host array reached copy_in"
+        super().copy_in(host, dev, stream)
+
+    def copy_out(self, dev, host, stream):
+        assert self.host_pinned(host), "a pageable host array reached copy_out"
+        super().copy_out(dev, host, stream)
+
+
+def _array_run(backend, a, b, c, plan, alpha, beta):
+    A, B = io.open_input(a, name="A"), io.open_input(b, name="B")
+    sink = io.open_output(c, shape=(plan.m, plan.n), dtype=plan.dtype, inputs=[A, B],
+                          job={}, reads_c=beta != 0)
+    try:
+        return execute(plan, A, B, sink, backend, alpha=alpha, beta=beta, io_threads=3)
+    finally:
+        backend.close()
+
+
+PINNED = [
+    # (pinned operands, m, n, k, dtype, trans_a, trans_b, alpha, beta, order, pitch)
+    ("ABC", 37, 41, 97, np.float64, False, False, 1.0, 0.0, "stream", 0),  # all, NaN in C
+    ("ABC", 37, 41, 97, np.float32, True, True, -1.5, 0.5, "stream", 0),  # old C from pinned C
+    ("A", 53, 29, 61, np.float64, True, False, 0.75, -2.0, "resident-a", 0),  # mixed: A only
+    ("BC", 29, 53, 61, np.float64, False, True, 1.0, 1.0, "resident-b", 0),  # B and C pinned
+    ("ABC", 45, 38, 71, np.float64, False, False, 2.0, 0.5, "stream", 5),  # column slices
+    ("C", 45, 38, 71, np.float32, True, False, 1.0, 0.0, "stream", 3),  # only C, a slice
+]
+
+
+@pytest.mark.parametrize("which,m,n,k,dtype,ta,tb,alpha,beta,order,pitch", PINNED)
+def test_pinned_arrays_skip_the_staging_bit_identically(which, m, n, k, dtype, ta, tb, alpha,
+                                                        beta, order, pitch):
+    """Pinned operands are copied straight from (and C straight into) the user's arrays, also
+    through views with a row pitch; the product is bit-identical to the staged run's."""
+    def operand(shape, seed):  # a column slice of a wider array when pitch > 0
+        x = random_matrix((shape[0], shape[1] + pitch), dtype, seed)
+        return x[:, pitch // 2:pitch // 2 + shape[1]]
+
+    a = operand((k, m) if ta else (m, k), 1)
+    b = operand((n, k) if tb else (k, n), 2)
+    c0 = operand((m, n), 3) if beta else np.full((m, n), np.nan, dtype)
+    if pitch and not beta:
+        c0 = np.full((m, n + pitch), np.nan, dtype)[:, 1:n + 1]
+    w = np.dtype(dtype).itemsize
+    bm, bn, bk = 16, 16, 24
+    plan = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb, reads_c=beta != 0,
+                     device_budget=w * (2 * bm * bn + 2 * (bm + bn) * bk) * 4, staging=True,
+                     align=8, tile=(bm, bn, bk), order=order)
+    staged_c = c0.copy()
+    staged = _array_run(PinnedAsyncBackend(1), a.copy(), b.copy(), staged_c, plan, alpha, beta)
+    be = PinnedAsyncBackend(2)
+    ops = {"A": a, "B": b, "C": c0.copy()}
+    for name, x in (("A", a), ("B", b), ("C", c0)):
+        if name in which:
+            be.pin(x.base if x.base is not None else x)
+    direct = _array_run(be, a, b, c0, plan, alpha, beta)
+    assert np.array_equal(c0, staged_c)  # same plan, same gemms: bit for bit
+    ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=ops["C"] if beta else None,
+                         trans_a=ta, trans_b=tb)
+    assert relative_error(c0, ref) <= 10 * tolerance(dtype, k)
+    assert direct.bytes_read == staged.bytes_read == plan.bytes_read
+    assert direct.bytes_written == staged.bytes_written == plan.bytes_written
+    assert staged.bytes_staged == plan.bytes_read + plan.bytes_written
+    w = np.dtype(dtype).itemsize
+    through = {"A": w * plan.a_reads * m * k, "B": w * plan.b_reads * k * n,
+               "C": plan.bytes_written + (w * m * n if beta else 0)}
+    assert direct.bytes_staged == sum(v for op, v in through.items() if op not in which)
+    if which == "ABC":
+        assert direct.read_busy == 0.0 and be.staging_bytes == 0  # no reads, no host slots
+
+
+def test_pinned_but_not_row_contiguous_or_cpu_falls_back_to_staging():
+    """A pinned array whose rows are not contiguous (a transposed view) is staged as before;
+    the NumPy backend reports nothing pinned and stages nothing."""
+    m, n, k = 30, 20, 40
+    a = np.asfortranarray(random_matrix((m, k), np.float64, 1))  # rows strided
+    b = random_matrix((k, n), np.float64, 2)
+    plan = make_plan(m, n, k, "float64", device_budget=8 * (2 * 16 * 16 + 2 * 32 * 24) * 4,
+                     staging=True, align=8, tile=(16, 16, 24), order="stream")
+    be = PinnedAsyncBackend(3)
+    be.pin(a), be.pin(b)
+    c = np.full((m, n), np.nan)
+    stats = _array_run(be, a, b, c, plan, 1.0, 0.0)
+    assert stats.bytes_staged == 8 * plan.a_reads * m * k + plan.bytes_written
+    assert relative_error(c, reference_gemm(a, b)) <= tolerance(np.float64, k)
+    cpu = NumpyBackend()
+    assert cpu.host_pinned(b) is False
+    cpu_plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=False)
+    stats = _array_run(cpu, a, b, np.full((m, n), np.nan), cpu_plan, 1.0, 0.0)
+    assert stats.bytes_staged == 0 and stats.bytes_read == cpu_plan.bytes_read

@@ -21,7 +21,7 @@ import bigmm
 from bigmm.errors import OptionError
 from bigmm.plan import make_plan
 from bigmm.profile import Profile
-from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
+from bigmm.testing import (pinned_array, random_matrix, reference_gemm, relative_error, tolerance,
                             wait_for_journaled_tiles)
 
 HOST = "64MiB"  # fixed host staging budget: plans do not depend on the machine's RAM
@@ -190,6 +190,83 @@ def test_profile_true_writes_trace_and_png_beside_the_output(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+# ----- pinned user arrays: copied straight to and from the device --------------------------------
+
+PINNED = [
+    # (m, n, k, dtype, trans_a, trans_b, alpha, beta, memory, kernel, pinned operands, pitch)
+    # all pinned, 32 tiles x 9 panels, NaN in C (beta == 0 must not read it)
+    (1000, 900, 1100, F32, False, False, 1.0, 0.0, 800_000, "cublas", "ABC", 0),
+    # float64, A transposed, old C copied in from the pinned C
+    (777, 1031, 1201, F64, True, False, -1.5, 0.5, 1_000_000, "bigmm", "ABC", 0),
+    # both transposed, bigmm kernel, alpha only
+    (1297, 613, 1500, F32, True, True, 2.0, 0.0, 1_000_000, "bigmm", "ABC", 0),
+    # mixed: pinned A, pageable B and C, B transposed, negative beta
+    (520, 1100, 999, F32, False, True, 1.0, -1.0, 600_000, "bigmm", "A", 0),
+    # column slices of wider pinned arrays (row pitch != width, odd offsets), beta
+    (1000, 900, 1100, F32, False, False, 1.0, 0.5, 800_000, "cublas", "ABC", 7),
+    # pinned B and C as slices, pageable A, cuBLAS float64 both transposed
+    (777, 1031, 1201, F64, True, True, 0.75, 2.0, 1_000_000, "cublas", "BC", 3),
+]
+
+
+def _operand(shape, dtype, seed, pitch, pinned, fill=None):
+    """A (rows, cols) array; with ``pitch`` a column slice of a ``pitch`` wider array."""
+    wide = (shape[0], shape[1] + pitch)
+    x = random_matrix(wide, dtype, seed) if fill is None else np.full(wide, fill, dtype)
+    if pinned:
+        x = pinned_array(wide, dtype, x)
+    return x[:, pitch // 2:pitch // 2 + shape[1]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,dtype,ta,tb,alpha,beta,memory,kernel,which,pitch", PINNED)
+def test_pinned_arrays_skip_the_staging(m, n, k, dtype, ta, tb, alpha, beta, memory, kernel,
+                                        which, pitch):
+    """Operands in page-locked memory are copied straight from and to the user's arrays (no
+    host staging for them); the product is the staged run's, bit for bit."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    a = _operand((k, m) if ta else (m, k), dtype, seed, pitch, "A" in which)
+    b = _operand((n, k) if tb else (k, n), dtype, seed + 1, pitch, "B" in which)
+    c = _operand((m, n), dtype, seed + 2, pitch, "C" in which, None if beta else np.nan)
+    c0 = c.copy()
+    kw = dict(alpha=alpha, beta=beta, trans_a=ta, trans_b=tb, memory=memory, host_memory=HOST,
+              backend="cupy", kernel=kernel)
+    p = bigmm.plan(a, b, c, **kw)
+    assert p.n_tiles >= 16 and p.nk >= 4, str(p)
+    staged_out, staged = bigmm.matmul(np.array(a), np.array(b), c0.copy(), stats=True, **kw)
+    assert bigmm.plan(np.array(a), np.array(b), c0.copy(), **kw).key() == p.key()
+    out, stats = bigmm.matmul(a, b, c, stats=True, **kw)
+    assert out is c
+    ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    assert relative_error(out, ref) <= _tol(dtype, k, kernel)
+    assert np.array_equal(out, staged_out)  # same plan and kernel: bit for bit
+    w = np.dtype(dtype).itemsize
+    through = {"A": w * p.a_reads * m * k, "B": w * p.b_reads * k * n,
+               "C": w * m * n * (2 if beta else 1)}
+    assert staged.bytes_staged == sum(through.values())
+    assert stats.bytes_staged == sum(v for op, v in through.items() if op not in which)
+    assert stats.bytes_read == staged.bytes_read and stats.bytes_written == w * m * n
+    assert stats.tiles_done == p.n_tiles
+    if which == "ABC":
+        assert stats.read_busy == 0.0  # nothing read through the staging
+
+
+@pytest.mark.gpu
+def test_pinned_output_tiles_are_in_place_when_reported():
+    """Each tile is in the pinned output when its progress is reported (its copy-out done)."""
+    m, n, k = 900, 800, 700
+    a, b = random_matrix((m, k), F32, 11), random_matrix((k, n), F32, 12)
+    c = pinned_array((m, n), F32, np.nan)
+    seen = []
+    bigmm.matmul(a, b, c, memory=600_000, host_memory=HOST, backend="cupy",
+                 progress=lambda pr: seen.append((pr.tiles_done, int(np.isfinite(c).sum()))))
+    p = bigmm.plan(a, b, c, memory=600_000, host_memory=HOST, backend="cupy")
+    assert len(seen) == p.n_tiles >= 16
+    smallest = min(t.shape[0] * t.shape[1] for t in p.tiles())
+    assert all(finite >= done * smallest for done, finite in seen)
+    assert relative_error(c, reference_gemm(a, b)) <= tolerance(F32, k)
+
+
 # ----- kill and resume on the GPU path -------------------------------------------------------
 
 M, N, K = 700, 650, 900
@@ -250,7 +327,12 @@ def test_bad_options_are_refused(kwargs, err, match):
 
 
 def test_plans_of_the_table_are_what_the_cases_claim():
-    """The case table's budgets give the tile counts it states (checked without a GPU)."""
+    """The case tables' budgets give the tile counts they state (checked without a GPU)."""
+    for m, n, k, dtype, ta, tb, _alpha, beta, memory, *_ in PINNED:
+        p = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb,
+                      device_budget=memory, host_budget=64 << 20, staging=True,
+                      reads_c=beta != 0)
+        assert p.n_tiles >= 16 and p.nk >= 4, (m, n, k, str(p))
     for (m, n, k, dtype, ta, tb, _alpha, beta, memory, _kernel, inputs, _output, chunks,
          tiles, panels, order) in E2E:
         chunked = chunks if inputs == "h5" else None

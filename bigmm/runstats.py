@@ -1,0 +1,91 @@
+"""What a run reports: progress snapshots, the run's statistics and the stage clocks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from .checksum import Mismatch
+
+STAGES = ("read", "copy_in", "compute", "copy_out", "write")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Passed to the progress callback after each tile is written."""
+
+    tiles_done: int  # including tiles skipped because an earlier run finished them
+    tiles_total: int
+    tiles_skipped: int
+    bytes_read: int
+    bytes_written: int
+    flops_done: int
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """What a run did and how long each stage was busy (wall time with any work in flight)."""
+
+    seconds: float
+    flops: int
+    bytes_read: int
+    bytes_written: int
+    tiles_done: int
+    tiles_skipped: int
+    tiles_total: int
+    read_busy: float = 0.0
+    copy_in_busy: float = 0.0
+    compute_busy: float = 0.0
+    copy_out_busy: float = 0.0
+    write_busy: float = 0.0
+    #: Checksum checks run (verify="checksum"; a recomputed tile is checked again).
+    tiles_checked: int = 0
+    #: Checks that failed, and the tiles computed again because of them.
+    checksum_mismatches: int = 0
+    tiles_recomputed: int = 0
+    mismatches: tuple[Mismatch, ...] = ()
+    #: Bytes that went through the backend's host staging slots (GPU: panels read into them,
+    #: tiles copied out to them); pinned user arrays are copied directly and add nothing.
+    bytes_staged: int = 0
+
+    @property
+    def busy(self) -> dict[str, float]:
+        return {s: getattr(self, f"{s}_busy") for s in STAGES}
+
+    def utilisation(self) -> dict[str, float]:
+        """Busy time over elapsed time, per stage."""
+        return {s: (b / self.seconds if self.seconds > 0 else 0.0) for s, b in self.busy.items()}
+
+    @property
+    def flops_per_second(self) -> float:
+        return self.flops / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["flops_per_second"] = self.flops_per_second
+        d["utilisation"] = self.utilisation()
+        return d
+
+
+class StageClock:
+    """Union of the wall intervals during which at least one worker was in a stage."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._active = 0
+        self._since = 0.0
+        self.total = 0.0
+
+    def __enter__(self):
+        with self._lock:
+            if self._active == 0:
+                self._since = time.perf_counter()
+            self._active += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._active -= 1
+            if self._active == 0:
+                self.total += time.perf_counter() - self._since
