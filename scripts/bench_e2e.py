@@ -4,7 +4,10 @@
 Host-memory inputs (NumPy float32 n x n arrays, device budget ``--memory``):
   bigmm with its own kernel and with ``kernel="cublas"``, against in-core (device-resident)
   bigmm kernel and cuBLAS, and against cuBLASXt (ctypes, ``scripts/cublasxt.py``) from ordinary
-  pageable arrays and from pre-pinned arrays at each block dimension of ``--xt-blocks``.
+  pageable arrays and from pre-pinned arrays at each block dimension of ``--xt-blocks``. bigmm
+  runs from the pageable arrays (staged through its pinned buffers) and, both kernels again,
+  from the same pre-pinned arrays cuBLASXt uses (copied to and from the device directly), so
+  each comparison is like with like.
 HDF5 files (contiguous float32 n x n in ``--dir``):
   bigmm against dask.array + CuPy (``da.from_array`` on the h5py datasets,
   ``map_blocks(cupy.asarray)``, ``@``, ``da.store`` into HDF5) at each of ``--dask-chunks``,
@@ -277,14 +280,19 @@ def in_core(a, b, n, repeat, res):
     return ref
 
 
-def bigmm_host(a, b, n, memory, repeat, ref, out_dir, res, host_variants=()):
+def bigmm_host(a, b, n, memory, repeat, ref, out_dir, res, host_variants=(), pinned=None):
     """bigmm from NumPy arrays into a NumPy array, both kernels (and the own kernel under each
-    host staging budget of ``host_variants``); a profiled run each."""
+    host staging budget of ``host_variants``); with ``pinned`` (A, B, C in page-locked memory)
+    both kernels again from those ("bigmm_pinned", "cublas_pinned"). A profiled run each."""
     out = {}
-    c = np.empty((n, n), F32)
-    runs = [("bigmm", None), ("cublas", None)] + [("bigmm", h) for h in host_variants]
-    for kernel, host in runs:
+    pageable = (a, b, np.empty((n, n), F32))
+    runs = [("bigmm", None, pageable), ("cublas", None, pageable)]
+    runs += [("bigmm", h, pageable) for h in host_variants]
+    if pinned is not None:
+        runs += [("bigmm", None, pinned), ("cublas", None, pinned)]
+    for kernel, host, (a, b, c) in runs:
         key = kernel if host is None else f"{kernel}_host{host}"
+        key += "_pinned" if c is not pageable[2] else ""
         kw = dict(memory=memory, backend="cupy", kernel=kernel, host_memory=host)
         plan = bigmm.plan(a, b, **kw)
         times, stats = [], None
@@ -310,25 +318,33 @@ def bigmm_host(a, b, n, memory, repeat, ref, out_dir, res, host_variants=()):
                        "profile": prof.summary(), "profile_table": prof.table(),
                        "files": {k: os.path.basename(v) for k, v in files.items()}}
         log(f"bigmm host {key}: best {best:.3f} s ({tflops(n, best):.1f} TFLOP/s), "
-            f"first {times[0]:.3f} s; plan {plan.order} {plan.bm}x{plan.bn}x{plan.bk}")
+            f"first {times[0]:.3f} s; plan {plan.order} {plan.bm}x{plan.bn}x{plan.bk}; "
+            f"{stats.bytes_staged / 2**30:.2f} GiB through host staging")
         log(prof.table())
     res["bigmm_host"] = out
 
 
-def cublasxt(a, b, n, blocks, ref, res):
-    """cuBLASXt from pageable arrays and from pre-pinned arrays, each block dimension."""
-    from cublasxt import CublasXt, pinned_empty
+def pinned_operands(a, b, n, res):
+    """A and B copied into page-locked arrays, and a page-locked C: the pre-pinned operands of
+    cuBLASXt and of bigmm's pinned runs."""
+    from cublasxt import pinned_empty
 
-    out = {"pageable": {}, "pinned": {}}
+    t0 = time.perf_counter()
+    a_x, b_x, c_x = pinned_empty(a.shape), pinned_empty(b.shape), pinned_empty((n, n))
+    a_x[...], b_x[...] = a, b
+    res["pin_and_copy_seconds"] = time.perf_counter() - t0
+    return a_x, b_x, c_x
+
+
+def cublasxt(a, b, n, blocks, ref, res, pinned):
+    """cuBLASXt from pageable arrays and from the pre-pinned ``pinned`` (A, B, C), each block
+    dimension."""
+    from cublasxt import CublasXt
+
+    out = {"pageable": {}, "pinned": {}, "pin_and_copy_seconds": res.get("pin_and_copy_seconds")}
     small = np.ones((512, 512), F32)
     for mode in ("pageable", "pinned"):
-        if mode == "pinned":
-            t0 = time.perf_counter()
-            a_x, b_x, c_x = pinned_empty(a.shape), pinned_empty(b.shape), pinned_empty((n, n))
-            a_x[...], b_x[...] = a, b
-            out["pin_and_copy_seconds"] = time.perf_counter() - t0
-        else:
-            a_x, b_x, c_x = a, b, np.empty((n, n), F32)
+        a_x, b_x, c_x = pinned if mode == "pinned" else (a, b, np.empty((n, n), F32))
         for bd in blocks:
             xt = CublasXt(block_dim=bd)
             xt.gemm(small, small, np.empty_like(small))  # warm-up: handle, streams, buffers
@@ -340,7 +356,6 @@ def cublasxt(a, b, n, blocks, ref, res):
             err = ref.check(c_x, f"cuBLASXt {mode} block {bd}")
             out[mode][str(bd)] = {"seconds": t, "tflops": tflops(n, t), "rel_error": err}
             log(f"cuBLASXt {mode:8s} block {bd:5d}: {t:.3f} s, {tflops(n, t):.1f} TFLOP/s")
-        del a_x, b_x, c_x
     for mode in ("pageable", "pinned"):
         bd, best = max(out[mode].items(), key=lambda kv: kv[1]["tflops"])
         out[mode + "_best"] = {"block": int(bd), **best}
@@ -627,13 +642,23 @@ def summary_table(res) -> str:
         row("bigmm kernel=cublas", cub,
             f"{cub['tflops'] / ic['cublas']['tflops']:.3f} of in-core cuBLAS")
         if xt:
-            rp = cub["tflops"] / xt["pinned_best"]["tflops"]
             rg = cub["tflops"] / xt["pageable_best"]["tflops"]
-            lines.append(f"  kernel=cublas vs cuBLASXt pinned {rp:.2f}x [>= 1: {_verdict(rp >= 1)}]"
-                         f", vs pageable {rg:.2f}x [>= 3: {_verdict(rg >= 3)}]")
-    if bh and len(bh) > 2:
+            rp = cub["tflops"] / xt["pinned_best"]["tflops"]
+            lines.append(f"  kernel=cublas (pageable) vs cuBLASXt pageable {rg:.2f}x "
+                         f"[>= 3: {_verdict(rg >= 3)}], vs cuBLASXt pinned {rp:.2f}x")
+    if bh and ic and "cublas_pinned" in bh:
+        own, cub = bh["bigmm_pinned"], bh["cublas_pinned"]
+        row("bigmm pinned", own, f"{own['tflops'] / ic['bigmm']['tflops']:.3f} of in-core "
+            f"kernel, {own['stats']['bytes_staged'] / 2**30:.2f} GiB staged")
+        row("bigmm cublas pinned", cub, f"{cub['tflops'] / ic['cublas']['tflops']:.3f} of "
+            f"in-core cuBLAS, {cub['stats']['bytes_staged'] / 2**30:.2f} GiB staged")
+        if xt:
+            rp = cub["tflops"] / xt["pinned_best"]["tflops"]
+            lines.append(f"  kernel=cublas vs cuBLASXt, both from pinned arrays {rp:.2f}x "
+                         f"[>= 1: {_verdict(rp >= 1)}]")
+    if bh:
         for key, v in bh.items():
-            if key not in ("bigmm", "cublas"):
+            if key not in ("bigmm", "cublas", "bigmm_pinned", "cublas_pinned"):
                 row(f"bigmm {key}", v, f"C tile {v['plan']['bm']}x{v['plan']['bn']}")
     fl, dk = res.get("io_floor"), res.get("dask")
     layouts = res.get("bigmm_h5", {})
@@ -729,13 +754,15 @@ def main(argv=None) -> int:
     if "kernels" in parts:
         checksum_kernels(a, b, args.memory, args.kernel_repeat, res)
         save()
+    pinned = pinned_operands(a, b, n, res) if parts & {"host", "xt"} else None
     if "host" in parts:
         variants = [v for v in args.host_variants.split(",") if v]
-        bigmm_host(a, b, n, args.memory, args.repeat, ref, prof_dir, res, variants)
+        bigmm_host(a, b, n, args.memory, args.repeat, ref, prof_dir, res, variants, pinned)
         save()
     if "xt" in parts:
-        cublasxt(a, b, n, [int(x) for x in args.xt_blocks.split(",")], ref, res)
+        cublasxt(a, b, n, [int(x) for x in args.xt_blocks.split(",")], ref, res, pinned)
         save()
+    pinned = None  # frees the page-locked operands
     if parts & {"h5", "dask", "verify"}:
         c_host = ref.c.get()
         for i, layout in enumerate(args.layouts.split(",")):
