@@ -134,7 +134,10 @@ class Job:
         with h5py.File(folder / "ref.h5", "r") as f:
             self.reference, self.chunks = f["C"][...], f["C"].chunks
         self.expected_layout = "contiguous" if problem == "contiguous" else "chunked"
-        assert (self.chunks is None) == (self.expected_layout == "contiguous"), self.chunks
+        if backend == "numpy":  # GPU plans are chosen by predicted time: for these small
+            # problems 256 x 256 tiles, whose chunks would be under the minimum chunk size, so
+            # C is contiguous there; the CPU runs cover both layouts
+            assert (self.chunks is None) == (self.expected_layout == "contiguous"), self.chunks
 
     def argv(self, out: str, resume: bool = False) -> list[str]:
         args = ["multiply", self.a, self.b, "-o", f"{self.folder / out}:/C", "--memory",
