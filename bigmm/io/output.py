@@ -113,6 +113,26 @@ def _inspect(spec: Spec, partial: str) -> dict:
     return info
 
 
+def _drop_begun_file(spec: Spec, journal) -> None:
+    """Remove an output file that HDF5 cannot open when the interrupted run whose journal
+    parsed to ``journal`` (header, tiles, swap, size) created that file itself and finished
+    nothing in it (it was killed inside HDF5's creation of the file): nothing of the user's is
+    in it, and resuming creates it again. Any other unreadable output is left alone (and
+    opening it fails)."""
+    if journal is None:
+        return
+    header, tiles, swap = journal[0], journal[1], journal[2]
+    if not header.get("new_file") or tiles or swap:
+        return
+    if not os.path.isfile(spec.path):
+        return
+    try:
+        with H5LOCK, h5py.File(spec.path, "r"):
+            return
+    except OSError:
+        os.remove(spec.path)
+
+
 def _header(spec, shape, dtype, job, partial) -> dict:
     return normalise({"bigmm_journal": 1, "dataset": spec.dataset, "shape": list(shape),
                       "dtype": dtype.name, "partial": partial, "job": job})
@@ -120,6 +140,8 @@ def _header(spec, shape, dtype, job, partial) -> dict:
 
 def _open_file(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, threads,
                chunks) -> Sink:
+    if resume:
+        _drop_begun_file(spec, parse_journal(journal_path(spec)))
     _check_writable(spec.path)
     label = f"C ({spec})"
     _check_not_input((os.path.realpath(spec.path), spec.dataset), inputs, label)
@@ -145,7 +167,7 @@ def _open_file(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, thre
         raise OutputExistsError(f"Expected no existing output at {spec}. Got one: {why}.")
     if journal is not None:
         journal.remove()
-    journal = Journal.create(jpath, header)
+    journal = Journal.create(jpath, dict(header, new_file=not os.path.exists(spec.path)))
     try:
         target = _create(spec, shape, dtype, partial, drop_old=not reads_c, chunks=chunks)
         return FileSink(spec, shape, dtype, journal, target, reads_c, threads)

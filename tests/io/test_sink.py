@@ -114,6 +114,54 @@ def test_resume_skips_committed_tiles(tmp_path, inputs):
     np.testing.assert_array_equal(read_back(spec), data)
 
 
+# (truncate C's file to this many bytes, resume recreates it): a run killed while HDF5 was
+# creating the file it had just begun leaves a file HDF5 cannot open
+BEGUN_FILE = [
+    (96, True),    # cut inside the superblock, nothing journaled: created again, then resumed
+    (0, True),     # an empty file
+]
+
+
+@pytest.mark.parametrize("size, recreated", BEGUN_FILE)
+def test_resume_a_file_killed_while_being_created(tmp_path, inputs, size, recreated):
+    _, srcs = inputs
+    spec = f"{tmp_path}/out.h5:/C"
+    new_sink(spec, srcs).close()  # journal written, file created, no tile finished
+    os.truncate(f"{tmp_path}/out.h5", size)
+    data = random_matrix(SHAPE, np.float32, seed=5)
+    with new_sink(spec, srcs, resume=True) as sink:
+        assert sink.done == frozenset()
+        write_tiles(sink, data, tiles())
+        sink.commit(tiles())
+        sink.finish()
+    np.testing.assert_array_equal(read_back(spec), data)
+
+
+def test_a_broken_file_with_finished_tiles_is_not_recreated(tmp_path, inputs):
+    _, srcs = inputs
+    spec = f"{tmp_path}/out.h5:/C"
+    sink = new_sink(spec, srcs)
+    write_tiles(sink, random_matrix(SHAPE, np.float32), tiles()[:2])
+    sink.commit(tiles()[:2])
+    sink.close()
+    os.truncate(f"{tmp_path}/out.h5", 96)
+    with pytest.raises(OSError):  # finished tiles were in it: never deleted behind the user
+        new_sink(spec, srcs, resume=True)
+    assert os.path.getsize(f"{tmp_path}/out.h5") == 96
+
+
+def test_a_broken_file_the_run_did_not_create_is_not_recreated(tmp_path, inputs):
+    _, srcs = inputs
+    with h5py.File(tmp_path / "out.h5", "w") as f:
+        f["other"] = np.arange(3)  # the user's file, C added to it
+    spec = f"{tmp_path}/out.h5:/C"
+    new_sink(spec, srcs).close()
+    os.truncate(f"{tmp_path}/out.h5", 96)
+    with pytest.raises(OSError):
+        new_sink(spec, srcs, resume=True)
+    assert os.path.getsize(f"{tmp_path}/out.h5") == 96
+
+
 @pytest.mark.parametrize("change, word", [
     ({"alpha": 2.0}, "alpha"),           # a different alpha
     ({"plan": "bm=8 bn=8"}, "plan"),     # a different plan
