@@ -21,7 +21,7 @@ from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import DtypeError, OptionError, OutputTooLarge, ResumeError, ShapeError
 from .executor import STAGES, Progress, RunStats, execute
-from .plan import Plan, Rates, make_plan
+from .plan import READ_RATE, WRITE_RATE, Plan, Rates, make_plan
 from .profile import Profile
 from .units import format_bytes, parse_size
 
@@ -29,8 +29,6 @@ from .units import format_bytes, parse_size
 DEVICE_SHARE = {False: 0.25, True: 0.85}
 #: Default host staging budget, as a share of available RAM (staging backends).
 HOST_SHARE = 0.25
-#: Nominal disk speeds for the predicted time (page-cache reads are faster).
-READ_RATE, WRITE_RATE = 2.0e9, 1.0e9
 #: Nominal speeds of reading a NumPy array input (a copy into the staging buffers, bound by
 #: host memory bandwidth: ~15 GB/s on the H100 host) and of writing C into a NumPy array.
 ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9

@@ -45,11 +45,9 @@ from .errors import (BigmmError, ChecksumError, DtypeError, Interrupted, OptionE
                      ReadError, ShapeError, WriteError)
 from .io.sink import ArraySink
 from .io.source import ArraySource
-from .plan import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, Plan, Step, Tile
+from .plan import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, Plan, Step, Tile
 from .runstats import STAGES, Progress, RunStats, StageClock
 
-#: Most steps whose loads may be in flight ahead of the compute.
-MAX_LOOKAHEAD = 64
 #: Panel reads are split into pieces of about this many bytes, one per I/O thread.
 PIECE_BYTES = 4 << 20
 #: Finished tiles are committed to the journal in batches at most this many seconds apart.

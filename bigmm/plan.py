@@ -57,9 +57,11 @@ STEP_COST_BYTES = 1 << 20
 DRAIN_WEIGHT = 2
 #: Fixed time of one gemm step in the pipeline model (the same ~40 us as STEP_COST_BYTES).
 STEP_SECONDS = 40e-6
-#: Most steps whose loads may be in flight ahead of the compute: the executor's window
-#: (``executor.MAX_LOOKAHEAD``, which tests keep equal).
+#: Most steps whose loads may be in flight ahead of the compute (the executor's window, which
+#: the pipeline model follows).
 MAX_LOOKAHEAD = 64
+#: Nominal disk speeds (bytes per second) for the predicted time (page-cache reads are faster).
+READ_RATE, WRITE_RATE = 2.0e9, 1.0e9
 #: Steps the pipeline model simulates per plan; longer schedules are extrapolated.
 SIM_STEPS = 1024
 #: Most candidate plans simulated when choosing by time (those with the lowest bounds).

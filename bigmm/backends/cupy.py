@@ -36,13 +36,11 @@ import cupy
 import numpy as np
 
 from ..errors import KernelError, OptionError, ShapeError
-from ..plan import Rates
+from ..plan import READ_RATE, WRITE_RATE, Rates
 from .base import check_gemm_dtypes, gemm_shape, rows_contiguous
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
-#: Nominal disk rates for the predicted time (the planner's estimate only).
-READ_RATE, WRITE_RATE = 2.0e9, 1.0e9
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory known to CUDA
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
