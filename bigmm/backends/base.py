@@ -121,3 +121,13 @@ def gemm_shape(a, b, c, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
         raise ShapeError(f"Expected op(a) (m x k), op(b) (k x n) and c (m x n). Got op(a) "
                          f"{(m, k)}, op(b) {(kb, n)} and c {c.shape}.")
     return m, k, n
+
+
+def flat_view(buf, shape: tuple[int, int]):
+    """The first rows * cols elements of a flat buffer (NumPy or device array) as a row-major
+    (rows, cols) view; ShapeError when the buffer is smaller."""
+    rows, cols = shape
+    if rows * cols > buf.size:
+        raise ShapeError(f"Expected a view of at most {buf.size} elements. "
+                         f"Got shape {shape}.")
+    return buf[: rows * cols].reshape(rows, cols)

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import KernelError, OptionError, ShapeError
 from ..plan import READ_RATE, WRITE_RATE, Rates
-from .base import check_gemm_dtypes, gemm_shape, rows_contiguous
+from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
@@ -157,11 +157,7 @@ class CupyBackend:
         return cupy.ndarray((int(size),), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
     def view(self, buf, shape: tuple[int, int]):
-        rows, cols = shape
-        if rows * cols > buf.size:
-            raise ShapeError(f"Expected a view of at most {buf.size} elements. "
-                             f"Got shape {shape}.")
-        return buf[: rows * cols].reshape(rows, cols)
+        return flat_view(buf, shape)
 
     def is_pinned(self, arr: np.ndarray) -> bool:
         """True when ``arr`` (any strides) lies inside one of this backend's pinned host buffers

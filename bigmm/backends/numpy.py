@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import BackendUnavailable, ShapeError
-from .base import check_gemm_dtypes, gemm_shape
+from .base import check_gemm_dtypes, flat_view, gemm_shape
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _PREFIXES = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}
@@ -71,11 +71,7 @@ class NumpyBackend:
         return np.empty(int(size), dtype=dtype)
 
     def view(self, buf: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-        rows, cols = shape
-        if rows * cols > buf.size:
-            raise ShapeError(f"Expected a view of at most {buf.size} elements. "
-                             f"Got shape {shape}.")
-        return buf[: rows * cols].reshape(rows, cols)
+        return flat_view(buf, shape)
 
     def host_pinned(self, arr: np.ndarray) -> bool:
         return False  # host memory is the compute memory: nothing to copy through
