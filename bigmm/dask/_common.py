@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 
 from ..backends import get_backend
 from ..errors import BackendUnavailable
@@ -11,22 +12,21 @@ from ..errors import BackendUnavailable
 RESOURCE = "bigmm"
 
 
-def dask_array():
+def _require(module: str):
+    """The imported module, or BackendUnavailable naming the extra that provides it."""
     try:
-        import dask.array as da
+        return importlib.import_module(module)
     except ImportError as e:
-        raise BackendUnavailable(f"Expected dask to import (pip install 'bigmm[dask]'). "
+        raise BackendUnavailable(f"Expected {module} to import (pip install 'bigmm[dask]'). "
                                  f"Got {type(e).__name__}: {e}.") from e
-    return da
+
+
+def dask_array():
+    return _require("dask.array")
 
 
 def distributed():
-    try:
-        import distributed
-    except ImportError as e:
-        raise BackendUnavailable(f"Expected dask.distributed to import (pip install "
-                                 f"'bigmm[dask]'). Got {type(e).__name__}: {e}.") from e
-    return distributed
+    return _require("distributed")
 
 
 @functools.lru_cache(maxsize=None)
