@@ -3,6 +3,8 @@ label, regions checked against its shape, and ``close`` / context-manager / ``re
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..errors import ShapeError
@@ -18,6 +20,16 @@ class Matrix:
 
     def close(self) -> None:
         pass
+
+    def _close_raw_handles(self) -> None:
+        """Close the memory map (``_map``) and file descriptor (``_fd``) of a matrix read or
+        written raw at byte offsets; idempotent."""
+        if getattr(self, "_map", None) is not None:
+            self._map.close()
+            self._map = None
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self):
         return self

@@ -239,9 +239,7 @@ class RegionSink(Sink):
         self.commit([])
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._close_raw_handles()
 
     def _write_error(self, r0, r1, c0, c1, exc) -> WriteError:
         return _write_error(self.where.label, self._r0 + r0, self._r0 + r1, self._c0 + c0,
@@ -566,12 +564,7 @@ class FileSink(Sink):
         if self._old is not None:
             self._old.close()
             self._old = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._close_raw_handles()
         if self._file is not None:
             with H5LOCK:
                 self._file.close()

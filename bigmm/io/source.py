@@ -373,12 +373,7 @@ class H5Source(Source):
 
     # ----- teardown -----------------------------------------------------------------------
     def _close_raw(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._close_raw_handles()
         self.mapped = False
 
     def close(self) -> None:
