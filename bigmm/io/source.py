@@ -287,19 +287,16 @@ class H5Source(Source):
     def _mapped_chunks(self, r0, r1, c0, c1, out, piece) -> list:
         cr, cc = self._layout.chunks
         offsets, stored, fill = self._layout.chunk_offsets, self._stored(), self._layout.fill
-        groups, group, size = [], [], 0
-        for ci, cj, a0, a1, b0, b1 in chunk_cells((cr, cc), r0, r1, c0, c1):
-            base = int(offsets[ci, cj])
-            src = None if base < 0 else self._map.array(base, (cr, cc), stored)[
-                a0 - ci * cr:a1 - ci * cr, b0 - cj * cc:b1 - cj * cc]
-            group.append((out[a0 - r0:a1 - r0, b0 - c0:b1 - c0], src, fill))
-            size += (a1 - a0) * (b1 - b0) * self.dtype.itemsize
-            if size >= piece:
-                groups.append(group)
-                group, size = [], 0
-        if group:
-            groups.append(group)
-        return groups
+
+        def cells():
+            for ci, cj, a0, a1, b0, b1 in chunk_cells((cr, cc), r0, r1, c0, c1):
+                base = int(offsets[ci, cj])
+                src = None if base < 0 else self._map.array(base, (cr, cc), stored)[
+                    a0 - ci * cr:a1 - ci * cr, b0 - cj * cc:b1 - cj * cc]
+                yield ((out[a0 - r0:a1 - r0, b0 - c0:b1 - c0], src, fill),
+                       (a1 - a0) * (b1 - b0) * self.dtype.itemsize)
+
+        return _batches(cells(), piece)
 
     # preadv reads: a task is a list of (file offset or -1, stride, out, rows, columns, fill)
     def _contiguous_tasks(self, r0, r1, c0, c1, out, piece) -> list:
@@ -314,21 +311,18 @@ class H5Source(Source):
         w = self.dtype.itemsize
         offsets = self._layout.chunk_offsets
         fill = self._raw_fill()
-        groups, group, size = [], [], 0
-        for ci, cj, a0, a1, b0, b1 in chunk_cells((cr, cc), r0, r1, c0, c1):
-            base = int(offsets[ci, cj])
-            rows = a1 - a0 if base < 0 else max(1, piece // ((b1 - b0) * w))
-            for s0 in range(a0, a1, rows):  # big chunks split by rows
-                s1 = min(a1, s0 + rows)
-                off = -1 if base < 0 else base + ((s0 - ci * cr) * cc + (b0 - cj * cc)) * w
-                group.append((off, cc * w, out, s0 - r0, s1 - r0, b0 - c0, b1 - c0, fill))
-                size += (s1 - s0) * (b1 - b0) * w
-                if size >= piece:
-                    groups.append(group)
-                    group, size = [], 0
-        if group:
-            groups.append(group)
-        return groups
+
+        def reads():
+            for ci, cj, a0, a1, b0, b1 in chunk_cells((cr, cc), r0, r1, c0, c1):
+                base = int(offsets[ci, cj])
+                rows = a1 - a0 if base < 0 else max(1, piece // ((b1 - b0) * w))
+                for s0 in range(a0, a1, rows):  # big chunks split by rows
+                    s1 = min(a1, s0 + rows)
+                    off = -1 if base < 0 else base + ((s0 - ci * cr) * cc + (b0 - cj * cc)) * w
+                    yield ((off, cc * w, out, s0 - r0, s1 - r0, b0 - c0, b1 - c0, fill),
+                           (s1 - s0) * (b1 - b0) * w)
+
+        return _batches(reads(), piece)
 
     def _deflate_tasks(self, r0, r1, c0, c1, out) -> list:
         return [(ci, cj, out, a0, a1, b0, b1, r0, c0)
@@ -491,6 +485,21 @@ def incomplete_message(label: str) -> str:
             f"run; continue it with `bigmm multiply ... --resume` (Python: resume=True), "
             f"or start over with --overwrite.")
 
+
+
+def _batches(items, piece: int) -> list[list]:
+    """Consecutive (item, nbytes) pairs grouped into tasks of at least ``piece`` bytes (the
+    last may hold less): one task per reader thread's turn."""
+    groups, group, size = [], [], 0
+    for item, nbytes in items:
+        group.append(item)
+        size += nbytes
+        if size >= piece:
+            groups.append(group)
+            group, size = [], 0
+    if group:
+        groups.append(group)
+    return groups
 
 def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
                use_mmap: bool = True) -> Source:
