@@ -486,7 +486,6 @@ def incomplete_message(label: str) -> str:
             f"or start over with --overwrite.")
 
 
-
 def _batches(items, piece: int) -> list[list]:
     """Consecutive (item, nbytes) pairs grouped into tasks of at least ``piece`` bytes (the
     last may hold less): one task per reader thread's turn."""
@@ -500,6 +499,7 @@ def _batches(items, piece: int) -> list[list]:
     if group:
         groups.append(group)
     return groups
+
 
 def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
                use_mmap: bool = True) -> Source:
