@@ -11,7 +11,7 @@ import math
 import os
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 

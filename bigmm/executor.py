@@ -507,7 +507,6 @@ class _Writer(threading.Thread):
             self.join()
 
     def run(self) -> None:
-        r = self.run_
         pending: list[tuple[int, int]] = []
         last = time.perf_counter()
         while True:
