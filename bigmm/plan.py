@@ -31,6 +31,7 @@ see that a plan reading all of A before its first tile can compute waits for it;
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from itertools import islice
@@ -76,6 +77,24 @@ class Rates:
     read_bytes: float
     write_bytes: float
     h2d_bytes: float | None = None  # None: host memory is the compute memory (no copies)
+    #: With checksums (verify="checksum"): bytes per second the checksum reductions read
+    #: (None: no checks) and the fixed seconds they add to each step (their launches).
+    check_bytes: float | None = None
+    check_step: float = 0.0
+
+    def check_seconds(self, nbytes: float, steps: int) -> float:
+        """Seconds the checks add on the compute stream for ``steps`` steps whose sums read
+        ``nbytes`` (0 without checks)."""
+        return nbytes / self.check_bytes + self.check_step * steps if self.check_bytes else 0.0
+
+    def step_seconds(self, rows: int, cols: int, depth: int, itemsize: int,
+                     last: bool) -> float:
+        """Seconds of one gemm step of a rows x cols tile over ``depth`` on the compute
+        stream: the gemm, the fixed STEP_SECONDS and the checks (sums over both panels, and
+        over the finished tile, read twice, after its ``last`` step)."""
+        summed = (rows + cols) * depth + (2 * rows * cols if last else 0)
+        return (2 * rows * cols * depth / self.flops + STEP_SECONDS
+                + self.check_seconds(itemsize * summed, 1))
 
 
 @dataclass(frozen=True)
@@ -421,7 +440,10 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     rows, cols = p.tile(p.ni - 1, p.nj - 1).shape  # the last tile of either order
     tail = w * rows * cols
     copy = (lambda nbytes: nbytes / h2d) if h2d else (lambda nbytes: 0.0)
-    compute = p.flops / r.flops + STEP_SECONDS * p.n_tiles * p.nk
+    steps = p.n_tiles * p.nk
+    # every tile sums its panels once per step and itself twice
+    summed = p.k * (p.nj * p.m + p.ni * p.n) + 2 * p.m * p.n
+    compute = p.flops / r.flops + STEP_SECONDS * steps + r.check_seconds(w * summed, steps)
     drain = copy(tail) + tail / r.write_bytes
     # the first tile's panels and the first row's (column's) are read before their last gemm
     if p.row_major:
@@ -431,7 +453,8 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
         wide, tiles, again = p.m, p.ni, p.b_reads > 1
         row = p.bn * p.k * (tiles if again else 1) + p.k * wide
     c = p.bm * p.bn if p.reads_c else 0
-    tile0 = 2 * p.bm * p.bn * p.k / r.flops + STEP_SECONDS * p.nk
+    tile0 = (2 * p.bm * p.bn * p.k / r.flops + STEP_SECONDS * p.nk
+             + r.check_seconds(w * ((p.bm + p.bn) * p.k + 2 * p.bm * p.bn), p.nk))
     head = max(w * (p.bm * p.k + p.k * p.bn + c) / r.read_bytes + compute - tile0,
                w * (row + c * wide / (p.bn if p.row_major else p.bm)) / r.read_bytes + compute
                - (2 * (p.bm if p.row_major else p.bn) * wide * p.k / r.flops
@@ -506,7 +529,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
     of the tile that used its host C buffer before, and so does the issuing of later steps.
     Without staging the gemm runs on the issuing thread. O(steps)."""
     w, staging, reads_c, last_kp = p.itemsize, p.staging, p.reads_c, p.nk - 1
-    rd, wr, fl = r.read_bytes, r.write_bytes, r.flops
+    rd, wr = r.read_bytes, r.write_bytes
     h2d = r.h2d_bytes if staging and r.h2d_bytes else math.inf  # no copies: free
     depths = [k1 - k0 for k0, k1 in p.k_panels()]
     read_end = cin_end = gemm_end = cout_end = write_end = issue = assign = 0.0
@@ -558,7 +581,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
             if read_end > start:
                 start = read_end
         # the issuing thread: copies in, the gemm, and after a tile's last gemm its copy-out
-        gemm = 2 * rows * cols * depth / fl + STEP_SECONDS
+        gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp)
         busy[2] += gemm
         if staging:
             ready = start
@@ -643,6 +666,28 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               align: int = 256, max_bk: int = 4096, min_tile: int = 8,
               tile: tuple[int, int, int] | None = None, order: str | None = None,
               rates: Rates | None = None) -> Plan:
+    """Choose the schedule moving the fewest bytes within both budgets (see :func:`_plan`).
+
+    Plans are frozen and depend on the arguments alone, so the last PLAN_CACHE of them are
+    kept: a process running jobs of one shape plans once (choosing by time simulates up to
+    SIM_PLANS schedules, tens of milliseconds)."""
+    def hashable(x):
+        return tuple(x) if isinstance(x, list) else x
+
+    return _plan_cached(m, n, k, dtype, trans_a=trans_a, trans_b=trans_b, reads_c=reads_c,
+                        device_budget=device_budget, host_budget=host_budget, staging=staging,
+                        a_chunks=hashable(a_chunks), b_chunks=hashable(b_chunks), align=align,
+                        max_bk=max_bk, min_tile=min_tile, tile=hashable(tile), order=order,
+                        rates=rates)
+
+
+def _plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool = False,
+          trans_b: bool = False, reads_c: bool = False, device_budget: int,
+          host_budget: int | None = None, staging: bool = True,
+          a_chunks: tuple[int, int] | None = None, b_chunks: tuple[int, int] | None = None,
+          align: int = 256, max_bk: int = 4096, min_tile: int = 8,
+          tile: tuple[int, int, int] | None = None, order: str | None = None,
+          rates: Rates | None = None) -> Plan:
     """Choose the schedule moving the fewest bytes within both budgets.
 
     Tile edges are multiples of ``align`` (256: whole block tiles of the GPU kernels, whose
@@ -700,6 +745,11 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                     else min(found, key=lambda x: x[0])[1])
     raise _too_small(Plan(bm=min(m, min_tile), bn=min(n, min_tile), bk=min(k, min_tile),
                           order="stream", **base))
+
+
+#: Plans kept by make_plan.
+PLAN_CACHE = 256
+_plan_cached = functools.lru_cache(maxsize=PLAN_CACHE)(_plan)
 
 
 def _fastest(found: list[tuple[tuple, Plan]], rates: Rates) -> Plan:

@@ -318,3 +318,39 @@ def test_the_model_uses_the_executors_window():
     from bigmm import executor
 
     assert MAX_LOOKAHEAD == executor.MAX_LOOKAHEAD
+
+
+def test_plans_are_cached_by_their_arguments():
+    args = dict(device_budget=64 << 20, host_budget=128 << 20, rates=H100_ARRAYS)
+    first = make_plan(3001, 2003, 1009, a_chunks=[64, 64], **args)
+    # the same arguments (chunks as a list or a tuple) give the very same frozen plan
+    assert make_plan(3001, 2003, 1009, a_chunks=(64, 64), **args) is first
+    # any argument changed plans again
+    other = make_plan(3001, 2003, 1009, a_chunks=(64, 64), trans_a=True, **args)
+    assert other is not first and other.trans_a
+    # errors are raised every time, never cached
+    for _ in range(2):
+        with pytest.raises(BudgetError):
+            make_plan(3001, 2003, 1009, device_budget=64, host_budget=64)
+
+
+def test_checksum_costs_count_in_the_predicted_time():
+    from dataclasses import replace
+
+    # a fast disk, slow checks: the sums over every panel matter against the gemms
+    fast_io = replace(H100_ARRAYS, read_bytes=1e12, write_bytes=1e12, h2d_bytes=1e12)
+    checked = replace(fast_io, check_bytes=2e11, check_step=40e-6)
+    assert checked.step_seconds(256, 512, 1024, 4, last=False) == pytest.approx(
+        fast_io.step_seconds(256, 512, 1024, 4, last=False)
+        + 4 * (256 + 512) * 1024 / 2e11 + 40e-6)
+    # the tile's own sums after its last step
+    assert (checked.step_seconds(256, 512, 1024, 4, last=True)
+            - checked.step_seconds(256, 512, 1024, 4, last=False)) == pytest.approx(
+        4 * 2 * 256 * 512 / 2e11)
+    args = dict(device_budget=512 << 20, host_budget=GiB)
+    plain = make_plan(8192, 8192, 8192, rates=fast_io, **args)
+    with_checks = make_plan(8192, 8192, 8192, rates=checked, **args)
+    # the checks cost time in the model, and the chosen plan is no slower under them than
+    # the plan chosen without them
+    assert replace(plain, rates=checked).predicted_seconds > plain.predicted_seconds
+    assert with_checks.predicted_seconds <= replace(plain, rates=checked).predicted_seconds
