@@ -29,6 +29,9 @@ from .units import format_bytes, parse_size
 DEVICE_SHARE = {False: 0.25, True: 0.85}
 #: Default host staging budget, as a share of available RAM (staging backends).
 HOST_SHARE = 0.25
+#: Default budgets are rounded down to whole multiples of this (when at least 4 of them), so
+#: that what is free moving a little between calls keeps the same plan (plans are cached).
+BUDGET_GRAIN = 64 << 20
 #: Nominal speeds of reading a NumPy array input (a copy into the staging buffers, bound by
 #: host memory bandwidth: ~15 GB/s on the H100 host) and of writing C into a NumPy array.
 ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9
@@ -72,7 +75,7 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
         A, B = _open_inputs(a, b, closing)
         p, job = _plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                            trans_b=trans_b, memory=memory, host_memory=host_memory,
-                           resume=resume, calibrate=be.staging)
+                           resume=resume, calibrate=be.staging, verify=verify)
         if out is None:
             _check_array_result(p)
         sink = io.open_output(out, shape=(p.m, p.n), dtype=np.dtype(p.dtype), inputs=[A, B],
@@ -96,16 +99,18 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
 
 def plan(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
          trans_b: bool = False, memory=None, host_memory=None, backend: str = "auto",
-         resume: bool = False, kernel: str | None = None, **_ignored) -> Plan:
+         resume: bool = False, kernel: str | None = None, verify: str | None = None,
+         **_ignored) -> Plan:
     """The Plan ``matmul`` would run with the same arguments (opens inputs read-only, writes
     nothing)."""
+    verify = parse_verify(verify)
     be = resolve_backend(backend, kernel)
     closing: list = []
     try:
         A, B = _open_inputs(a, b, closing)
         p, _ = _plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                          trans_b=trans_b, memory=memory, host_memory=host_memory,
-                         resume=resume, calibrate=True)
+                         resume=resume, calibrate=True, verify=verify)
         return p
     finally:
         _close_quietly(closing, be)
@@ -135,11 +140,12 @@ def _open_inputs(a, b, closing: list):
 
 
 def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memory, resume,
-              calibrate: bool) -> tuple[Plan, dict]:
+              calibrate: bool, verify: str | None = None) -> tuple[Plan, dict]:
     """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
-    (and the operands' read and write speeds) give the predicted time, and on a staging
-    (GPU) backend the planner chooses the tiles by it; ``matmul`` calibrates on staging
-    backends only, so that on the CPU both plan by bytes moved."""
+    (and the operands' read and write speeds, and with ``verify`` its checksum costs) give
+    the predicted time, and on a staging (GPU) backend the planner chooses the tiles by it;
+    ``matmul`` calibrates on staging backends only, so that on the CPU both plan by bytes
+    moved."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
     alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
     if beta != 0 and out is None:
@@ -147,6 +153,9 @@ def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memo
                          f"beta={beta}.")
     device, host = resolve_budgets(be, memory, host_memory)
     rates = _io_rates(_rates(be, dtype, min(device, host)), A, B, out) if calibrate else None
+    if rates is not None and verify is not None:
+        rates = replace(rates, check_bytes=getattr(be, "checksum_rate", None),
+                        check_step=getattr(be, "checksum_step", 0.0))
     args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                 device_budget=device, host_budget=host, staging=be.staging,
                 a_chunks=A.chunks, b_chunks=B.chunks,
@@ -209,13 +218,17 @@ def resolve_budgets(be, memory, host_memory, *, limit: int | None = None) -> tup
         free = be.memory_available()
         if not be.staging and limit:
             free = min(free, limit)
-        device = int(free * DEVICE_SHARE[bool(be.staging)])
+        device = _grain(int(free * DEVICE_SHARE[bool(be.staging)]))
     if host is None:
         host = device
         if be.staging:
             ram = host_memory_available()
-            host = int(min(ram, limit or ram) * HOST_SHARE)
+            host = _grain(int(min(ram, limit or ram) * HOST_SHARE))
     return device, host
+
+
+def _grain(nbytes: int) -> int:
+    return nbytes - nbytes % BUDGET_GRAIN if nbytes >= 4 * BUDGET_GRAIN else nbytes
 
 
 def resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:

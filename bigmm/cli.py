@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("-o", "--out", default=None, metavar="C", help="output spec (optional)")
     _job_options(pl)
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.add_argument("--verify", default=None, choices=("checksum",),
+                    help="plan for a run with checksums (their time counts on a GPU)")
     pl.set_defaults(func=cmd_plan)
 
     g = sub.add_parser("generate", parents=[common], help="write a seeded random matrix",

@@ -362,3 +362,15 @@ def test_cpu_matmul_plans_by_bytes_as_plan_does(tmp_path):
     fresh = make_plan(300, 250, 200, device_budget=200 * 1024, host_budget=200 * 1024,
                       staging=False)
     assert p.key() == fresh.key() and p.predicted_seconds is not None
+
+
+def test_default_budgets_are_whole_grains():
+    from bigmm.api import BUDGET_GRAIN, resolve_budgets
+    from bigmm.backends.numpy import NumpyBackend
+
+    device, host = resolve_budgets(NumpyBackend(), None, None)
+    # a share of what is free, rounded down so that small changes keep the cached plan
+    assert device % BUDGET_GRAIN == 0 or device < 4 * BUDGET_GRAIN
+    assert host == device  # no staging on the CPU
+    # budgets the user gives are kept to the byte
+    assert resolve_budgets(NumpyBackend(), 123456789, None) == (123456789, 123456789)
