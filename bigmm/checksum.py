@@ -109,6 +109,7 @@ class TileChecksums:
                      else self.result)
         self.eps = float(be.epsilon(np.dtype(plan.dtype)))
         self.panels = len(plan.k_panels())
+        self._launches: dict[tuple, list] = {}
 
     def _pair(self, buf, k: int):
         """(values, absolute values) halves of a panel slot's vector buffer, k long."""
@@ -121,50 +122,71 @@ class TileChecksums:
         e, (rows, cols) = self.expected[c_slot], shape
         return e[:cols], e[bn:bn + cols], e[2 * bn:2 * bn + rows], e[2 * bn + bm:2 * bn + bm + rows]
 
+    def _issue(self, key: tuple, make, stream) -> None:
+        """Issue the launches ``make()`` gives for ``key`` on ``stream``, set up on first use
+        (a run repeats few distinct shapes on the same slot buffers: the checks and kernel
+        choices are done once, not at every step)."""
+        launches = self._launches.get(key)
+        if launches is None:
+            launches = self._launches[key] = make()
+        for launch in launches:
+            launch(stream)
+
     def landed(self, op: str, slot: int, panel, stream) -> None:
-        """Take the vectors of a stored panel of A or B that just landed in ``slot``."""
-        p = self.plan
-        if op == "A":  # e^T op(A): sums over the rows of op(A)
-            x, buf = (panel.T if p.trans_a else panel), self.a[slot]
-        else:  # op(B) e: sums over the rows of op(B)^T
-            x, buf = (panel if p.trans_b else panel.T), self.b[slot]
-        self.be.weighted_sums(x, *self._pair(buf, x.shape[1]), stream=stream)
+        """Take the vectors of a stored panel of A or B that just landed in ``slot`` (the
+        views the executor passes for one slot always start at its buffer)."""
+        def make():
+            p = self.plan
+            if op == "A":  # e^T op(A): sums over the rows of op(A)
+                x, buf = (panel.T if p.trans_a else panel), self.a[slot]
+            else:  # op(B) e: sums over the rows of op(B)^T
+                x, buf = (panel if p.trans_b else panel.T), self.b[slot]
+            return [self.be.sums_launcher(x, *self._pair(buf, x.shape[1]))]
+
+        self._issue(("landed", op, slot, panel.shape), make, stream)
 
     def step(self, st: Step, a, b, c, stream) -> None:
         """Add one step's terms to its tile's expected sums (before its gemm: on the first
         step ``c`` still holds C0, read when beta != 0)."""
-        p, be = self.plan, self.be
-        col, col_abs, row, row_abs = self._expected(st.c_slot, st.tile.shape)
-        more = not st.first
-        if st.first and p.reads_c:
-            be.weighted_sums(c, col, col_abs, scale=self.beta, stream=stream)
-            be.weighted_sums(c.T, row, row_abs, scale=self.beta, stream=stream)
-            more = True
-        k = st.k1 - st.k0
-        av, av_abs = self._pair(self.a[st.a_slot], k)
-        bv, bv_abs = self._pair(self.b[st.b_slot], k)
-        op_a = a.T if p.trans_a else a
-        op_b = b.T if p.trans_b else b
-        be.weighted_sums(op_b, col, col_abs, weights=av, abs_weights=av_abs, scale=self.alpha,
-                         accumulate=more, stream=stream)
-        be.weighted_sums(op_a.T, row, row_abs, weights=bv, abs_weights=bv_abs,
-                         scale=self.alpha, accumulate=more, stream=stream)
+        def make():
+            p, launcher = self.plan, self.be.sums_launcher
+            col, col_abs, row, row_abs = self._expected(st.c_slot, st.tile.shape)
+            more = not st.first
+            out = []
+            if st.first and p.reads_c:
+                out += [launcher(c, col, col_abs, scale=self.beta),
+                        launcher(c.T, row, row_abs, scale=self.beta)]
+                more = True
+            k = st.k1 - st.k0
+            av, av_abs = self._pair(self.a[st.a_slot], k)
+            bv, bv_abs = self._pair(self.b[st.b_slot], k)
+            op_a = a.T if p.trans_a else a
+            op_b = b.T if p.trans_b else b
+            return out + [launcher(op_b, col, col_abs, weights=av, abs_weights=av_abs,
+                                   scale=self.alpha, accumulate=more),
+                          launcher(op_a.T, row, row_abs, weights=bv, abs_weights=bv_abs,
+                                   scale=self.alpha, accumulate=more)]
+
+        self._issue(("step", st.c_slot, st.a_slot, st.b_slot, a.shape, b.shape, st.first),
+                    make, stream)
 
     def finish(self, st: Step, c, stream) -> None:
         """Compare the finished tile's column and row sums with the expected ones; the four
         result numbers stay on the device until :meth:`fetch`."""
-        rows, cols = st.tile.shape
-        bn, be = self.plan.bn, self.be
-        col, col_abs, row, row_abs = self._expected(st.c_slot, st.tile.shape)
-        act_col, act_row = self.actual[:cols], self.actual[bn:bn + rows]
-        be.weighted_sums(c, act_col, stream=stream)
-        be.weighted_sums(c.T, act_row, stream=stream)
-        res = self.result[st.c_slot]
-        k, dt = self.plan.k, np.dtype(self.plan.dtype)
-        be.compare_sums(col, col_abs, act_col, *bounds(self.eps, dt, k, self.panels, rows),
-                        res[0:2], stream)
-        be.compare_sums(row, row_abs, act_row, *bounds(self.eps, dt, k, self.panels, cols),
-                        res[2:4], stream)
+        def make():
+            rows, cols = st.tile.shape
+            bn, be = self.plan.bn, self.be
+            col, col_abs, row, row_abs = self._expected(st.c_slot, st.tile.shape)
+            act_col, act_row = self.actual[:cols], self.actual[bn:bn + rows]
+            res = self.result[st.c_slot]
+            k, dt = self.plan.k, np.dtype(self.plan.dtype)
+            return [be.sums_launcher(c, act_col), be.sums_launcher(c.T, act_row),
+                    be.compare_launcher(col, col_abs, act_col,
+                                        *bounds(self.eps, dt, k, self.panels, rows), res[0:2]),
+                    be.compare_launcher(row, row_abs, act_row,
+                                        *bounds(self.eps, dt, k, self.panels, cols), res[2:4])]
+
+        self._issue(("finish", st.c_slot, st.tile.shape), make, stream)
 
     def fetch(self, c_slot: int, stream) -> None:
         """Copy a C slot's result numbers to the host (staging backends) on ``stream``."""
@@ -184,7 +206,8 @@ class TileChecksums:
 def has_checksums(be) -> bool:
     """Whether backend ``be`` implements the checksum methods."""
     return all(callable(getattr(be, m, None))
-               for m in ("weighted_sums", "compare_sums", "epsilon", "run_on"))
+               for m in ("weighted_sums", "compare_sums", "sums_launcher", "compare_launcher",
+                         "epsilon", "run_on"))
 
 
 # ----- fault injection (tests) --------------------------------------------------------------

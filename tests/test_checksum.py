@@ -337,3 +337,17 @@ def test_checksum_kernel_choice(rows, cols, sr, sc, itemsize, ptr, kernel):
     from bigmm.backends.cuda_kernels import sums_path
 
     assert sums_path(rows, cols, sr, sc, itemsize, ptr) == kernel
+
+
+def test_numpy_launchers_read_their_views_at_each_launch():
+    from bigmm.backends.numpy import NumpyBackend
+
+    be, rng = NumpyBackend(), np.random.default_rng(3)
+    x = rng.standard_normal((50, 7)).astype(np.float32)
+    out = np.zeros(7)
+    launch = be.sums_launcher(x, out, accumulate=True)
+    launch(None)
+    first = out.copy()
+    x *= 2  # the panel changes in place, as a slot's does between steps
+    launch(None)
+    np.testing.assert_allclose(out, 3 * first, rtol=1e-12)

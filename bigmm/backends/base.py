@@ -11,7 +11,7 @@ executor orders them with ``record``/``wait`` and blocks the host only through `
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -73,6 +73,17 @@ class Backend(Protocol):
         ``out_abs[j] (+)= |scale| * sum_i wa[i] |x[i, j]|`` (w: ``weights`` or ones; wa:
         ``abs_weights`` or |w|; ``out_abs`` optional). Vectors are flat float64 device arrays;
         without ``accumulate`` the outputs are overwritten."""
+
+    def sums_launcher(self, x: Any, out: Any, out_abs: Any = None, *, weights: Any = None,
+                      abs_weights: Any = None, scale: float = 1.0,
+                      accumulate: bool = False) -> Callable[[Any], None]:
+        """``weighted_sums`` with these arguments checked and set up once: calling the result
+        with a stream issues it (again and again, on the same views, as the checks of every
+        step do)."""
+
+    def compare_launcher(self, expected: Any, magnitude: Any, actual: Any, rel_tol: float,
+                         floor: float, result: Any) -> Callable[[Any], None]:
+        """``compare_sums`` set up once, like :meth:`sums_launcher`."""
 
     def compare_sums(self, expected: Any, magnitude: Any, actual: Any, rel_tol: float,
                      floor: float, result: Any, stream: Any) -> None:

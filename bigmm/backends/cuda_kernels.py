@@ -535,6 +535,20 @@ def weighted_sums(x, out, out_abs=None, *, weights=None, abs_weights=None, scale
     (:data:`SUMS_PATHS`; a fast one only where :func:`sums_path` allows it, "generic"
     always); returns the one used."""
     import cupy
+
+    launch, chosen = prepare_sums(x, out, out_abs, weights=weights, abs_weights=abs_weights,
+                                  scale=scale, accumulate=accumulate, path=path)
+    launch(stream if stream is not None else cupy.cuda.get_current_stream())
+    return chosen
+
+
+def prepare_sums(x, out, out_abs=None, *, weights=None, abs_weights=None, scale=1.0,
+                 accumulate=False, path: str | None = None):
+    """(launch, path): :func:`weighted_sums` checked and set up once, ``launch(stream)``
+    issuing it. The launch holds the views, so a caller issuing the same sums over the same
+    buffers again and again (the checks of every step of a run) pays the checks and the
+    kernel choice once."""
+    import cupy
     import numpy as np
 
     if not isinstance(x, cupy.ndarray) or x.ndim != 2 or str(x.dtype) not in _DTYPES:
@@ -552,21 +566,26 @@ def weighted_sums(x, out, out_abs=None, *, weights=None, abs_weights=None, scale
         chosen = path
     args = [_vector(out, cols, "out"), _vector(out_abs, cols, "out_abs"),
             _vector(weights, rows, "weights"), _vector(abs_weights, rows, "abs_weights")]
-    cuda_stream = stream if stream is not None else cupy.cuda.get_current_stream()
-    with cuda_stream:
-        if not accumulate:
-            for v in (out, out_abs):
-                if v is not None and v.size:
-                    cupy.cuda.runtime.memsetAsync(v.data.ptr, 0, v.nbytes, cuda_stream.ptr)
-        if rows == 0 or cols == 0:
-            return chosen
+    zero = [(v.data.ptr, v.nbytes) for v in (out, out_abs)
+            if not accumulate and v is not None and v.size]
+    memset = cupy.cuda.runtime.memsetAsync
+    kern = None
+    if rows and cols:
         suffix = "f32" if x.itemsize == 4 else "f64"
         name = "abft_sums_" + (suffix if chosen == "generic" else f"{chosen}_{suffix}")
         grid, block, per_block = _sums_launch(chosen, rows, cols, x.itemsize)
-        raw_kernel(_CHECKSUM_SOURCE, name)(
-            grid, block, (np.int32(rows), np.int32(cols), x, np.int64(sr), np.int64(sc), args[2],
-                          args[3], np.float64(scale), np.int32(per_block), args[0], args[1]))
-    return chosen
+        kern = raw_kernel(_CHECKSUM_SOURCE, name)
+        kargs = (np.int32(rows), np.int32(cols), x, np.int64(sr), np.int64(sc), args[2],
+                 args[3], np.float64(scale), np.int32(per_block), args[0], args[1])
+
+    def launch(stream) -> None:
+        with stream:
+            for ptr, nbytes in zero:
+                memset(ptr, 0, nbytes, stream.ptr)
+            if kern is not None:
+                kern(grid, block, kargs)
+
+    return launch, chosen
 
 
 def compare_sums(expected, magnitude, actual, rel_tol: float, floor: float, result,
@@ -574,6 +593,13 @@ def compare_sums(expected, magnitude, actual, rel_tol: float, floor: float, resu
     """``result[0] = max_j |expected_j - actual_j| / (rel_tol * magnitude_j + floor)`` and
     ``result[1]`` = that j, on ``stream`` (float64 cupy vectors; ``result`` holds 2)."""
     import cupy
+
+    prepare_compare(expected, magnitude, actual, rel_tol, floor, result)(
+        stream if stream is not None else cupy.cuda.get_current_stream())
+
+
+def prepare_compare(expected, magnitude, actual, rel_tol: float, floor: float, result):
+    """:func:`compare_sums` checked and set up once: ``launch(stream)`` issues it."""
     import numpy as np
 
     n = expected.size
@@ -581,5 +607,10 @@ def compare_sums(expected, magnitude, actual, rel_tol: float, floor: float, resu
                                                 (actual, "actual"))]
     res = _vector(result, 2, "result")
     kern = raw_kernel(_CHECKSUM_SOURCE, "abft_compare")
-    with (stream if stream is not None else cupy.cuda.get_current_stream()):
-        kern((1,), (256,), (np.int32(n), *args, np.float64(rel_tol), np.float64(floor), res))
+    kargs = (np.int32(n), *args, np.float64(rel_tol), np.float64(floor), res)
+
+    def launch(stream) -> None:
+        with stream:
+            kern((1,), (256,), kargs)
+
+    return launch

@@ -99,6 +99,11 @@ class CupyBackend:
 
     name = "cupy"
     staging = True
+    #: For the planner's time model with checksums: bytes per second the sums kernels read
+    #: (2.0-2.4 TB/s measured on an H100 for panels beyond L2) and the seconds their launches
+    #: add to a step (two per step, about 20 us each).
+    checksum_rate = 2.0e12
+    checksum_step = 40e-6
 
     def __init__(self, *, kernel: str = "bigmm", device: int | None = None,
                  keep_pinned: bool = True):
@@ -292,23 +297,44 @@ class CupyBackend:
     def weighted_sums(self, x, out, out_abs=None, *, weights=None, abs_weights=None,
                       scale: float = 1.0, accumulate: bool = False, stream=None) -> None:
         """See :meth:`bigmm.backends.base.Backend.weighted_sums` (kernels/abft_checksum.cu)."""
+        self.sums_launcher(x, out, out_abs, weights=weights, abs_weights=abs_weights,
+                           scale=scale, accumulate=accumulate)(stream)
+
+    def sums_launcher(self, x, out, out_abs=None, *, weights=None, abs_weights=None,
+                      scale: float = 1.0, accumulate: bool = False):
+        """See :meth:`bigmm.backends.base.Backend.sums_launcher`."""
         from . import cuda_kernels
 
-        stream = stream if stream is not None else cupy.cuda.get_current_stream()
-        e0 = self._mark(stream)
         with self._device:
-            cuda_kernels.weighted_sums(x, out, out_abs, weights=weights,
-                                       abs_weights=abs_weights, scale=scale,
-                                       accumulate=accumulate, stream=stream)
-        self._marked("compute", e0, stream, f"checksum {x.shape[0]}x{x.shape[1]}")
+            launch, _ = cuda_kernels.prepare_sums(x, out, out_abs, weights=weights,
+                                                  abs_weights=abs_weights, scale=scale,
+                                                  accumulate=accumulate)
+        return self._launcher(launch, f"checksum {x.shape[0]}x{x.shape[1]}")
 
     def compare_sums(self, expected, magnitude, actual, rel_tol: float, floor: float, result,
                      stream=None) -> None:
+        self.compare_launcher(expected, magnitude, actual, rel_tol, floor, result)(stream)
+
+    def compare_launcher(self, expected, magnitude, actual, rel_tol: float, floor: float,
+                         result):
         from . import cuda_kernels
 
         with self._device:
-            cuda_kernels.compare_sums(expected, magnitude, actual, rel_tol, floor, result,
-                                      stream=stream)
+            launch = cuda_kernels.prepare_compare(expected, magnitude, actual, rel_tol, floor,
+                                                  result)
+        return self._launcher(launch, "checksum compare")
+
+    def _launcher(self, launch, label: str):
+        """``launch(stream)`` on this device (the current stream for None), timed as compute
+        while profiling."""
+        def run(stream=None) -> None:
+            stream = stream if stream is not None else cupy.cuda.get_current_stream()
+            e0 = self._mark(stream)
+            with self._device:
+                launch(stream)
+            self._marked("compute", e0, stream, label)
+
+        return run
 
     def epsilon(self, dtype) -> float:
         """The dtype's machine epsilon; 2**-10 for float32 products on TF32 tensor cores

@@ -129,6 +129,14 @@ class NumpyBackend:
                 np.abs(xb, out=xb)
                 sa += xb.sum(axis=0) if abs_weights is None else abs_weights[r0:r1] @ xb
 
+    def sums_launcher(self, x, out, out_abs=None, **options) -> Callable:
+        return lambda stream=None: self.weighted_sums(x, out, out_abs, **options)
+
+    def compare_launcher(self, expected, magnitude, actual, rel_tol: float, floor: float,
+                         result) -> Callable:
+        return lambda stream=None: self.compare_sums(expected, magnitude, actual, rel_tol,
+                                                     floor, result)
+
     def compare_sums(self, expected, magnitude, actual, rel_tol: float, floor: float, result,
                      stream: Any = None) -> None:
         with np.errstate(invalid="ignore", over="ignore"):

@@ -193,3 +193,39 @@ def test_compare_sums_matches_numpy():
         assert want[0] == np.inf and want[1] == 17
     finally:
         be.close()
+
+
+@pytest.mark.parametrize("accumulate", [
+    False,  # overwriting: every launch zeroes the sums first
+    True,   # accumulating: every launch adds to them
+])
+def test_a_launcher_reads_its_views_as_they_are_at_each_launch(accumulate):
+    """The checks set a launch up once per slot and issue it at every step, while the slot's
+    panel changes: each launch must sum what the buffer holds then."""
+    import cupy
+
+    from bigmm.backends import get_backend
+
+    be = get_backend("cupy")
+    try:
+        rng = np.random.default_rng(5)
+        x = cupy.asarray(rng.standard_normal((129, 67)).astype(np.float32))
+        w = cupy.asarray(rng.standard_normal(129))
+        out, out_abs = cupy.zeros(67), cupy.zeros(67)
+        s = be.stream()
+        launch = be.sums_launcher(x, out, out_abs, weights=w, scale=0.5, accumulate=accumulate)
+        total = np.zeros(67)
+        for _ in range(3):
+            x[...] = cupy.asarray(rng.standard_normal((129, 67)).astype(np.float32))
+            launch(s)
+            s.synchronize()
+            want = 0.5 * (w.get() @ x.get().astype(np.float64))
+            total = total + want if accumulate else want
+            np.testing.assert_allclose(out.get(), total, rtol=1e-12, atol=1e-12)
+        res = cupy.zeros(2)
+        compare = be.compare_launcher(out, out_abs, out, 1e-6, 0.0, res)
+        compare(s)
+        s.synchronize()
+        assert res.get().tolist() == [0.0, 0.0]  # equal sums: ratio 0 at column 0
+    finally:
+        be.close()
