@@ -17,8 +17,9 @@ HDF5 files (contiguous float32 n x n in ``--dir``):
 
 Checksum overhead (``--parts verify``): the same HDF5 files (first of ``--layouts``, warm page
 cache) and the same host arrays multiplied with ``verify=None`` and ``verify="checksum"``,
-alternating, ``--verify-repeat`` times each after a warm-up of both; the medians and the
-overhead in per cent of the unchecked run; the device cost of one step's checks against its
+alternating (which goes first alternates too), ``--verify-repeat`` times each after a warm-up
+of both; the medians and the overhead in per cent of the unchecked run, and the median of
+each round's ratio with a bootstrap 90% interval; the device cost of one step's checks against its
 gemm. Checksum kernels (``--parts kernels``): the bandwidth of each checksum kernel (the fast
 path the layout gets and the generic fallback) on the run's A and B panels, summed both ways,
 with weights and absolute sums, against a device-to-device copy of the same bytes (CUDA
@@ -440,7 +441,8 @@ def verify_overhead(spec_a, spec_b, a, b, n, memory, ref, d, repeat, res):
         times: dict = {None: [], "checksum": []}
         checks = {}
         for i in range(repeat + 1):  # the first round warms the page cache and the kernels
-            for v in (None, "checksum"):
+            # alternate which goes first, so that neither always follows the other
+            for v in ((None, "checksum") if i % 2 == 0 else ("checksum", None)):
                 t0 = time.perf_counter()
                 _, stats = job(v)
                 t = time.perf_counter() - t0
@@ -455,13 +457,24 @@ def verify_overhead(spec_a, spec_b, a, b, n, memory, ref, d, repeat, res):
                     times[v].append(t)
         off, on = float(np.median(times[None])), float(np.median(times["checksum"]))
         best_off, best_on = min(times[None]), min(times["checksum"])
+        # each round's two runs back to back: the median of their ratios, and a bootstrap
+        # 90% interval of that median (rounds resampled)
+        pairs = np.array(times["checksum"]) / np.array(times[None])
+        rng = np.random.default_rng(0)
+        boot = np.median(rng.choice(pairs, (2000, pairs.size)), axis=1)
+        lo, hi = (float(x) for x in np.percentile(boot, [5, 95]))
+        paired = float(np.median(pairs))
         out[where] = {"seconds_off": off, "seconds_on": on, "overhead_percent": 100 * (on / off - 1),
                       "best_off": best_off, "best_on": best_on,
                       "overhead_percent_best": 100 * (best_on / best_off - 1),
+                      "overhead_percent_paired": 100 * (paired - 1),
+                      "paired_interval_90": [100 * (lo - 1), 100 * (hi - 1)],
                       "runs_off": times[None], "runs_on": times["checksum"], "checks": checks}
         log(f"verify overhead, {where}: {off:.3f} s off, {on:.3f} s with checksums "
-            f"(median of {repeat}): {100 * (on / off - 1):+.2f}%; best {best_off:.3f} and "
-            f"{best_on:.3f} s: {100 * (best_on / best_off - 1):+.2f}%; {checks}")
+            f"(median of {repeat}): {100 * (on / off - 1):+.2f}%; median of the {repeat} "
+            f"rounds' ratios {100 * (paired - 1):+.2f}% (90% interval {100 * (lo - 1):+.2f} to "
+            f"{100 * (hi - 1):+.2f}%); best {best_off:.3f} and {best_on:.3f} s: "
+            f"{100 * (best_on / best_off - 1):+.2f}%; {checks}")
     (d / "c_verify.h5").unlink(missing_ok=True)
     out["device"] = checksum_device_cost(spec_a, spec_b, memory, repeat)
     res["verify_overhead"] = out
@@ -688,8 +701,10 @@ def summary_table(res) -> str:
         if where in vo:
             v = vo[where]
             lines.append(f"checksums, {where}: {v['seconds_off']:.3f} s off, {v['seconds_on']:.3f}"
-                         f" s on: {v['overhead_percent']:+.2f}% (medians); best of each "
-                         f"{v['overhead_percent_best']:+.2f}%")
+                         f" s on: {v['overhead_percent']:+.2f}% (medians); median of the "
+                         f"rounds' ratios {v['overhead_percent_paired']:+.2f}% (90% "
+                         f"{v['paired_interval_90'][0]:+.2f} to {v['paired_interval_90'][1]:+.2f}%)"
+                         f"; best of each {v['overhead_percent_best']:+.2f}%")
     if "device" in vo:
         dv = vo["device"]
         lines.append(f"checksums on the device: {dv['overhead_percent_of_compute']:.2f}% of the "
