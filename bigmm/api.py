@@ -21,7 +21,6 @@ from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import DtypeError, OptionError, OutputTooLarge, ResumeError, ShapeError
 from .executor import STAGES, Progress, RunStats, execute
-from .io.cache import resident_fraction
 from .plan import READ_RATE, WRITE_RATE, Plan, Rates, make_plan
 from .profile import Profile
 from .units import format_bytes, parse_size
@@ -36,10 +35,6 @@ BUDGET_GRAIN = 64 << 20
 #: Nominal speeds of reading a NumPy array input (a copy into the staging buffers, bound by
 #: host memory bandwidth: ~15 GB/s on the H100 host) and of writing C into a NumPy array.
 ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9
-#: Reading a file the page cache holds (mapped copies into pinned staging: 6.3 GB/s measured
-#: on a 16-core host), and the fixed cost of each panel load from a file (~2 ms measured: 256
-#: loads of 256 x 4096 panels took 0.5 s longer than 64 loads of 1024 x 4096 ones).
-CACHED_READ_RATE, FILE_LOAD_SECONDS = 6e9, 2e-3
 #: Keys of the journal's job that must match for a resume.
 _JOB_KEYS = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c")
 
@@ -287,10 +282,8 @@ def _rates(be, dtype: str, limit: int) -> Rates | None:
 def _io_rates(rates: Rates | None, A, B, out) -> Rates | None:
     """``rates`` with the read and write speeds of these operands: a source's own
     ``read_rate`` attribute (bytes per second) where it has one, else ARRAY_READ_RATE for
-    NumPy arrays and for files READ_RATE, or CACHED_READ_RATE for the share of the file the
-    page cache holds now (the slower of A and B); FILE_LOAD_SECONDS per panel load when an
-    input is a file; ARRAY_WRITE_RATE when C is a NumPy array (or a new one), else
-    WRITE_RATE."""
+    NumPy arrays and READ_RATE for files (the slower of A and B); ARRAY_WRITE_RATE when C is
+    a NumPy array (or a new one), else WRITE_RATE."""
     if rates is None:
         return None
 
@@ -298,18 +291,11 @@ def _io_rates(rates: Rates | None, A, B, out) -> Rates | None:
         own = getattr(src, "read_rate", None)
         if own:
             return float(own)
-        if getattr(src, "layout", None) == "array":
-            return ARRAY_READ_RATE
-        cached = resident_fraction(src.path) if getattr(src, "path", None) else None
-        if not cached:
-            return READ_RATE
-        return 1.0 / (cached / CACHED_READ_RATE + (1.0 - cached) / READ_RATE)
+        return ARRAY_READ_RATE if getattr(src, "layout", None) == "array" else READ_RATE
 
     array_out = out is None or isinstance(out, np.ndarray)
-    files = any(getattr(src, "layout", None) != "array" for src in (A, B))
     return replace(rates, read_bytes=min(read_rate(A), read_rate(B)),
-                   write_bytes=ARRAY_WRITE_RATE if array_out else WRITE_RATE,
-                   load_seconds=FILE_LOAD_SECONDS if files else 0.0)
+                   write_bytes=ARRAY_WRITE_RATE if array_out else WRITE_RATE)
 
 
 def _start_profile(profile, be):
