@@ -81,9 +81,6 @@ class Rates:
     #: (None: no checks) and the fixed seconds they add to each step (their launches).
     check_bytes: float | None = None
     check_step: float = 0.0
-    #: Fixed seconds of one panel load at the readers beyond its bytes (splitting it into
-    #: tasks, mapping and releasing its pages, handing the staging slot on).
-    load_seconds: float = 0.0
 
     def check_seconds(self, nbytes: float, steps: int) -> float:
         """Seconds the checks add on the compute stream for ``steps`` steps whose sums read
@@ -467,12 +464,10 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     else:
         later, panels = p.nj - 1, p.k * p.bn + (p.bm * p.k if p.a_reads > 1 else 0) + c
     burst = max(0.0, w * panels / r.read_bytes - tile0)
-    loads = p.nk * (p.a_reads * p.ni + p.b_reads * p.nj) + (p.n_tiles if p.reads_c else 0)
-    return StageTimes(read=p.bytes_read / r.read_bytes + loads * r.load_seconds,
-                      copy_in=copy(p.bytes_h2d),
+    return StageTimes(read=p.bytes_read / r.read_bytes, copy_in=copy(p.bytes_h2d),
                       compute=compute, copy_out=copy(p.bytes_written),
                       write=p.bytes_written / r.write_bytes,
-                      fill=first / r.read_bytes + 2 * r.load_seconds + copy(first), drain=drain, head=head,
+                      fill=first / r.read_bytes + copy(first), drain=drain, head=head,
                       first=tile0, bursts=later * burst)
 
 
@@ -581,8 +576,8 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
                 ready = host_copied[op][host_next[op]]
             else:
                 ready = gemms[dev_user[op][slot] + 1]
-            read_end = max(read_end, assign, ready) + nbytes / rd + r.load_seconds
-            busy[0] += nbytes / rd + r.load_seconds
+            read_end = max(read_end, assign, ready) + nbytes / rd
+            busy[0] += nbytes / rd
             if read_end > start:
                 start = read_end
         # the issuing thread: copies in, the gemm, and after a tile's last gemm its copy-out

@@ -354,22 +354,3 @@ def test_checksum_costs_count_in_the_predicted_time():
     # the plan chosen without them
     assert replace(plain, rates=checked).predicted_seconds > plain.predicted_seconds
     assert with_checks.predicted_seconds <= replace(plain, rates=checked).predicted_seconds
-
-
-def test_a_fixed_cost_per_load_favours_fewer_larger_panels():
-    from dataclasses import replace
-
-    # a warm page cache, a disk-speed writer: without a cost per load the thinnest A panels
-    # win the drain; each load costing 2 ms makes fewer, larger loads faster
-    warm = Rates(flops=50e12, read_bytes=6e9, write_bytes=1e9, h2d_bytes=25e9)
-    args = dict(device_budget=8 * GiB, host_budget=32 * GiB)
-
-    def loads(p):
-        return p.nk * (p.a_reads * p.ni + p.b_reads * p.nj)
-
-    free = make_plan(16384, 16384, 16384, rates=warm, **args)
-    costly = make_plan(16384, 16384, 16384, rates=replace(warm, load_seconds=2e-3), **args)
-    assert loads(costly) < loads(free)
-    # and the model charges them: the same plan predicts longer with the cost
-    assert (replace(free, rates=replace(warm, load_seconds=2e-3)).predicted_seconds
-            > free.predicted_seconds)
