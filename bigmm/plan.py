@@ -659,6 +659,26 @@ def _op_chunks(chunks: tuple[int, int] | None, trans: bool) -> tuple[int | None,
     return (chunks[1], chunks[0]) if trans else (chunks[0], chunks[1])
 
 
+#: Plans kept by make_plan.
+PLAN_CACHE = 256
+
+
+def _cached_plans(plan_fn):
+    """``plan_fn`` keeping its last PLAN_CACHE results by argument: plans are frozen and depend
+    on the arguments alone, so a process running jobs of one shape plans once (choosing by
+    time simulates up to SIM_PLANS schedules, tens of milliseconds). Lists (chunk shapes,
+    tiles) count as the tuples they equal; errors are raised again every time."""
+    cached = functools.lru_cache(maxsize=PLAN_CACHE)(plan_fn)
+
+    @functools.wraps(plan_fn)
+    def plan(*args, **kwargs):
+        return cached(*args, **{k: tuple(v) if isinstance(v, list) else v
+                                for k, v in kwargs.items()})
+
+    return plan
+
+
+@_cached_plans
 def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool = False,
               trans_b: bool = False, reads_c: bool = False, device_budget: int,
               host_budget: int | None = None, staging: bool = True,
@@ -666,29 +686,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               align: int = 256, max_bk: int = 4096, min_tile: int = 8,
               tile: tuple[int, int, int] | None = None, order: str | None = None,
               rates: Rates | None = None) -> Plan:
-    """Choose the schedule moving the fewest bytes within both budgets (see :func:`_plan`).
-
-    Plans are frozen and depend on the arguments alone, so the last PLAN_CACHE of them are
-    kept: a process running jobs of one shape plans once (choosing by time simulates up to
-    SIM_PLANS schedules, tens of milliseconds)."""
-    def hashable(x):
-        return tuple(x) if isinstance(x, list) else x
-
-    return _plan_cached(m, n, k, dtype, trans_a=trans_a, trans_b=trans_b, reads_c=reads_c,
-                        device_budget=device_budget, host_budget=host_budget, staging=staging,
-                        a_chunks=hashable(a_chunks), b_chunks=hashable(b_chunks), align=align,
-                        max_bk=max_bk, min_tile=min_tile, tile=hashable(tile), order=order,
-                        rates=rates)
-
-
-def _plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool = False,
-          trans_b: bool = False, reads_c: bool = False, device_budget: int,
-          host_budget: int | None = None, staging: bool = True,
-          a_chunks: tuple[int, int] | None = None, b_chunks: tuple[int, int] | None = None,
-          align: int = 256, max_bk: int = 4096, min_tile: int = 8,
-          tile: tuple[int, int, int] | None = None, order: str | None = None,
-          rates: Rates | None = None) -> Plan:
-    """Choose the schedule moving the fewest bytes within both budgets.
+    """Choose the schedule moving the fewest bytes within both budgets (cached: see
+    :func:`_cached_plans`).
 
     Tile edges are multiples of ``align`` (256: whole block tiles of the GPU kernels, whose
     largest is 128 x 256) unless the dimension is smaller or the budget forbids it.
@@ -745,11 +744,6 @@ def _plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool = Fal
                     else min(found, key=lambda x: x[0])[1])
     raise _too_small(Plan(bm=min(m, min_tile), bn=min(n, min_tile), bk=min(k, min_tile),
                           order="stream", **base))
-
-
-#: Plans kept by make_plan.
-PLAN_CACHE = 256
-_plan_cached = functools.lru_cache(maxsize=PLAN_CACHE)(_plan)
 
 
 def _fastest(found: list[tuple[tuple, Plan]], rates: Rates) -> Plan:
