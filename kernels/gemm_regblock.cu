@@ -481,7 +481,8 @@ typedef bigmm::FmaCompute<BigmmTile> BigmmCompute;
 
 // One launch signature for every entry point.  Name: gemm_<A mode><B mode>, k/v/s = LOAD_K,
 // LOAD_V, LOAD_S.  NN uses k{v,s}, NT kk, TN {v,s}{v,s}, TT {v,s}k.  With -DBIGMM_ONLY only the
-// entries named by -DBIGMM_WANT_<modes> are compiled (the launcher compiles what it uses).
+// entry -DBIGMM_ONLY_NAME with loaders -DBIGMM_ONLY_A, -DBIGMM_ONLY_B is compiled (the launcher
+// compiles what it uses, one module per entry).
 #define BIGMM_ENTRY(NAME, LA, LB)                                                              \
     extern "C" __global__ void __launch_bounds__(BigmmTile::NT, BIGMM_MIN_BLOCKS)              \
         NAME(int M, int N, int K, BIGMM_DTYPE alpha, const BIGMM_DTYPE* __restrict__ A,          \
@@ -492,30 +493,16 @@ typedef bigmm::FmaCompute<BigmmTile> BigmmCompute;
             M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, c_vec, k_chunk, c_zstride);          \
     }
 
-#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_kv)
+#if defined(BIGMM_ONLY)
+BIGMM_ENTRY(BIGMM_ONLY_NAME, BIGMM_ONLY_A, BIGMM_ONLY_B)
+#else
 BIGMM_ENTRY(gemm_kv, LOAD_K, LOAD_V)
-#endif
-#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_ks)
 BIGMM_ENTRY(gemm_ks, LOAD_K, LOAD_S)
-#endif
-#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_kk)
 BIGMM_ENTRY(gemm_kk, LOAD_K, LOAD_K)
-#endif
-#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_vv)
 BIGMM_ENTRY(gemm_vv, LOAD_V, LOAD_V)
-#endif
-#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_vs)
 BIGMM_ENTRY(gemm_vs, LOAD_V, LOAD_S)
-#endif
-#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_sv)
 BIGMM_ENTRY(gemm_sv, LOAD_S, LOAD_V)
-#endif
-#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_ss)
 BIGMM_ENTRY(gemm_ss, LOAD_S, LOAD_S)
-#endif
-#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_vk)
 BIGMM_ENTRY(gemm_vk, LOAD_V, LOAD_K)
-#endif
-#if !defined(BIGMM_ONLY) || defined(BIGMM_WANT_sk)
 BIGMM_ENTRY(gemm_sk, LOAD_S, LOAD_K)
 #endif

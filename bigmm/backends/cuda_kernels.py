@@ -33,6 +33,7 @@ _INT32_MAX = 2**31 - 1
 # (A mode, B mode) -> entry point.  Modes: k = A/B contiguous along K (transposed on load),
 # v = contiguous along M/N and 16-byte aligned, s = contiguous along M/N, unaligned.
 _ENTRIES = ("kv", "ks", "kk", "vv", "vs", "sv", "ss", "vk", "sk")
+_LOADERS = {"k": "LOAD_K", "v": "LOAD_V", "s": "LOAD_S"}
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,9 @@ def raw_kernel(filename: str, entry: str, options: tuple[str, ...] = ()):
 
 
 def _gemm_kernel(config: TileConfig, entry: str):
-    options = config.defines() + ("-DBIGMM_ONLY=1", f"-DBIGMM_WANT_{entry}=1")
+    options = config.defines() + ("-DBIGMM_ONLY=1", f"-DBIGMM_ONLY_NAME=gemm_{entry}",
+                                  f"-DBIGMM_ONLY_A={_LOADERS[entry[0]]}",
+                                  f"-DBIGMM_ONLY_B={_LOADERS[entry[1]]}")
     kern = raw_kernel(_FAMILY_SOURCE, "gemm_" + entry, options)
     key = (options, _device_id())
     if _smem_granted.get(key) != config.smem_bytes:
