@@ -7,6 +7,7 @@ files, an array for arrays).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -69,10 +70,7 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
     """
     threads = parse_io_threads(io_threads)
     verify = parse_verify(verify)
-    be = resolve_backend(backend, kernel)
-    closing: list = []
-    try:
-        A, B = _open_inputs(a, b, closing)
+    with _opened(a, b, backend, kernel) as (be, A, B, closing):
         p, job = _plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                            trans_b=trans_b, memory=memory, host_memory=host_memory,
                            resume=resume, calibrate=be.staging, verify=verify)
@@ -92,8 +90,6 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
         result = sink.result
         closing.remove(sink)
         sink.close()  # on success a failure to close is an error; otherwise the first error wins
-    finally:
-        _close_quietly(closing, be)
     return (result, run) if stats else result
 
 
@@ -104,14 +100,22 @@ def plan(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool
     """The Plan ``matmul`` would run with the same arguments (opens inputs read-only, writes
     nothing)."""
     verify = parse_verify(verify)
+    with _opened(a, b, backend, kernel) as (be, A, B, _):
+        p, _ = _plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
+                         trans_b=trans_b, memory=memory, host_memory=host_memory,
+                         resume=resume, calibrate=True, verify=verify)
+    return p
+
+
+@contextlib.contextmanager
+def _opened(a, b, backend: str, kernel: str | None):
+    """(backend, A, B, closing) for one call; everything in ``closing`` (the inputs first, and
+    what the caller adds) and the backend are closed on the way out, quietly."""
     be = resolve_backend(backend, kernel)
     closing: list = []
     try:
         A, B = _open_inputs(a, b, closing)
-        p, _ = _plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
-                         trans_b=trans_b, memory=memory, host_memory=host_memory,
-                         resume=resume, calibrate=True, verify=verify)
-        return p
+        yield be, A, B, closing
     finally:
         _close_quietly(closing, be)
 
