@@ -30,7 +30,6 @@ second failure raises ChecksumError (the output stays resumable without them).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import queue
 import threading
 import time
@@ -179,12 +178,6 @@ class _Run:
 
     # ----- the run --------------------------------------------------------------------------
     def run(self) -> RunStats:
-        # a CPU backend may leave cores to the reader and writer threads while the run lasts
-        running = getattr(self.be, "running", None)
-        with running() if running is not None else contextlib.nullcontext():
-            return self._run()
-
-    def _run(self) -> RunStats:
         self.t0 = time.perf_counter()
         self._allocate()
         self.pool = cf.ThreadPoolExecutor(self.io_threads, thread_name_prefix="bigmm-read")

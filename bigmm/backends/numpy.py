@@ -9,13 +9,6 @@ while the BLAS threads compute (SciPy's ``scipy.linalg.blas`` wrappers hold the 
 whole call and would stall them). Where that library cannot be found, ``gemm`` falls back to
 ``scipy.linalg.blas.{s,d}gemm`` with ``overwrite_c=True`` on the Fortran view of the C-order
 arrays (c.T = op(b).T @ op(a).T), which also works in place without temporaries.
-
-During a run (:meth:`NumpyBackend.running`) the BLAS computes on all cores but
-:func:`io_cores`: the reader and writer threads copy panels and tiles while every gemm runs, and
-OpenBLAS's threads meet at barriers after each block, so one BLAS thread that waits for a core
-a copy took stalls all of them. Measured on a 16-core VM (12288^3 float32, 48 tiles of 4096 x
-768, the inputs in the page cache): 16 BLAS threads beside the readers ran 675-846 GFLOP/s and
-spent 70-86 CPU-s, 14 threads 927-997 GFLOP/s and 54-57 CPU-s.
 """
 
 from __future__ import annotations
@@ -23,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -40,70 +32,6 @@ _SYMBOLS = ("scipy_cblas_{p}gemm64_", "cblas_{p}gemm64_", "cblas_{p}gemm")
 BLAS_MODES = ("auto", "cblas", "scipy")
 #: Elements of an operand converted to float64 at a time by ``weighted_sums``.
 SUMS_BLOCK = 1 << 20
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, as OpenBLAS counts them)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover (not Linux)
-        return os.cpu_count() or 1
-
-
-def io_cores(cpus: int) -> int:
-    """Cores a run leaves to its reader and writer threads: none on hosts of up to 5 cores (on 2
-    cores the BLAS needs both, and the copies cost a few percent of the run), one on 6-11, two
-    from 12 on (the copies of a run are memory-bandwidth-bound: a few cores carry them)."""
-    return 0 if cpus < 6 else 1 if cpus < 12 else 2
-
-
-class _BlasThreads:
-    """The process's BLAS thread count, lowered while at least one run holds it.
-
-    Runs may overlap in one process (threads of a Dask worker): the first to enter lowers the
-    count, the last to leave restores what it was, so an overlapping run never restores a
-    count another run lowered.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._holders = 0
-        self._limiter = None
-
-    @contextlib.contextmanager
-    def reserve(self, cores: int):
-        with self._lock:
-            if self._holders == 0:
-                self._limiter = _limit_blas(cores)
-            self._holders += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._holders -= 1
-                if self._holders == 0 and self._limiter is not None:
-                    self._limiter.restore_original_limits()
-                    self._limiter = None
-
-
-def _limit_blas(cores: int):
-    """Limit every loaded BLAS to ``usable_cpus() - cores`` threads where it runs more; returns
-    threadpoolctl's limiter (which restores the old counts), or None where nothing changed."""
-    cpus = usable_cpus()
-    if cores <= 0 or cpus - cores < 1:
-        return None
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # a declared dependency; without it the BLAS keeps all its threads
-        return None
-    blas = ThreadpoolController().select(user_api="blas")
-    current = max((lib["num_threads"] for lib in blas.info()), default=0)
-    if current <= cpus - cores:  # the user already left cores free
-        return None
-    return blas.limit(limits=cpus - cores)
-
-
-_BLAS_THREADS = _BlasThreads()
 
 
 class _Event:
@@ -166,10 +94,6 @@ class NumpyBackend:
 
     def synchronize(self, event: Any) -> None:
         return None
-
-    def running(self):
-        """Context for a run: the BLAS leaves :func:`io_cores` cores to the I/O threads."""
-        return _BLAS_THREADS.reserve(io_cores(usable_cpus()))
 
     # ----- compute --------------------------------------------------------------------------
     def gemm(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, alpha: float, beta: float,

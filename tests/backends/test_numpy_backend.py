@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 from scipy.linalg import blas as scipy_blas
@@ -173,93 +171,3 @@ def test_cupy_backend_without_a_gpu_is_unavailable():
 def test_unknown_blas_mode_is_rejected():
     with pytest.raises(BackendUnavailable, match="'mkl'"):
         NumpyBackend(blas="mkl")
-
-
-# ----- BLAS threads during a run ----------------------------------------------------------------
-
-def _blas_threads() -> int:
-    from threadpoolctl import ThreadpoolController
-    return max(lib["num_threads"] for lib in ThreadpoolController().select(user_api="blas").info())
-
-
-@pytest.mark.parametrize("cpus, cores", [(1, 0), (2, 0), (4, 0), (5, 0), (6, 1), (11, 1),
-                                         (12, 2), (16, 2), (128, 2)])
-def test_io_cores_leave_small_hosts_all_cores(cpus, cores):
-    from bigmm.backends.numpy import io_cores
-    assert io_cores(cpus) == cores
-
-
-@pytest.fixture
-def sixteen_cpus(monkeypatch):
-    """A 16-CPU host whose BLAS runs 16 threads (restored afterwards)."""
-    pytest.importorskip("threadpoolctl")
-    from threadpoolctl import threadpool_limits
-    import bigmm.backends.numpy as nb
-    monkeypatch.setattr(nb, "usable_cpus", lambda: 16)
-    with threadpool_limits(16, user_api="blas"):
-        if _blas_threads() != 16:
-            pytest.skip("this BLAS does not take a thread count of 16")
-        yield
-
-
-def test_a_run_leaves_cores_to_the_io_threads_and_restores_the_blas(sixteen_cpus):
-    be = NumpyBackend()
-    with be.running():
-        assert _blas_threads() == 14
-        a = random_matrix((64, 32), np.float32, 0)
-        b = random_matrix((32, 48), np.float32, 1)
-        c = np.empty((64, 48), np.float32)
-        be.gemm(a, b, c, 1.0, 0.0, False, False)  # still computes with fewer threads
-        assert relative_error(c, reference_gemm(a, b)) < 1e-5
-    assert _blas_threads() == 16
-
-
-def test_overlapping_runs_restore_the_count_once_the_last_ends(sixteen_cpus):
-    first, second = NumpyBackend().running(), NumpyBackend().running()
-    first.__enter__()
-    second.__enter__()
-    first.__exit__(None, None, None)  # the second run still computes: the count stays lowered
-    assert _blas_threads() == 14
-    second.__exit__(None, None, None)
-    assert _blas_threads() == 16
-
-
-def test_a_blas_already_below_the_limit_is_left_alone(sixteen_cpus):
-    from threadpoolctl import threadpool_limits
-    with threadpool_limits(3, user_api="blas"):
-        with NumpyBackend().running():
-            assert _blas_threads() == 3
-        assert _blas_threads() == 3
-
-
-def test_a_failing_run_restores_the_blas(sixteen_cpus):
-    with pytest.raises(RuntimeError):
-        with NumpyBackend().running():
-            raise RuntimeError("boom")
-    assert _blas_threads() == 16
-
-
-def test_a_matmul_computes_inside_the_backend_s_running_context(monkeypatch):
-    import bigmm
-    seen = []
-    running, gemm = NumpyBackend.running, NumpyBackend.gemm
-
-    @contextlib.contextmanager
-    def spy_running(self):
-        with running(self):
-            seen.append("enter")
-            yield
-            seen.append("exit")
-
-    def spy_gemm(self, *args, **kw):
-        seen.append("gemm")
-        gemm(self, *args, **kw)
-
-    monkeypatch.setattr(NumpyBackend, "running", spy_running)
-    monkeypatch.setattr(NumpyBackend, "gemm", spy_gemm)
-    a = random_matrix((96, 80), np.float32, 0)
-    b = random_matrix((80, 64), np.float32, 1)
-    c = bigmm.matmul(a, b, memory=48 << 10, backend="numpy")
-    assert seen.count("gemm") > 1
-    assert seen[0] == "enter" and seen[-1] == "exit" and seen.count("enter") == 1
-    assert relative_error(c, reference_gemm(a, b)) < 1e-5
