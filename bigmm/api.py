@@ -22,7 +22,7 @@ from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import DtypeError, OptionError, OutputTooLarge, ResumeError, ShapeError
 from .executor import STAGES, Progress, RunStats, execute
-from .plan import READ_RATE, WRITE_RATE, Plan, Rates, make_plan
+from .plan import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
 from .profile import Profile
 from .units import format_bytes, parse_size
 
@@ -164,6 +164,9 @@ def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memo
                 device_budget=device, host_budget=host, staging=be.staging,
                 a_chunks=A.chunks, b_chunks=B.chunks,
                 rates=rates if be.staging else None)  # CPU: the fewest bytes, as matmul plans
+    threads = getattr(be, "gemm_threads", None)
+    if not be.staging and callable(threads):  # a gemm call costs more with more BLAS threads
+        args["step_bytes"] = cpu_step_bytes(threads())
     fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
     p = make_plan(m, n, k, dtype, **args, **fixed)
     if p.rates is None and rates is not None:

@@ -358,9 +358,12 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind, rea
 def test_cpu_matmul_plans_by_bytes_as_plan_does(tmp_path):
     # on the CPU plan() calibrates for its predicted time only: the tiles are matmul's
     a, b = random_matrix((300, 200), np.float32), random_matrix((200, 250), np.float32, 1)
+    from bigmm.backends.numpy import NumpyBackend
+    from bigmm.plan import cpu_step_bytes
+
     p = bigmm.plan(a, b, memory="200KiB", backend="numpy")
     fresh = make_plan(300, 250, 200, device_budget=200 * 1024, host_budget=200 * 1024,
-                      staging=False)
+                      staging=False, step_bytes=cpu_step_bytes(NumpyBackend().gemm_threads()))
     assert p.key() == fresh.key() and p.predicted_seconds is not None
 
 

@@ -354,3 +354,18 @@ def test_checksum_costs_count_in_the_predicted_time():
     # the plan chosen without them
     assert replace(plain, rates=checked).predicted_seconds > plain.predicted_seconds
     assert with_checks.predicted_seconds <= replace(plain, rates=checked).predicted_seconds
+
+
+def test_a_costlier_gemm_step_chooses_fewer_larger_gemms():
+    from bigmm.plan import STEP_COST_BYTES, cpu_step_bytes
+
+    # the CPU benchmark's job: 12288^3 float32 under 256 MiB, by bytes
+    args = dict(device_budget=256 << 20, staging=False)
+    two = make_plan(12288, 12288, 12288, step_bytes=cpu_step_bytes(2), **args)
+    many = make_plan(12288, 12288, 12288, step_bytes=cpu_step_bytes(14), **args)
+    # with 14 BLAS threads each call costs more: fewer gemms, each larger, more bytes read
+    assert many.n_tiles * many.nk < two.n_tiles * two.nk
+    assert many.bm * many.bn * many.bk > two.bm * two.bn * two.bk
+    assert many.bytes_read >= two.bytes_read
+    # one thread (or none reported) costs what the byte objective charges by default
+    assert cpu_step_bytes(1) == cpu_step_bytes(0) == STEP_COST_BYTES

@@ -95,6 +95,21 @@ class NumpyBackend:
     def synchronize(self, event: Any) -> None:
         return None
 
+    def gemm_threads(self) -> int:
+        """The threads the BLAS computes with: OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS,
+        else the CPUs this process may run on (OpenBLAS's own default)."""
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+            try:
+                n = int(os.environ.get(var, "").split(",")[0])
+            except ValueError:
+                continue
+            if n > 0:
+                return n
+        try:
+            return len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # pragma: no cover (not Linux)
+            return os.cpu_count() or 1
+
     # ----- compute --------------------------------------------------------------------------
     def gemm(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, alpha: float, beta: float,
              trans_a: bool, trans_b: bool, stream: Any = None) -> None:

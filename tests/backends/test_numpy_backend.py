@@ -171,3 +171,21 @@ def test_cupy_backend_without_a_gpu_is_unavailable():
 def test_unknown_blas_mode_is_rejected():
     with pytest.raises(BackendUnavailable, match="'mkl'"):
         NumpyBackend(blas="mkl")
+
+
+@pytest.mark.parametrize("env, want", [
+    ({"OPENBLAS_NUM_THREADS": "3"}, 3),                       # OpenBLAS's own setting wins
+    ({"OPENBLAS_NUM_THREADS": "", "OMP_NUM_THREADS": "5,2"}, 5),  # else OpenMP's first level
+    ({"OPENBLAS_NUM_THREADS": "x", "OMP_NUM_THREADS": "0"}, None),  # nonsense: the CPUs
+])
+def test_gemm_threads_follows_the_blas_settings(monkeypatch, env, want):
+    import os
+
+    from bigmm.backends.numpy import NumpyBackend
+
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    got = NumpyBackend().gemm_threads()
+    assert got == (want if want is not None else len(os.sched_getaffinity(0)))
