@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 import bigmm
-from bigmm.backends.numpy import io_cores, usable_cpus
+from bigmm.backends.numpy import NumpyBackend
 from bigmm.units import format_bytes, parse_size
 
 
@@ -102,9 +102,8 @@ def main(argv=None) -> int:
     print(f"cpu: {_cpu_model()} ({os.cpu_count()} logical CPUs)")
     print(f"blas: {_blas_info()}")
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
-    cpus = usable_cpus()
-    print(f"bigmm leaves {io_cores(cpus)} of {cpus} CPUs to its I/O threads while it runs "
-          f"(BLAS threads during the run: at most {cpus - io_cores(cpus)})")
+    print(f"BLAS threads bigmm plans for: {NumpyBackend().gemm_threads()} (its gemm steps "
+          f"cost more with more threads, so the plan takes fewer, larger ones)")
     print(f"job: {n}^3 {dtype.name}, inputs {format_bytes(in_bytes)} = "
           f"{in_bytes / budget:.1f}x the budget {format_bytes(budget)}")
     print(plan, "\n")
