@@ -377,3 +377,22 @@ def test_default_budgets_are_whole_grains():
     assert host == device  # no staging on the CPU
     # budgets the user gives are kept to the byte
     assert resolve_budgets(NumpyBackend(), 123456789, None) == (123456789, 123456789)
+
+
+def test_inputs_are_read_with_the_backends_reader_threads(tmp_path):
+    from bigmm.backends.numpy import NumpyBackend
+    from bigmm.io import source
+
+    a = _h5(tmp_path / "a.h5", "A", random_matrix((40, 30), np.float32))
+    b = _h5(tmp_path / "b.h5", "B", random_matrix((30, 20), np.float32, 1))
+    with api._opened(a, b, "numpy", None) as (be, A, B, _):
+        # on the CPU the readers share the cores with the BLAS: the backend names fewer
+        assert A._threads == B._threads == NumpyBackend.reader_threads == 2
+    # without a backend's say, the source's own default
+    closing = []
+    A, B = api._open_inputs(a, b, closing)
+    try:
+        assert A._threads == B._threads == source.DEFAULT_THREADS
+    finally:
+        for x in closing:
+            x.close()
