@@ -21,7 +21,7 @@ from .backends import get_backend
 from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import DtypeError, OptionError, OutputTooLarge, ResumeError, ShapeError
-from .executor import STAGES, Progress, RunStats, execute
+from .executor import STAGES, Progress, RunStats, execute, in_place
 from .plan import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
 from .profile import Profile
 from .units import format_bytes, parse_size
@@ -160,7 +160,8 @@ def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memo
         raise ShapeError(f"Expected an existing C as out when beta != 0. Got out=None with "
                          f"beta={beta}.")
     device, host = resolve_budgets(be, memory, host_memory)
-    rates = _io_rates(_rates(be, dtype, min(device, host)), A, B, out) if calibrate else None
+    rates = (_io_rates(_rates(be, dtype, min(device, host)), A, B, out, be, verify) if calibrate
+             else None)
     if rates is not None and verify is not None:
         rates = replace(rates, check_bytes=getattr(be, "checksum_rate", None),
                         check_step=getattr(be, "checksum_step", 0.0))
@@ -290,23 +291,29 @@ def _rates(be, dtype: str, limit: int) -> Rates | None:
     return Rates(flops=2 * n**3 / max(best, 1e-9), read_bytes=READ_RATE, write_bytes=WRITE_RATE)
 
 
-def _io_rates(rates: Rates | None, A, B, out) -> Rates | None:
-    """``rates`` with the read and write speeds of these operands: a source's own
-    ``read_rate`` attribute (bytes per second) where it has one, else ARRAY_READ_RATE for
-    NumPy arrays and READ_RATE for files (the slower of A and B); ARRAY_WRITE_RATE when C is
-    a NumPy array (or a new one), else WRITE_RATE."""
+def _io_rates(rates: Rates | None, A, B, out, be, verify=None) -> Rates | None:
+    """``rates`` with the read and write speeds of these operands: none at all (infinite)
+    for pinned arrays that the copies use in place (:func:`bigmm.executor.in_place`; for C
+    not under ``verify``), else a source's own ``read_rate`` attribute (bytes per second)
+    where it has one, else ARRAY_READ_RATE for NumPy arrays and READ_RATE for files (the
+    slower of A and B); ARRAY_WRITE_RATE when C is a NumPy array (or a new one), else
+    WRITE_RATE."""
     if rates is None:
         return None
 
     def read_rate(src) -> float:
+        if getattr(src, "layout", None) == "array" and in_place(be, src.array, src.dtype):
+            return math.inf
         own = getattr(src, "read_rate", None)
         if own:
             return float(own)
         return ARRAY_READ_RATE if getattr(src, "layout", None) == "array" else READ_RATE
 
-    array_out = out is None or isinstance(out, np.ndarray)
-    return replace(rates, read_bytes=min(read_rate(A), read_rate(B)),
-                   write_bytes=ARRAY_WRITE_RATE if array_out else WRITE_RATE)
+    if out is not None and verify is None and in_place(be, out, A.dtype, write=True):
+        write = math.inf
+    else:
+        write = ARRAY_WRITE_RATE if out is None or isinstance(out, np.ndarray) else WRITE_RATE
+    return replace(rates, read_bytes=min(read_rate(A), read_rate(B)), write_bytes=write)
 
 
 def _start_profile(profile, be):

@@ -97,6 +97,18 @@ def execute(plan: Plan, a, b, out, backend, *, alpha: float = 1.0, beta: float =
                 faults).run()
 
 
+def in_place(be, x, dtype, write: bool = False) -> bool:
+    """Whether copies may use the user's array ``x`` in place, nothing staged (see the module
+    docstring): a staging backend, a NumPy array in ``dtype`` (native byte order) with
+    contiguous rows, in pinned memory (and writeable, to ``write`` into it)."""
+    if not be.staging or not (isinstance(x, np.ndarray) and x.dtype == np.dtype(dtype)
+                              and x.dtype.isnative and x.flags.aligned and rows_contiguous(x)
+                              and (x.flags.writeable or not write)):
+        return False
+    pinned = getattr(be, "host_pinned", None)
+    return pinned is not None and bool(pinned(x))
+
+
 def _check_operands(plan: Plan, a, b, out, beta: float) -> None:
     m, n, k = plan.m, plan.n, plan.k
     want = {"A": (k, m) if plan.trans_a else (m, k), "B": (n, k) if plan.trans_b else (k, n),
@@ -160,21 +172,14 @@ class _Run:
         self.next_host = {"A": 0, "B": 0}
 
     def _direct(self, op: str, io) -> np.ndarray | None:
-        """The user's array behind ``io`` when copies may use it in place (see the module
-        docstring): a staging backend, an array operand in the plan's dtype (native byte
-        order) with contiguous rows, in pinned memory. Not for C under verify, where a tile
-        that fails its check must not reach the output (its recomputation may read old C)."""
-        if not self.be.staging or (op == "C" and self.verify is not None):
+        """The user's array behind ``io`` when copies may use it in place (:func:`in_place`).
+        Not for C under verify, where a tile that fails its check must not reach the output
+        (its recomputation may read old C)."""
+        if op == "C" and self.verify is not None:
             return None
         if not isinstance(io, ArraySink if op == "C" else ArraySource):
             return None
-        x = io.array
-        if not (isinstance(x, np.ndarray) and x.dtype == self.dtype and x.dtype.isnative
-                and x.flags.aligned and rows_contiguous(x)
-                and (op != "C" or x.flags.writeable)):
-            return None
-        pinned = getattr(self.be, "host_pinned", None)
-        return x if pinned is not None and pinned(x) else None
+        return io.array if in_place(self.be, io.array, self.dtype, op == "C") else None
 
     # ----- the run --------------------------------------------------------------------------
     def run(self) -> RunStats:

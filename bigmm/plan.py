@@ -35,7 +35,7 @@ import functools
 import math
 from collections import OrderedDict
 from itertools import islice
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterator
 
 from .errors import BudgetError, DtypeError, PlanError, ShapeError
@@ -67,6 +67,10 @@ READ_RATE, WRITE_RATE = 2.0e9, 1.0e9
 SIM_STEPS = 1024
 #: Most candidate plans simulated when choosing by time (those with the lowest bounds).
 SIM_PLANS = 32
+#: Candidates with the fewest gemm steps simulated beside them, and how many of the fastest
+#: are also tried with deeper K panels.
+SIM_LARGE = 8
+DEEPEN = 4
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,24 @@ class Rates:
     #: (None: no checks) and the fixed seconds they add to each step (their launches).
     check_bytes: float | None = None
     check_step: float = 0.0
+    #: Bytes per second of the compute memory (None: not counted). A gemm step that adds into
+    #: its C tile (every step after a tile's first, and the first when it reads C) reads and
+    #: writes the tile once more than the calibrated product, whose C is written once.
+    memory_bytes: float | None = None
+    #: Flops that one wave of the gemm kernel's thread blocks (all that the GPU holds at once)
+    #: does per unit of depth (None: not counted). A gemm's last wave is partly empty: half a
+    #: wave is lost per gemm on average, whatever the tile's size, so that many small gemms
+    #: lose more than a few large ones.
+    wave_flops: float | None = None
+
+    def gemm_seconds(self, flops: float, steps: int, depth: int, added: float) -> float:
+        """Seconds of ``steps`` gemm steps doing ``flops`` over ``depth`` (their depths
+        summed) on the compute stream: the flops, the fixed STEP_SECONDS per step, the half
+        waves lost, and reading and writing back ``added`` bytes of C tiles that the steps
+        add into (see ``memory_bytes``)."""
+        return (flops / self.flops + STEP_SECONDS * steps
+                + (0.5 * depth * self.wave_flops / self.flops if self.wave_flops else 0.0)
+                + (2 * added / self.memory_bytes if self.memory_bytes else 0.0))
 
     def check_seconds(self, nbytes: float, steps: int) -> float:
         """Seconds the checks add on the compute stream for ``steps`` steps whose sums read
@@ -88,12 +110,14 @@ class Rates:
         return nbytes / self.check_bytes + self.check_step * steps if self.check_bytes else 0.0
 
     def step_seconds(self, rows: int, cols: int, depth: int, itemsize: int,
-                     last: bool) -> float:
+                     last: bool, accumulates: bool = False) -> float:
         """Seconds of one gemm step of a rows x cols tile over ``depth`` on the compute
-        stream: the gemm, the fixed STEP_SECONDS and the checks (sums over both panels, and
-        over the finished tile, read twice, after its ``last`` step)."""
+        stream: the gemm (and when it ``accumulates`` into C, the tile's extra traffic), the
+        fixed STEP_SECONDS and the checks (sums over both panels, and over the finished tile,
+        read twice, after its ``last`` step)."""
         summed = (rows + cols) * depth + (2 * rows * cols if last else 0)
-        return (2 * rows * cols * depth / self.flops + STEP_SECONDS
+        return (self.gemm_seconds(2 * rows * cols * depth, 1, depth,
+                                  itemsize * rows * cols if accumulates else 0)
                 + self.check_seconds(itemsize * summed, 1))
 
 
@@ -443,7 +467,10 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     steps = p.n_tiles * p.nk
     # every tile sums its panels once per step and itself twice
     summed = p.k * (p.nj * p.m + p.ni * p.n) + 2 * p.m * p.n
-    compute = p.flops / r.flops + STEP_SECONDS * steps + r.check_seconds(w * summed, steps)
+    # every step after a tile's first adds into the tile (and the first too when it reads C)
+    adds = p.nk - 1 + (1 if p.reads_c else 0)
+    compute = (r.gemm_seconds(p.flops, steps, p.n_tiles * p.k, w * p.m * p.n * adds)
+               + r.check_seconds(w * summed, steps))
     drain = copy(tail) + tail / r.write_bytes
     # the first tile's panels and the first row's (column's) are read before their last gemm
     if p.row_major:
@@ -453,12 +480,13 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
         wide, tiles, again = p.m, p.ni, p.b_reads > 1
         row = p.bn * p.k * (tiles if again else 1) + p.k * wide
     c = p.bm * p.bn if p.reads_c else 0
-    tile0 = (2 * p.bm * p.bn * p.k / r.flops + STEP_SECONDS * p.nk
+    tile0 = (r.gemm_seconds(2 * p.bm * p.bn * p.k, p.nk, p.k, w * p.bm * p.bn * adds)
              + r.check_seconds(w * ((p.bm + p.bn) * p.k + 2 * p.bm * p.bn), p.nk))
     head = max(w * (p.bm * p.k + p.k * p.bn + c) / r.read_bytes + compute - tile0,
                w * (row + c * wide / (p.bn if p.row_major else p.bm)) / r.read_bytes + compute
-               - (2 * (p.bm if p.row_major else p.bn) * wide * p.k / r.flops
-                  + STEP_SECONDS * p.nk * tiles)) + drain
+               - r.gemm_seconds(2 * (p.bm if p.row_major else p.bn) * wide * p.k, p.nk * tiles,
+                                tiles * p.k, w * (p.bm if p.row_major else p.bn) * wide * adds)
+               ) + drain
     if p.row_major:
         later, panels = p.ni - 1, p.bm * p.k + (p.k * p.bn if p.b_reads > 1 else 0) + c
     else:
@@ -520,7 +548,8 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
     Each stage is one server taking its work in schedule order: reads (``r.read_bytes``;
     with staging they fill the host slots), copies in (``r.h2d_bytes``), gemms (``r.flops``
     plus STEP_SECONDS), copies out (at the host-to-device rate) and writes of finished C
-    tiles (``r.write_bytes``). The executor's limits hold: a step's loads are issued only
+    tiles (``r.write_bytes``); a gemm adding into its tile also moves the tile through the
+    compute memory (``r.memory_bytes``). The executor's limits hold: a step's loads are issued only
     once the last users of their slots have been issued and the step is within
     MAX_LOOKAHEAD of the one issuing; a read waits for its host slot's previous copy-in
     (staging) or its device slot's previous gemm (without staging); a copy-in waits for the
@@ -581,7 +610,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
             if read_end > start:
                 start = read_end
         # the issuing thread: copies in, the gemm, and after a tile's last gemm its copy-out
-        gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp)
+        gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c)
         busy[2] += gemm
         if staging:
             ready = start
@@ -696,6 +725,9 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     Tile edges are multiples of ``align`` (256: whole block tiles of the GPU kernels, whose
     largest is 128 x 256) unless the dimension is smaller or the budget forbids it.
 
+    ``max_bk`` caps the K panels' depth; when choosing by time, the fastest few plans are
+    also tried with deeper panels, up to twice as deep (:func:`_fastest`).
+
     ``a_chunks``/``b_chunks`` are the stored datasets' chunk shapes (before transposition);
     tile edges are multiples of them where the budget allows. ``tile``=(bm, bn, bk) and
     ``order`` fix the schedule (used to resume a run exactly as it started); they are checked
@@ -731,7 +763,9 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
         um = _units(m, am, align) if aligned else 1
         un = _units(n, bnc, align) if aligned else 1
         uk = _units(k, k_chunk if (ak or bkc) else align, align) if aligned else 1
-        bks = [b for b in _candidates(k, uk, min_tile) if b <= max(max_bk, uk)] or [min(k, uk)]
+        depths = _candidates(k, uk, min_tile)
+        shallow = max(max_bk, uk)
+        bks = [b for b in depths if b <= shallow] or [min(k, uk)]
         found = []
         for o in ((order,) if order else ORDERS):
             for bm in _candidates(m, um, min_tile):
@@ -745,29 +779,45 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                                            ORDERS.index(o)), p))
                             break
         if found:
-            return (_fastest(found, rates) if rates is not None
-                    else min(found, key=lambda x: x[0])[1])
+            if rates is None:
+                return min(found, key=lambda x: x[0])[1]
+            return _fastest(found, rates, [b for b in depths if shallow < b <= 2 * shallow])
     raise _too_small(Plan(bm=min(m, min_tile), bn=min(n, min_tile), bk=min(k, min_tile),
                           order="stream", **base))
 
 
-def _fastest(found: list[tuple[tuple, Plan]], rates: Rates) -> Plan:
-    """The candidate with the shortest predicted makespan (ties: the byte score), among the
-    first SIM_PLANS simulated in order of ``StageTimes.guess``; a candidate whose lower bound
-    exceeds the best makespan found is not simulated."""
+def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = ()) -> Plan:
+    """The candidate with the shortest predicted makespan (ties: the byte score): the first
+    SIM_PLANS in order of ``StageTimes.guess`` and the SIM_LARGE with the fewest steps are
+    simulated (a candidate whose lower bound exceeds the best makespan found is not), and the
+    DEEPEN fastest are tried again with the deepest K panel of ``depths`` that fits (fewer
+    C-tile updates and steps against a longer fill)."""
     ranked = sorted(((stage_times(p, rates), score, p) for score, p in found),
                     key=lambda x: (x[0].guess, x[1]))
-    best, simulated = None, 0
-    for st, score, p in ranked:
-        if best is not None and st.lower_bound > best[0]:
-            continue
-        t = p.predicted_seconds
-        if best is None or (t, score) < best[:2]:
-            best = (t, score, p)
-        simulated += 1
-        if simulated == SIM_PLANS:
+    timed: list[tuple[float, tuple, Plan]] = []
+    best, rest = math.inf, []
+    for i, (st, score, p) in enumerate(ranked):
+        if len(timed) == SIM_PLANS:
+            rest = ranked[i:]
             break
-    return best[2]
+        if st.lower_bound <= best:
+            timed.append((p.predicted_seconds, score, p))
+            best = min(best, timed[-1][0])
+    for st, score, p in sorted(rest, key=lambda x: (_steps(x[2]), x[0].guess, x[1]))[:SIM_LARGE]:
+        if st.lower_bound <= best:
+            timed.append((p.predicted_seconds, score, p))
+            best = min(best, timed[-1][0])
+    timed.sort(key=lambda x: x[:2])
+    for _, score, p in timed[:DEEPEN]:
+        deeper = next((q for q in (replace(p, bk=bk) for bk in sorted(depths, reverse=True))
+                       if _fits(q)), None)
+        if deeper is not None:
+            timed.append((deeper.predicted_seconds, score, deeper))
+    return min(timed, key=lambda x: x[:2])[2]
+
+
+def _steps(p: Plan) -> int:
+    return p.n_tiles * p.nk
 
 
 def _cost(p: Plan, step_bytes: int = STEP_COST_BYTES) -> int:

@@ -312,9 +312,16 @@ def test_resume_with_another_budget_keeps_the_recorded_schedule(tmp_path):
 
 
 class _StagingBackend:
-    """Just enough of a GPU backend for planning: staging, memory, calibrated rates."""
+    """Just enough of a GPU backend for planning: staging, memory, calibrated rates, and which
+    host arrays it takes as pinned (``pinned``: their ids)."""
 
     name, staging = "fake-gpu", True
+
+    def __init__(self, pinned=()):
+        self.pinned = {id(x) for x in pinned}
+
+    def host_pinned(self, x):
+        return id(x) in self.pinned or id(getattr(x, "base", None)) in self.pinned
 
     def memory_available(self):
         return 64 * 2**30
@@ -353,6 +360,30 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind, rea
     best = make_plan(600, 400, 500, device_budget=2 * 2**20, host_budget=4 * 2**20,
                      rates=p.rates, a_chunks=A.chunks, b_chunks=B.chunks)
     assert p.key() == best.key() and p.predicted_seconds == best.predicted_seconds
+
+
+@pytest.mark.parametrize("pinned, verify, read, write", [
+    # A, B and C pinned: the copies take them in place, nothing is read or written on the host
+    ("ABC", None, np.inf, np.inf),
+    # under checks C goes through staging (a tile that fails must not reach it)
+    ("ABC", "checksum", np.inf, api.ARRAY_WRITE_RATE),
+    # one pageable input: the slower of the two is read into staging
+    ("BC", None, api.ARRAY_READ_RATE, np.inf),
+])
+def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, read, write):
+    ops = {"A": random_matrix((600, 500), np.float32), "B": random_matrix((500, 400), np.float32, 1),
+           "C": np.empty((600, 400), np.float32)}
+    be = _StagingBackend(pinned=[ops[x] for x in pinned])
+    closing = []
+    A, B = api._open_inputs(ops["A"], ops["B"], closing)
+    try:
+        p, _ = api._plan_job(A, B, ops["C"], be, alpha=1.0, beta=0.0, trans_a=False,
+                             trans_b=False, memory="2MiB", host_memory="4MiB", resume=False,
+                             calibrate=True, verify=verify)
+    finally:
+        for x in closing:
+            x.close()
+    assert (p.rates.read_bytes, p.rates.write_bytes) == (read, write)
 
 
 def test_cpu_matmul_plans_by_bytes_as_plan_does(tmp_path):

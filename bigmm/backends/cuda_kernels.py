@@ -411,14 +411,15 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count_of(device: int) -> int:
+def sm_count_of(device: int) -> int:
+    """The number of SMs of ``device``."""
     import cupy
 
     return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
 def _sm_count() -> int:
-    return _sm_count_of(_device_id())
+    return sm_count_of(_device_id())
 
 
 def split_count(config: TileConfig, m: int, n: int, k: int) -> int:

@@ -41,7 +41,7 @@ from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
-_H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+_H2D, _D2H, _D2D = 1, 2, 3  # cudaMemcpyHostToDevice, DeviceToHost, DeviceToDevice
 _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory known to CUDA
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
@@ -398,10 +398,12 @@ class CupyBackend:
         return int(free)
 
     def rates(self, dtype: str, limit: int | None = None) -> Rates:
-        """Rates for the predicted time: this kernel's gemm and pinned host-to-device copies,
-        measured once per process and size (a 4096^3 product and a 256 MiB copy, timed with
-        events; smaller when ``limit``, the bytes the run may hold on the device and in pinned
-        memory, is less, so that planning stays within the run's budgets)."""
+        """Rates for the predicted time: this kernel's gemm (and its waves of thread blocks),
+        pinned host-to-device copies and device memory (a copy within it), measured once per
+        process and size (a 4096^3 product, a 256 MiB copy in and a 128 MiB copy on the
+        device, timed with events; smaller when ``limit``, the bytes the run may hold on the
+        device and in pinned memory, is less, so that planning stays within the run's
+        budgets)."""
         item = np.dtype(dtype).itemsize
         nbytes = 256 << 20 if limit is None else max(1 << 20, min(256 << 20, int(limit) // 2))
         n = min(4096, math.isqrt(nbytes // item))  # an n^2 operand fits in the copied buffer
@@ -423,10 +425,25 @@ class CupyBackend:
             c = _direct(n * n, dtype).reshape(n, n)
             t_copy = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
                 dev.data.ptr, host.ctypes.data, nbytes, _H2D, s.ptr), s)
+            half = nbytes // 2
+            t_move = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
+                dev.data.ptr + half, dev.data.ptr, half, _D2D, s.ptr), s)
             x = dev[: n * n].reshape(n, n)
             t_gemm = self._time(lambda: self.gemm(x, x, c, 1.0, 0.0, False, False, s), s)
         return Rates(flops=2 * n**3 / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
-                     h2d_bytes=nbytes / t_copy)
+                     h2d_bytes=nbytes / t_copy, memory_bytes=2 * half / t_move,
+                     wave_flops=self._wave_flops(dtype))
+
+    def _wave_flops(self, dtype: np.dtype) -> float:
+        """Flops per unit of depth of one wave of thread blocks of the own kernel on large
+        tiles: blocks per SM times SMs times a block's tile. cuBLAS's kernels are not visible
+        and are taken as the same."""
+        from . import cuda_kernels
+
+        big = 16384
+        cfg = cuda_kernels.select_config(str(dtype), big, big, big)
+        sms = cuda_kernels.sm_count_of(self._device.id)
+        return 2.0 * cfg.bm * cfg.bn * max(1, cfg.min_blocks) * sms
 
     @staticmethod
     def _time(fn, stream, repeat: int = 3) -> float:
