@@ -17,6 +17,10 @@
 //    aligned.
 //  * Optional split K over gridDim.z (each split writes its own partial product; the launcher
 //    sums them with kernels/splitk_reduce.cu) for products with too few C tiles to fill the GPU.
+//  * Optional checksum updates (-DBIGMM_CHECKS=1, no split K): the blocks of the first tile row
+//    also sum the B tiles they load, weighted along k, into the expected column sums of C, and
+//    those of the first tile column the A tiles into the expected row sums (Huang-Abraham,
+//    see bigmm/checksum.py), so that the checks need no pass of their own over the panels.
 //
 // Tile parameters arrive as macros (one compiled module per dtype and tile shape); the nine
 // extern "C" entry points at the end are named after the A and B load modes.
@@ -324,13 +328,82 @@ __device__ __forceinline__ void store_vec(T* __restrict__ C, long long ldc, int 
     }
 }
 
-template <class TL, class CP, int LA, int LB>
+// Checksum updates fused into the product (see the header): out[r] (+)= scale * sum_k w[k] X[k][r]
+// and out_abs[r] (+)= |scale| * sum_k wa[k] |X[k][r]| for X = op(B) (columns, r < N) and X =
+// op(A)^T (rows, r < M).  The weights are float64 vectors of length K.
+struct Checks {
+    const double* __restrict__ col_w;
+    const double* __restrict__ col_wa;
+    double* col;
+    double* col_abs;
+    const double* __restrict__ row_w;
+    const double* __restrict__ row_wa;
+    double* row;
+    double* row_abs;
+    double scale;
+    int accumulate;
+};
+
+// One k-tile's share of the checksum updates of a block: the weights of the tile staged in
+// shared memory (in T, by the first threads, one tile ahead: see gemm_body), each thread
+// summing whole columns of the stage's k-major operand tile S[k][r] (stride STRIDE), a tile's
+// k in T, then added in float64 to its own entries of s and sa (shared memory: registers are
+// the product's).  k < 0 of the first tile are zero in S and in the weights.
+template <typename T, int R, int BK, int NT, int STRIDE>
+struct CheckSums {
+    static constexpr int PER = (R + NT - 1) / NT;
+    double* s;
+    double* sa;
+
+    __device__ __forceinline__ void init(double* s_, double* sa_, int first) {
+        s = s_;
+        sa = sa_;
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int r = first + p * NT;
+            if (r >= 0 && r < R) s[r] = sa[r] = 0.0;
+        }
+    }
+
+    __device__ __forceinline__ void add(const T* S, const T* w, const T* wa, int first) {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int r = first + p * NT;
+            if (r >= 0 && r < R) {
+                T ps = T(0), pa = T(0);
+#pragma unroll
+                for (int k = 0; k < BK; ++k) {
+                    const T x = S[k * STRIDE + r];
+                    ps = fma_rn(w[k], x, ps);
+                    pa = fma_rn(wa[k], x < T(0) ? -x : x, pa);
+                }
+                s[r] += double(ps);
+                sa[r] += double(pa);
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(double* out, double* out_abs, int r0, int extent,
+                                          int first, double scale, int accumulate) const {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int r = first + p * NT;
+            if (r >= 0 && r < R && r0 + r < extent) {
+                const double v = scale * s[r], va = fabs(scale) * sa[r];
+                out[r0 + r] = accumulate ? out[r0 + r] + v : v;
+                out_abs[r0 + r] = accumulate ? out_abs[r0 + r] + va : va;
+            }
+        }
+    }
+};
+
+template <class TL, class CP, int LA, int LB, bool CHECKS>
 __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T alpha,
                                           const typename TL::T* __restrict__ A, long long lda,
                                           const typename TL::T* __restrict__ B, long long ldb,
                                           typename TL::T beta, typename TL::T* __restrict__ C,
                                           long long ldc, int c_vec, int k_chunk,
-                                          long long c_zstride) {
+                                          long long c_zstride, const Checks& ck) {
     typedef typename TL::T T;
     constexpr int BM = TL::BM, BN = TL::BN, BK = TL::BK;
     constexpr int VW = TL::VW, NT = TL::NT, STAGES = TL::STAGES;
@@ -369,6 +442,29 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
     CP cp;
     cp.init(tid / 32, tid % 32);
 
+    // Checksums: columns in the blocks of the first tile row (thread t sums column t), rows in
+    // those of the first tile column (thread NT - 1 - t sums row t, so that a block doing both
+    // spreads them over its threads).  Weights of k-tile kt go to wsm[kt & 1] one tile ahead.
+    static_assert(!CHECKS || NT >= 4 * BK, "one thread per staged weight");
+    const bool do_col = CHECKS && tile_m == 0, do_row = CHECKS && tile_n == 0;
+    __shared__ T wsm[CHECKS ? 2 : 1][4][CHECKS ? BK : 1];
+    __shared__ double sums[CHECKS ? 4 : 1][CHECKS ? (BM > BN ? BM : BN) : 1];
+    CheckSums<T, BN, BK, NT, SB> col_sums;
+    CheckSums<T, BM, BK, NT, SA> row_sums;
+    auto stage_weights = [&](int kt) {
+        if (tid < 4 * BK) {
+            const int which = tid / BK, k = tid % BK, kg = kstart + kt * BK + k;
+            const double* src = which == 0 ? ck.col_w : which == 1 ? ck.col_wa
+                              : which == 2 ? ck.row_w : ck.row_wa;
+            wsm[kt & 1][which][k] = kg >= 0 ? T(src[kg]) : T(0);
+        }
+    };
+    if (CHECKS) {
+        col_sums.init(sums[0], sums[CHECKS ? 1 : 0], tid);
+        row_sums.init(sums[CHECKS ? 2 : 0], sums[CHECKS ? 3 : 0], NT - 1 - tid);
+        if ((do_col || do_row) && KT > 0) stage_weights(0);
+    }
+
     if (KT > 0) {
         load_a.template load<true>(0, kstart);
         load_b.template load<true>(0, kstart);
@@ -396,6 +492,12 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
     cp.load(0, As, Bs, 0);
 
     for (int kt = 0; kt < KT; ++kt) {
+        if (CHECKS && (do_col || do_row)) {  // tile kt and its weights are visible
+            const T* stage = smem + read_stage * STAGE;
+            if (do_col) col_sums.add(stage + BK * SA, wsm[kt & 1][0], wsm[kt & 1][1], tid);
+            if (do_row) row_sums.add(stage, wsm[kt & 1][2], wsm[kt & 1][3], NT - 1 - tid);
+            if (kt + 1 < KT) stage_weights(kt + 1);  // read after the barrier below
+        }
         // Stage write_stage held tile kt - 1, which every thread finished reading before the
         // barrier at the end of that tile.
         if (kt + STAGES - 1 < KT) {
@@ -422,6 +524,8 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
         }
     }
     cp_async_wait<0>();
+    if (do_col) col_sums.store(ck.col, ck.col_abs, n0, N, tid, ck.scale, ck.accumulate);
+    if (do_row) row_sums.store(ck.row, ck.row_abs, m0, M, NT - 1 - tid, ck.scale, ck.accumulate);
 
     // Epilogue: C = alpha * acc + beta * C, C never read when beta == 0.
     const bool read_c = !(beta == T(0));
@@ -469,6 +573,9 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
 #ifndef BIGMM_DMMA
 #define BIGMM_DMMA 0  // 1: float64 on the FP64 tensor cores (DmmaCompute); TM, TN unused
 #endif
+#ifndef BIGMM_CHECKS
+#define BIGMM_CHECKS 0  // 1: the entries take the checksum arguments (bigmm::Checks)
+#endif
 
 typedef bigmm::Tile<BIGMM_DTYPE, BIGMM_BM, BIGMM_BN, BIGMM_BK, BIGMM_WM, BIGMM_WN, BIGMM_TM,
                     BIGMM_TN, BIGMM_STAGES, BIGMM_PAD_BYTES>
@@ -479,18 +586,30 @@ typedef bigmm::DmmaCompute<BigmmTile> BigmmCompute;
 typedef bigmm::FmaCompute<BigmmTile> BigmmCompute;
 #endif
 
-// One launch signature for every entry point.  Name: gemm_<A mode><B mode>, k/v/s = LOAD_K,
-// LOAD_V, LOAD_S.  NN uses k{v,s}, NT kk, TN {v,s}{v,s}, TT {v,s}k.  With -DBIGMM_ONLY only the
+// One launch signature for every entry point (with -DBIGMM_CHECKS=1, the fields of bigmm::Checks
+// follow).  Name: gemm_<A mode><B mode>, k/v/s = LOAD_K, LOAD_V, LOAD_S.  NN uses k{v,s}, NT kk, TN {v,s}{v,s}, TT {v,s}k.  With -DBIGMM_ONLY only the
 // entry -DBIGMM_ONLY_NAME with loaders -DBIGMM_ONLY_A, -DBIGMM_ONLY_B is compiled (the launcher
 // compiles what it uses, one module per entry).
+#if BIGMM_CHECKS
+#define BIGMM_CHECK_PARAMS                                                                     \
+    , const double *__restrict__ col_w, const double *__restrict__ col_wa, double *col,         \
+        double *col_abs, const double *__restrict__ row_w, const double *__restrict__ row_wa,   \
+        double *row, double *row_abs, double scale, int accumulate
+#define BIGMM_CHECK_ARGS {col_w, col_wa, col, col_abs, row_w, row_wa, row, row_abs, scale, accumulate}
+#else
+#define BIGMM_CHECK_PARAMS
+#define BIGMM_CHECK_ARGS {}
+#endif
+
 #define BIGMM_ENTRY(NAME, LA, LB)                                                              \
     extern "C" __global__ void __launch_bounds__(BigmmTile::NT, BIGMM_MIN_BLOCKS)              \
         NAME(int M, int N, int K, BIGMM_DTYPE alpha, const BIGMM_DTYPE* __restrict__ A,          \
              long long lda, const BIGMM_DTYPE* __restrict__ B, long long ldb, BIGMM_DTYPE beta,   \
              BIGMM_DTYPE* __restrict__ C, long long ldc, int c_vec, int k_chunk,                 \
-             long long c_zstride) {                                                              \
-        bigmm::gemm_body<BigmmTile, BigmmCompute, bigmm::LA, bigmm::LB>(                      \
-            M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, c_vec, k_chunk, c_zstride);          \
+             long long c_zstride BIGMM_CHECK_PARAMS) {                                           \
+        const bigmm::Checks ck = BIGMM_CHECK_ARGS;                                              \
+        bigmm::gemm_body<BigmmTile, BigmmCompute, bigmm::LA, bigmm::LB, bool(BIGMM_CHECKS)>(   \
+            M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, c_vec, k_chunk, c_zstride, ck);      \
     }
 
 #if defined(BIGMM_ONLY)

@@ -11,6 +11,7 @@ executor orders them with ``record``/``wait`` and blocks the host only through `
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
@@ -19,6 +20,29 @@ from ..errors import DtypeError, ShapeError
 
 #: The dtypes every backend's gemm takes.
 GEMM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class GemmChecks:
+    """Checksum updates a gemm does as it multiplies (``gemm(..., checks=)`` on a backend whose
+    ``fuses_checks`` is true): with X = op(b) for the columns and X = op(a)^T for the rows,
+    ``col[j] (+)= scale * sum_k col_w[k] X[k, j]`` and ``col_abs[j] (+)= |scale| * sum_k
+    col_wa[k] |X[k, j]|``, and the same for ``row`` from ``row_w`` and ``row_wa``: what
+    ``weighted_sums`` gives over the panels, without reading them again. Flat float64 device
+    vectors: weights of length k, ``col`` of n and ``row`` of m; without ``accumulate`` the
+    outputs are overwritten. A k-tile's terms may be summed in the operands' dtype first
+    (at most 32 roundings of its epsilon, which the checks' bounds allow for)."""
+
+    col_w: Any
+    col_wa: Any
+    col: Any
+    col_abs: Any
+    row_w: Any
+    row_wa: Any
+    row: Any
+    row_abs: Any
+    scale: float = 1.0
+    accumulate: bool = False
 
 
 @runtime_checkable
@@ -53,8 +77,16 @@ class Backend(Protocol):
         """Asynchronous device -> host copy on ``stream`` (``host`` as for copy_in)."""
 
     def gemm(self, a: Any, b: Any, c: Any, alpha: float, beta: float,
-             trans_a: bool, trans_b: bool, stream: Any) -> None:
-        """c = alpha * op(a) @ op(b) + beta * c on ``stream``; beta == 0 never reads c."""
+             trans_a: bool, trans_b: bool, stream: Any, checks: GemmChecks | None = None) -> None:
+        """c = alpha * op(a) @ op(b) + beta * c on ``stream``; beta == 0 never reads c. With
+        ``checks`` (only where the backend's ``fuses_checks`` attribute is true) the gemm
+        also does those checksum updates."""
+
+    def gemm_launcher(self, a: Any, b: Any, c: Any, alpha: float, beta: float, trans_a: bool,
+                      trans_b: bool, checks: GemmChecks | None = None) -> Callable[[Any], None]:
+        """``gemm`` with these arguments checked and set up once: calling the result with a
+        stream issues it (again and again, on the same views, as the steps of a run that
+        reuse their slots do)."""
 
     def record(self, stream: Any) -> Any:
         """An event that completes when the work issued so far on ``stream`` is done."""

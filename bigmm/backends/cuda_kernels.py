@@ -220,10 +220,12 @@ def raw_kernel(filename: str, entry: str, options: tuple[str, ...] = ()):
     return kern
 
 
-def _gemm_kernel(config: TileConfig, entry: str):
+def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False):
     options = config.defines() + ("-DBIGMM_ONLY=1", f"-DBIGMM_ONLY_NAME=gemm_{entry}",
                                   f"-DBIGMM_ONLY_A={_LOADERS[entry[0]]}",
                                   f"-DBIGMM_ONLY_B={_LOADERS[entry[1]]}")
+    if checks:
+        options += ("-DBIGMM_CHECKS=1",)
     kern = raw_kernel(_FAMILY_SOURCE, "gemm_" + entry, options)
     key = (options, _device_id())
     if _smem_granted.get(key) != config.smem_bytes:
@@ -310,7 +312,7 @@ def _span(ptr: int, rows: int, cols: int, ld: int, item: int) -> tuple[int, int]
 
 
 def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None, *, config=None,
-         split_k=None):
+         split_k=None, checks=None):
     """``c = alpha * op(a) @ op(b) + beta * c`` on the GPU with bigmm's kernels; returns ``c``.
 
     ``op(x)`` is ``x.T`` when ``trans_x`` (``a`` is then stored (K, M)).  a, b and c are 2-D
@@ -321,7 +323,23 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     ``config`` (a table name or a TileConfig) overrides the table's choice of tile shape;
     ``split_k`` (1 = off) overrides the number of K splits chosen for products with few C tiles
     (the splits go to a workspace from cupy's memory pool, then one reduction kernel).
+    ``checks`` (a :class:`bigmm.backends.base.GemmChecks`): the blocks also do these checksum
+    updates on the tiles they load (kernels compiled with -DBIGMM_CHECKS; never split).
     """
+    import cupy
+
+    launch = prepare_gemm(a, b, c, alpha, beta, trans_a, trans_b, config=config,
+                          split_k=split_k, checks=checks)
+    launch(stream if stream is not None else cupy.cuda.get_current_stream())
+    return c
+
+
+def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, config=None,
+                 split_k=None, checks=None):
+    """:func:`gemm` checked and set up once: ``launch(stream)`` issues it. The launch holds
+    the views, so a caller issuing the same product over the same buffers again and again
+    (the steps of a run reusing their slots) pays the checks, the kernel choice and the
+    argument packing once."""
     import cupy
     import numpy as np
 
@@ -347,8 +365,13 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     devices = {x.device.id for x in (a, b, c)}
     if len(devices) != 1:
         raise KernelError(f"Expected a, b and c on one device. Got devices {sorted(devices)}.")
+    if checks is not None:
+        check_args = (*(_vector(getattr(checks, f), size, f) for f, size in (
+            ("col_w", k), ("col_wa", k), ("col", n), ("col_abs", n), ("row_w", k),
+            ("row_wa", k), ("row", m), ("row_abs", m))),
+            np.float64(checks.scale), np.int32(1 if checks.accumulate else 0))
     if m == 0 or n == 0:
-        return c
+        return lambda stream: None
     item = c.itemsize
     c_lo, c_hi = _span(pc, m, n, ldc, item)
     for name, (p, r, cl, ld) in (("a", (pa, rows_a, cols_a, lda)), ("b", (pb, rows_b, cols_b, ldb))):
@@ -377,37 +400,45 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
 
     mode_a = "k" if not trans_a else ("v" if vec(pa, lda) else "s")
     mode_b = "k" if trans_b else ("v" if vec(pb, ldb) else "s")
-    kern = _gemm_kernel(cfg, mode_a + mode_b)
+    kern = _gemm_kernel(cfg, mode_a + mode_b, checks is not None)
 
     np_t = np.dtype(dtype).type
     tiles = (-(-m // cfg.bm)) * (-(-n // cfg.bn))
     splits = _plan_split(cfg, tiles, k) if split_k is None else max(1, min(int(split_k), max(k, 1)))
+    if checks is not None:
+        splits = 1
     k_chunk = -(-k // splits) if splits > 1 else k
     if splits > 1:
         k_chunk = -(-k_chunk // cfg.bk) * cfg.bk
         splits = -(-k // k_chunk)
-    cuda_stream = stream if stream is not None else cupy.cuda.get_current_stream()
-    with cuda_stream:
-        if splits == 1:
-            args = (
-                np.int32(m), np.int32(n), np.int32(k), np_t(alpha), a, np.int64(lda), b, np.int64(ldb),
-                np_t(beta), c, np.int64(ldc), np.int32(1 if vec(pc, ldc) else 0), np.int32(k), np.int64(0),
-            )
-            kern((tiles, 1, 1), (cfg.threads,), args, shared_mem=cfg.smem_bytes)
-            return c
-        # Split K: partial products into a workspace (alpha 1, beta 0), then one reduction.
-        work = cupy.empty((splits, m, n), dtype=dtype)
+    if splits == 1:
         args = (
-            np.int32(m), np.int32(n), np.int32(k), np_t(1), a, np.int64(lda), b, np.int64(ldb),
-            np_t(0), work, np.int64(n), np.int32(1 if n % vw == 0 else 0), np.int32(k_chunk),
-            np.int64(m * n),
-        )
-        kern((tiles, 1, splits), (cfg.threads,), args, shared_mem=cfg.smem_bytes)
-        reduce = raw_kernel("splitk_reduce.cu", "splitk_reduce_f32" if item == 4 else "splitk_reduce_f64")
-        blocks = min(-(-(m * n) // 256), 8 * _sm_count())
-        reduce((blocks,), (256,), (np.int32(m), np.int32(n), np.int32(splits), np_t(alpha), work,
-                                   np.int64(m * n), np_t(beta), c, np.int64(ldc)))
-    return c
+            np.int32(m), np.int32(n), np.int32(k), np_t(alpha), a, np.int64(lda), b, np.int64(ldb),
+            np_t(beta), c, np.int64(ldc), np.int32(1 if vec(pc, ldc) else 0), np.int32(k), np.int64(0),
+        ) + (check_args if checks is not None else ())
+
+        def launch(stream) -> None:
+            with stream:
+                kern((tiles, 1, 1), (cfg.threads,), args, shared_mem=cfg.smem_bytes)
+
+        return launch
+    reduce = raw_kernel("splitk_reduce.cu", "splitk_reduce_f32" if item == 4 else "splitk_reduce_f64")
+    blocks = min(-(-(m * n) // 256), 8 * _sm_count())
+
+    def launch_split(stream) -> None:
+        # Split K: partial products into a workspace (alpha 1, beta 0), then one reduction.
+        with stream:
+            work = cupy.empty((splits, m, n), dtype=dtype)
+            args = (
+                np.int32(m), np.int32(n), np.int32(k), np_t(1), a, np.int64(lda), b, np.int64(ldb),
+                np_t(0), work, np.int64(n), np.int32(1 if n % vw == 0 else 0), np.int32(k_chunk),
+                np.int64(m * n),
+            )
+            kern((tiles, 1, splits), (cfg.threads,), args, shared_mem=cfg.smem_bytes)
+            reduce((blocks,), (256,), (np.int32(m), np.int32(n), np.int32(splits), np_t(alpha),
+                                       work, np.int64(m * n), np_t(beta), c, np.int64(ldc)))
+
+    return launch_split
 
 
 @functools.lru_cache(maxsize=None)

@@ -250,20 +250,36 @@ class CupyBackend:
         event.synchronize()
 
     # ----- compute --------------------------------------------------------------------------
+    @property
+    def fuses_checks(self) -> bool:
+        """Whether gemm takes ``checks`` (bigmm's kernel; cuBLAS's cannot do them)."""
+        return self.kernel == "bigmm"
+
     def gemm(self, a, b, c, alpha: float, beta: float, trans_a: bool, trans_b: bool,
-             stream=None) -> None:
-        """c = alpha * op(a) @ op(b) + beta * c on ``stream``; beta == 0 never reads c."""
+             stream=None, checks=None) -> None:
+        """c = alpha * op(a) @ op(b) + beta * c on ``stream``; beta == 0 never reads c. With
+        ``checks`` (:class:`.base.GemmChecks`, bigmm's kernel only) the kernel also does
+        those checksum updates."""
+        self.gemm_launcher(a, b, c, alpha, beta, trans_a, trans_b, checks)(stream)
+
+    def gemm_launcher(self, a, b, c, alpha: float, beta: float, trans_a: bool, trans_b: bool,
+                      checks=None):
+        """See :meth:`bigmm.backends.base.Backend.gemm_launcher`: bigmm's kernel checked and
+        its arguments packed once (:func:`.cuda_kernels.prepare_gemm`); cuBLAS's call as it
+        is."""
         m, k, n = _check_gemm(a, b, c, trans_a, trans_b)
-        stream = stream if stream is not None else cupy.cuda.get_current_stream()
-        e0 = self._mark(stream)
-        with self._device:
-            if self.kernel == "bigmm":
-                self._kernels.gemm(a, b, c, float(alpha), float(beta), bool(trans_a),
-                                   bool(trans_b), stream=stream, split_k=1)
-            else:
-                self._cublas(a, b, c, m, n, k, float(alpha), float(beta), trans_a, trans_b,
-                             stream)
-        self._marked("compute", e0, stream, f"gemm {m}x{n}x{k}", flops=2 * m * n * k)
+        if checks is not None and not self.fuses_checks:
+            raise OptionError(f"Expected checks= only with kernel='bigmm'. Got kernel="
+                              f"{self.kernel!r}.")
+        alpha, beta, trans_a, trans_b = float(alpha), float(beta), bool(trans_a), bool(trans_b)
+        if self.kernel == "bigmm":
+            with self._device:
+                launch = self._kernels.prepare_gemm(a, b, c, alpha, beta, trans_a, trans_b,
+                                                    split_k=1, checks=checks)
+        else:
+            def launch(stream) -> None:
+                self._cublas(a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream)
+        return self._launcher(launch, f"gemm {m}x{n}x{k}", flops=2 * m * n * k)
 
     def _cublas(self, a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream) -> None:
         """Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T."""
@@ -324,7 +340,7 @@ class CupyBackend:
                                                   result)
         return self._launcher(launch, "checksum compare")
 
-    def _launcher(self, launch, label: str):
+    def _launcher(self, launch, label: str, flops: int = 0):
         """``launch(stream)`` on this device (the current stream for None), timed as compute
         while profiling."""
         def run(stream=None) -> None:
@@ -332,7 +348,7 @@ class CupyBackend:
             e0 = self._mark(stream)
             with self._device:
                 launch(stream)
-            self._marked("compute", e0, stream, label)
+            self._marked("compute", e0, stream, label, flops=flops)
 
         return run
 
@@ -430,9 +446,13 @@ class CupyBackend:
                 dev.data.ptr + half, dev.data.ptr, half, _D2D, s.ptr), s)
             x = dev[: n * n].reshape(n, n)
             t_gemm = self._time(lambda: self.gemm(x, x, c, 1.0, 0.0, False, False, s), s)
+        # a product smaller than 4096^3 (a budget under 64 MiB) is too short to tell what
+        # a step's C traffic and last wave cost: those terms are left out
+        full = n == 4096
         return Rates(flops=2 * n**3 / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
-                     h2d_bytes=nbytes / t_copy, memory_bytes=2 * half / t_move,
-                     wave_flops=self._wave_flops(dtype))
+                     h2d_bytes=nbytes / t_copy,
+                     memory_bytes=2 * half / t_move if full else None,
+                     wave_flops=self._wave_flops(dtype) if full else None)
 
     def _wave_flops(self, dtype: np.dtype) -> float:
         """Flops per unit of depth of one wave of thread blocks of the own kernel on large

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import BackendUnavailable, ShapeError
+from ..errors import BackendUnavailable, OptionError, ShapeError
 from .base import check_gemm_dtypes, flat_view, gemm_shape
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
@@ -117,11 +117,25 @@ class NumpyBackend:
             return os.cpu_count() or 1
 
     # ----- compute --------------------------------------------------------------------------
+    #: gemm does no checksum updates of its own (the checks sum the panels themselves).
+    fuses_checks = False
+
     def gemm(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, alpha: float, beta: float,
-             trans_a: bool, trans_b: bool, stream: Any = None) -> None:
-        """c = alpha * op(a) @ op(b) + beta * c in place; beta == 0 never reads c."""
+             trans_a: bool, trans_b: bool, stream: Any = None, checks=None) -> None:
+        """c = alpha * op(a) @ op(b) + beta * c in place; beta == 0 never reads c. ``checks``
+        must be None (see ``fuses_checks``)."""
+        self.gemm_launcher(a, b, c, alpha, beta, trans_a, trans_b, checks)()
+
+    def gemm_launcher(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, alpha: float,
+                      beta: float, trans_a: bool, trans_b: bool, checks=None):
+        """See :meth:`bigmm.backends.base.Backend.gemm_launcher` (checked once; each call
+        multiplies in place)."""
         m, k, n = _check_gemm(a, b, c, trans_a, trans_b)
-        self._gemm[c.dtype](a, b, c, m, n, k, float(alpha), float(beta), trans_a, trans_b)
+        if checks is not None:
+            raise OptionError("Expected checks=None: the NumPy backend's gemm does no checksum "
+                              f"updates. Got {type(checks).__name__}.")
+        run, alpha, beta = self._gemm[c.dtype], float(alpha), float(beta)
+        return lambda stream=None: run(a, b, c, m, n, k, alpha, beta, trans_a, trans_b)
 
     # ----- checksums ------------------------------------------------------------------------
     def weighted_sums(self, x, out, out_abs=None, *, weights=None, abs_weights=None,

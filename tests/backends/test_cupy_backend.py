@@ -73,6 +73,31 @@ def test_gemm_on_buffer_views_matches_reference(kernel, m, n, k, dtype, alpha, b
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+def test_a_gemm_launcher_multiplies_its_views_as_they_are_at_each_launch(kernel, ta, tb):
+    """Set up once, issued again after the operands changed (the executor reusing a slot):
+    each launch multiplies what the buffers hold then, with the beta given at set-up."""
+    be = _backend(kernel)
+    try:
+        m, n, k = 300, 257, 130
+        s = be.stream()
+        da, db, dc = (cupy.empty(shape, np.float32) for shape in
+                      ((k, m) if ta else (m, k), (n, k) if tb else (k, n), (m, n)))
+        launch = be.gemm_launcher(da, db, dc, 2.0, 0.5, ta, tb)
+        for seed in (1, 2):
+            a, b, c0 = _operands(m, n, k, np.float32, ta, tb, seed=seed)
+            for d, h in ((da, a), (db, b), (dc, c0)):
+                d.set(h)
+            cupy.cuda.runtime.deviceSynchronize()  # set() ran on the legacy default stream
+            launch(s)
+            be.synchronize(be.record(s))
+            ref = reference_gemm(a, b, alpha=2.0, beta=0.5, c=c0, trans_a=ta, trans_b=tb)
+            assert relative_error(dc.get(), ref) <= tolerance(np.float32, k)
+    finally:
+        be.close()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("ta,tb", TRANSPOSES)
 def test_beta_zero_never_reads_c(kernel, ta, tb):
     be = _backend(kernel)

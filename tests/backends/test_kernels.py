@@ -244,3 +244,82 @@ def test_resource_usage_has_no_local_memory(cp):
         cfg = cuda_kernels.select_config(dtype, 8192, 8192, 8192)
         kern = cuda_kernels._gemm_kernel(cfg, "kv")
         assert kern.attributes["local_size_bytes"] == 0, (cfg.name, kern.attributes)
+
+
+# ----- checksum updates fused into the product ---------------------------------------------
+# (case from CASES, accumulate): every transpose and load path, unaligned views, both dtypes,
+# K under one k-tile and K over thousands, the large-tile config, one row or column of C.
+FUSED = [(CASES[i], acc) for i, acc in (
+    (2, False),   # NN, M, K just under a tile, N just over
+    (5, True),    # tall, K < one k-tile (the first k-tile partial and the only one)
+    (7, False),   # a single row of C, deep K
+    (8, True),    # a single column of C
+    (11, False),  # the large-tile config, ragged
+    (13, True),   # TN
+    (14, False),  # NT
+    (15, True),   # TT
+    (21, True),   # NN unaligned views and pointers (element copies), beta
+    (22, False),  # TN unaligned
+    (24, True),   # NT unaligned
+    (28, False),  # float64 TN (DMMA)
+    (33, True),   # float64 alpha and beta, K past 4096
+    (34, False),  # float64 TN unaligned
+)]
+
+
+@pytest.mark.parametrize("case, accumulate", FUSED,
+                         ids=[f"{_ids(c)}-{'acc' if a else 'set'}" for c, a in FUSED])
+def test_fused_checks_match_the_float64_sums(cp, case, accumulate):
+    """gemm(..., checks=) leaves C exactly as without, and its column and row updates are
+    the float64 weighted sums of op(B) and op(A) within the bound the checks allow."""
+    from bigmm.backends import cuda_kernels
+    from bigmm.backends.base import GemmChecks
+    from bigmm.checksum import FUSED_ROUNDINGS
+
+    dtype, m, n, k, ta, tb, alpha, beta, view = case
+    seed = SEED + 13 * FUSED.index((case, accumulate))
+    rng = np.random.default_rng(seed)
+    a_h = random_matrix((k, m) if ta else (m, k), dtype, seed)
+    b_h = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
+    c_h = random_matrix((m, n), dtype, seed + 2)
+    a, _, _ = _embed(cp, a_h, view, dtype, 0)
+    b, _, _ = _embed(cp, b_h, view, dtype, 1)
+    c = cp.asarray(c_h)
+    plain = c.copy()
+    cuda_kernels.gemm(a, b, plain, alpha, beta, trans_a=ta, trans_b=tb, split_k=1)  # as with checks
+    w = {name: rng.standard_normal(k) for name in ("col_w", "row_w")}
+    w.update(col_wa=np.abs(w["col_w"]) + rng.random(k), row_wa=np.abs(w["row_w"]) + rng.random(k))
+    start = {name: rng.standard_normal(size) for name, size in
+             (("col", n), ("col_abs", n), ("row", m), ("row_abs", m))}
+    out = {name: cp.asarray(v) for name, v in start.items()}
+    checks = GemmChecks(**{name: cp.asarray(v) for name, v in w.items()}, **out,
+                        scale=alpha, accumulate=accumulate)
+    cuda_kernels.gemm(a, b, c, alpha, beta, trans_a=ta, trans_b=tb, checks=checks)
+    assert bool((c == plain).all()), f"seed {seed}: C differs with the checks"
+
+    opa = (a_h.T if ta else a_h).astype(np.float64)
+    opb = (b_h.T if tb else b_h).astype(np.float64)
+    ref = {"col": alpha * (w["col_w"] @ opb), "col_abs": abs(alpha) * (w["col_wa"] @ np.abs(opb)),
+           "row": alpha * (opa @ w["row_w"]), "row_abs": abs(alpha) * (np.abs(opa) @ w["row_wa"])}
+    # a k-tile summed in the dtype, then float64 sums over K (and the reference's own)
+    rel = (FUSED_ROUNDINGS + 4) * float(np.finfo(dtype).eps) + 2 * k * float(np.finfo(F64).eps)
+    for name, expect in ref.items():
+        got = cp.asnumpy(out[name]) - (start[name] if accumulate else 0.0)
+        bound = rel * ref[name.split("_")[0] + "_abs"] + 1e-300
+        err = np.abs(got - expect)
+        assert (err <= bound).all(), (f"seed {seed}: {name} off by {float((err / bound).max()):.3g}"
+                                      " x the bound")
+
+
+def test_fused_checks_compile_without_local_memory(cp):
+    from bigmm.backends import cuda_kernels
+
+    # float32 (the configs the table picks for large, thin and small tiles): no spills; the
+    # float64 tensor-core configs, at 512 threads a block, spill a few bytes with the checks
+    for dtype, most in ((F32, 0), (F64, 64)):
+        for shape in ((8192, 8192), (256, 16384), (512, 512)):
+            cfg = cuda_kernels.select_config(dtype, *shape, 4096)
+            for entry in ("kv", "vk", "ss"):
+                kern = cuda_kernels._gemm_kernel(cfg, entry, checks=True)
+                assert kern.attributes["local_size_bytes"] <= most, (cfg.name, entry,
+                                                                     kern.attributes)
