@@ -151,7 +151,8 @@ def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memo
               calibrate: bool, verify: str | None = None) -> tuple[Plan, dict]:
     """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
     (and the operands' read and write speeds, and with ``verify`` its checksum costs) give
-    the predicted time, and on a staging (GPU) backend the planner chooses the tiles by it;
+    the predicted time, and on a staging (GPU) backend the planner chooses the tiles by it
+    (by the checks' costs too only where they are separate passes, not ``fuses_checks``);
     ``matmul`` calibrates on staging backends only, so that on the CPU both plan by bytes
     moved."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
@@ -162,9 +163,13 @@ def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memo
     device, host = resolve_budgets(be, memory, host_memory)
     rates = (_io_rates(_rates(be, dtype, min(device, host)), A, B, out, be, verify) if calibrate
              else None)
+    checked = None
     if rates is not None and verify is not None:
-        rates = replace(rates, check_bytes=getattr(be, "checksum_rate", None),
-                        check_step=getattr(be, "checksum_step", 0.0))
+        fused = bool(getattr(be, "fuses_checks", False))
+        checked = replace(rates, check_bytes=getattr(be, "checksum_rate", None),
+                          check_step=getattr(be, "checksum_step", 0.0), check_fused=fused)
+        if not fused:  # separate passes over the panels at every step: tiles chosen for them
+            rates = checked
     args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                 device_budget=device, host_budget=host, staging=be.staging,
                 a_chunks=A.chunks, b_chunks=B.chunks,
@@ -174,8 +179,10 @@ def _plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memo
         args["step_bytes"] = cpu_step_bytes(threads())
     fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
     p = make_plan(m, n, k, dtype, **args, **fixed)
-    if p.rates is None and rates is not None:
-        p = replace(p, rates=rates)  # for the predicted time only
+    if checked is not None or (p.rates is None and rates is not None):
+        # for the predicted time only; where the gemm does the checks' updates, the tiles are
+        # those of an unchecked run (the checks' near-constant cost would only tip near-ties)
+        p = replace(p, rates=checked or rates)
     job = {"plan": p.key(), "alpha": alpha, "beta": beta,
            "a": A.label, "b": B.label}
     return p, job

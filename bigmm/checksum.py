@@ -13,7 +13,10 @@ actual ``e^T C`` and ``C e`` (float64) are compared with the expected ones. ``a_
 the A panel as it landed while the column update reads the B buffer, so a bit flipped in A
 after landing breaks the column check, one flipped in B the row check, and a changed C value
 both. The work runs on the backend (the reductions of kernels/abft_checksum.cu on the GPU,
-memory-bound, NumPy on the CPU); only four numbers per tile come back to the host.
+memory-bound, NumPy on the CPU); only four numbers per tile come back to the host. Where the
+backend's gemm can do a step's two updates itself (``fuses_checks``: bigmm's GPU kernel sums
+the tiles it loads anyway), they cost no pass over the panels of their own; the panels'
+vectors and the finished tile's sums are still separate reductions.
 
 Tolerance. Each element of C is a sum of n = K + P + 2 rounded terms (K products, one
 accumulation per K panel P, alpha and beta), so with u = eps/2 the rounding error of C[i, j]
@@ -22,8 +25,10 @@ gamma_n = n*u / (1 - n*u) <= n*eps while n*u <= 1/2 (Higham, Accuracy and Stabil
 whatever the order of the sums (blocked, split K, FMA). A column sum of C is off by at most
 n*eps * sum_i s_ij, and that sum is exactly the expected sum of absolute values. The float64
 checksums add their own rounding, at most (K + P + bm + 4) * eps64 times the same magnitude
-(bm the rows summed; bn for the row sums). Both together are below
-``SAFETY * eps * (K + P + bm + 4) * magnitude`` with SAFETY = 2 (eps >= eps64); an absolute
+(bm the rows summed; bn for the row sums), and a fused update sums each k-tile of its terms
+in the dtype first (at most FUSED_ROUNDINGS more roundings of eps). Together they are below
+``SAFETY * eps * (K + P + bm + 4 + FUSED_ROUNDINGS) * magnitude`` with SAFETY = 2 (eps >=
+eps64); an absolute
 floor of the same count of smallest subnormals covers products that underflow. The bound is
 rigorous: no data (mixed sign, all positive, long K) can fail it without a fault. The price is
 that it scales with K and bm, so a fault is seen when it moves a column or row sum by more
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .backends.base import GemmChecks
 from .errors import OptionError
 from .plan import C_SLOTS, Plan, Step, Tile
 
@@ -44,6 +50,9 @@ from .plan import C_SLOTS, Plan, Step, Tile
 VERIFY_MODES = (None, "checksum")
 #: Factor over n*eps covering the product's rounding and the float64 checksums' own.
 SAFETY = 2.0
+#: Roundings of eps a fused update adds: a k-tile (at most 16 deep) summed in the dtype, and
+#: the weights rounded to it (see GemmChecks).
+FUSED_ROUNDINGS = 32
 _F64 = np.dtype(np.float64)
 
 
@@ -59,7 +68,7 @@ def parse_verify(verify) -> str | None:
 def bounds(eps: float, dtype, k: int, panels: int, summed: int) -> tuple[float, float]:
     """(relative, absolute) tolerance of one checksum: |expected - actual| may reach
     ``relative * magnitude + absolute`` without a fault (see the module docstring)."""
-    n = k + panels + summed + 4
+    n = k + panels + summed + 4 + FUSED_ROUNDINGS
     tiny = float(np.finfo(dtype).smallest_subnormal)
     return SAFETY * eps * n, SAFETY * n * max(summed, 1) * tiny
 
@@ -110,6 +119,7 @@ class TileChecksums:
         self.eps = float(be.epsilon(np.dtype(plan.dtype)))
         self.panels = len(plan.k_panels())
         self._launches: dict[tuple, list] = {}
+        self._fused: dict[tuple, GemmChecks] = {}
 
     def _pair(self, buf, k: int):
         """(values, absolute values) halves of a panel slot's vector buffer, k long."""
@@ -145,9 +155,13 @@ class TileChecksums:
 
         self._issue(("landed", op, slot, panel.shape), make, stream)
 
-    def step(self, st: Step, a, b, c, stream) -> None:
+    def step(self, st: Step, a, b, c, stream) -> GemmChecks | None:
         """Add one step's terms to its tile's expected sums (before its gemm: on the first
-        step ``c`` still holds C0, read when beta != 0)."""
+        step ``c`` still holds C0, read when beta != 0). Where the backend's gemm does the
+        updates itself, what to pass it as ``checks`` (None: they were issued here)."""
+        key = (st.c_slot, st.a_slot, st.b_slot, a.shape, b.shape, st.first)
+        fuse = bool(getattr(self.be, "fuses_checks", False))
+
         def make():
             p, launcher = self.plan, self.be.sums_launcher
             col, col_abs, row, row_abs = self._expected(st.c_slot, st.tile.shape)
@@ -160,6 +174,10 @@ class TileChecksums:
             k = st.k1 - st.k0
             av, av_abs = self._pair(self.a[st.a_slot], k)
             bv, bv_abs = self._pair(self.b[st.b_slot], k)
+            if fuse:
+                self._fused[key] = GemmChecks(av, av_abs, col, col_abs, bv, bv_abs, row,
+                                              row_abs, scale=self.alpha, accumulate=more)
+                return out
             op_a = a.T if p.trans_a else a
             op_b = b.T if p.trans_b else b
             return out + [launcher(op_b, col, col_abs, weights=av, abs_weights=av_abs,
@@ -167,8 +185,8 @@ class TileChecksums:
                           launcher(op_a.T, row, row_abs, weights=bv, abs_weights=bv_abs,
                                    scale=self.alpha, accumulate=more)]
 
-        self._issue(("step", st.c_slot, st.a_slot, st.b_slot, a.shape, b.shape, st.first),
-                    make, stream)
+        self._issue(("step",) + key, make, stream)
+        return self._fused.get(key) if fuse else None
 
     def finish(self, st: Step, c, stream) -> None:
         """Compare the finished tile's column and row sums with the expected ones; the four

@@ -167,6 +167,7 @@ class _Run:
         if self.verify is not None:
             self.checks = TileChecksums(be, p, self.alpha, self.beta)
         self.events: dict[tuple, Any] = {}  # buffer key -> event after which it is free
+        self.gemms: dict[tuple, Any] = {}  # slots and shapes -> the gemm launch set up for them
         self.c_written: dict[int, cf.Future] = {}  # C slot -> write of its last tile
         self.last_user: dict[tuple, int] = {}
         self.next_host = {"A": 0, "B": 0}
@@ -358,9 +359,8 @@ class _Run:
             if self.faults is not None:
                 with be.run_on(s):
                     self.faults.corrupt_panel(st, a, b)
-            if checks is not None:
-                checks.step(st, a, b, c, s)
-            be.gemm(a, b, c, self.alpha, beta, p.trans_a, p.trans_b, s)
+            fused = checks.step(st, a, b, c, s) if checks is not None else None
+            self._gemm(st, a, b, c, beta, fused)(s)
             if st.last and self.faults is not None:
                 with be.run_on(s):
                     self.faults.corrupt_tile(st, c)
@@ -372,6 +372,22 @@ class _Run:
             self.flops += 2 * (t.r1 - t.r0) * (t.c1 - t.c0) * (st.k1 - st.k0)
         if st.last:
             self._finish_tile(st, c, event)
+
+    def _gemm(self, st: Step, a, b, c, beta: float, fused):
+        """The step's gemm as a launch taking the stream, set up once per slots and shapes
+        where the backend prepares launches (the same views recur at every use of a slot);
+        with ``fused`` the gemm does the step's checksum updates too."""
+        be, p = self.be, self.plan
+        make = getattr(be, "gemm_launcher", None)
+        extra = {} if fused is None else {"checks": fused}
+        if make is None:
+            return lambda s: be.gemm(a, b, c, self.alpha, beta, p.trans_a, p.trans_b, s, **extra)
+        key = (st.a_slot, st.b_slot, st.c_slot, a.shape, b.shape, st.first)
+        launch = self.gemms.get(key)
+        if launch is None:
+            launch = self.gemms[key] = make(a, b, c, self.alpha, beta, p.trans_a, p.trans_b,
+                                            **extra)
+        return launch
 
     def _copy_in(self, entry: _Entry) -> None:
         be, st = self.be, entry.step

@@ -85,6 +85,9 @@ class Rates:
     #: (None: no checks) and the fixed seconds they add to each step (their launches).
     check_bytes: float | None = None
     check_step: float = 0.0
+    #: The gemm does a step's column and row updates itself (``fuses_checks``): the checks
+    #: then sum each panel once as it lands, not both panels at every step.
+    check_fused: bool = False
     #: Bytes per second of the compute memory (None: not counted). A gemm step that adds into
     #: its C tile (every step after a tile's first, and the first when it reads C) reads and
     #: writes the tile once more than the calibrated product, whose C is written once.
@@ -110,12 +113,16 @@ class Rates:
         return nbytes / self.check_bytes + self.check_step * steps if self.check_bytes else 0.0
 
     def step_seconds(self, rows: int, cols: int, depth: int, itemsize: int,
-                     last: bool, accumulates: bool = False) -> float:
+                     last: bool, accumulates: bool = False, landed: int | None = None) -> float:
         """Seconds of one gemm step of a rows x cols tile over ``depth`` on the compute
         stream: the gemm (and when it ``accumulates`` into C, the tile's extra traffic), the
-        fixed STEP_SECONDS and the checks (sums over both panels, and over the finished tile,
-        read twice, after its ``last`` step)."""
-        summed = (rows + cols) * depth + (2 * rows * cols if last else 0)
+        fixed STEP_SECONDS and the checks (sums over both panels, or with ``check_fused``
+        over the ``landed`` elements of the panels the step loads, and over the finished
+        tile, read twice, after its ``last`` step)."""
+        panels = (rows + cols) * depth
+        if self.check_fused and landed is not None:
+            panels = landed
+        summed = panels + (2 * rows * cols if last else 0)
         return (self.gemm_seconds(2 * rows * cols * depth, 1, depth,
                                   itemsize * rows * cols if accumulates else 0)
                 + self.check_seconds(itemsize * summed, 1))
@@ -465,8 +472,10 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     tail = w * rows * cols
     copy = (lambda nbytes: nbytes / h2d) if h2d else (lambda nbytes: 0.0)
     steps = p.n_tiles * p.nk
-    # every tile sums its panels once per step and itself twice
-    summed = p.k * (p.nj * p.m + p.ni * p.n) + 2 * p.m * p.n
+    # every tile sums its panels once per step (fused: each panel once per load) and itself
+    # twice
+    summed = ((p.a_reads * p.m * p.k + p.b_reads * p.k * p.n) if r.check_fused
+              else p.k * (p.nj * p.m + p.ni * p.n)) + 2 * p.m * p.n
     # every step after a tile's first adds into the tile (and the first too when it reads C)
     adds = p.nk - 1 + (1 if p.reads_c else 0)
     compute = (r.gemm_seconds(p.flops, steps, p.n_tiles * p.k, w * p.m * p.n * adds)
@@ -610,7 +619,8 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
             if read_end > start:
                 start = read_end
         # the issuing thread: copies in, the gemm, and after a tile's last gemm its copy-out
-        gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c)
+        gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c,
+                              sum(nbytes for op, _, nbytes in loads if op < 2) // w)
         busy[2] += gemm
         if staging:
             ready = start

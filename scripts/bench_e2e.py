@@ -503,7 +503,12 @@ def checksum_device_cost(spec_a, spec_b, memory, repeat) -> dict:
         ck = TileChecksums(be, p, 1.0, 0.0)
         st = next(iter(p.steps()))
         s = be.stream()
+        fused = ck.step(st, a, b, c, s)  # the gemm's own updates, where it does them
+        checked = {"checks": fused} if fused is not None else {}
+        prepared = be.gemm_launcher(a, b, c, 1.0, 0.0, False, False, **checked)
         parts = {"gemm": lambda: be.gemm(a, b, c, 1.0, 0.0, False, False, s),
+                 "gemm_checked": lambda: be.gemm(a, b, c, 1.0, 0.0, False, False, s, **checked),
+                 "gemm_checked_prepared": lambda: prepared(s),
                  "landed_a": lambda: ck.landed("A", st.a_slot, a, s),
                  "landed_b": lambda: ck.landed("B", st.b_slot, b, s),
                  "step_sums": lambda: ck.step(st, a, b, c, s),
@@ -515,13 +520,17 @@ def checksum_device_cost(spec_a, spec_b, memory, repeat) -> dict:
     issue = {k: v[1] for k, v in timed.items()}
     steps = list(p.steps())
     loads_a, loads_b = sum(x.load_a for x in steps), sum(x.load_b for x in steps)
+    t["fused"] = fused is not None
+    # a step's own sums: separate launches, or what the updates add to the gemm
+    t["step_sums"] += max(0.0, t["gemm_checked"] - t["gemm"]) if fused is not None else 0.0
     t["checks_per_step"] = t["landed_a"] + t["landed_b"] + t["step_sums"]
     per_k = len(p.k_panels())
     both_new = (per_k * t["checks_per_step"] + t["finish_per_tile"]) / (per_k * t["gemm"])
     schedule = (loads_a * t["landed_a"] + loads_b * t["landed_b"] + len(steps) * t["step_sums"]
                 + p.n_tiles * t["finish_per_tile"]) / (len(steps) * t["gemm"])
     log("checksum host issue time: " + ", ".join(f"{k} {1e6 * v:.0f} us" for k, v in issue.items()))
-    log(f"checksum device cost per {p.bm}x{p.bn}x{p.bk} step: gemm {1e3 * t['gemm']:.3f} ms; "
+    log(f"checksum device cost per {p.bm}x{p.bn}x{p.bk} step: gemm {1e3 * t['gemm']:.3f} ms "
+        f"({1e3 * t['gemm_checked']:.3f} ms with the updates, fused: {t['fused']}); "
         f"A vectors {1e3 * t['landed_a']:.3f} ms, B vectors {1e3 * t['landed_b']:.3f} ms, "
         f"step sums {1e3 * t['step_sums']:.3f} ms, finish {1e3 * t['finish_per_tile']:.3f} ms "
         f"per tile: {100 * both_new:.2f}% of the compute with both panels new at every step, "

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 
 import h5py
 import numpy as np
@@ -384,6 +385,36 @@ def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, 
         for x in closing:
             x.close()
     assert (p.rates.read_bytes, p.rates.write_bytes) == (read, write)
+
+
+@pytest.mark.parametrize("fuses", [
+    True,   # the gemm does the checks' updates: the tiles of the unchecked run
+    False,  # separate passes over the panels: the tiles are chosen with them counted
+])
+def test_checked_runs_plan_with_the_checks_costs(fuses):
+    class Checking(_StagingBackend):
+        checksum_rate, checksum_step, fuses_checks = 1e10, 1e-4, fuses
+
+    a, b = random_matrix((3000, 2500), np.float32), random_matrix((2500, 2000), np.float32, 1)
+    closing = []
+    A, B = api._open_inputs(a, b, closing)
+    try:
+        plans = {v: api._plan_job(A, B, None, Checking(), alpha=1.0, beta=0.0, trans_a=False,
+                                  trans_b=False, memory="16MiB", host_memory="64MiB",
+                                  resume=False, calibrate=True, verify=v)[0]
+                 for v in (None, "checksum")}
+    finally:
+        for x in closing:
+            x.close()
+    checked = plans["checksum"]
+    assert checked.rates.check_bytes == 1e10 and checked.rates.check_fused == fuses
+    # the predicted time counts the checks either way
+    assert checked.predicted_seconds > replace(checked, rates=plans[None].rates).predicted_seconds
+    if fuses:
+        assert checked.key() == plans[None].key()
+    else:  # chosen with the checks counted: no slower under them than the unchecked tiles
+        assert checked.predicted_seconds <= replace(plans[None],
+                                                    rates=checked.rates).predicted_seconds
 
 
 def test_cpu_matmul_plans_by_bytes_as_plan_does(tmp_path):

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
-from bigmm.plan import (MAX_LOOKAHEAD, ORDERS, SIM_STEPS, STEP_SECONDS, Rates, make_plan, predict_seconds,
-                        simulate, stage_times)
+from bigmm.plan import (MAX_LOOKAHEAD, ORDERS, SIM_STEPS, STEP_SECONDS, Rates, make_plan,
+                        predict_seconds, simulate, stage_times)
 
 dims = st.integers(min_value=1, max_value=700)
 
@@ -356,6 +356,30 @@ def test_checksum_costs_count_in_the_predicted_time():
     # the plan chosen without them
     assert replace(plain, rates=checked).predicted_seconds > plain.predicted_seconds
     assert with_checks.predicted_seconds <= replace(plain, rates=checked).predicted_seconds
+
+
+def test_fused_checks_cost_only_the_panels_as_they_land():
+    from dataclasses import replace
+
+    fast_io = replace(H100_ARRAYS, read_bytes=1e12, write_bytes=1e12, h2d_bytes=1e12)
+    checked = replace(fast_io, check_bytes=2e11, check_step=40e-6)
+    fused = replace(checked, check_fused=True)
+    plain = fast_io.step_seconds(256, 512, 1024, 4, last=False)
+    # the gemm does the step's updates: only the A panel this step loads is summed
+    assert fused.step_seconds(256, 512, 1024, 4, last=False, landed=256 * 1024) == \
+        pytest.approx(plain + 4 * 256 * 1024 / 2e11 + 40e-6)
+    # separate updates read both panels at every step, whatever it loads
+    assert checked.step_seconds(256, 512, 1024, 4, last=False, landed=0) == \
+        pytest.approx(plain + 4 * (256 + 512) * 1024 / 2e11 + 40e-6)
+    args = dict(device_budget=512 << 20, host_budget=GiB)
+    plan = make_plan(8192, 8192, 8192, rates=fast_io, **args)
+    t = {r: replace(plan, rates=r) for r in (fast_io, checked, fused)}
+    assert t[fast_io].predicted_seconds < t[fused].predicted_seconds \
+        < t[checked].predicted_seconds
+    for q in t.values():  # the model's bounds hold with the checks too
+        bounds = stage_times(q, q.rates)
+        assert bounds.lower_bound * (1 - 1e-9) <= simulate(q, q.rates).end \
+            <= bounds.upper_bound * (1 + 1e-9)
 
 
 def test_a_costlier_gemm_step_chooses_fewer_larger_gemms():
