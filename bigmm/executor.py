@@ -506,6 +506,7 @@ class _Writer(threading.Thread):
         self.finished: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
         self._stopped = False
+        self.pool: cf.ThreadPoolExecutor | None = None  # for the pieces of large tiles
 
     def submit(self, tile: Tile, src, event, check=None) -> cf.Future:
         """Queue a tile for writing; ``check()`` (when given) returns its checksum verdict once
@@ -526,6 +527,8 @@ class _Writer(threading.Thread):
             self.q.put(None)
         if self.is_alive():
             self.join()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
     def run(self) -> None:
         pending: list[tuple[int, int]] = []
@@ -574,7 +577,7 @@ class _Writer(threading.Thread):
             return True
         with r.clocks["write"]:
             try:
-                r.out.write(tile.r0, tile.r1, tile.c0, tile.c1, src)
+                self._write_tile(tile, src)
             except BigmmError:
                 raise
             except Exception as e:
@@ -584,6 +587,25 @@ class _Writer(threading.Thread):
         with r.lock:
             r.bytes_written += src.nbytes
         return True
+
+    def _write_tile(self, tile: Tile, src) -> None:
+        """Write ``src`` to ``tile``, in row pieces on this writer's threads where the sink
+        takes them at once (a NumPy array: one thread copies at a few GB/s, and the last
+        tile's write is the run's drain)."""
+        r = self.run_
+        pieces = [(tile.r0, tile.r1)]
+        if getattr(r.out, "parallel_writes", False):
+            pieces = _pieces(tile.r0, tile.r1, tile.c1 - tile.c0, r.dtype.itemsize,
+                             r.io_threads, None)
+        if len(pieces) == 1:
+            r.out.write(tile.r0, tile.r1, tile.c0, tile.c1, src)
+            return
+        if self.pool is None:
+            self.pool = cf.ThreadPoolExecutor(r.io_threads, thread_name_prefix="bigmm-copy")
+        futures = [self.pool.submit(r.out.write, r0, r1, tile.c0, tile.c1,
+                                    src[r0 - tile.r0:r1 - tile.r0]) for r0, r1 in pieces]
+        for f in futures:
+            f.result()
 
     def _commit(self, pending: list) -> None:
         if pending:

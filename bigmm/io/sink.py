@@ -92,6 +92,8 @@ class Sink(Matrix):
     result = None
     layout: str = "array"
     mapped: bool = False  # tiles are copied into a memory map of the output
+    #: Pieces of one tile may be written from several threads at once (memory copies).
+    parallel_writes: bool = False
 
     def read(self, r0, r1, c0, c1, out) -> None:
         raise NotImplementedError
@@ -248,6 +250,8 @@ class RegionSink(Sink):
 
 class ArraySink(Sink):
     """A NumPy array written in place (old C, for beta != 0, is read tile by tile first)."""
+
+    parallel_writes = True
 
     def __init__(self, array: np.ndarray, label: str):
         self.array = self.result = array
