@@ -61,6 +61,13 @@ def inputs(tmp_path):
     assert sha(path) == before  # inputs are never modified
 
 
+def finish_all(sink, data):
+    """Every tile of ``data`` written, committed, and the output marked complete."""
+    write_tiles(sink, data, tiles())
+    sink.commit(tiles())
+    sink.finish()
+
+
 def read_back(spec):
     with open_input(spec, name="C") as src:
         out = np.full(src.shape, np.nan, src.dtype)
@@ -131,9 +138,7 @@ def test_resume_a_file_killed_while_being_created(tmp_path, inputs, size, recrea
     data = random_matrix(SHAPE, np.float32, seed=5)
     with new_sink(spec, srcs, resume=True) as sink:
         assert sink.done == frozenset()
-        write_tiles(sink, data, tiles())
-        sink.commit(tiles())
-        sink.finish()
+        finish_all(sink, data)
     np.testing.assert_array_equal(read_back(spec), data)
 
 
@@ -182,9 +187,7 @@ def test_resume_without_journal(tmp_path, inputs):
     with pytest.raises(ResumeError, match="journal"):
         new_sink(spec, srcs, resume=True)
     with new_sink(spec, srcs) as sink:
-        write_tiles(sink, random_matrix(SHAPE, np.float32), tiles())
-        sink.commit(tiles())
-        sink.finish()
+        finish_all(sink, random_matrix(SHAPE, np.float32))
     with pytest.raises(ResumeError, match="complete"):
         new_sink(spec, srcs, resume=True)
 
@@ -201,9 +204,7 @@ def test_exists_and_overwrite_keeps_other_datasets(tmp_path, inputs):
     assert f"{path}:/C" in str(err.value)
     data = random_matrix(SHAPE, np.float32, seed=6)
     with new_sink(f"{path}:/C", srcs, overwrite=True) as sink:
-        write_tiles(sink, data, tiles())
-        sink.commit(tiles())
-        sink.finish()
+        finish_all(sink, data)
     np.testing.assert_array_equal(read_back(f"{path}:/C"), data)
     with h5py.File(path, "r") as f:
         np.testing.assert_array_equal(f["keep"][...], keep)
@@ -400,9 +401,7 @@ def test_disk_full_at_creation_then_resume(tmp_path, inputs, monkeypatch, reads_
         new_sink(spec, srcs, reads_c=reads_c)
     with new_sink(spec, srcs, reads_c=reads_c, resume=True) as sink:
         assert sink.mapped and sink.done == frozenset()
-        write_tiles(sink, data, tiles())
-        sink.commit(tiles())
-        sink.finish()
+        finish_all(sink, data)
     np.testing.assert_array_equal(read_back(spec), data)
 
 
@@ -496,9 +495,7 @@ def test_mapped_commit_syncs_before_journaling(tmp_path, inputs, monkeypatch):
         assert record == {"tiles": [list(t) for t in first]}
         sink.commit([])  # nothing new written: no sync
         assert len(events) == 2
-        write_tiles(sink, data, tiles())
-        sink.commit(tiles())
-        sink.finish()
+        finish_all(sink, data)
     np.testing.assert_array_equal(read_back(spec), data)
 
 
@@ -550,9 +547,7 @@ def test_h5py_dataset_output(tmp_path, inputs):
     with h5py.File(tmp_path / "d.h5", "w") as f:
         d = f.create_dataset("C", shape=SHAPE, dtype="f4", chunks=(9, 9), compression="gzip")
         sink = new_sink(d, srcs)
-        write_tiles(sink, data, tiles())
-        sink.commit(tiles())
-        sink.finish()
+        finish_all(sink, data)
         assert sink.result is d
         np.testing.assert_array_equal(d[...], data)
 
@@ -578,9 +573,7 @@ def test_resume_into_a_dataset_that_is_not_raw_writable(tmp_path, inputs, reads_
             buf = np.full(SHAPE, np.nan, np.float32)
             sink.read(0, SHAPE[0], 0, SHAPE[1], buf)
             np.testing.assert_array_equal(buf, old)
-        write_tiles(sink, new, tiles())
-        sink.commit(tiles())
-        sink.finish()
+        finish_all(sink, new)
     np.testing.assert_array_equal(read_back(spec), new)
 
 
