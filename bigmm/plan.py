@@ -567,6 +567,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
     of the tile that used its host C buffer before, and so does the issuing of later steps.
     Without staging the gemm runs on the issuing thread. O(steps)."""
     w, staging, reads_c, last_kp = p.itemsize, p.staging, p.reads_c, p.nk - 1
+    fused = r.check_fused
     rd, wr = r.read_bytes, r.write_bytes
     h2d = r.h2d_bytes if staging and r.h2d_bytes else math.inf  # no copies: free
     depths = [k1 - k0 for k0, k1 in p.k_panels()]
@@ -619,8 +620,8 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
             if read_end > start:
                 start = read_end
         # the issuing thread: copies in, the gemm, and after a tile's last gemm its copy-out
-        gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c,
-                              sum(nbytes for op, _, nbytes in loads if op < 2) // w)
+        landed = sum(nbytes for op, _, nbytes in loads if op < 2) // w if fused else None
+        gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c, landed)
         busy[2] += gemm
         if staging:
             ready = start
@@ -800,27 +801,30 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     """The candidate with the shortest predicted makespan (ties: the byte score): the first
     SIM_PLANS in order of ``StageTimes.guess`` and the SIM_LARGE with the fewest steps are
     simulated (a candidate whose lower bound exceeds the best makespan found is not), and the
-    DEEPEN fastest are tried again with the deepest K panel of ``depths`` that fits (fewer
-    C-tile updates and steps against a longer fill)."""
+    DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest first) that
+    fits (fewer C-tile updates and steps against a longer fill)."""
     ranked = sorted(((stage_times(p, rates), score, p) for score, p in found),
                     key=lambda x: (x[0].guess, x[1]))
     timed: list[tuple[float, tuple, Plan]] = []
-    best, rest = math.inf, []
-    for i, (st, score, p) in enumerate(ranked):
+    best = math.inf
+
+    def simulate_unless_bounded(st: StageTimes, score: tuple, p: Plan) -> None:
+        nonlocal best
+        if st.lower_bound <= best:
+            timed.append((p.predicted_seconds, score, p))
+            best = min(best, timed[-1][0])
+
+    rest = []
+    for i, candidate in enumerate(ranked):
         if len(timed) == SIM_PLANS:
             rest = ranked[i:]
             break
-        if st.lower_bound <= best:
-            timed.append((p.predicted_seconds, score, p))
-            best = min(best, timed[-1][0])
-    for st, score, p in sorted(rest, key=lambda x: (_steps(x[2]), x[0].guess, x[1]))[:SIM_LARGE]:
-        if st.lower_bound <= best:
-            timed.append((p.predicted_seconds, score, p))
-            best = min(best, timed[-1][0])
+        simulate_unless_bounded(*candidate)
+    for candidate in sorted(rest, key=lambda x: (_steps(x[2]), x[0].guess, x[1]))[:SIM_LARGE]:
+        simulate_unless_bounded(*candidate)
     timed.sort(key=lambda x: x[:2])
     for _, score, p in timed[:DEEPEN]:
-        deeper = next((q for q in (replace(p, bk=bk) for bk in sorted(depths, reverse=True))
-                       if _fits(q)), None)
+        deeper = next((q for q in (replace(p, bk=bk) for bk in depths) if _fits(q)), None)
         if deeper is not None:
             timed.append((deeper.predicted_seconds, score, deeper))
     return min(timed, key=lambda x: x[:2])[2]
