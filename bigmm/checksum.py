@@ -119,6 +119,8 @@ class TileChecksums:
         self.eps = float(be.epsilon(np.dtype(plan.dtype)))
         self.panels = len(plan.k_panels())
         self._launches: dict[tuple, list] = {}
+        #: Whether the backend's gemm does each step's updates (``step`` then hands them over).
+        self.fuse = bool(getattr(be, "fuses_checks", False))
         self._fused: dict[tuple, GemmChecks] = {}
 
     def _pair(self, buf, k: int):
@@ -160,7 +162,6 @@ class TileChecksums:
         step ``c`` still holds C0, read when beta != 0). Where the backend's gemm does the
         updates itself, what to pass it as ``checks`` (None: they were issued here)."""
         key = (st.c_slot, st.a_slot, st.b_slot, a.shape, b.shape, st.first)
-        fuse = bool(getattr(self.be, "fuses_checks", False))
 
         def make():
             p, launcher = self.plan, self.be.sums_launcher
@@ -174,7 +175,7 @@ class TileChecksums:
             k = st.k1 - st.k0
             av, av_abs = self._pair(self.a[st.a_slot], k)
             bv, bv_abs = self._pair(self.b[st.b_slot], k)
-            if fuse:
+            if self.fuse:
                 self._fused[key] = GemmChecks(av, av_abs, col, col_abs, bv, bv_abs, row,
                                               row_abs, scale=self.alpha, accumulate=more)
                 return out
@@ -186,7 +187,7 @@ class TileChecksums:
                                    scale=self.alpha, accumulate=more)]
 
         self._issue(("step",) + key, make, stream)
-        return self._fused.get(key) if fuse else None
+        return self._fused.get(key) if self.fuse else None
 
     def finish(self, st: Step, c, stream) -> None:
         """Compare the finished tile's column and row sums with the expected ones; the four
