@@ -71,6 +71,17 @@ SIM_PLANS = 32
 #: are also tried with deeper K panels.
 SIM_LARGE = 8
 DEEPEN = 4
+#: With staging (GPU backends) and no checks, the executor issues the first step of a run in
+#: K pieces of these relative depths (its first gemm starts once the first piece has landed:
+#: the fill that no overlap hides is an eighth of the first panels) and computes the last
+#: step's tile in row pieces of these relative heights, each copied out and written while the
+#: next computes (the drain is the last eighth of the tile). The pipeline model still counts
+#: whole panels and tiles for both: measured, the larger tiles that smaller fills and drains
+#: would favour ran slower for reasons the model does not have (see BENCHMARKS.md).
+RAMP = (1, 1, 2, 4)
+DRAIN = (4, 2, 1, 1)
+#: Inner edges of those pieces fall on multiples of this (whole kernel tiles, aligned loads).
+PIECE_ALIGN = 256
 
 
 @dataclass(frozen=True)
@@ -126,6 +137,21 @@ class Rates:
         return (self.gemm_seconds(2 * rows * cols * depth, 1, depth,
                                   itemsize * rows * cols if accumulates else 0)
                 + self.check_seconds(itemsize * summed, 1))
+
+
+def split_range(n: int, weights: tuple[int, ...], align: int = PIECE_ALIGN
+                ) -> list[tuple[int, int]]:
+    """[0, n) in consecutive pieces about in proportion to ``weights``, inner edges on
+    multiples of ``align`` (pieces that would be empty merge with their neighbours; a range
+    shorter than two ``align`` stays whole)."""
+    total, acc, edges = sum(weights), 0, {0, n}
+    for w in weights[:-1]:
+        acc += w
+        e = round(n * acc / (total * align)) * align
+        if 0 < e < n:
+            edges.add(e)
+    edges = sorted(edges)
+    return list(zip(edges, edges[1:]))
 
 
 @dataclass(frozen=True)
