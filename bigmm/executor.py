@@ -19,6 +19,13 @@ finished C tiles straight from the device; the writer then only waits for the ti
 before reporting it finished. Other operands (files, pageable arrays) go through the staging
 slots as above. ``RunStats.bytes_staged`` counts the bytes that went through host slots.
 
+Fill and drain. With staging, the first step of a run is issued in K pieces (``plan.RAMP``):
+its panels are read, copied in and multiplied piece by piece, so that the first gemm starts once
+an eighth of the first panels has landed. The last step of a run computes its tile in row pieces
+(``plan.DRAIN``), and each piece is copied out and written while the next computes, so that the
+run ends an eighth of a tile after its last gemm (see ``plan.RAMP`` for what the planner's
+model counts).
+
 With ``verify="checksum"`` every C tile is checked (:mod:`bigmm.checksum`): the checksum work is
 issued on the compute stream beside the gemms, and the writer reads each tile's verdict when it
 takes the tile (it waits for the tile's copy-out anyway), so the checks add no host
@@ -45,7 +52,8 @@ from .errors import (BigmmError, ChecksumError, DtypeError, Interrupted, OptionE
                      ReadError, ShapeError, WriteError)
 from .io.sink import ArraySink
 from .io.source import ArraySource
-from .plan import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, Plan, Step, Tile
+from .plan import (C_SLOTS, DRAIN, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, RAMP, Plan,
+                   Step, Tile, split_range)
 from .runstats import STAGES, Progress, RunStats, StageClock
 
 #: Panel reads are split into pieces of about this many bytes, one per I/O thread.
@@ -56,12 +64,21 @@ _POLL = 0.1  # seconds between checks of the stop flag while waiting
 
 
 @dataclass
-class _Load:
-    """One buffer being filled by the readers: its futures, target views and slot keys."""
+class _Part:
+    """One K piece of a load (the whole panel unless the step is ramped): its reads' futures
+    and the views it goes through."""
 
     futures: list
-    host: Any = None  # staging: the host view read into
+    host: Any = None  # staging: the host view read into (or the user's pinned array's region)
     dev: Any = None  # the device view the data ends in
+
+
+@dataclass
+class _Load:
+    """One buffer being filled by the readers: its parts (one per K piece of the step; a C
+    tile has one) and slot keys."""
+
+    parts: list[_Part]
     dev_key: tuple = ()
     host_key: tuple = ()
 
@@ -71,6 +88,8 @@ class _Entry:
     index: int
     step: Step
     loads: list[_Load] = field(default_factory=list)
+    #: The step's K range in pieces (RAMP for the first step of a run, else one piece).
+    pieces: list[tuple[int, int]] = field(default_factory=list)
 
 
 def execute(plan: Plan, a, b, out, backend, *, alpha: float = 1.0, beta: float = 0.0,
@@ -210,6 +229,7 @@ class _Run:
         return self._stats()
 
     def _loop(self, steps) -> None:
+        self.ramp = True  # the first step assigned is issued in K pieces (see _assign)
         self.steps = iter(steps)
         self.pending: Step | None = next(self.steps, None)
         self.window: deque[_Entry] = deque()
@@ -268,7 +288,11 @@ class _Run:
         keys += [("h" + op, h) for op, _, h in targets if h is not None]
         if any(self.last_user.get(k, -1) >= self.issued for k in keys):
             return None
-        entry = _Entry(idx, st, [self._submit(st, *t) for t in targets])
+        pieces = [(st.k0, st.k1)]
+        if self.ramp and self.be.staging and self.checks is None and self.faults is None:
+            pieces = [(st.k0 + q0, st.k0 + q1) for q0, q1 in split_range(st.k1 - st.k0, RAMP)]
+        self.ramp = False
+        entry = _Entry(idx, st, [self._submit(st, *t, pieces) for t in targets], pieces)
         for op, _, h in targets:
             if h is not None and op != "C":
                 self.next_host[op] = (h + 1) % HOST_PANEL_SLOTS
@@ -279,30 +303,59 @@ class _Run:
     def _host_slot(self, op: str) -> int | None:
         return self.next_host[op] if op in self.host else None
 
-    def _submit(self, st: Step, op: str, slot: int, hslot: int | None) -> _Load:
-        src, (r0, r1, c0, c1), shape = self._region(st, op)
+    def _submit(self, st: Step, op: str, slot: int, hslot: int | None,
+                pieces: list[tuple[int, int]]) -> _Load:
+        """The reads of one operand of a step, in parts along K (``pieces``; a C tile whole).
+        A part's device view is its region of the slot's panel; its host view, where staged,
+        is contiguous: a K piece that is a column range of the panel is staged as a block of
+        its own and the copy in puts it in place."""
+        src, reg, shape = self._region(st, op)
         dev = self.be.view(self.dev[op][slot], shape)
-        if self.direct[op] is not None:  # copied in from the user's pinned array
-            view = self.direct[op][r0:r1, c0:c1]
-            with self.lock:
-                self.bytes_read += view.nbytes
-            return _Load([], view, dev, (op, slot))
-        host = self.be.view(self.host[op][hslot], shape) if hslot is not None else None
-        if host is not None:
-            with self.lock:
-                self.bytes_staged += host.nbytes
-        target = dev if host is None else host
-        if op == "C":  # the C buffer is free once the write of its previous tile finished
-            gate = self.c_written.get(slot)
-            ready = (lambda: gate.result()) if gate is not None else (lambda: None)
-        else:
-            event = self.events.get(("h" + op, hslot) if host is not None else (op, slot))
-            ready = (lambda: self.be.synchronize(event)) if event is not None else (lambda: None)
-        futures = [self.pool.submit(self._read, src, rr0, rr1, c0, c1, target[rr0 - r0:rr1 - r0],
-                                    ready)
-                   for rr0, rr1 in _pieces(r0, r1, c1 - c0, self.dtype.itemsize,
-                                           self.io_threads, getattr(src, "chunks", None))]
-        return _Load(futures, host, dev, (op, slot), ("h" + op, hslot) if host is not None else ())
+        host_key = ("h" + op, hslot) if hslot is not None else ()
+        if op == "C" or len(pieces) == 1:
+            pieces = [(st.k0, st.k1)]
+        axis = self._k_axis(op)
+        parts = []
+        for q0, q1 in pieces:
+            a, b = q0 - st.k0, q1 - st.k0
+            r0, r1, c0, c1 = reg if axis is None else _along(reg, axis, a, b)
+            pdev = dev if axis is None else _k_slice(dev, axis, a, b)
+            if self.direct[op] is not None:  # copied in from the user's pinned array
+                view = self.direct[op][r0:r1, c0:c1]
+                with self.lock:
+                    self.bytes_read += view.nbytes
+                parts.append(_Part([], view, pdev))
+                continue
+            host = None
+            if hslot is not None:
+                buf = self.host[op][hslot]
+                if axis == 1:  # a column range, staged after the pieces before it
+                    host = self.be.view(buf[(r1 - r0) * a:], (r1 - r0, c1 - c0))
+                else:
+                    host = self.be.view(buf, shape)
+                    host = host if axis is None else _k_slice(host, axis, a, b)
+                with self.lock:
+                    self.bytes_staged += host.nbytes
+            target = pdev if host is None else host
+            if op == "C":  # the C buffer is free once the write of its previous tile finished
+                gate = self.c_written.get(slot)
+                ready = (lambda: gate.result()) if gate is not None else (lambda: None)
+            else:
+                event = self.events.get(host_key or (op, slot))
+                ready = ((lambda: self.be.synchronize(event)) if event is not None
+                         else (lambda: None))
+            futures = [self.pool.submit(self._read, src, rr0, rr1, c0, c1,
+                                        target[rr0 - r0:rr1 - r0], ready)
+                       for rr0, rr1 in _pieces(r0, r1, c1 - c0, self.dtype.itemsize,
+                                               self.io_threads, getattr(src, "chunks", None))]
+            parts.append(_Part(futures, host, pdev))
+        return _Load(parts, (op, slot), host_key)
+
+    def _k_axis(self, op: str) -> int | None:
+        """The axis of an operand's stored panel that runs along K (None for C)."""
+        if op == "A":
+            return 0 if self.plan.trans_a else 1
+        return (1 if self.plan.trans_b else 0) if op == "B" else None
 
     def _region(self, st: Step, op: str):
         """(source, stored region (r0, r1, c0, c1), stored shape) of a step's operand."""
@@ -335,43 +388,74 @@ class _Run:
     # ----- issuing copies and gemms ---------------------------------------------------------
     def _issue(self, entry: _Entry) -> None:
         st, p, be = entry.step, self.plan, self.be
-        for load in entry.loads:
-            for f in load.futures:
-                self._wait(f)
-        if be.staging:
-            self._copy_in(entry)
-        elif st.first and not p.reads_c and st.c_slot in self.c_written:
-            self._wait(self.c_written[st.c_slot])
         t = st.tile
         a = be.view(self.dev["A"][st.a_slot],
                     (st.k1 - st.k0, t.r1 - t.r0) if p.trans_a else (t.r1 - t.r0, st.k1 - st.k0))
         b = be.view(self.dev["B"][st.b_slot],
                     (t.c1 - t.c0, st.k1 - st.k0) if p.trans_b else (st.k1 - st.k0, t.c1 - t.c0))
         c = be.view(self.dev["C"][st.c_slot], t.shape)
-        beta = (self.beta if st.first else 1.0)
-        checks, s = self.checks, self.s_compute
-        with self.clocks["compute"]:
-            if checks is not None:
-                for op, load, slot, x in (("A", st.load_a, st.a_slot, a),
-                                          ("B", st.load_b, st.b_slot, b)):
-                    if load:
-                        checks.landed(op, slot, x, s)
-            if self.faults is not None:
-                with be.run_on(s):
-                    self.faults.corrupt_panel(st, a, b)
-            fused = checks.step(st, a, b, c, s) if checks is not None else None
-            self._gemm(st, a, b, c, beta, fused)(s)
-            if st.last and self.faults is not None:
-                with be.run_on(s):
-                    self.faults.corrupt_tile(st, c)
-            if st.last and checks is not None:
-                checks.finish(st, c, s)
-        event = be.record(self.s_compute)
+        # the run's last step: its tile in row pieces, each copied out and written while the
+        # next computes (staging, no checks)
+        rows = [(0, t.r1 - t.r0)]
+        if (st.last and self.pending is None and not self.window and be.staging
+                and self.checks is None and self.faults is None):
+            rows = split_range(t.r1 - t.r0, DRAIN)
+        whole = len(entry.pieces) == 1 and len(rows) == 1
+        for i, (q0, q1) in enumerate(entry.pieces):
+            for load in entry.loads:
+                for f in (load.parts[i].futures if i < len(load.parts) else ()):
+                    self._wait(f)
+            if be.staging:
+                self._copy_in(entry, i)
+            elif st.first and not p.reads_c and st.c_slot in self.c_written:
+                self._wait(self.c_written[st.c_slot])
+            beta = (self.beta if st.first else 1.0) if i == 0 else 1.0
+            last = i == len(entry.pieces) - 1
+            with self.clocks["compute"]:
+                if whole:
+                    marks = [(0, t.r1 - t.r0, self._compute(st, a, b, c, beta))]
+                else:
+                    marks = self._compute_pieces(
+                        _k_slice(a, self._k_axis("A"), q0 - st.k0, q1 - st.k0),
+                        _k_slice(b, self._k_axis("B"), q0 - st.k0, q1 - st.k0),
+                        c, beta, rows if last else [(0, t.r1 - t.r0)])
+        event = marks[-1][2]
         self.events[("A", st.a_slot)] = self.events[("B", st.b_slot)] = event
         with self.lock:
             self.flops += 2 * (t.r1 - t.r0) * (t.c1 - t.c0) * (st.k1 - st.k0)
         if st.last:
-            self._finish_tile(st, c, event)
+            self._finish_tile(st, c, marks)
+
+    def _compute(self, st: Step, a, b, c, beta: float):
+        """A whole step's gemm on the compute stream, with its checks and injected faults;
+        returns the event recorded after it."""
+        be, checks, s = self.be, self.checks, self.s_compute
+        if checks is not None:
+            for op, load, slot, x in (("A", st.load_a, st.a_slot, a),
+                                      ("B", st.load_b, st.b_slot, b)):
+                if load:
+                    checks.landed(op, slot, x, s)
+        if self.faults is not None:
+            with be.run_on(s):
+                self.faults.corrupt_panel(st, a, b)
+        fused = checks.step(st, a, b, c, s) if checks is not None else None
+        self._gemm(st, a, b, c, beta, fused)(s)
+        if st.last and self.faults is not None:
+            with be.run_on(s):
+                self.faults.corrupt_tile(st, c)
+        if st.last and checks is not None:
+            checks.finish(st, c, s)
+        return be.record(s)
+
+    def _compute_pieces(self, a, b, c, beta: float, rows: list[tuple[int, int]]) -> list:
+        """One K piece of a step (``a`` and ``b`` that piece's views) in gemms over the row
+        ranges ``rows`` of the tile; returns (row0, row1, event after its gemm) per range."""
+        be, p, s, marks = self.be, self.plan, self.s_compute, []
+        for r0, r1 in rows:
+            ar = (a[:, r0:r1] if p.trans_a else a[r0:r1]) if len(rows) > 1 else a
+            be.gemm(ar, b, c[r0:r1], self.alpha, beta, p.trans_a, p.trans_b, s)
+            marks.append((r0, r1, be.record(s)))
+        return marks
 
     def _gemm(self, st: Step, a, b, c, beta: float, fused):
         """The step's gemm as a launch taking the stream, set up once per slots and shapes
@@ -389,24 +473,30 @@ class _Run:
                                             **extra)
         return launch
 
-    def _copy_in(self, entry: _Entry) -> None:
+    def _copy_in(self, entry: _Entry, i: int) -> None:
+        """Copy in the ``i``-th K piece of an entry's loads (a C tile with the first) and make
+        the compute stream wait for it."""
         be, st = self.be, entry.step
-        c_loaded = False
+        copied = [load for load in entry.loads if i < len(load.parts)]
         with self.clocks["copy_in"]:
-            for load in entry.loads:
+            for load in copied:
                 free = self.events.get(load.dev_key)  # last gemm on a slot, copy-out of a C
-                c_loaded = c_loaded or load.dev_key[0] == "C"
-                if free is not None:
+                if i == 0 and free is not None:
                     be.wait(self.s_in, free)
-                be.copy_in(load.host, load.dev, self.s_in)
+                be.copy_in(load.parts[i].host, load.parts[i].dev, self.s_in)
+            if copied:
                 done = be.record(self.s_in)
-                if load.host_key and load.dev_key[0] != "C":
-                    self.events[load.host_key] = done
+                for load in copied:
+                    if load.host_key and load.dev_key[0] != "C":
+                        self.events[load.host_key] = done
                 be.wait(self.s_compute, done)
-        if st.first and not c_loaded and ("C", st.c_slot) in self.events:
+        c_loaded = any(load.dev_key[0] == "C" for load in entry.loads)
+        if i == 0 and st.first and not c_loaded and ("C", st.c_slot) in self.events:
             be.wait(self.s_compute, self.events[("C", st.c_slot)])
 
-    def _finish_tile(self, st: Step, c, event) -> None:
+    def _finish_tile(self, st: Step, c, marks: list) -> None:
+        """Hand a finished tile to the writer; with staging, copy it out first, each row range
+        of ``marks`` (row0, row1, event after its gemm) once its gemm is done."""
         be, cs, t = self.be, st.c_slot, st.tile
         src = c
         if be.staging:
@@ -418,17 +508,20 @@ class _Run:
                 dst = src = be.view(self.host["C"][cs], t.shape)
                 with self.lock:
                     self.bytes_staged += src.nbytes
+            copied = []
             with self.clocks["copy_out"]:
-                be.wait(self.s_out, event)
-                be.copy_out(c, dst, self.s_out)
-                if self.checks is not None:  # beside the tile, guarded by the same write
-                    self.checks.fetch(cs, self.s_out)
-                event = be.record(self.s_out)
-            self.events[("C", cs)] = event
+                for r0, r1, event in marks:
+                    be.wait(self.s_out, event)
+                    be.copy_out(c[r0:r1], dst[r0:r1], self.s_out)
+                    if self.checks is not None:  # beside the tile, guarded by the same write
+                        self.checks.fetch(cs, self.s_out)
+                    copied.append((r0, r1, be.record(self.s_out)))
+            marks = copied
+            self.events[("C", cs)] = marks[-1][2]
         check = None
         if self.checks is not None:
             check = (lambda checks=self.checks, slot=cs, tile=st.tile: checks.verdict(slot, tile))
-        self.c_written[cs] = self.writer.submit(st.tile, src, event, check)
+        self.c_written[cs] = self.writer.submit(st.tile, src, marks, check)
 
     # ----- checksum failures ----------------------------------------------------------------
     def accept(self, tile: Tile, mismatch: Mismatch | None) -> bool:
@@ -508,12 +601,14 @@ class _Writer(threading.Thread):
         self._stopped = False
         self.pool: cf.ThreadPoolExecutor | None = None  # for the pieces of large tiles
 
-    def submit(self, tile: Tile, src, event, check=None) -> cf.Future:
-        """Queue a tile for writing; ``check()`` (when given) returns its checksum verdict once
-        ``event`` completed, and a tile that fails it is not written. ``src`` None: the tile
-        is copied into the output directly, and done once ``event`` completed."""
+    def submit(self, tile: Tile, src, marks, check=None) -> cf.Future:
+        """Queue a tile for writing: ``marks`` lists its row ranges (tile-relative) with the
+        event after which each is in ``src``, written range by range. ``check()`` (when given)
+        returns its checksum verdict once the last event completed, and a tile that fails it
+        is not written. ``src`` None: the tile is copied into the output directly, and done
+        once the last event completed."""
         fut: cf.Future = cf.Future()
-        self.q.put((tile, src, event, fut, check))
+        self.q.put((tile, src, marks, fut, check))
         return fut
 
     def barrier(self) -> cf.Future:
@@ -537,7 +632,7 @@ class _Writer(threading.Thread):
             item = self.q.get()
             if item is None:
                 break
-            tile, src, event, fut, check = item
+            tile, src, marks, fut, check = item
             if self.error is not None:
                 fut.set_exception(self.error)
                 continue
@@ -545,7 +640,7 @@ class _Writer(threading.Thread):
                 fut.set_result(None)
                 continue
             try:
-                if not self._write(tile, src, event, check):
+                if not self._write(tile, src, marks, check):
                     fut.set_result(None)
                     continue
                 pending.append(tile.index)
@@ -564,46 +659,48 @@ class _Writer(threading.Thread):
             except BaseException as e:
                 self.error = e
 
-    def _write(self, tile: Tile, src, event, check) -> bool:
-        """Write a tile once ``event`` completed; False (nothing written) when it fails its
-        check for the first time."""
+    def _write(self, tile: Tile, src, marks, check) -> bool:
+        """Write a tile, each row range of ``marks`` once its event completed; False (nothing
+        written) when it fails its check for the first time."""
         r = self.run_
-        r.be.synchronize(event)
+        if check is not None or src is None:
+            r.be.synchronize(marks[-1][2])
         if check is not None and not r.accept(tile, check()):
             return False
         if src is None:  # copied out into the output array itself
             with r.lock:
                 r.bytes_written += tile.shape[0] * tile.shape[1] * r.dtype.itemsize
             return True
-        with r.clocks["write"]:
-            try:
-                self._write_tile(tile, src)
-            except BigmmError:
-                raise
-            except Exception as e:
-                raise WriteError(f"Expected to write rows {tile.r0}:{tile.r1}, columns "
-                                 f"{tile.c0}:{tile.c1} of {r.out.label}. "
-                                 f"Got {type(e).__name__}: {e}") from e
+        try:
+            for r0, r1, event in marks:
+                r.be.synchronize(event)
+                with r.clocks["write"]:
+                    self._write_rows(tile, tile.r0 + r0, tile.r0 + r1, src[r0:r1])
+        except BigmmError:
+            raise
+        except Exception as e:
+            raise WriteError(f"Expected to write rows {tile.r0}:{tile.r1}, columns "
+                             f"{tile.c0}:{tile.c1} of {r.out.label}. "
+                             f"Got {type(e).__name__}: {e}") from e
         with r.lock:
             r.bytes_written += src.nbytes
         return True
 
-    def _write_tile(self, tile: Tile, src) -> None:
-        """Write ``src`` to ``tile``, in row pieces on this writer's threads where the sink
-        takes them at once (a NumPy array: one thread copies at a few GB/s, and the last
-        tile's write is the run's drain)."""
+    def _write_rows(self, tile: Tile, r0: int, r1: int, src) -> None:
+        """Write ``src`` to rows [r0, r1) of ``tile``, in row pieces on this writer's threads
+        where the sink takes them at once (a NumPy array: one thread copies at a few GB/s, and
+        the last tile's write is the run's drain)."""
         r = self.run_
-        pieces = [(tile.r0, tile.r1)]
+        pieces = [(r0, r1)]
         if getattr(r.out, "parallel_writes", False):
-            pieces = _pieces(tile.r0, tile.r1, tile.c1 - tile.c0, r.dtype.itemsize,
-                             r.io_threads, None)
+            pieces = _pieces(r0, r1, tile.c1 - tile.c0, r.dtype.itemsize, r.io_threads, None)
         if len(pieces) == 1:
-            r.out.write(tile.r0, tile.r1, tile.c0, tile.c1, src)
+            r.out.write(r0, r1, tile.c0, tile.c1, src)
             return
         if self.pool is None:
             self.pool = cf.ThreadPoolExecutor(r.io_threads, thread_name_prefix="bigmm-copy")
-        futures = [self.pool.submit(r.out.write, r0, r1, tile.c0, tile.c1,
-                                    src[r0 - tile.r0:r1 - tile.r0]) for r0, r1 in pieces]
+        futures = [self.pool.submit(r.out.write, p0, p1, tile.c0, tile.c1,
+                                    src[p0 - r0:p1 - r0]) for p0, p1 in pieces]
         for f in futures:
             f.result()
 
@@ -627,3 +724,14 @@ def _pieces(r0: int, r1: int, cols: int, itemsize: int, threads: int,
     inner = {-(-(r0 + i * step) // unit) * unit for i in range(1, n)}
     edges = sorted({r0, r1} | {e for e in inner if r0 < e < r1})
     return list(zip(edges, edges[1:]))
+
+
+def _along(region: tuple[int, int, int, int], axis: int, a: int, b: int) -> tuple:
+    """The part [a, b) along ``axis`` (0: rows, 1: columns) of a region (r0, r1, c0, c1)."""
+    r0, r1, c0, c1 = region
+    return (r0 + a, r0 + b, c0, c1) if axis == 0 else (r0, r1, c0 + a, c0 + b)
+
+
+def _k_slice(x, axis: int, a: int, b: int):
+    """Rows (``axis`` 0) or columns (1) [a, b) of a 2-D array or device view."""
+    return x[a:b] if axis == 0 else x[:, a:b]

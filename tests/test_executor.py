@@ -29,10 +29,17 @@ from bigmm.testing import random_matrix, reference_gemm, relative_error, toleran
 # ----- a GPU-like backend -------------------------------------------------------------------
 
 class _Dev:
-    """Device memory: only the streams may read or write it."""
+    """Device memory: only the streams may read or write it. Slices like an array."""
 
     def __init__(self, arr):
         self.arr = arr
+
+    def __getitem__(self, index):
+        return _Dev(self.arr[index])
+
+    @property
+    def shape(self):
+        return self.arr.shape
 
 
 class _Stream(threading.Thread):
@@ -83,8 +90,10 @@ class AsyncBackend:
 
     def gemm(self, a, b, c, alpha, beta, trans_a, trans_b, stream):
         assert all(isinstance(x, _Dev) for x in (a, b, c))
-        stream.q.put(lambda: self.cpu.gemm(a.arr, b.arr, c.arr, alpha, beta, trans_a, trans_b,
-                                           None))
+        # the NumPy gemm takes C-contiguous operands; a K piece of a panel is a column range
+        stream.q.put(lambda: self.cpu.gemm(np.ascontiguousarray(a.arr),
+                                           np.ascontiguousarray(b.arr), c.arr, alpha, beta,
+                                           trans_a, trans_b, None))
 
     def record(self, stream):
         ev = threading.Event()
@@ -469,28 +478,115 @@ def test_pinned_but_not_row_contiguous_or_cpu_falls_back_to_staging():
 @pytest.mark.parametrize("bname", list(BACKENDS))
 def test_large_tiles_into_an_array_are_written_in_pieces(bname):
     """A tile of 8 MiB or more goes into a NumPy output in row pieces on several threads
-    (one thread copies at a few GB/s); every element lands once, in the right place."""
+    (one thread copies at a few GB/s); with staging, the run's last tile is copied out and
+    written in the drain's row pieces, each as soon as its gemm is done. Every element lands
+    once, in the right place."""
     from bigmm.io.sink import ArraySink
+    from bigmm.plan import DRAIN, split_range
 
     class Recording(ArraySink):
         def __init__(self, array):
             super().__init__(array, "C")
-            self.calls, self.threads = [], set()
+            self.calls, self.threads = [], {}
 
         def write(self, r0, r1, c0, c1, src):
             self.calls.append((r0, r1, c0, c1))
-            self.threads.add(threading.current_thread().name)
+            self.threads[r0] = threading.current_thread().name
             super().write(r0, r1, c0, c1, src)
 
-    m, n, k = 1100, 1030, 40
+    m, n, k = 2200, 1030, 40
     a, b = random_matrix((m, k), np.float64, seed=3), random_matrix((k, n), np.float64, seed=4)
     plan = make_plan(m, n, k, "float64", device_budget=64 << 20, staging=bname == "async",
-                     tile=(1100, 1030, 40))  # one 8.6 MiB tile
+                     tile=(1100, 1030, 40), order="stream")  # two 8.6 MiB tiles
     out = np.full((m, n), np.nan)
     sink = Recording(out)
     execute(plan, io.open_input(a), io.open_input(b), sink, BACKENDS[bname](), io_threads=4)
     assert np.allclose(out, a @ b, rtol=1e-12, atol=1e-12)
-    assert len(sink.calls) == 2  # 8.6 MiB: two pieces of at least 4 MiB
-    assert all(name.startswith("bigmm-copy") for name in sink.threads)  # the writer's pool
     rows = sorted((r0, r1) for r0, r1, _, _ in sink.calls)
-    assert rows[0][0] == 0 and rows[-1][1] == m and rows[0][1] == rows[1][0]
+    assert rows[0][0] == 0 and rows[-1][1] == m
+    assert all(x[1] == y[0] for x, y in zip(rows, rows[1:]))  # every row once
+    first = [r for r in rows if r[0] < 1100]
+    assert len(first) == 2  # 8.6 MiB: two pieces of at least 4 MiB
+    assert all(sink.threads[r0].startswith("bigmm-copy") for r0, _ in first)  # writer's pool
+    last = [(r0 - 1100, r1 - 1100) for r0, r1 in rows if r0 >= 1100]
+    if bname == "async":  # the drain's row pieces, each under 4 MiB: one write each
+        assert last == split_range(1100, DRAIN) and len(last) == 4
+    else:
+        assert len(last) == 2
+
+
+# ----- the fill and the drain: the run's first step in K pieces, its last in row pieces -------
+
+class RecordingAsyncBackend(PinnedAsyncBackend):
+    """PinnedAsyncBackend that records every gemm's shapes and beta, in issue order."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        self.gemms: list[tuple] = []
+
+    def gemm(self, a, b, c, alpha, beta, trans_a, trans_b, stream):
+        self.gemms.append((a.shape, b.shape, c.shape, beta))
+        super().gemm(a, b, c, alpha, beta, trans_a, trans_b, stream)
+
+
+def _depth(call, ta):
+    a_shape = call[0]
+    return a_shape[0] if ta else a_shape[1]
+
+
+RAMPED = [
+    # (m, n, k, dtype, trans_a, trans_b, beta, order, tile)
+    (600, 530, 1100, np.float64, False, False, 0.0, "stream", (300, 265, 600)),  # plain
+    (600, 530, 1100, np.float32, True, True, 0.5, "stream", (300, 265, 600)),  # both transposed,
+    # old C read with the first piece
+    (600, 530, 1100, np.float64, True, False, -1.0, "resident-a", (300, 265, 600)),  # A row
+    # panel resident: later tiles reuse the panel the pieces landed in
+    (600, 530, 1100, np.float64, False, True, 0.0, "resident-b", (300, 265, 600)),  # B resident
+    (777, 300, 1300, np.float64, False, False, 0.0, "stream", (777, 300, 1300)),  # one step: K
+    # pieces, the last of them in row pieces
+]
+
+
+@pytest.mark.parametrize("m,n,k,dtype,ta,tb,beta,order,tile", RAMPED)
+def test_first_step_in_k_pieces_and_last_tile_in_row_pieces(tmp_path, m, n, k, dtype, ta, tb,
+                                                            beta, order, tile):
+    """With staging, the run's first step is multiplied in RAMP's K pieces (each copied in on
+    its own, a column range of a panel staged contiguously) and the last tile's last gemm in
+    DRAIN's row pieces (each copied out and written on its own); the product is right, the
+    bytes moved are the plan's."""
+    from bigmm.plan import DRAIN, RAMP, split_range
+
+    be = RecordingAsyncBackend(seed=4)
+    out, ref, stats, plan = _run(tmp_path, be, m=m, n=n, k=k, dtype=dtype, ta=ta, tb=tb,
+                                 alpha=1.5, beta=beta, order=order, budget_tiles=tile,
+                                 io_threads=3)
+    assert relative_error(out, ref) <= 10 * tolerance(dtype, k)
+    assert stats.bytes_read == plan.bytes_read and stats.bytes_written == plan.bytes_written
+    ramp = split_range(min(plan.bk, k), RAMP)
+    drain = split_range(plan.tile(plan.ni - 1, plan.nj - 1).shape[0], DRAIN)
+    assert len(ramp) > 1 and len(drain) > 1
+    head = be.gemms[:len(ramp)]
+    assert [_depth(g, ta) for g in head] == [b - a for a, b in ramp]
+    assert [g[3] for g in head] == [beta] + [1.0] * (len(ramp) - 1)
+    tail = be.gemms[-len(drain):]
+    assert [g[2][0] for g in tail] == [b - a for a, b in drain]
+    assert len(be.gemms) == plan.n_tiles * plan.nk + len(ramp) - 1 + len(drain) - 1
+
+
+def test_pinned_arrays_take_the_pieces_from_the_users_arrays():
+    """Pinned operands: the K pieces are copied in from regions of the user's arrays and the
+    row pieces out into the user's C, bit for bit the staged run's result."""
+    m, n, k = 600, 530, 1100
+    a, b = random_matrix((m, k), np.float64, 1), random_matrix((k, n), np.float64, 2)
+    plan = make_plan(m, n, k, "float64", device_budget=64 << 20, staging=True, align=8,
+                     tile=(300, 265, 600), order="stream")
+    staged_c = np.full((m, n), np.nan)
+    _array_run(RecordingAsyncBackend(1), a.copy(), b.copy(), staged_c, plan, 1.0, 0.0)
+    be = RecordingAsyncBackend(2)
+    c = np.full((m, n), np.nan)
+    for x in (a, b, c):
+        be.pin(x)
+    stats = _array_run(be, a, b, c, plan, 1.0, 0.0)
+    assert stats.bytes_staged == 0 and be.staging_bytes == 0
+    assert np.array_equal(c, staged_c)
+    assert relative_error(c, reference_gemm(a, b)) <= tolerance(np.float64, k)

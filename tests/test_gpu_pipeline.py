@@ -273,6 +273,61 @@ def _run_plan(p, a, b, c, alpha, beta, kernel):
     return c, stats
 
 
+RAMPED = [
+    # (m, n, k, dtype, trans_a, trans_b, alpha, beta, kernel, tile, pinned operands, pitch)
+    # own kernel, staged: the K pieces of A's panels are column ranges, staged contiguously
+    (1000, 900, 2100, F32, False, False, 1.0, 0.0, "bigmm", (500, 450, 1100), "", 0),
+    # own kernel, pinned column slices, both transposed, beta: pieces from the user's arrays
+    (1000, 900, 2100, F32, True, True, 1.5, 0.5, "bigmm", (500, 450, 1100), "ABC", 7),
+    # cuBLAS float64, one step: K pieces, the last of them in row pieces, old C read first
+    (777, 1031, 1201, F64, True, False, -1.0, 2.0, "cublas", (777, 1031, 1201), "", 0),
+    # cuBLAS, B transposed, pinned B and C slices, pageable A
+    (1000, 900, 2100, F32, False, True, 1.0, 0.0, "cublas", (500, 450, 1100), "BC", 3),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,dtype,ta,tb,alpha,beta,kernel,tile,which,pitch", RAMPED)
+def test_first_step_in_k_pieces_and_last_tile_in_row_pieces(m, n, k, dtype, ta, tb, alpha,
+                                                            beta, kernel, tile, which, pitch):
+    """The run's first step in K pieces and its last tile's last gemm in row pieces, through
+    the cupy backend's strided views and pitched copies: right against float64."""
+    from bigmm import io
+    from bigmm.backends import get_backend
+    from bigmm.executor import execute
+    from bigmm.plan import DRAIN, RAMP, split_range
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    a = _operand((k, m) if ta else (m, k), dtype, seed, pitch, "A" in which)
+    b = _operand((n, k) if tb else (k, n), dtype, seed + 1, pitch, "B" in which)
+    c = _operand((m, n), dtype, seed + 2, pitch, "C" in which, None if beta else np.nan)
+    c0 = c.copy()
+    p = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb, reads_c=beta != 0,
+                  device_budget=1 << 30, host_budget=1 << 30, staging=True, tile=tile,
+                  order="stream")
+    be = get_backend("cupy", kernel=kernel)
+    shapes, gemm = [], be.gemm
+    be.gemm = lambda a_, b_, c_, *args, **kw: (shapes.append((a_.shape, c_.shape)),
+                                               gemm(a_, b_, c_, *args, **kw))
+    A, B = io.open_input(a, name="A"), io.open_input(b, name="B")
+    sink = io.open_output(c, shape=(m, n), dtype=p.dtype, inputs=[A, B], job={},
+                          overwrite=True, reads_c=p.reads_c)
+    try:
+        execute(p, A, B, sink, be, alpha=alpha, beta=beta)
+    finally:
+        for x in (sink, A, B):
+            x.close()
+        be.close()
+    ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    assert relative_error(c, ref) <= _tol(dtype, k, kernel)
+    ramp = split_range(min(p.bk, k), RAMP)
+    drain = split_range(p.tile(p.ni - 1, p.nj - 1).shape[0], DRAIN)
+    assert len(ramp) > 1 and len(drain) > 1
+    depth = [(sa[0] if ta else sa[1]) for sa, _ in shapes[:len(ramp)]]
+    assert depth == [q1 - q0 for q0, q1 in ramp]  # the first pieces, before any whole step
+    assert [sc[0] for _, sc in shapes[-len(drain):]] == [r1 - r0 for r0, r1 in drain]
+
+
 @pytest.mark.gpu
 def test_pinned_output_tiles_are_in_place_when_reported():
     """Each tile is in the pinned output when its progress is reported (its copy-out done)."""
