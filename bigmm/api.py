@@ -278,11 +278,12 @@ def resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:
 
 def _rates(be, dtype: str, limit: int) -> Rates | None:
     """Nominal rates for the predicted time: the backend's own, else a short gemm timing on a
-    backend whose compute memory is host memory (None otherwise). The timing holds at most
-    ``limit`` bytes (the run's smaller budget), so planning stays within the budgets."""
+    backend whose compute memory is host memory (None otherwise), snapped to a grid
+    (:meth:`Rates.snapped`). The timing holds at most ``limit`` bytes (the run's smaller
+    budget), so planning stays within the budgets."""
     own = getattr(be, "rates", None)
     if callable(own):
-        return own(dtype, limit)
+        return own(dtype, limit).snapped()
     if be.staging:
         return None
     dt = np.dtype(dtype)
@@ -295,7 +296,8 @@ def _rates(be, dtype: str, limit: int) -> Rates | None:
         t0 = time.perf_counter()
         be.gemm(a, a, c, 1.0, 0.0, False, False, None)
         best = min(best, time.perf_counter() - t0)
-    return Rates(flops=2 * n**3 / max(best, 1e-9), read_bytes=READ_RATE, write_bytes=WRITE_RATE)
+    return Rates(flops=2 * n**3 / max(best, 1e-9), read_bytes=READ_RATE,
+                 write_bytes=WRITE_RATE).snapped()
 
 
 def _io_rates(rates: Rates | None, A, B, out, be, verify=None) -> Rates | None:

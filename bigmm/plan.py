@@ -84,6 +84,21 @@ DRAIN = (4, 2, 1, 1)
 PIECE_ALIGN = 256
 
 
+#: Calibrated rates are rounded to this many points per octave (steps of 4.4%) before
+#: planning: two processes that time one machine a little apart then get the same rates, and
+#: the same plan where two plans' predicted times are close (tiles, and so the order in which
+#: C's sums are added, do not change from run to run).
+RATE_STEPS = 16
+
+
+def snap_rate(x: float | None) -> float | None:
+    """``x`` rounded to the nearest of RATE_STEPS points per octave (None, 0 and infinite
+    rates as they are)."""
+    if x is None or not 0 < x < math.inf:
+        return x
+    return 2.0 ** (round(math.log2(x) * RATE_STEPS) / RATE_STEPS)
+
+
 @dataclass(frozen=True)
 class Rates:
     """Nominal speeds (per second) used only for the predicted time."""
@@ -108,6 +123,12 @@ class Rates:
     #: wave is lost per gemm on average, whatever the tile's size, so that many small gemms
     #: lose more than a few large ones.
     wave_flops: float | None = None
+
+    def snapped(self) -> "Rates":
+        """These rates with the calibrated speeds (flops, copies, device memory) rounded to
+        the nearest of RATE_STEPS points per octave (see there)."""
+        return replace(self, flops=snap_rate(self.flops), h2d_bytes=snap_rate(self.h2d_bytes),
+                       memory_bytes=snap_rate(self.memory_bytes))
 
     def gemm_seconds(self, flops: float, steps: int, depth: int, added: float) -> float:
         """Seconds of ``steps`` gemm steps doing ``flops`` over ``depth`` (their depths

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -443,3 +444,25 @@ def test_the_last_waves_keep_tiles_large():
     no_waves = replace(H100_PINNED, wave_flops=None)
     assert replace(small, rates=no_waves).predicted_seconds < 1.01 * replace(
         plan, rates=no_waves).predicted_seconds
+
+
+def test_calibrated_rates_snap_to_one_grid():
+    """Rates a few tenths of a per cent apart (two processes timing one machine) snap to the
+    same values, and so give the same plan; the grid's step is 2^(1/16), 4.4%."""
+    from dataclasses import replace
+
+    from bigmm.plan import RATE_STEPS, snap_rate
+
+    step = 2 ** (1 / RATE_STEPS)
+    centre = 2 ** (round(math.log2(52e12) * RATE_STEPS) / RATE_STEPS)
+    assert snap_rate(centre) == pytest.approx(centre, rel=1e-12)
+    for f in (0.995, 1.0, 1.004):  # within a fifth of a step of a grid point
+        assert snap_rate(centre * f) == snap_rate(centre)
+    assert snap_rate(centre * step) == pytest.approx(centre * step)  # the next point
+    assert snap_rate(None) is None and snap_rate(math.inf) == math.inf and snap_rate(0.0) == 0.0
+    r = replace(H100_PINNED, flops=centre * 1.003, h2d_bytes=55e9 * 0.998,
+                memory_bytes=2.9e12 * 1.002)
+    a, b = r.snapped(), replace(r, flops=centre * 0.997, h2d_bytes=55e9 * 1.001).snapped()
+    assert a == b and a.read_bytes == r.read_bytes and a.wave_flops == r.wave_flops
+    assert make_plan(**N32, rates=a).key() == make_plan(**N32, rates=b).key()
+
