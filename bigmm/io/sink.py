@@ -146,6 +146,9 @@ class RawRegion:
     rows: tuple[int, int]
     cols: tuple[int, int]
     pieces: tuple  # per stored block it overlaps (clip_pieces), in region coordinates
+    #: The output's storage is reserved (``posix_fallocate``): another process may write it
+    #: through a map (a write into a hole of a full disk through a map would be a SIGBUS).
+    reserved: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -175,9 +178,56 @@ def write_pieces(fd: int, pieces, src, itemsize: int) -> None:
         write_block(fd, base + (ra * bc + ca) * itemsize, bc * itemsize, src, a, b, c, d)
 
 
+class MappedWrites:
+    """Writes of stored pieces (:func:`clip_pieces`) through a shared writable
+    :class:`.FileMap`, and their ``msync``: the byte ranges written since the last sync are
+    kept merged where they touch. Writes of disjoint pieces may come from several threads."""
+
+    def __init__(self, fmap: FileMap, dtype):
+        self.map, self.dtype = fmap, np.dtype(dtype)
+        self._dirty: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+
+    def write(self, pieces, src) -> None:
+        """Copy ``src`` to ``pieces`` (each a copy into the map; the pages leave the process's
+        RSS and stay dirty in the page cache)."""
+        w = self.dtype.itemsize
+        self.map.check()  # a page past the end of the file would raise SIGBUS
+        ranges = []
+        for base, (_, bc), (ra, rb, ca, cb), (a, b, c, d) in pieces:
+            view = self.map.array(base + ra * bc * w, (rb - ra, bc), self.dtype)[:, ca:cb]
+            self.map.copy(view, src[a:b, c:d], view=view)
+            ranges.append((base + (ra * bc + ca) * w, base + ((rb - 1) * bc + cb) * w))
+        self._mark(ranges)
+
+    def _mark(self, ranges) -> None:
+        with self._lock:
+            merged = []
+            for lo, hi in sorted(self._dirty + list(ranges)):
+                if merged and lo <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+                else:
+                    merged.append((lo, hi))
+            self._dirty = merged
+
+    def sync(self) -> None:
+        """``msync`` what was written since the last sync; OSError on failure (what was not
+        synced is synced again next time)."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, []
+        try:
+            while dirty:
+                self.map.sync(*dirty[0])
+                dirty.pop(0)
+        except BaseException:
+            self._mark(dirty)
+            raise
+
+
 def write_region(where: RawRegion, src) -> None:
-    """Write ``src`` to ``where`` from any process, durably: open the file for writing,
-    ``pwritev`` the pieces, ``fdatasync``, close (a :class:`RegionSink` written whole).
+    """Write ``src`` to ``where`` from any process, durably: open the file for writing, copy
+    the pieces into a map of them (``pwritev`` where that cannot be), ``msync``
+    (``fdatasync``), close (a :class:`RegionSink` written whole).
     Touches only the region's bytes (the storage exists and is reserved; no HDF5 metadata is
     read or written), so several processes may write disjoint regions of one output while the
     sink's owner journals them after this returns. Errors are WriteError (DiskFullError when
@@ -192,10 +242,15 @@ class RegionSink(Sink):
     """A region of a raw-writable output (:class:`RawRegion`) as a Sink of the region's shape,
     written from any process (a dask worker computing one C tile with the executor).
 
-    ``write`` of a sub-region ``pwritev``s it at its byte offsets (:func:`clip_pieces` of the
-    region's pieces; no HDF5), so the executor's writer thread writes each sub-tile while the
-    next is computed; ``commit`` and ``finish`` ``fdatasync`` what was written, so when
-    ``execute`` returns every byte written is durable. ``read`` reads old C (beta != 0) from
+    ``write`` of a sub-region copies it at its byte offsets (:func:`clip_pieces` of the
+    region's pieces; no HDF5) into a shared writable map of the rows the region spans, or
+    ``pwritev``s it where the output's storage is not reserved or the file cannot be mapped,
+    so the executor's writer thread writes
+    each sub-tile while the next is computed. Copies into a map let the workers that write
+    regions of one file do so at once (each ``pwritev`` to a file holds the file's lock: two
+    workers writing C on tmpfs took twice as long each), and several threads of one worker
+    (``parallel_writes``). ``commit`` and ``finish`` ``msync`` (``fdatasync``) what was
+    written, so when ``execute`` returns every byte written is durable. ``read`` reads old C (beta != 0) from
     ``old``, a Source of the region's old values in region coordinates. Nothing is journaled
     here: the output's owner journals the whole region once its writer reports it."""
 
@@ -207,10 +262,22 @@ class RegionSink(Sink):
         (self._r0, r1), (self._c0, c1) = where.rows, where.cols
         self.label = f"{where.label} rows {self._r0}:{r1}, columns {self._c0}:{c1}"
         self._dirty = False
+        self._map = self._writes = None
         try:
             self._fd = os.open(where.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             raise _write_error(where.label, self._r0, r1, self._c0, c1, exc) from exc
+        w = self.dtype.itemsize
+        rows = [(base + ra * bc * w, base + rb * bc * w)
+                for base, (_, bc), (ra, rb, _ca, _cb), _ in where.pieces]
+        if rows and where.reserved:
+            try:
+                self._map = FileMap(self._fd, min(r[0] for r in rows), max(r[1] for r in rows),
+                                    path=where.path, writable=True)
+                self._writes = MappedWrites(self._map, self.dtype)
+                self.parallel_writes = self.mapped = True
+            except (OSError, ValueError, OverflowError):  # cannot map here: pwritev instead
+                pass
 
     def read(self, r0, r1, c0, c1, out) -> None:
         self._check(r0, r1, c0, c1, out)
@@ -220,19 +287,27 @@ class RegionSink(Sink):
 
     def write(self, r0, r1, c0, c1, src) -> None:
         self._check(r0, r1, c0, c1, src)
+        pieces = clip_pieces(self.where.pieces, r0, r1, c0, c1)
         try:
-            write_pieces(self._fd, clip_pieces(self.where.pieces, r0, r1, c0, c1),
-                         np.ascontiguousarray(src), self.dtype.itemsize)
+            if self._writes is not None:
+                self._writes.write(pieces, src)
+            else:
+                write_pieces(self._fd, pieces, np.ascontiguousarray(src), self.dtype.itemsize)
             self._dirty = True
+        except BigmmError:
+            raise
         except Exception as exc:
             raise self._write_error(r0, r1, c0, c1, exc) from exc
 
     def commit(self, tiles) -> None:
-        """Make every write so far durable (``fdatasync``)."""
+        """Make every write so far durable (``msync`` of the map, else ``fdatasync``)."""
         if not self._dirty:
             return
         try:
-            _fdatasync(self._fd)
+            if self._writes is not None:
+                self._writes.sync()
+            else:
+                _fdatasync(self._fd)
         except OSError as exc:
             raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
         self._dirty = False
@@ -355,8 +430,7 @@ class FileSink(Sink):
         self.done = frozenset(journal.tiles)
         self._threads = threads
         self._fd = self._file = self._dset = self._old = self._map = self._lay = None
-        self._dirty: list[tuple[int, int]] = []  # mapped byte ranges written since the last sync
-        self._dirty_lock = threading.Lock()
+        self._writes: MappedWrites | None = None  # copies into the map and their msync
         self._finished = False
         if journal.swap:  # all tiles are durable; finish() completes the swap
             self.layout = "done"
@@ -422,6 +496,7 @@ class FileSink(Sink):
             self._map = FileMap(self._fd, start, stop, path=self.path, writable=True)
         except (OSError, ValueError, OverflowError):  # cannot map here: pwritev instead
             return
+        self._writes = MappedWrites(self._map, self.dtype)
         self.mapped = True
 
     def _full_at_creation(self, nbytes: int, exc: OSError) -> DiskFullError:
@@ -464,17 +539,10 @@ class FileSink(Sink):
                                             dest_sel=np.s_[r0:r1, c0:c1])
                 return
             pieces = self._pieces(r0, r1, c0, c1)
-            w = self.dtype.itemsize
             if self._map is not None:
-                self._map.check()  # a page past the end of the file would raise SIGBUS
-                dirty = []
-                for base, (_, bc), (ra, rb, ca, cb), (a, b, c, d) in pieces:
-                    view = self._map.array(base, (rb, bc), self.dtype)[ra:rb, ca:cb]
-                    self._map.copy(view, src[a:b, c:d], view=view)  # pages leave RSS, stay dirty
-                    dirty.append((base + (ra * bc + ca) * w, base + ((rb - 1) * bc + cb) * w))
-                self._mark_dirty(dirty)
+                self._writes.write(pieces, src)
                 return
-            write_pieces(self._fd, pieces, np.ascontiguousarray(src), w)
+            write_pieces(self._fd, pieces, np.ascontiguousarray(src), self.dtype.itemsize)
         except BigmmError:
             raise
         except Exception as exc:
@@ -486,7 +554,7 @@ class FileSink(Sink):
         if self._fd is None:
             return None
         return RawRegion(self.path, self.label, self.dtype.str, (r0, r1), (c0, c1),
-                         tuple(self._pieces(r0, r1, c0, c1)))
+                         tuple(self._pieces(r0, r1, c0, c1)), reserved=self._map is not None)
 
     def _pieces(self, r0, r1, c0, c1) -> list:
         """Where region [r0:r1, c0:c1] lies in the file, per stored block it overlaps (the
@@ -503,29 +571,10 @@ class FileSink(Sink):
                       for ci, cj, *_ in chunk_cells((cr, cc), r0, r1, c0, c1)]
         return clip_pieces(blocks, r0, r1, c0, c1)
 
-    def _mark_dirty(self, ranges) -> None:
-        """Record mapped byte ranges written since the last sync (merged where they touch)."""
-        with self._dirty_lock:
-            merged = []
-            for lo, hi in sorted(self._dirty + list(ranges)):
-                if merged and lo <= merged[-1][1]:
-                    merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-                else:
-                    merged.append((lo, hi))
-            self._dirty = merged
-
     def _sync(self) -> None:
         try:
             if self._map is not None:
-                with self._dirty_lock:
-                    dirty, self._dirty = self._dirty, []
-                try:
-                    while dirty:
-                        self._map.sync(*dirty[0])
-                        dirty.pop(0)
-                except BaseException:
-                    self._mark_dirty(dirty)  # not durable: sync it again next time
-                    raise
+                self._writes.sync()  # what fails to sync is synced again next time
             elif self._fd is not None:
                 os.fsync(self._fd)
             elif self._file is not None:

@@ -690,10 +690,15 @@ REGION_SINK_CASES = [
 ]
 
 
+@pytest.mark.parametrize("mapped", [
+    True,   # copies into a map of the region's rows, msync in commit
+    False,  # the file cannot be mapped: pwritev, fdatasync in commit
+])
 @pytest.mark.parametrize("chunks,reads_c", REGION_SINK_CASES)
-def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, reads_c):
+def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, reads_c, mapped):
     """A RegionSink (what a dask worker's executor writes to) writes each sub-region at its
-    byte offsets and nothing else, reads old C from its source, and fdatasyncs in commit."""
+    byte offsets and nothing else, reads old C from its source, and makes what it wrote
+    durable in commit, once."""
     _, srcs = inputs
     path = str(tmp_path / "c.h5")
     spec = f"{path}:/C"
@@ -703,8 +708,13 @@ def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, r
             f["C"] = old
     monkeypatch.setattr(sink_mod, "MIN_CHUNK_BYTES", 0)
     syncs = []
-    real_sync = sink_mod._fdatasync
+    real_sync, real_msync = sink_mod._fdatasync, sink_mod.MappedWrites.sync
     monkeypatch.setattr(sink_mod, "_fdatasync", lambda fd: (syncs.append(fd), real_sync(fd)))
+    monkeypatch.setattr(sink_mod.MappedWrites, "sync",
+                        lambda self: (syncs.append(self), real_msync(self)))
+
+    def no_map(*args, **kwargs):
+        raise OSError(errno.ENODEV, "no mapping here")
 
     def stored():
         with h5py.File(path, "r") as f:
@@ -716,8 +726,13 @@ def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, r
             where = pickle.loads(pickle.dumps(sink.raw_region(r0, r1, c0, c1)))
             prior = open_input(np.ascontiguousarray(old[r0:r1, c0:c1])) if reads_c else None
             before = stored() if n == 0 else None
-            with sink_mod.RegionSink(where, prior) as rs:
+            with monkeypatch.context() as mp:
+                if not mapped:
+                    mp.setattr(sink_mod, "FileMap", no_map)
+                rs = sink_mod.RegionSink(where, prior)
+            with rs:
                 assert rs.shape == (r1 - r0, c1 - c0) and rs.done == frozenset()
+                assert rs.mapped == rs.parallel_writes == mapped
                 for a, b, c, d in sub_regions(*rs.shape):
                     # the sub-region's pieces are C's own pieces of it
                     assert sink_mod.clip_pieces(where.pieces, a, b, c, d) == \
@@ -730,7 +745,7 @@ def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, r
                              np.ascontiguousarray(new[r0 + a:r0 + b, c0 + c:c0 + d]))
                 assert syncs == []  # writes alone are not synced
                 rs.commit([t])
-                assert len(syncs) == 1  # one fdatasync makes the region durable
+                assert len(syncs) == 1  # one msync (fdatasync) makes the region durable
                 rs.commit([t])
                 rs.finish()
                 assert len(syncs) == 1  # nothing written since: no sync
