@@ -70,8 +70,8 @@ def _variant(spec: str, arrays: dict, memory: str):
     tile, order = rest.split(":")
     bm, bn, bk = (int(x) for x in tile.split("x"))
     base = bigmm.plan(a, b, c, **kw)
-    p = make_plan(a.shape[0], b.shape[1], a.shape[1], "float32", device_budget=
-                  base.device_budget, host_budget=base.host_budget, staging=True,
+    p = make_plan(a.shape[0], b.shape[1], a.shape[1], "float32", staging=True,
+                  device_budget=base.device_budget, host_budget=base.host_budget,
                   tile=(bm, bn, bk), order=order)
 
     def run_forced() -> float:  # what matmul does, with the plan given

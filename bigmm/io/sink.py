@@ -245,13 +245,13 @@ class RegionSink(Sink):
     ``write`` of a sub-region copies it at its byte offsets (:func:`clip_pieces` of the
     region's pieces; no HDF5) into a shared writable map of the rows the region spans, or
     ``pwritev``s it where the output's storage is not reserved or the file cannot be mapped,
-    so the executor's writer thread writes
-    each sub-tile while the next is computed. Copies into a map let the workers that write
-    regions of one file do so at once (each ``pwritev`` to a file holds the file's lock: two
-    workers writing C on tmpfs took twice as long each), and several threads of one worker
-    (``parallel_writes``). ``commit`` and ``finish`` ``msync`` (``fdatasync``) what was
-    written, so when ``execute`` returns every byte written is durable. ``read`` reads old C (beta != 0) from
-    ``old``, a Source of the region's old values in region coordinates. Nothing is journaled
+    so the executor's writer thread writes each sub-tile while the next is computed. Copies
+    into a map let the workers that write regions of one file do so at once (each ``pwritev``
+    to a file holds the file's lock: two workers writing C on tmpfs took twice as long each),
+    and several threads of one worker (``parallel_writes``). ``commit`` and ``finish``
+    ``msync`` (``fdatasync``) what was written, so when ``execute`` returns every byte written
+    is durable. ``read`` reads old C (beta != 0) from ``old``, a Source of the region's old
+    values in region coordinates. Nothing is journaled
     here: the output's owner journals the whole region once its writer reports it."""
 
     layout = "region"
