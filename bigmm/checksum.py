@@ -28,8 +28,8 @@ checksums add their own rounding, at most (K + P + bm + 4) * eps64 times the sam
 (bm the rows summed; bn for the row sums), and a fused update sums each k-tile of its terms
 in the dtype first (at most FUSED_ROUNDINGS more roundings of eps). Together they are below
 ``SAFETY * eps * (K + P + bm + 4 + FUSED_ROUNDINGS) * magnitude`` with SAFETY = 2 (eps >=
-eps64); an absolute
-floor of the same count of smallest subnormals covers products that underflow. The bound is
+eps64); an absolute floor of the same count of smallest subnormals covers products that
+underflow. The bound is
 rigorous: no data (mixed sign, all positive, long K) can fail it without a fault. The price is
 that it scales with K and bm, so a fault is seen when it moves a column or row sum by more
 than that: a flipped high exponent bit, an Inf or NaN, a lost panel; an error in the last
