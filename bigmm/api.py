@@ -114,7 +114,7 @@ def _opened(a, b, backend: str, kernel: str | None):
     be = resolve_backend(backend, kernel)
     closing: list = []
     try:
-        A, B = _open_inputs(a, b, closing, be)
+        A, B = open_inputs(a, b, closing, be)
         yield be, A, B, closing
     finally:
         _close_quietly(closing, be)
@@ -135,11 +135,12 @@ def resolve_backend(name: str, kernel: str | None):
     return get_backend(resolved, kernel=kernel)
 
 
-def _open_inputs(a, b, closing: list, be=None):
+def open_inputs(a, b, closing: list, be=None):
     """A and B opened (added to ``closing``), read with the backend's ``reader_threads`` per
-    file where it names them."""
-    threads = getattr(be, "reader_threads", None)
-    opts = {"threads": threads} if threads else {}
+    file and its ``map_step`` (blocks of mapped copies) where it names them."""
+    opts = {key: getattr(be, attr) for key, attr in (("threads", "reader_threads"),
+                                                     ("map_step", "map_step"))
+            if getattr(be, attr, None)}
     A = io.open_input(a, name="A", **opts)
     closing.append(A)
     B = io.open_input(b, name="B", **opts)

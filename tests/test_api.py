@@ -348,7 +348,7 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind, rea
         a, b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
         out = f"{tmp_path / 'c.h5'}:/C"
     closing = []
-    A, B = api._open_inputs(a, b, closing)
+    A, B = api.open_inputs(a, b, closing)
     try:
         p, _ = api._plan_job(A, B, out, _StagingBackend(), alpha=1.0, beta=0.0, trans_a=False,
                              trans_b=False, memory="2MiB", host_memory="4MiB", resume=False,
@@ -378,7 +378,7 @@ def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, 
            "C": np.empty((600, 400), np.float32)}
     be = _StagingBackend(pinned=[ops[x] for x in pinned])
     closing = []
-    A, B = api._open_inputs(ops["A"], ops["B"], closing)
+    A, B = api.open_inputs(ops["A"], ops["B"], closing)
     try:
         p, _ = api._plan_job(A, B, ops["C"], be, alpha=1.0, beta=0.0, trans_a=False,
                              trans_b=False, memory="2MiB", host_memory="4MiB", resume=False,
@@ -399,7 +399,7 @@ def test_checked_runs_plan_with_the_checks_costs(fuses):
 
     a, b = random_matrix((3000, 2500), np.float32), random_matrix((2500, 2000), np.float32, 1)
     closing = []
-    A, B = api._open_inputs(a, b, closing)
+    A, B = api.open_inputs(a, b, closing)
     try:
         plans = {v: api._plan_job(A, B, None, Checking(), alpha=1.0, beta=0.0, trans_a=False,
                                   trans_b=False, memory="16MiB", host_memory="64MiB",
@@ -443,20 +443,34 @@ def test_default_budgets_are_whole_grains():
     assert resolve_budgets(NumpyBackend(), 123456789, None) == (123456789, 123456789)
 
 
-def test_inputs_are_read_with_the_backends_reader_threads(tmp_path):
+def test_inputs_are_read_with_the_backends_reader_threads_and_map_step(tmp_path):
     from bigmm.backends.numpy import NumpyBackend
-    from bigmm.io import source
+    from bigmm.io import mapped, source
 
     a = _h5(tmp_path / "a.h5", "A", random_matrix((40, 30), np.float32))
     b = _h5(tmp_path / "b.h5", "B", random_matrix((30, 20), np.float32, 1))
     with api._opened(a, b, "numpy", None) as (be, A, B, _):
         # on the CPU the readers share the cores with the BLAS: the backend names fewer
         assert A._threads == B._threads == NumpyBackend.reader_threads == 2
-    # without a backend's say, the source's own default
+        assert A._map.step == B._map.step == mapped.STEP_BYTES  # and no block size
+    # without a backend's say, the source's own defaults
     closing = []
-    A, B = api._open_inputs(a, b, closing)
+    A, B = api.open_inputs(a, b, closing)
     try:
         assert A._threads == B._threads == source.DEFAULT_THREADS
+        assert A._map.step == B._map.step == mapped.STEP_BYTES
+    finally:
+        for x in closing:
+            x.close()
+
+    class Wide:  # a backend that names wider blocks for copies out of the maps (as the GPU's)
+        map_step = mapped.WIDE_STEP_BYTES
+
+    closing = []
+    A, B = api.open_inputs(a, b, closing, Wide())
+    try:
+        assert A._map.step == B._map.step == mapped.WIDE_STEP_BYTES
+        assert A._threads == source.DEFAULT_THREADS
     finally:
         for x in closing:
             x.close()

@@ -121,6 +121,23 @@ def test_new_array_output_and_default_budget():
 
 
 @pytest.mark.gpu
+def test_inputs_are_copied_out_of_their_maps_in_wide_blocks(tmp_path):
+    """The cupy backend names wide blocks for copies out of the input maps; A (2500 x 8000
+    float32, 76 MiB) spans more than one and is read in narrow K panels."""
+    from bigmm import api
+    from bigmm.io import mapped
+
+    a, b = random_matrix((2500, 8000), F32, 11), random_matrix((8000, 300), F32, 12)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    with api._opened(sa, sb, "cupy", None) as (be, A, B, _):
+        assert A._map.step == B._map.step == be.map_step == mapped.WIDE_STEP_BYTES
+    p = bigmm.plan(sa, sb, backend="cupy", memory=8_000_000, host_memory=HOST)
+    assert p.nk > 1 and p.bk < 8000  # A's panels are column ranges: mapped copies
+    c = bigmm.matmul(sa, sb, backend="cupy", memory=8_000_000, host_memory=HOST)
+    assert relative_error(c, reference_gemm(a, b)) <= tolerance(F32, 8000)
+
+
+@pytest.mark.gpu
 def test_device_memory_stays_within_the_budget():
     import cupy
 

@@ -36,6 +36,7 @@ import cupy
 import numpy as np
 
 from ..errors import KernelError, OptionError, ShapeError
+from ..io.mapped import WIDE_STEP_BYTES
 from ..plan import READ_RATE, WRITE_RATE, Rates
 from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
 
@@ -104,6 +105,10 @@ class CupyBackend:
     #: add to a step (two per step, about 20 us each).
     checksum_rate = 2.0e12
     checksum_step = 40e-6
+    #: Inputs are copied out of their file maps in blocks of this many file bytes: a GPU
+    #: process runs many threads, and each block's release flushes the TLB of every CPU they
+    #: run on (see bigmm.io.mapped.WIDE_STEP_BYTES).
+    map_step = WIDE_STEP_BYTES
 
     def __init__(self, *, kernel: str = "bigmm", device: int | None = None,
                  keep_pinned: bool = True):

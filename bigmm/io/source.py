@@ -11,8 +11,9 @@ cannot be mapped (or ``use_mmap=False``), and for full-width row ranges of conti
 read raw and inflated with zlib in the reader threads. ``Source.layout`` says which path a
 source uses ("array", "contiguous", "chunked", "deflate" or "h5py"), ``Source.fast`` whether
 reads bypass h5py, ``Source.mapped`` whether they copy from a memory map. Mapped copies drop
-the pages they touched as they go (:meth:`.FileMap.copy`), so a reader thread holds a few MiB
-of the file in its process's RSS at a time, not the pages of every read so far.
+the pages they touched as they go (:meth:`.FileMap.copy`), so a reader thread holds one block
+of the file in its process's RSS at a time (``map_step``: a few MiB by default), not the pages
+of every read so far.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ..errors import (BigmmError, IncompleteOutputError, OperandNotFound, ReadEr
 from ._h5 import H5LOCK, check_matrix, is_incomplete
 from .base import Matrix
 from .layout import Layout, chunk_cells, probe_layout
-from .mapped import FileMap
+from .mapped import STEP_BYTES, FileMap
 from .rawio import read_block
 from .spec import Spec, parse_spec
 
@@ -115,8 +116,10 @@ class H5Source(Source):
     """An HDF5 dataset, read raw in parallel where :func:`probe_layout` allows, else via h5py."""
 
     def __init__(self, dset: h5py.Dataset, label: str, *, own_file: h5py.File | None = None,
-                 threads: int = DEFAULT_THREADS, use_mmap: bool = True):
+                 threads: int = DEFAULT_THREADS, use_mmap: bool = True,
+                 map_step: int = STEP_BYTES):
         self.label = label
+        self._map_step = map_step
         self.shape = tuple(dset.shape)
         self.dtype = check_matrix(dset.shape, dset.dtype, label)
         self.chunks = tuple(dset.chunks) if dset.chunks else None
@@ -167,7 +170,8 @@ class H5Source(Source):
                                 f"of {self.label}. Got a file of {size} bytes (truncated?).")
             if use_mmap and self._layout.kind in ("contiguous", "chunked") and stop > start:
                 try:
-                    self._map = FileMap(self._fd, start, stop, path=self.path)
+                    self._map = FileMap(self._fd, start, stop, path=self.path,
+                                        step=self._map_step)
                 except (OSError, ValueError, OverflowError):  # cannot map: preadv only
                     self._map = None
             if self._sample_matches():
@@ -506,10 +510,11 @@ def _batches(items, piece: int) -> list[list]:
 
 
 def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
-               use_mmap: bool = True) -> Source:
+               use_mmap: bool = True, map_step: int = STEP_BYTES) -> Source:
     """Validate an operand (spec string, Spec, h5py.Dataset or NumPy array) and open it.
 
-    ``use_mmap=False`` reads raw datasets with ``preadv`` only (no memory map).
+    ``use_mmap=False`` reads raw datasets with ``preadv`` only (no memory map); ``map_step``:
+    the most file bytes a mapped copy spans between releases of its pages (:class:`FileMap`).
     """
     if isinstance(x, Source):
         return x
@@ -520,7 +525,7 @@ def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
         check_matrix(x.shape, x.dtype, label)
         if is_incomplete(x):
             raise IncompleteOutputError(incomplete_message(label))
-        return H5Source(x, label, threads=threads, use_mmap=use_mmap)
+        return H5Source(x, label, threads=threads, use_mmap=use_mmap, map_step=map_step)
     if isinstance(x, os.PathLike):
         x = os.fspath(x)
     if not isinstance(x, (str, Spec)):
@@ -533,7 +538,8 @@ def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
         check_matrix(dset.shape, dset.dtype, label)
         if is_incomplete(dset):
             raise IncompleteOutputError(incomplete_message(label))
-        return H5Source(dset, label, own_file=f, threads=threads, use_mmap=use_mmap)
+        return H5Source(dset, label, own_file=f, threads=threads, use_mmap=use_mmap,
+                        map_step=map_step)
     except BaseException:
         with H5LOCK:
             f.close()

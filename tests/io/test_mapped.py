@@ -86,3 +86,47 @@ def test_copy_holds_at_most_one_block_mapped(matrix_file, monkeypatch, shape, ro
             fm.close()
     finally:
         os.close(fd)
+
+
+def test_wider_step_copies_in_fewer_blocks(matrix_file, monkeypatch):
+    """A map made with a wider step releases its pages once per wider block, and holds at
+    most that block (and its fault windows) mapped."""
+    shape, rows, cols = (2048, 8192), (0, 2048), (100, 740)  # 64 MiB, a narrow panel
+    path, data = matrix_file(shape)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        drops = {}
+        for step in (mapped.STEP_BYTES, 16 << 20):
+            fm = FileMap(fd, HEADER, HEADER + data.nbytes, path=str(path), step=step)
+            held = []
+            real_drop = FileMap._drop
+
+            def drop(self, lo, hi):
+                held.append(mapped_rss(self))
+                real_drop(self, lo, hi)
+
+            monkeypatch.setattr(FileMap, "_drop", drop)
+            view = fm.array(HEADER, shape, np.float32)[rows[0]:rows[1], cols[0]:cols[1]]
+            out = np.empty(view.shape, np.float32)
+            fm.copy(out, view, view=view)
+            monkeypatch.setattr(FileMap, "_drop", real_drop)
+            assert np.array_equal(out, data[rows[0]:rows[1], cols[0]:cols[1]])
+            assert fm.held_bytes == step + 2 * mapped.FAULT_GRAIN
+            assert max(held) <= fm.held_bytes, [h >> 20 for h in held]
+            assert mapped_rss(fm) == 0
+            drops[step] = len(held)
+            fm.close()
+        # 64 MiB of file: about 16 blocks of 4 MiB, 4 of 16 MiB (and a final release each)
+        assert drops[16 << 20] <= 6 < 14 <= drops[mapped.STEP_BYTES], drops
+    finally:
+        os.close(fd)
+
+
+def test_step_below_a_page_is_refused(matrix_file):
+    path, data = matrix_file((64, 64))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="step=100"):
+            FileMap(fd, HEADER, HEADER + data.nbytes, path=str(path), step=100)
+    finally:
+        os.close(fd)
