@@ -30,6 +30,7 @@ from bigmm.errors import (BackendUnavailable, BudgetError, DtypeError, Interrupt
                           OptionError, OutputExistsError, ShapeError)
 from bigmm.io.journal import journal_path, parse_journal  # noqa: E402
 from bigmm.io.spec import parse_spec  # noqa: E402
+from bigmm.plan import make_plan  # noqa: E402
 from bigmm.testing import (gpu_available, random_matrix, reference_gemm,  # noqa: E402
                            relative_error, tolerance)
 
@@ -288,7 +289,8 @@ def test_files_on_cluster(client, tmp_path, landed, m, k, n, dtype, ta, tb, alph
     assert relative_error(got, ref) <= tolerance(dtype, k)
     assert attrs["bigmm_complete"]
     assert not os.path.exists(journal_path(parse_spec(sc)))
-    assert stats.tiles_done == stats.tiles_total >= 4  # at least two tiles per worker
+    # at least TILES_PER_SLOT tiles per worker (two workers)
+    assert stats.tiles_done == stats.tiles_total >= 2 * dask_files.TILES_PER_SLOT
     assert stats.flops == 2 * m * n * k and stats.bytes_written == got.nbytes
     assert [p.tiles_done for p in seen] == list(range(1, stats.tiles_total + 1))
     _written_on_workers(landed, stats.tiles_total)
@@ -360,29 +362,45 @@ def _job(shape, k, budget, *, host=None, beta=0.0, bk=64, dtype="float32"):
                                "numpy", None, budget, host or budget, None)
 
 
+@pytest.mark.parametrize("slots", [1, 2, 3, 8])  # one GPU, two, an odd count, many
+def test_grid_gives_every_slot_a_tile(slots):
+    """A job the planner covers with one tile is split until every task slot has a tile."""
+    p = make_plan(3000, 2000, 1000, "float32", device_budget=1 << 30, host_budget=1 << 30,
+                  staging=True, order="stream", tile=(3000, 2000, 1000))
+    assert p.n_tiles == 1
+    g = dask_files._grid(p, slots)
+    assert g.n_tiles >= dask_files.TILES_PER_SLOT * slots
+    assert (g.m, g.n, g.k) == (p.m, p.n, p.k) and g.order == "stream"
+    if slots == 1:
+        assert g is p  # nothing to split
+
+
 MiB = 1 << 20
 SUB_PLAN_CASES = [
-    # (tile, k, device budget, staging, A chunks, B chunks, order, sub-tile (bm, bn))
-    # a large GPU tile: eight row sub-tiles of 2048, B's column panel resident
-    ((16384, 32768), 32768, 80 << 30, True, None, None, "resident-b", (2048, 32768)),
+    # (tile, k, device budget, staging, A chunks, B chunks, order, sub-tile (bm, bn), depth bk)
+    # a large GPU tile: eight row sub-tiles of 2048 over whole K, B's column panel resident
+    ((16384, 32768), 32768, 80 << 30, True, None, None, "resident-b", (2048, 32768), 32768),
     # rows that do not split evenly by 256: sub-tiles rounded up to 256
-    ((3000, 2048), 4096, 1 << 30, True, None, None, "resident-b", (512, 2048)),
+    ((3000, 2048), 4096, 1 << 30, True, None, None, "resident-b", (512, 2048), 4096),
     # A chunked by 96 rows: sub-tile rows are multiples of them
-    ((1000, 512), 1024, 64 * MiB, False, (96, 128), None, "resident-b", (192, 512)),
+    ((1000, 512), 1024, 64 * MiB, False, (96, 128), None, "resident-b", (192, 512), 1024),
     # a budget too small for B's column panel, large enough for A's row panel: column
     # sub-tiles of 256
-    ((512, 2048), 4096, 30 * MiB, False, None, None, "resident-a", (512, 256)),
+    ((512, 2048), 4096, 30 * MiB, False, None, None, "resident-a", (512, 256), 4096),
     # a tile smaller than eight aligned rows: eight unaligned row sub-tiles
-    ((40, 30), 64, 1 * MiB, False, None, None, "resident-b", (5, 30)),
+    ((40, 30), 64, 1 * MiB, False, None, None, "resident-b", (5, 30), 64),
+    # B's column panel fits, but not beside A panels of whole K: the job's K panels of 64
+    ((512, 512), 8192, 18 * MiB, False, None, None, "resident-b", (64, 512), 64),
     # a budget that holds neither resident panel: the tile as one sub-tile, streamed
-    ((512, 512), 8192, 5 * MiB, False, None, None, "stream", (512, 512)),
+    ((512, 512), 8192, 5 * MiB, False, None, None, "stream", (512, 512), 64),
 ]
 
 
-@pytest.mark.parametrize("tile,k,budget,staging,ach,bch,order,sub", SUB_PLAN_CASES)
-def test_sub_plan(tile, k, budget, staging, ach, bch, order, sub):
+@pytest.mark.parametrize("tile,k,budget,staging,ach,bch,order,sub,bk", SUB_PLAN_CASES)
+def test_sub_plan(tile, k, budget, staging, ach, bch, order, sub, bk):
     p = dask_files._sub_plan(_job(tile, k, budget), tile, staging, ach, bch)
     assert (p.m, p.n, p.k) == (*tile, k) and p.order == order and (p.bm, p.bn) == sub
+    assert p.bk == bk
     assert p.device_bytes <= budget and p.host_bytes <= budget
     assert p.a_reads == p.b_reads == 1  # every operand panel read once per task
     if order != "stream":
