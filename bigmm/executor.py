@@ -452,7 +452,7 @@ class _Run:
         ranges ``rows`` of the tile; returns (row0, row1, event after its gemm) per range."""
         be, p, s, marks = self.be, self.plan, self.s_compute, []
         for r0, r1 in rows:
-            ar = (a[:, r0:r1] if p.trans_a else a[r0:r1]) if len(rows) > 1 else a
+            ar = a[:, r0:r1] if p.trans_a else a[r0:r1]
             be.gemm(ar, b, c[r0:r1], self.alpha, beta, p.trans_a, p.trans_b, s)
             marks.append((r0, r1, be.record(s)))
         return marks
