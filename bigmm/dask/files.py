@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from .. import io
-from ..api import (open_inputs, check_operands, parse_io_threads, parse_scalar,
+from ..api import (check_operands, open_inputs, parse_io_threads, parse_scalar,
                    resolve_backend, resolve_budgets, resumed_schedule)
 from ..backends import get_backend
 from ..checksum import parse_verify

@@ -28,12 +28,12 @@ import h5py
 import numpy as np
 from h5py import h5d, h5z
 
-from ..errors import (BigmmError, IncompleteOutputError, OperandNotFound, ReadError, ShapeError,
-                      SpecError)
+from ..errors import (BigmmError, IncompleteOutputError, OperandNotFound, OptionError, ReadError,
+                      ShapeError, SpecError)
 from ._h5 import H5LOCK, check_matrix, is_incomplete
 from .base import Matrix
 from .layout import Layout, chunk_cells, probe_layout
-from .mapped import STEP_BYTES, FileMap
+from .mapped import PAGE, STEP_BYTES, FileMap
 from .rawio import read_block
 from .spec import Spec, parse_spec
 
@@ -516,6 +516,9 @@ def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
     ``use_mmap=False`` reads raw datasets with ``preadv`` only (no memory map); ``map_step``:
     the most file bytes a mapped copy spans between releases of its pages (:class:`FileMap`).
     """
+    if isinstance(map_step, bool) or not isinstance(map_step, int) or map_step < PAGE:
+        raise OptionError(f"Expected map_step as a whole number of bytes, at least {PAGE}. "
+                          f"Got {map_step!r}.")
     if isinstance(x, Source):
         return x
     if isinstance(x, np.ndarray):

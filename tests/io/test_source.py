@@ -8,8 +8,8 @@ import hdf5plugin
 import numpy as np
 import pytest
 
-from bigmm.errors import (DtypeError, IncompleteOutputError, OperandNotFound, ReadError,
-                          ShapeError, SpecError)
+from bigmm.errors import (DtypeError, IncompleteOutputError, OperandNotFound, OptionError,
+                          ReadError, ShapeError, SpecError)
 from bigmm.io import open_input, rawio, source
 from bigmm.testing import random_matrix
 
@@ -368,3 +368,26 @@ def test_invalid_in_memory_inputs(value, error, word):
     with pytest.raises(error, match="Expected") as err:
         open_input(value, name="B")
     assert word in str(err.value)
+
+
+@pytest.mark.parametrize("step", [
+    100,          # below one page
+    0,            # nothing
+    2.5e6,        # not a whole number
+    True,         # a flag, not a size
+])
+def test_bad_map_step_is_refused(tmp_path, step):
+    path, _ = make(tmp_path, {}, "<f4", seed=3)
+    with pytest.raises(OptionError, match=f"map_step.*Got {step!r}"):
+        open_input(f"{path}:/A", map_step=step)
+
+
+def test_map_step_reaches_the_map(tmp_path):
+    """A source copies out of its map in the blocks it was opened with (here one page: the
+    region below spans eight), and reads right."""
+    path, data = make(tmp_path, {}, "<f4", seed=4)
+    with open_input(f"{path}:/A", map_step=4096) as src:
+        assert src.mapped and src._map.step == 4096
+        out = np.full((50, 60), np.nan, np.float32)
+        src.read(10, 60, 7, 67, out)
+        np.testing.assert_array_equal(out, data[10:60, 7:67])
