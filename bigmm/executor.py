@@ -163,6 +163,10 @@ class _Run:
         self.done_before = done
         self.written = 0
         self.verify, self.faults = verify, faults
+        #: Whether the run's first step goes in K pieces and its last tile in row pieces
+        #: (plan.RAMP, plan.DRAIN): with staging, and without checks or injected faults, whose
+        #: bookkeeping follows whole steps.
+        self.pieced = bool(backend.staging) and verify is None and faults is None
         self.checks: TileChecksums | None = None
         self.checked = 0
         self.mismatches: list[Mismatch] = []
@@ -289,7 +293,7 @@ class _Run:
         if any(self.last_user.get(k, -1) >= self.issued for k in keys):
             return None
         pieces = [(st.k0, st.k1)]
-        if self.ramp and self.be.staging and self.checks is None and self.faults is None:
+        if self.ramp and self.pieced:
             pieces = [(st.k0 + q0, st.k0 + q1) for q0, q1 in split_range(st.k1 - st.k0, RAMP)]
         self.ramp = False
         entry = _Entry(idx, st, [self._submit(st, *t, pieces) for t in targets], pieces)
@@ -312,7 +316,7 @@ class _Run:
         src, reg, shape = self._region(st, op)
         dev = self.be.view(self.dev[op][slot], shape)
         host_key = ("h" + op, hslot) if hslot is not None else ()
-        if op == "C" or len(pieces) == 1:
+        if op == "C":
             pieces = [(st.k0, st.k1)]
         axis = self._k_axis(op)
         parts = []
@@ -397,8 +401,7 @@ class _Run:
         # the run's last step: its tile in row pieces, each copied out and written while the
         # next computes (staging, no checks)
         rows = [(0, t.r1 - t.r0)]
-        if (st.last and self.pending is None and not self.window and be.staging
-                and self.checks is None and self.faults is None):
+        if st.last and self.pending is None and not self.window and self.pieced:
             rows = split_range(t.r1 - t.r0, DRAIN)
         whole = len(entry.pieces) == 1 and len(rows) == 1
         for i, (q0, q1) in enumerate(entry.pieces):

@@ -260,6 +260,11 @@ class Plan:
     def n_tiles(self) -> int:
         return self.ni * self.nj
 
+    @property
+    def n_steps(self) -> int:
+        """Gemm steps of the whole run: one per K panel of every tile."""
+        return self.n_tiles * self.nk
+
     def tile(self, i: int, j: int) -> Tile:
         r0, c0 = i * self.bm, j * self.bn
         return Tile(i, j, r0, min(r0 + self.bm, self.m), c0, min(c0 + self.bn, self.n))
@@ -518,7 +523,7 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     rows, cols = p.tile(p.ni - 1, p.nj - 1).shape  # the last tile of either order
     tail = w * rows * cols
     copy = (lambda nbytes: nbytes / h2d) if h2d else (lambda nbytes: 0.0)
-    steps = p.n_tiles * p.nk
+    steps = p.n_steps
     # every tile sums its panels once per step (fused: each panel once per load) and itself
     # twice
     summed = ((p.a_reads * p.m * p.k + p.b_reads * p.k * p.n) if r.check_fused
@@ -568,7 +573,7 @@ def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
     less than any stage's end in the prefix plus its remaining work."""
     st = stage_times(p, r)
     limit = SIM_STEPS if max_steps is None else max_steps
-    total = p.n_tiles * p.nk
+    total = p.n_steps
     if total <= limit:
         est = simulate(p, r).end
     else:
@@ -833,7 +838,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                     for bk in bks:  # largest first: the first that fits is the best for (bm, bn)
                         p = Plan(bm=bm, bn=bn, bk=bk, order=o, **base)
                         if _fits(p):
-                            found.append(((_cost(p, step_bytes), p.n_tiles * p.nk, -p.bk,
+                            found.append(((_cost(p, step_bytes), p.n_steps, -p.bk,
                                            ORDERS.index(o)), p))
                             break
         if found:
@@ -867,7 +872,7 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
             rest = ranked[i:]
             break
         simulate_unless_bounded(*candidate)
-    for candidate in sorted(rest, key=lambda x: (_steps(x[2]), x[0].guess, x[1]))[:SIM_LARGE]:
+    for candidate in sorted(rest, key=lambda x: (x[2].n_steps, x[0].guess, x[1]))[:SIM_LARGE]:
         simulate_unless_bounded(*candidate)
     timed.sort(key=lambda x: x[:2])
     for _, score, p in timed[:DEEPEN]:
@@ -877,10 +882,6 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     return min(timed, key=lambda x: x[:2])[2]
 
 
-def _steps(p: Plan) -> int:
-    return p.n_tiles * p.nk
-
-
 def _cost(p: Plan, step_bytes: int = STEP_COST_BYTES) -> int:
     """What the planner minimises, in bytes moved: the traffic, plus the pipeline's fill (the
     first panels, read before any compute) and drain (the last C tile, written after all
@@ -888,7 +889,7 @@ def _cost(p: Plan, step_bytes: int = STEP_COST_BYTES) -> int:
     w = p.itemsize
     fill = w * (p.bm * p.bk + p.bk * p.bn)
     drain = DRAIN_WEIGHT * w * p.bm * p.bn
-    return p.bytes_read + fill + drain + step_bytes * p.n_tiles * p.nk
+    return p.bytes_read + fill + drain + step_bytes * p.n_steps
 
 
 def cpu_step_bytes(threads: int) -> int:
