@@ -101,7 +101,7 @@ def _probe(dset: h5py.Dataset) -> Layout:
         codes = [code for code, _flags, _values, _name in filters]
         if kind == h5d.CHUNKED and codes in ([h5z.FILTER_DEFLATE],
                                              [h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE]):
-            index = _chunk_index(dset, chunks, None)
+            index = chunk_index(dset, chunks, None)
             if index is not None and not _partial_chunks_unfiltered(dcpl):
                 return Layout("deflate", chunks=chunks, chunk_offsets=index[0],
                               chunk_sizes=index[1], shuffle=len(codes) == 2, swap=swap,
@@ -117,7 +117,7 @@ def _probe(dset: h5py.Dataset) -> Layout:
             return _fallback("storage size does not match the shape", chunks)
         return Layout("contiguous", offset=int(offset), swap=swap, fill=fill)
     if kind == h5d.CHUNKED and chunks is not None and len(chunks) == 2:
-        index = _chunk_index(dset, chunks, chunks[0] * chunks[1] * dtype.itemsize)
+        index = chunk_index(dset, chunks, chunks[0] * chunks[1] * dtype.itemsize)
         if index is None:
             return _fallback("chunk sizes differ from the chunk shape", chunks)
         return Layout("chunked", chunks=chunks, chunk_offsets=index[0], swap=swap, fill=fill)
@@ -132,7 +132,7 @@ def _partial_chunks_unfiltered(dcpl) -> bool:
         return False
 
 
-def _chunk_index(dset: h5py.Dataset, chunks, want: int | None):
+def chunk_index(dset: h5py.Dataset, chunks, want: int | None):
     """(byte offsets, stored sizes) of every chunk, -1/0 where unwritten; None if a chunk's
     size differs from ``want`` or a filter was skipped for it."""
     m, n = dset.shape

@@ -18,6 +18,7 @@ of every read so far.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import weakref
@@ -26,13 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import h5py
 import numpy as np
-from h5py import h5d, h5z
+from h5py import h5d, h5o, h5z
 
 from ..errors import (BigmmError, IncompleteOutputError, OperandNotFound, OptionError, ReadError,
                       ShapeError, SpecError)
 from ._h5 import H5LOCK, check_matrix, is_incomplete
 from .base import Matrix
-from .layout import Layout, chunk_cells, probe_layout
+from .identity import Footprint, array_footprint, file_facts
+from .layout import MAX_INDEX_CELLS, Layout, chunk_cells, chunk_index, probe_layout
 from .mapped import PAGE, STEP_BYTES, FileMap
 from .rawio import read_block
 from .spec import Spec, parse_spec
@@ -72,8 +74,16 @@ class Source(Matrix):
     """An input matrix as stored (before any transpose)."""
 
     chunks: tuple[int, int] | None = None
-    identity: tuple | None = None
     mapped: bool = False
+
+    def where(self) -> dict | None:
+        """Where the data is stored (file facts, HDF5 object address, storage), for the
+        identity record (:func:`.identity.describe`); None for in-memory arrays."""
+        return None
+
+    def footprint(self) -> Footprint:
+        """Where the operand's bytes lie, for refusing an output that is an input."""
+        return Footprint()
 
     @property
     def fast(self) -> bool:
@@ -111,6 +121,9 @@ class ArraySource(Source):
         self._check_out(r0, r1, c0, c1, out)
         out[...] = self.array[r0:r1, c0:c1]
 
+    def footprint(self) -> Footprint:
+        return array_footprint(self.array)
+
 
 class H5Source(Source):
     """An HDF5 dataset, read raw in parallel where :func:`probe_layout` allows, else via h5py."""
@@ -124,13 +137,16 @@ class H5Source(Source):
         self.dtype = check_matrix(dset.shape, dset.dtype, label)
         self.chunks = tuple(dset.chunks) if dset.chunks else None
         self.path = os.path.realpath(dset.file.filename)
-        self.identity = (self.path, dset.name)
+        with H5LOCK:
+            self._object = int(h5o.get_info(dset.id).addr)
+        self._file_facts = file_facts(self.path)
         self._dset, self._file, self._threads = dset, own_file, threads
         self._name = dset.name
         self._pool = None
         self._pool_lock = threading.Lock()
         self._fd = self._map = None
         self._layout = probe_layout(dset)
+        self._storage = self._describe_storage(dset)
         if not self._layout.fast:
             check_readable(dset, label)
         if self._layout.fast:
@@ -143,6 +159,54 @@ class H5Source(Source):
             self._dset = self._file = None
         elif own_file is not None:
             _REOPENABLE.add(self)
+
+    def where(self) -> dict:
+        return {"path": self.path, "file": dict(self._file_facts), "object": self._object,
+                "storage": dict(self._storage)}
+
+    def _describe_storage(self, dset: h5py.Dataset) -> dict:
+        """How HDF5 stores the dataset (whichever path bigmm reads it by): its layout, the
+        offset of contiguous storage, or the chunk shape, filters and a hash of the chunk index
+        (where each chunk lies and its stored size: rewriting a compressed chunk changes it)."""
+        with H5LOCK:
+            dcpl = dset.id.get_create_plist()
+            kind = {h5d.COMPACT: "compact", h5d.CONTIGUOUS: "contiguous",
+                    h5d.CHUNKED: "chunked", h5d.VIRTUAL: "virtual"}.get(dcpl.get_layout(), "other")
+            out = {"layout": kind}
+            if kind == "contiguous":
+                offset = dset.id.get_offset()
+                out["offset"] = None if offset is None else int(offset)
+            if kind != "chunked" or not self.chunks or len(self.chunks) != 2:
+                return out
+            out["chunks"] = list(self.chunks)
+            out["filters"] = [int(dcpl.get_filter(i)[0]) for i in range(dcpl.get_nfilters())]
+            lay = self._layout
+            if lay.chunk_offsets is not None:
+                offsets, sizes = lay.chunk_offsets, lay.chunk_sizes
+                if sizes is None:  # unfiltered: every stored chunk is whole
+                    w = self.dtype.itemsize
+                    sizes = np.where(offsets >= 0, self.chunks[0] * self.chunks[1] * w, 0)
+            elif np.prod([-(-d // c) for d, c in zip(self.shape, self.chunks)]) <= MAX_INDEX_CELLS:
+                offsets, sizes = chunk_index(dset, self.chunks, None) or (None, None)
+            else:
+                return out
+        h = hashlib.blake2b(digest_size=16)
+        for part in (offsets, sizes):
+            if part is not None:
+                h.update(np.ascontiguousarray(part, np.int64).tobytes())
+        out["index"] = h.hexdigest()
+        return out
+
+    def footprint(self) -> Footprint:
+        dev, ino = self._file_facts["dev"], self._file_facts["ino"]
+        ranges = ()
+        if self._layout.kind in ("contiguous", "chunked", "deflate"):
+            start, stop = self._extent()
+            ranges = ((dev, ino, start, stop),)
+        else:  # somewhere in the file
+            ranges = ((dev, ino, 0, 1 << 62),)
+        return Footprint(objects=((dev, ino, self._object),), ranges=ranges,
+                         files=((dev, ino),))
 
     def _drop_handle(self) -> None:
         if self._file is not None:
@@ -466,7 +530,15 @@ def open_h5(spec: Spec, name: str, mode: str = "r") -> tuple[h5py.File, h5py.Dat
     if not os.path.exists(path):
         raise OperandNotFound(f"Expected an existing HDF5 file for {name}. "
                               f"Got '{path}' (no such file).")
-    if os.path.isdir(path) or not h5py.is_hdf5(path):
+    if not os.path.isdir(path) and not os.access(path, os.R_OK):
+        raise ReadError(f"Expected a readable file for {name}. Got '{path}' (permission "
+                        f"denied).")
+    try:
+        hdf5 = not os.path.isdir(path) and h5py.is_hdf5(path)
+    except OSError as exc:
+        raise ReadError(f"Expected a readable HDF5 file for {name}. Got '{path}': "
+                        f"{exc.strerror or exc}.") from exc
+    if not hdf5:
         raise OperandNotFound(f"Expected an HDF5 file for {name}. Got '{path}' (not HDF5).")
     with H5LOCK:
         try:

@@ -95,7 +95,8 @@ def test_reads_equal_h5py(tmp_path, monkeypatch, name, kwargs, dtype, layout, re
         assert src.mapped == (use_mmap and layout in ("contiguous", "chunked"))
         assert src.dtype == np.dtype(dtype).newbyteorder("=")
         assert src.shape == SHAPE
-        assert src.identity == (os.path.realpath(path), "/A")
+        assert src.where()["path"] == os.path.realpath(path)
+        assert src.where()["file"]["ino"] == os.stat(path).st_ino
         check_reads(src, data)
     assert sha(path) == before
 
@@ -236,7 +237,7 @@ def test_h5py_dataset_and_array_inputs(tmp_path):
             check_reads(src, data)
     strided = np.asfortranarray(data.astype(">f8"))  # any strides, any byte order
     with open_input(strided, name="B") as src:
-        assert src.layout == "array" and src.identity is None and "B" in src.label
+        assert src.layout == "array" and src.where() is None and "B" in src.label
         assert src.dtype == np.float64
         check_reads(src, data.astype(np.float64))
 

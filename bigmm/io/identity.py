@@ -1,0 +1,196 @@
+"""What identifies an operand's data, and where in memory or on disk an operand lies.
+
+:func:`describe` records, for an opened input (or old C), what a resumed run compares before it
+keeps the finished tiles of an interrupted one: the file (device, inode, size, modification
+time), the HDF5 object (its address in the file), its storage (shape, dtype, layout: the offset
+of contiguous storage or a hash of the chunk index) and a content fingerprint, a hash of
+sampled blocks (:func:`fingerprint`). :func:`differences` names what changed. Identity is by
+file and object, never by spelling: a relative path, a symlink or a hard link to the same file
+is the same operand.
+
+:func:`footprint` says where an operand's bytes lie (HDF5 objects by file and address, arrays by
+the file ranges their memory maps, through ``/proc/self/maps``), so that an output that is an
+input by any route is refused (:func:`overlaps`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+#: The fingerprint samples about this share of an operand's bytes, at least SAMPLE_MIN and at
+#: most SAMPLE_MAX; operands up to SAMPLE_WHOLE bytes are hashed whole.
+SAMPLE_SHARE = 1 / 4096
+SAMPLE_MIN, SAMPLE_MAX, SAMPLE_WHOLE = 64 << 10, 8 << 20, 256 << 10
+#: Elements per sampled row segment of an unchunked operand.
+SEGMENT = 1024
+
+
+# ----- identity of the data ---------------------------------------------------------------------
+
+def file_facts(path: str) -> dict:
+    """Device, inode, size and modification time of the file at ``path``."""
+    st = os.stat(path)
+    return {"dev": st.st_dev, "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def describe(src, *, volatile: bool = False) -> dict:
+    """The identity record of an opened Source (JSON-able). ``volatile``: its file is written by
+    the run (the output's file), so its size and modification time are not compared."""
+    rec = {"label": src.label, "shape": list(src.shape), "dtype": np.dtype(src.dtype).str,
+           "fingerprint": fingerprint(src)}
+    where = src.where()
+    if where is not None:
+        rec.update(file=dict(where["file"], path=where["path"]), object=where["object"],
+                   storage=where["storage"], volatile=bool(volatile))
+    return rec
+
+
+def differences(recorded: dict, now: dict, *, volatile: bool = False) -> list[str]:
+    """What differs between two identity records of one operand (empty: the same data)."""
+    out = []
+    rf, nf = recorded.get("file"), now.get("file")
+    if (rf is None) != (nf is None):
+        return ["another kind of operand (a file and an array)"]
+    if rf is not None:
+        if (rf["dev"], rf["ino"]) != (nf["dev"], nf["ino"]):
+            return [f"another file at '{nf['path']}' (device {nf['dev']}, inode {nf['ino']}; "
+                    f"the run read device {rf['dev']}, inode {rf['ino']}: replaced?)"]
+        skip = volatile or recorded.get("volatile") or now.get("volatile")
+        if not skip and (rf["size"], rf["mtime_ns"]) != (nf["size"], nf["mtime_ns"]):
+            out.append(f"a file modified at {_when(nf['mtime_ns'])} (size {nf['size']}); the "
+                       f"run read it as modified at {_when(rf['mtime_ns'])} (size {rf['size']})")
+        if recorded.get("object") != now.get("object"):
+            out.append(f"another object at that name (address {now.get('object')}, was "
+                       f"{recorded.get('object')}: recreated?)")
+    for key, what in (("shape", "shape"), ("dtype", "dtype")):
+        if recorded.get(key) != now.get(key):
+            out.append(f"{what} {now.get(key)} (was {recorded.get(key)})")
+    if rf is not None and recorded.get("storage") != now.get("storage"):
+        out.append(f"its storage moved ({_storage(now['storage'])}, was "
+                   f"{_storage(recorded['storage'])})")
+    if recorded.get("fingerprint") != now.get("fingerprint"):
+        out.append("different contents (the sampled blocks' hash differs)")
+    return out
+
+
+def _when(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9)) + f".{ns % 10**9:09d}"
+
+
+def _storage(s: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(s.items()))
+
+
+def fingerprint(src) -> str:
+    """A hash of sampled blocks of ``src`` (all of it when small), read through ``src.read``.
+
+    Chunked operands are sampled by whole chunks (or their first rows), evenly spread through
+    the chunk grid; others by row segments spread over rows and columns. The samples always
+    hold the first and the last element."""
+    m, n = src.shape
+    dt = np.dtype(src.dtype)
+    total = m * n * dt.itemsize
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{m}x{n}:{dt.str}".encode())
+    for r0, r1, c0, c1 in sample_regions(src.shape, dt.itemsize, src.chunks, total):
+        buf = np.empty((r1 - r0, c1 - c0), dt)
+        src.read(r0, r1, c0, c1, buf)
+        h.update(np.ascontiguousarray(buf, dtype=dt.newbyteorder("<")).tobytes())
+    return h.hexdigest()
+
+
+def sample_regions(shape, itemsize: int, chunks, total: int) -> list[tuple[int, int, int, int]]:
+    """The regions :func:`fingerprint` reads, about ``SAMPLE_SHARE`` of ``total`` bytes."""
+    m, n = shape
+    if total <= SAMPLE_WHOLE:
+        return [(0, m, 0, n)]
+    budget = int(min(SAMPLE_MAX, max(SAMPLE_MIN, total * SAMPLE_SHARE)))
+    if chunks:
+        cr, cc = min(chunks[0], m), min(chunks[1], n)
+        gi, gj = -(-m // cr), -(-n // cc)
+        rows = max(1, min(cr, budget // 2 // (cc * itemsize)))  # at least two chunks' samples
+        count = max(2, min(gi * gj, budget // (rows * cc * itemsize)))
+        cells = sorted({round(t * (gi * gj - 1) / (count - 1)) for t in range(count)})
+        out = []
+        for cell in cells:
+            ci, cj = divmod(cell, gj)
+            r0, c0 = ci * cr, cj * cc
+            r1 = min(m, r0 + rows) if cell != gi * gj - 1 else min(m, r0 + cr)
+            r0 = r0 if cell != gi * gj - 1 else max(r0, r1 - rows)
+            out.append((r0, r1, c0, min(n, c0 + cc)))
+        return out
+    seg = min(n, SEGMENT)
+    count = max(2, budget // (seg * itemsize))
+    out = []
+    for t in range(count):
+        r = t * (m - 1) // (count - 1)
+        c = 0 if t == 0 else (n - seg if t == count - 1 else (t * 2654435761) % (n - seg + 1))
+        out.append((r, r + 1, c, c + seg))
+    return out
+
+
+# ----- where an operand lies --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Footprint:
+    """Where an operand's bytes are: HDF5 objects as (device, inode, address), file byte ranges
+    as (device, inode, lo, hi), and for in-memory arrays the array itself."""
+
+    objects: tuple = ()
+    ranges: tuple = ()
+    files: tuple = ()  # (device, inode) of files the operand is stored in
+    array: object = None
+
+
+def overlaps(a: Footprint, b: Footprint) -> str:
+    """How two footprints share a byte or an HDF5 object ("" when they do not), as words
+    that complete "C ... A"."""
+    if set(a.objects) & set(b.objects):
+        return "which is the same HDF5 object (by another name or link) as"
+    if a.array is not None and b.array is not None and np.may_share_memory(a.array, b.array):
+        return "sharing memory with"
+    for dev, ino, lo, hi in a.ranges:
+        for dev2, ino2, lo2, hi2 in b.ranges:
+            if (dev, ino) == (dev2, ino2) and lo < hi2 and lo2 < hi:
+                return "mapping bytes of the same file as"
+    return ""
+
+
+def array_footprint(x: np.ndarray) -> Footprint:
+    """The footprint of an in-memory array: itself, and the file ranges its pages map (a
+    ``numpy.memmap``, shared memory, any file mapping), read from ``/proc/self/maps``."""
+    if x.size == 0:
+        return Footprint(array=x)
+    lo = x.__array_interface__["data"][0]
+    lo += sum((k - 1) * s for k, s in zip(x.shape, x.strides) if s < 0)
+    hi = lo + sum((k - 1) * abs(s) for k, s in zip(x.shape, x.strides)) + x.itemsize
+    ranges = []
+    for start, end, offset, dev, ino in _mappings():
+        if start < hi and lo < end and ino:
+            ranges.append((dev, ino, offset + max(lo, start) - start,
+                           offset + min(hi, end) - start))
+    return Footprint(ranges=tuple(ranges), files=tuple({r[:2] for r in ranges}), array=x)
+
+
+def _mappings() -> list[tuple[int, int, int, int, int]]:
+    """(start, end, file offset, device, inode) of this process's memory mappings."""
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        span, _perms, offset, dev, ino = parts[:5]
+        start, end = (int(v, 16) for v in span.split("-"))
+        major, minor = (int(v, 16) for v in dev.split(":"))
+        out.append((start, end, int(offset, 16), os.makedev(major, minor), int(ino)))
+    return out

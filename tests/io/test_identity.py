@@ -1,0 +1,195 @@
+"""What identifies an operand's data (file, object, storage, fingerprint) and where an operand
+lies (HDF5 objects, mapped file ranges, memory), on real files, links, maps and shared memory."""
+
+from __future__ import annotations
+
+import os
+from multiprocessing import shared_memory
+
+import h5py
+import hdf5plugin
+import numpy as np
+import pytest
+
+from bigmm.io import open_input
+from bigmm.io.identity import (SAMPLE_MAX, array_footprint, describe, differences, fingerprint,
+                               overlaps, sample_regions)
+from bigmm.testing import random_matrix
+
+SHAPE = (301, 257)  # multiples of nothing; 600 KiB of float64: sampled, not hashed whole
+
+
+def write(path, data, **storage):
+    with h5py.File(path, "a") as f:
+        if "A" in f:
+            del f["A"]
+        f.create_dataset("A", data=data, **storage)
+
+
+def ident(spec, **kw):
+    with open_input(spec, name="A") as src:
+        return describe(src, **kw)
+
+
+# storage of A: contiguous, chunked, gzip (read raw), zstd (read through h5py)
+STORAGE = [
+    {},                                     # contiguous
+    {"chunks": (64, 50)},                   # chunked, unfiltered
+    {"chunks": (64, 50), "compression": "gzip"},  # deflate, inflated by bigmm
+    {"chunks": (64, 50), **hdf5plugin.Zstd()},    # a plugin filter, read by h5py
+]
+
+
+@pytest.mark.parametrize("storage", STORAGE, ids=["contiguous", "chunked", "gzip", "zstd"])
+def test_identity_is_stable_and_sees_changes(tmp_path, storage):
+    path = str(tmp_path / "a.h5")
+    data = random_matrix(SHAPE, np.float64, seed=1)
+    write(path, data, **storage)
+    rec = ident(f"{path}:/A")
+    assert differences(rec, ident(f"{path}:/A")) == []  # read twice: the same
+    # the same file by other spellings: relative path, symlink, hard link
+    os.symlink(path, tmp_path / "link.h5")
+    os.link(path, tmp_path / "hard.h5")
+    here = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        for spelling in ("a.h5:/A", "link.h5:/A", "hard.h5:/A", "./sub/../a.h5:/A"):
+            os.makedirs("sub", exist_ok=True)
+            assert differences(rec, ident(spelling)) == [], spelling
+    finally:
+        os.chdir(here)
+    # regenerated with another seed (same shape, same storage): another object, new contents
+    write(path, random_matrix(SHAPE, np.float64, seed=2), **storage)
+    assert differences(rec, ident(f"{path}:/A"))
+
+
+def test_in_place_edit_is_seen_by_the_file_and_by_the_samples(tmp_path):
+    path = str(tmp_path / "a.h5")
+    write(path, random_matrix(SHAPE, np.float64, seed=1))
+    rec = ident(f"{path}:/A")
+    with h5py.File(path, "r+") as f:
+        f["A"][151, 3] += 1.0  # one element the samples (every tenth row here) miss
+    diff = differences(rec, ident(f"{path}:/A"))
+    assert len(diff) == 1 and "modified" in diff[0], diff
+    # where the run writes this file too (C beside A), its times are not compared ...
+    assert differences(rec, ident(f"{path}:/A", volatile=True), volatile=True) == []
+    # ... but an edit of every row is in the samples
+    with h5py.File(path, "r+") as f:
+        f["A"][:, 0] += 1.0
+    diff = differences(rec, ident(f"{path}:/A", volatile=True), volatile=True)
+    assert diff == ["different contents (the sampled blocks' hash differs)"]
+
+
+def test_a_replaced_file_is_another_file(tmp_path):
+    path = str(tmp_path / "a.h5")
+    data = random_matrix(SHAPE, np.float64, seed=1)
+    write(path, data)
+    rec = ident(f"{path}:/A")
+    write(str(tmp_path / "new.h5"), data)  # the same bytes, another file moved in its place
+    os.replace(tmp_path / "new.h5", path)
+    diff = differences(rec, ident(f"{path}:/A"))
+    assert len(diff) == 1 and "another file" in diff[0] and "replaced" in diff[0]
+
+
+def test_arrays_are_identified_by_their_contents():
+    a = random_matrix(SHAPE, np.float32, seed=3)
+    with open_input(a) as src:
+        rec = describe(src)
+    with open_input(a.copy()) as src:
+        assert differences(rec, describe(src)) == []
+    b = a.copy()
+    b[-1, -1] += 1  # the last element is always sampled
+    with open_input(b) as src:
+        assert differences(rec, describe(src)) == [
+            "different contents (the sampled blocks' hash differs)"]
+
+
+@pytest.mark.parametrize("shape, chunks, total", [
+    ((100, 100), None, 100 * 100 * 4),             # small: hashed whole
+    ((5000, 3000), None, 5000 * 3000 * 4),         # row segments
+    ((5000, 3000), (512, 512), 5000 * 3000 * 4),   # whole chunks
+    ((70000, 70000), (1, 70000), 70000**2 * 4),     # one-row chunks wider than the budget
+    ((200000, 7), None, 200000 * 7 * 8),            # tall and narrow
+])
+def test_samples_cover_the_ends_within_a_budget(shape, chunks, total):
+    regions = sample_regions(shape, total // (shape[0] * shape[1]), chunks, total)
+    assert regions[0][0] == 0 and regions[0][2] == 0  # the first element
+    assert any(r1 == shape[0] and c1 == shape[1] for _, r1, _, c1 in regions)  # the last
+    read = sum((r1 - r0) * (c1 - c0) for r0, r1, c0, c1 in regions) * (total // np.prod(shape))
+    assert read <= max(2 * SAMPLE_MAX, 2 * shape[1] * 4), read
+    for r0, r1, c0, c1 in regions:
+        assert 0 <= r0 < r1 <= shape[0] and 0 <= c0 < c1 <= shape[1]
+
+
+def test_fingerprint_reads_a_sliver_of_a_large_operand():
+    big = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (40000, 40000), (0, 0))
+    reads = []
+
+    class Counting:
+        shape, dtype, chunks = big.shape, np.dtype(np.float32), None
+
+        def read(self, r0, r1, c0, c1, out):
+            reads.append((r1 - r0) * (c1 - c0) * 4)
+            out[...] = 0
+
+    fingerprint(Counting())
+    assert sum(reads) <= SAMPLE_MAX < 40000**2 * 4 / 700
+
+
+# ----- footprints -------------------------------------------------------------------------
+
+def test_hdf5_objects_by_any_link_are_the_same(tmp_path):
+    path = str(tmp_path / "in.h5")
+    with h5py.File(path, "w") as f:
+        f["A"] = random_matrix((20, 30), np.float64)
+        f["B"] = random_matrix((20, 30), np.float64, seed=1)
+        f["soft"] = h5py.SoftLink("/A")
+        f["hard"] = f["A"]
+    with h5py.File(tmp_path / "ext.h5", "w") as f:
+        f["ext"] = h5py.ExternalLink(path, "/A")
+    os.link(path, tmp_path / "alias.h5")
+    with open_input(f"{path}:/A") as a:
+        fa = a.footprint()
+        for spec in (f"{path}:/soft", f"{path}:/hard", f"{tmp_path}/ext.h5:/ext",
+                     f"{tmp_path}/alias.h5:/A"):
+            with open_input(spec) as other:
+                assert overlaps(fa, other.footprint()), spec
+        with open_input(f"{path}:/B") as b:  # another dataset of the same file
+            assert not overlaps(fa, b.footprint())
+
+
+def test_maps_of_one_file_overlap_by_bytes(tmp_path):
+    path = tmp_path / "raw.bin"
+    np.arange(4096, dtype=np.float64).tofile(path)
+    x = np.memmap(path, np.float64, "r", shape=(64, 64))
+    y = np.memmap(path, np.float64, "r+", shape=(32, 64), offset=32 * 64 * 8)  # rows 32:64
+    z = np.memmap(path, np.float64, "r+", shape=(16, 64))  # rows 0:16
+    assert not np.may_share_memory(x, y)  # two mappings: NumPy cannot tell
+    assert overlaps(array_footprint(x), array_footprint(y))
+    assert overlaps(array_footprint(x[40:]), array_footprint(y))
+    assert not overlaps(array_footprint(x[:32]), array_footprint(y))
+    assert not overlaps(array_footprint(z), array_footprint(y))
+
+
+def test_shared_memory_mapped_twice_overlaps():
+    shm = shared_memory.SharedMemory(create=True, size=64 * 64 * 4)
+    other = shared_memory.SharedMemory(name=shm.name)
+    try:
+        a = np.ndarray((64, 64), np.float32, buffer=shm.buf)
+        b = np.ndarray((64, 64), np.float32, buffer=other.buf)
+        assert not np.may_share_memory(a, b)
+        assert overlaps(array_footprint(a), array_footprint(b))
+        c = np.ndarray((64, 64), np.float32)
+        assert not overlaps(array_footprint(a), array_footprint(c))
+        del a, b
+    finally:
+        other.close()
+        shm.close()
+        shm.unlink()
+
+
+def test_views_of_one_array_share_memory():
+    a = random_matrix((50, 40), np.float32)
+    assert overlaps(array_footprint(a), array_footprint(a.T[::2]))
+    assert not overlaps(array_footprint(a), array_footprint(a.copy()))
+    assert array_footprint(a).ranges == ()  # private memory: no file
