@@ -52,7 +52,11 @@ class OutputExistsError(BigmmError, FileExistsError):
 
 
 class OutputIsInputError(BigmmError, ValueError):
-    """The output names the same dataset as one of the inputs."""
+    """The output is one of the inputs, by any route (link, alias, shared memory)."""
+
+
+class OutputBusyError(BigmmError, BlockingIOError):
+    """Another run is writing the output (or another process holds its file locked)."""
 
 
 class OutputNotWritable(BigmmError, PermissionError):
@@ -64,7 +68,7 @@ class IncompleteOutputError(BigmmError, RuntimeError):
 
 
 class ResumeError(BigmmError, RuntimeError):
-    """An output cannot be resumed: no journal, or the journal belongs to a different job."""
+    """An output cannot be resumed: no journal, a different job, or inputs that changed."""
 
 
 class ReadError(BigmmError, OSError):
