@@ -20,6 +20,9 @@ H5LOCK = threading.RLock()
 
 #: Attribute on an output dataset: False while a run writes it, True once finished.
 COMPLETE_ATTR = "bigmm_complete"
+#: Attribute on a finished output: its job, the identities of its inputs and its fingerprint
+#: (JSON), so that resuming it again knows it is complete.
+JOB_ATTR = "bigmm_job"
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 

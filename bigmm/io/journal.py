@@ -18,11 +18,22 @@ from ..errors import ResumeError
 from .spec import Spec
 
 SUFFIX = ".bigmm-journal"
+LOCK_SUFFIX = ".bigmm-lock"
 
 
 def journal_path(spec: Spec) -> str:
-    """``c.h5`` + ``/grp/C`` -> ``c.h5.grp%2FC.bigmm-journal`` (one journal per dataset)."""
-    return f"{spec.path}.{quote(spec.dataset.strip('/'), safe='')}{SUFFIX}"
+    """``c.h5`` + ``/grp/C`` -> ``c.h5.grp%2FC.bigmm-journal`` (one journal per dataset),
+    beside the file the path resolves to (so any spelling of it finds the journal)."""
+    return _beside(spec, SUFFIX)
+
+
+def lock_path(spec: Spec) -> str:
+    """The output's lock file (see :mod:`.lock`), beside its journal."""
+    return _beside(spec, LOCK_SUFFIX)
+
+
+def _beside(spec: Spec, suffix: str) -> str:
+    return f"{os.path.realpath(spec.path)}.{quote(spec.dataset.strip('/'), safe='')}{suffix}"
 
 
 def _fsync_dir(path: str) -> None:
@@ -36,6 +47,21 @@ def _fsync_dir(path: str) -> None:
 def normalise(job) -> dict:
     """The job as it reads back from JSON (tuples -> lists), for comparisons."""
     return json.loads(json.dumps(job, sort_keys=True))
+
+
+#: The job's fields that say what a finished output holds (the plan's tiles may differ between
+#: runs of one job).
+JOB_FIELDS = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c")
+
+
+def finished_job(job: dict) -> dict:
+    """What a finished output records of its job (``bigmm_job``, beside its fingerprint): the
+    options and the identities of A and B (old C is gone once the run finished)."""
+    plan = job.get("plan") or {}
+    opts = {key: plan.get(key) for key in JOB_FIELDS} if isinstance(plan, dict) else {"plan": plan}
+    opts.update(alpha=job.get("alpha"), beta=job.get("beta"))
+    inputs = job.get("inputs") or {}
+    return normalise({"job": opts, "inputs": {k: inputs[k] for k in ("A", "B") if k in inputs}})
 
 
 class Journal:
@@ -54,7 +80,7 @@ class Journal:
     def create(cls, path: str, header: dict) -> "Journal":
         """Write a fresh journal holding only ``header`` (atomically: temp file, rename)."""
         line = (json.dumps(header, sort_keys=True) + "\n").encode()
-        tmp = path + ".tmp"
+        tmp = path + ".tmp"  # one writer per output (its lock): no other run makes this file
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, line)

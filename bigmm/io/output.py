@@ -1,32 +1,45 @@
-"""open_output: validate the output C, then create, overwrite or resume it."""
+"""open_output: validate the output C, then create, overwrite, resume it, or find it complete.
+
+A file output (a spec, or an h5py.Dataset written in place) is locked for the run
+(:class:`.lock.OutputLock`: one writer per output) before anything is created or deleted,
+refused when it is one of the inputs by any route (:func:`refuse_alias`), and journaled. The
+journal's header records the job and the identity of every input (and of old C when
+beta != 0, :mod:`.identity`); a resumed run compares them and refuses anything that changed.
+A finished output carries the job and its own fingerprint (``bigmm_job``), so that resuming it
+again is success ("already complete") and resuming it with another job is an error.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 
 import h5py
 import numpy as np
 
-from ..errors import (DiskFullError, DtypeError, OperandNotFound, OutputExistsError,
-                      OutputIsInputError, OutputNotWritable, ResumeError, ShapeError, SpecError)
-from ._h5 import COMPLETE_ATTR, H5LOCK, dtype_name
-from .journal import Journal, journal_path, normalise, parse_journal
-from .sink import (PARTIAL_SUFFIX, ArraySink, DatasetSink, FileSink, Sink, create_dataset,
+from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, OptionError,
+                      OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
+                      ShapeError, SpecError)
+from ._h5 import COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name
+from .identity import Footprint, array_footprint, describe, differences, fingerprint, overlaps
+from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
+from .lock import OutputLock, h5_open_retry
+from .sink import (PARTIAL_SUFFIX, ArraySink, CompleteSink, FileSink, Sink, create_dataset,
                    tile_chunks)
-from .source import DEFAULT_THREADS, Source, release_h5_handles
+from .source import DEFAULT_THREADS, Source, open_input, release_h5_handles
 from .spec import Spec, parse_spec
 from ..units import format_bytes
-
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
                 resume: bool = False, reads_c: bool = False,
                 threads: int = DEFAULT_THREADS, tile=None) -> Sink:
-    """Open the output C (see the I/O layer's docs for every case and error).
+    """Open the output C (see the module docstring and the I/O layer's docs for every case).
 
     ``x``: a spec string or Spec (an HDF5 dataset, created if missing), None (a new NumPy
-    array), a NumPy array or an h5py.Dataset (written in place). ``tile``: the (rows, columns)
-    of the tiles the run writes; a dataset bigmm creates is then chunked by them where that
-    helps (:func:`.sink.tile_chunks`), so that each tile is one byte range of the file.
+    array), a NumPy array or an h5py.Dataset (written in place). ``job``: what identifies the
+    run (``{"plan": Plan.key(), "alpha": .., "beta": ..}``); the inputs' identities are added
+    here. ``tile``: the (rows, columns) of the tiles the run writes; a dataset bigmm creates is
+    then chunked by them where that helps (:func:`.sink.tile_chunks`).
     """
     shape = tuple(int(d) for d in shape)
     dtype = np.dtype(dtype)
@@ -36,30 +49,38 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
                                   "Got out=None.")
         return ArraySink(np.empty(shape, dtype), "C (NumPy array)")
     if isinstance(x, np.ndarray):
-        _check_like(x.shape, x.dtype, shape, dtype, "C (NumPy array)")
+        label = "C (NumPy array)"
+        if resume:
+            raise ResumeError("Expected an output that can be resumed (a 'file.h5:/C' spec or "
+                              "an h5py.Dataset). Got a NumPy array: a run into an array keeps "
+                              "no journal.")
+        _check_like(x.shape, x.dtype, shape, dtype, label)
         if not x.flags.writeable:
             raise OutputNotWritable("Expected a writeable NumPy array for C. Got a read-only one.")
-        for src in inputs:
-            if getattr(src, "array", None) is not None and np.may_share_memory(x, src.array):
-                raise OutputIsInputError(f"Expected an output array separate from the inputs. "
-                                         f"Got C sharing memory with {src.label}.")
-        return ArraySink(x, "C (NumPy array)")
+        refuse_alias(array_footprint(x), inputs, label)
+        return ArraySink(x, label)
     if isinstance(x, h5py.Dataset):
         label = f"C ({x.file.filename}:{x.name})"
         _check_like(x.shape, x.dtype, shape, dtype, label)
         if x.file.mode == "r":
             raise OutputNotWritable(f"Expected an h5py.Dataset open for writing for C. "
                                     f"Got {label} in a file opened read-only.")
-        _check_not_input((os.path.realpath(x.file.filename), x.name), inputs, label)
-        return DatasetSink(x, label)
+        if reads_c:
+            raise OptionError(
+                f"Expected out as a spec 'file.h5:/C' for beta != 0 (old C then survives an "
+                f"interruption in a partial dataset, and the run can resume). Got an "
+                f"h5py.Dataset, {label}: pass '{x.file.filename}:{x.name}' instead.")
+        spec = Spec(os.path.realpath(x.file.filename), x.name)
+        return _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c,
+                            threads, None, dataset=x)
     if isinstance(x, os.PathLike):
         x = os.fspath(x)
     if not isinstance(x, (str, Spec)):
         raise SpecError(f"Expected 'file.h5:/dataset', None, an h5py.Dataset or a NumPy array "
                         f"for the output. Got {type(x).__name__}.")
     chunks = tile_chunks(shape, tile, dtype.itemsize)
-    return _open_file(parse_spec(x), shape, dtype, inputs, job, overwrite, resume, reads_c,
-                      threads, chunks)
+    return _open_locked(parse_spec(x), shape, dtype, inputs, job, overwrite, resume, reads_c,
+                        threads, chunks)
 
 
 def _check_like(have_shape, have_dtype, shape, dtype, label) -> None:
@@ -69,14 +90,20 @@ def _check_like(have_shape, have_dtype, shape, dtype, label) -> None:
         raise DtypeError(f"Expected {dtype} for {label}. Got {dtype_name(have_dtype)}.")
 
 
-def _check_not_input(identity, inputs, label) -> None:
+def refuse_alias(out: Footprint, inputs, label: str) -> None:
+    """OutputIsInputError when the output's footprint shares a byte or an HDF5 object with an
+    input's (same file by any name, same object by any link, overlapping maps or memory)."""
     for src in inputs:
-        if src.identity is not None and tuple(src.identity) == tuple(identity):
+        fp = src.footprint()
+        how = overlaps(out, fp)
+        if not how and src.layout == "array" and set(fp.files) & set(out.files):
+            how = "in a file that the input array maps"
+        if how:
             raise OutputIsInputError(f"Expected an output other than the inputs. Got {label}, "
-                                     f"which is also {src.label}.")
+                                     f"{how} {src.label}.")
 
 
-def _check_writable(path: str) -> None:
+def _check_folder(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         what = "is not a directory" if os.path.exists(folder) else "does not exist"
@@ -85,6 +112,9 @@ def _check_writable(path: str) -> None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputNotWritable(f"Expected a writable directory for the output '{path}'. "
                                 f"Got '{folder}' (permission denied).")
+
+
+def _check_file(path: str) -> None:
     if os.path.exists(path):
         if os.path.isdir(path) or not os.access(path, os.W_OK):
             why = "a directory" if os.path.isdir(path) else "permission denied"
@@ -95,22 +125,42 @@ def _check_writable(path: str) -> None:
                                     f"Got '{path}', which is not HDF5.")
 
 
-def _inspect(spec: Spec, partial: str) -> dict:
-    """What exists at the output: dataset shape/dtype/complete flag, partial dataset."""
-    info = {"exists": False, "partial": False}
+def _inspect(spec: Spec, partial: str, label: str) -> dict:
+    """What exists at the output: the dataset's shape, dtype, completion flag and recorded job,
+    where it lies (file and object), and whether a partial dataset exists."""
+    info = {"exists": False, "partial": False, "footprint": Footprint()}
     if not os.path.exists(spec.path):
         return info
+    st = os.stat(spec.path)
     with H5LOCK:
-        with h5py.File(spec.path, "r") as f:
+        with h5_open_retry(lambda: h5py.File(spec.path, "r"), spec.path, label) as f:
             obj = f.get(spec.dataset)
             if obj is not None and not isinstance(obj, h5py.Dataset):
                 raise OutputNotWritable(f"Expected a dataset path for the output. Got "
                                         f"'{spec.dataset}' in '{spec.path}', which is a group.")
+            objects = ()
             if obj is not None:
+                home = os.stat(obj.file.filename)  # an external link's target file
+                objects = ((home.st_dev, home.st_ino, int(h5py.h5o.get_info(obj.id).addr)),)
+                raw = obj.attrs.get(JOB_ATTR)
                 info.update(exists=True, shape=tuple(obj.shape), dtype=obj.dtype,
-                            complete=bool(obj.attrs.get(COMPLETE_ATTR, True)))
+                            complete=bool(obj.attrs.get(COMPLETE_ATTR, True)),
+                            flagged=COMPLETE_ATTR in obj.attrs,
+                            record=_loads(raw))
             info["partial"] = isinstance(f.get(partial), h5py.Dataset)
+    info["footprint"] = Footprint(objects=objects, files=((st.st_dev, st.st_ino),))
+    info["file"] = (st.st_dev, st.st_ino)
     return info
+
+
+def _loads(raw) -> dict | None:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw if isinstance(raw, str) else bytes(raw).decode())
+    except (ValueError, TypeError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _drop_begun_file(spec: Spec, journal) -> None:
@@ -134,49 +184,153 @@ def _drop_begun_file(spec: Spec, journal) -> None:
 
 
 def _header(spec, shape, dtype, job, partial) -> dict:
-    return normalise({"bigmm_journal": 1, "dataset": spec.dataset, "shape": list(shape),
+    return normalise({"bigmm_journal": 2, "dataset": spec.dataset, "shape": list(shape),
                       "dtype": dtype.name, "partial": partial, "job": job})
 
 
-def _open_file(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, threads,
-               chunks) -> Sink:
-    if resume:
+def _identities(inputs, out_file) -> dict:
+    """The identity record of each input ("A", "B"), its file's times not compared where the
+    run writes that file too (the output's)."""
+    out = {}
+    for name, src in zip("AB", inputs):
+        where = src.where()
+        volatile = where is not None and out_file is not None and (
+            (where["file"]["dev"], where["file"]["ino"]) == tuple(out_file))
+        out[name] = describe(src, volatile=volatile)
+    return out
+
+
+def _old_c_identity(spec: Spec, label: str, threads: int) -> dict:
+    src = open_input(spec, name="old " + label, threads=threads)
+    try:
+        return describe(src, volatile=True)
+    finally:
+        src.close()
+
+
+def _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, threads, chunks,
+                 dataset: h5py.Dataset | None = None) -> Sink:
+    """Take the output's lock, then open it (:func:`_open_file`); the sink releases the lock
+    when it closes."""
+    _check_folder(spec.path)
+    label = f"C ({spec})" if dataset is None else f"C ({dataset.file.filename}:{dataset.name})"
+    lock = OutputLock(lock_path(spec), label)
+    try:
+        sink = _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_c,
+                          threads, chunks, dataset)
+    except BaseException:
+        lock.release()
+        raise
+    sink.lock = lock
+    return sink
+
+
+def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_c, threads,
+               chunks, dataset) -> Sink:
+    if resume and dataset is None:
         _drop_begun_file(spec, parse_journal(journal_path(spec)))
-    _check_writable(spec.path)
-    label = f"C ({spec})"
-    _check_not_input((os.path.realpath(spec.path), spec.dataset), inputs, label)
+    _check_file(spec.path)
     partial = spec.dataset + PARTIAL_SUFFIX if reads_c else None
+    info = _inspect(spec, spec.dataset + PARTIAL_SUFFIX, label)
+    refuse_alias(info["footprint"], inputs, label)
     jpath = journal_path(spec)
     journal = Journal.load(jpath)
-    info = _inspect(spec, spec.dataset + PARTIAL_SUFFIX)
-    header = _header(spec, shape, dtype, job, partial)
+    job = dict(job, inputs=_identities(inputs, info.get("file")))
     if resume and journal is not None:
-        return _resume(spec, journal, header, info, shape, dtype, reads_c, threads, chunks)
-    if resume and not overwrite:
-        state = " (the output is complete)" if info["exists"] and info.get("complete") else ""
-        raise ResumeError(f"Expected a journal '{jpath}' of an interrupted run to resume "
-                          f"{spec}. Got none{state}.")
+        return _resume(spec, label, journal, job, info, shape, dtype, reads_c, threads, chunks,
+                       dataset)
+    in_place = dataset is not None
+    if resume and info["exists"] and info.get("complete"):
+        done = _completed(spec, label, info, job, threads,
+                          strict=not (reads_c or overwrite or in_place),
+                          result=dataset if in_place else str(spec))
+        if done is not None:
+            return done
+    elif resume and info["exists"] and not (reads_c or overwrite or in_place):
+        raise ResumeError(f"Expected the journal '{jpath}' of an interrupted run to resume "
+                          f"{spec}. Got an output left incomplete without one; start over "
+                          f"with --overwrite (overwrite=True).")
     if reads_c:
         if not info["exists"]:
             raise OperandNotFound(f"Expected an existing output {spec} holding C for beta != 0. "
                                   f"Got no such dataset.")
         _check_like(info["shape"], info["dtype"], shape, dtype, label)
-    if not overwrite and (journal is not None or (info["exists"] and not reads_c)):
+        job["inputs"]["C"] = _old_c_identity(spec, label, threads)
+    fresh = not in_place and info["exists"] and not reads_c and not resume
+    if not overwrite and (journal is not None or fresh):
         why = ("an interrupted run's journal exists; pass resume=True (--resume) to continue it"
                if journal is not None else "pass overwrite=True (--overwrite) to replace it")
         raise OutputExistsError(f"Expected no existing output at {spec}. Got one: {why}.")
     if journal is not None:
         journal.remove()
+    header = _header(spec, shape, dtype, job, partial)
     journal = Journal.create(jpath, dict(header, new_file=not os.path.exists(spec.path)))
     try:
-        target = _create(spec, shape, dtype, partial, drop_old=not reads_c, chunks=chunks)
-        return FileSink(spec, shape, dtype, journal, target, reads_c, threads)
+        if in_place:
+            _mark_incomplete(dataset)
+            target = spec.dataset
+        else:
+            target = _create(spec, label, shape, dtype, partial, drop_old=not reads_c,
+                             chunks=chunks)
+        return FileSink(spec, shape, dtype, journal, target, reads_c, threads,
+                        result=dataset)
     except DiskFullError:  # the output exists, empty: keep its journal for --resume
         journal.close()
         raise
     except BaseException:
         journal.remove()
         raise
+
+
+def _completed(spec, label, info, job, threads, strict: bool, result) -> Sink | None:
+    """A CompleteSink when the finished output at ``spec`` is this job's (same inputs by
+    identity, same options, its contents as the job left them). Otherwise None where the run
+    may start (old C for beta != 0, or overwrite), else ResumeError naming what differs."""
+    record = info.get("record")
+    why = _job_differences(record, job)
+    if not why:
+        src = open_input(spec, name=label, threads=threads)
+        try:
+            if fingerprint(src) != record.get("result"):
+                why = ["the output's contents changed after the run finished"]
+        finally:
+            src.close()
+    if not why:
+        return CompleteSink(label, info["shape"], info["dtype"], result)
+    if not strict:
+        return None
+    raise ResumeError(f"Expected an interrupted run, or a finished one of the same job, to "
+                      f"resume {spec}. Got a finished output of another job: {'; '.join(why)}. "
+                      f"Start over with --overwrite (overwrite=True).")
+
+
+def _job_differences(record: dict | None, job: dict) -> list[str]:
+    if record is None:
+        return ["it was not written by bigmm (no job recorded)"]
+    out = []
+    old, now = record.get("job") or {}, finished_job(job)["job"]
+    out += [f"{key} {now.get(key)!r} (the output's {old.get(key)!r})" for key in sorted(now)
+            if old.get(key) != now.get(key)]
+    for name in job["inputs"]:
+        rec, cur = (record.get("inputs") or {}).get(name), job["inputs"][name]
+        diff = ["no record"] if rec is None else differences(rec, cur)
+        out += [f"{name} ({cur['label']}): {d}" for d in diff]
+    return out
+
+
+def _mark_incomplete(dset: h5py.Dataset) -> None:
+    with H5LOCK:
+        dset.attrs[COMPLETE_ATTR] = False
+        dset.file.flush()
+    _fsync(dset.file.filename)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _check_space(spec: Spec, need: int) -> None:
@@ -195,7 +349,7 @@ def _check_space(spec: Spec, need: int) -> None:
             f"output.")
 
 
-def _create(spec: Spec, shape, dtype, partial: str | None, drop_old: bool,
+def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old: bool,
             chunks=None) -> str:
     """Create the dataset the run writes (the partial one when old C must survive), chunked
     by ``chunks`` or contiguous."""
@@ -205,35 +359,47 @@ def _create(spec: Spec, shape, dtype, partial: str | None, drop_old: bool,
     with H5LOCK:
         release_h5_handles(spec.path)
         try:
-            with h5py.File(spec.path, "a") as f:
+            with h5_open_retry(lambda: h5py.File(spec.path, "a"), spec.path, label) as f:
                 if stale in f:
                     del f[stale]
                 if drop_old and spec.dataset in f:
                     del f[spec.dataset]
                 create_dataset(f, target, shape, dtype, chunks)
+        except BigmmError:
+            raise
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise OutputNotWritable(f"Expected to create dataset '{target}' in '{spec.path}'. "
                                     f"Got {type(exc).__name__}: {exc}.") from exc
-    fd = os.open(spec.path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(spec.path)
     return target
 
 
-def _resume(spec, journal, header, info, shape, dtype, reads_c, threads, chunks) -> Sink:
+def _resume(spec, label, journal, job, info, shape, dtype, reads_c, threads, chunks,
+            dataset) -> Sink:
     recorded = journal.header
+    header = _header(spec, shape, dtype, job, journal.header.get("partial"))
     diffs = [f"{key}: recorded {recorded.get(key)!r}, given {header.get(key)!r}"
-             for key in ("dataset", "shape", "dtype", "partial")
+             for key in ("dataset", "shape", "dtype")
              if recorded.get(key) != header.get(key)]
+    if bool(recorded.get("partial")) != bool(reads_c):
+        diffs.append(f"beta != 0: recorded {bool(recorded.get('partial'))}, given {reads_c}")
     rjob, njob = recorded.get("job") or {}, header["job"] or {}
-    diffs += [f"job {key}: recorded {rjob.get(key)!r}, given {njob.get(key)!r}"
-              for key in sorted(set(rjob) | set(njob)) if rjob.get(key) != njob.get(key)]
+    diffs += [f"{key}: recorded {rjob.get(key)!r}, given {njob.get(key)!r}"
+              for key in sorted((set(rjob) | set(njob)) - {"inputs"})
+              if rjob.get(key) != njob.get(key)]
     if diffs:
         raise ResumeError(f"Expected the job recorded in '{journal.path}' to resume {spec}. "
                           f"Got a different one: {'; '.join(diffs)}.")
-    target = header["partial"] or spec.dataset
+    rin = rjob.get("inputs") or {}
+    if set(rin) < set(job["inputs"]):
+        raise ResumeError(f"Expected a journal recording the identity of the inputs to resume "
+                          f"{spec}. Got '{journal.path}' without them (written by an older "
+                          f"bigmm); start over with --overwrite (overwrite=True).")
+    for name in job["inputs"]:
+        diff = differences(rin[name], job["inputs"][name])
+        if diff:
+            raise ResumeError(_changed(name, job["inputs"][name]["label"], diff, spec))
+    target = recorded.get("partial") or spec.dataset
     if not journal.swap:
         present = info["partial"] if reads_c else info["exists"]
         if not present and journal.tiles:
@@ -242,16 +408,31 @@ def _resume(spec, journal, header, info, shape, dtype, reads_c, threads, chunks)
         if reads_c and not info["exists"]:
             raise ResumeError(f"Expected the original {spec} (old C for beta != 0) to resume. "
                               f"Got no such dataset.")
+        if reads_c:
+            now = _old_c_identity(spec, label, threads)
+            diff = differences(rin.get("C") or {}, now, volatile=True)
+            if diff:
+                raise ResumeError(_changed("old C", now["label"], diff, spec))
         if not present:
-            _create(spec, shape, dtype, header["partial"], drop_old=not reads_c, chunks=chunks)
+            _create(spec, label, shape, dtype, recorded.get("partial"), drop_old=not reads_c,
+                    chunks=chunks)
     elif not (info["exists"] or info["partial"]):
         raise ResumeError(f"Expected {spec} or its partial dataset to finish resuming. "
                           f"Got neither.")
-    return FileSink(spec, shape, dtype, journal, target, reads_c, threads)
+    return FileSink(spec, shape, dtype, journal, target, reads_c, threads, result=dataset)
+
+
+def _changed(name: str, label: str, diff: list[str], spec) -> str:
+    return (f"Expected {name} ({label.split(' (', 1)[-1].rstrip(')')}) as the interrupted run "
+            f"read it, to resume {spec}. Got {'; '.join(diff)}. Nothing was mixed: restore "
+            f"{name}, or start over with --overwrite (overwrite=True).")
 
 
 def read_journal(x) -> dict | None:
-    """The job recorded for an interrupted output ``x`` (spec), or None when there is none."""
+    """The job recorded for an interrupted output ``x`` (a spec or an h5py.Dataset), or None
+    when there is none."""
+    if isinstance(x, h5py.Dataset):
+        x = Spec(os.path.realpath(x.file.filename), x.name)
     if isinstance(x, os.PathLike):
         x = os.fspath(x)
     if not isinstance(x, (str, Spec)):

@@ -52,6 +52,7 @@ until :meth:`Sink.finish`. When old C must be read (beta != 0) the new values go
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -61,14 +62,16 @@ import numpy as np
 from h5py import h5d, h5p, h5s, h5t
 
 from ..errors import BigmmError, DiskFullError, ShapeError, WriteError
-from ._h5 import COMPLETE_ATTR, H5LOCK
+from ._h5 import COMPLETE_ATTR, H5LOCK, JOB_ATTR
 from .base import Matrix
-from .journal import Journal
+from .identity import fingerprint
+from .journal import Journal, finished_job
+from .lock import h5_open_retry
 from ..units import format_bytes
 from .layout import chunk_cells, probe_layout
 from .mapped import FileMap, reserve
 from .rawio import write_block
-from .source import DEFAULT_THREADS, open_input, release_h5_handles
+from .source import DEFAULT_THREADS, H5Source, open_input, release_h5_handles
 from .spec import Spec
 
 PARTIAL_SUFFIX = ".bigmm-partial"
@@ -94,6 +97,30 @@ class Sink(Matrix):
     mapped: bool = False  # tiles are copied into a memory map of the output
     #: Pieces of one tile may be written from several threads at once (memory copies).
     parallel_writes: bool = False
+    #: An interrupted run into this output can be resumed (it is journaled).
+    resumable: bool = False
+    #: The output is already the finished product of this job (nothing to compute).
+    complete: bool = False
+    #: The output's :class:`.lock.OutputLock`, released by :meth:`close`.
+    lock = None
+
+    def close(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def interrupted(self, written: int, total: int, beta: float) -> str:
+        """What an interruption after ``written`` of ``total`` tiles leaves, for its message."""
+        if self.resumable:
+            return (f"Interrupted after {written} of {total} tiles; the output {self.label} is "
+                    f"resumable (resume=True).")
+        applied = ", beta applied to them" if beta != 0 else ""
+        return (f"Interrupted after {written} of {total} tiles; {self.label} now holds a "
+                f"partial product (the tiles written so far{applied}) and cannot be resumed: "
+                f"an in-memory output keeps no journal. Restore C and run again.")
 
     def read(self, r0, r1, c0, c1, out) -> None:
         raise NotImplementedError
@@ -255,6 +282,7 @@ class RegionSink(Sink):
     here: the output's owner journals the whole region once its writer reports it."""
 
     layout = "region"
+    resumable = True  # the output's owner journals the region
 
     def __init__(self, where: RawRegion, old=None):
         self.where, self.old = where, old
@@ -317,6 +345,7 @@ class RegionSink(Sink):
 
     def close(self) -> None:
         self._close_raw_handles()
+        self._release()
 
     def _write_error(self, r0, r1, c0, c1, exc) -> WriteError:
         return _write_error(self.where.label, self._r0 + r0, self._r0 + r1, self._c0 + c0,
@@ -341,34 +370,15 @@ class ArraySink(Sink):
         self.array[r0:r1, c0:c1] = src
 
 
-class DatasetSink(Sink):
-    """An open h5py.Dataset given by the caller, written in place through h5py (no journal)."""
+class CompleteSink(Sink):
+    """An output that already holds this job's finished product (a resumed run that had
+    finished): nothing is read or written."""
 
-    layout = "h5py"
+    layout = "done"
+    complete = resumable = True
 
-    def __init__(self, dset: h5py.Dataset, label: str):
-        self.dset = self.result = dset
-        self.shape, self.dtype, self.label = tuple(dset.shape), dset.dtype, label
-
-    def read(self, r0, r1, c0, c1, out) -> None:
-        self._check(r0, r1, c0, c1, out)
-        with H5LOCK:
-            self.dset.read_direct(out, np.s_[r0:r1, c0:c1])
-
-    def write(self, r0, r1, c0, c1, src) -> None:
-        self._check(r0, r1, c0, c1, src)
-        try:
-            with H5LOCK:
-                self.dset.write_direct(np.ascontiguousarray(src), dest_sel=np.s_[r0:r1, c0:c1])
-        except Exception as exc:
-            raise self._write_error(r0, r1, c0, c1, exc) from exc
-
-    def commit(self, tiles) -> None:
-        with H5LOCK:
-            self.dset.file.flush()
-
-    def finish(self) -> None:
-        self.commit([])
+    def __init__(self, label: str, shape, dtype, result):
+        self.label, self.shape, self.dtype, self.result = label, tuple(shape), np.dtype(dtype), result
 
 
 # ----- file outputs ---------------------------------------------------------------------------
@@ -421,10 +431,12 @@ def create_dataset(f: h5py.File, name: str, shape, dtype, chunks=None) -> h5py.D
 class FileSink(Sink):
     """An HDF5 dataset named by a spec, written raw at byte offsets (or via h5py if it must)."""
 
+    resumable = True
+
     def __init__(self, spec: Spec, shape, dtype, journal: Journal, target: str,
-                 reads_c: bool, threads: int = DEFAULT_THREADS):
+                 reads_c: bool, threads: int = DEFAULT_THREADS, result=None):
         self.spec, self.shape, self.dtype = spec, tuple(shape), np.dtype(dtype)
-        self.label, self.result = f"C ({spec})", str(spec)
+        self.label, self.result = f"C ({spec})", str(spec) if result is None else result
         self.path = os.path.realpath(spec.path)
         self.journal, self.target, self.reads_c = journal, target, reads_c
         self.done = frozenset(journal.tiles)
@@ -442,7 +454,7 @@ class FileSink(Sink):
     def _open_target(self) -> None:
         with H5LOCK:
             release_h5_handles(self.path)
-            f = h5py.File(self.path, "r")
+            f = self._h5("r")
             try:
                 lay = probe_layout(f[self.target])
             finally:
@@ -454,7 +466,7 @@ class FileSink(Sink):
                 self._fd = os.open(self.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
                 self.layout = lay.kind
             else:  # an existing dataset we did not create: write through h5py
-                self._file = h5py.File(self.path, "r+")
+                self._file = self._h5("r+")
                 self._dset = self._file[self.target]
                 self.layout = "h5py"
         if self._fd is not None:
@@ -600,18 +612,44 @@ class FileSink(Sink):
             return
         self._sync()
         self._close_handles()
-        if self.reads_c and not self.journal.swap:
-            self.journal.append({"swap": True})
+        if self.reads_c:
+            if not self.journal.swap:
+                self.journal.append({"swap": True})
+            with H5LOCK:  # idempotent: a crash during an earlier swap is finished here
+                release_h5_handles(self.path)
+                with self._h5("r+") as f:
+                    _swap(f, self.spec.dataset, self.target)
+            _fsync_path(self.path)
+        record = finished_job(self.journal.header.get("job") or {})
+        record["result"] = self._fingerprint()
         with H5LOCK:
             release_h5_handles(self.path)
-            with h5py.File(self.path, "r+") as f:
-                if self.reads_c:
-                    _swap(f, self.spec.dataset, self.target)
-                f[self.spec.dataset].attrs[COMPLETE_ATTR] = True
+            with self._h5("r+") as f:
+                attrs = f[self.spec.dataset].attrs
+                attrs[JOB_ATTR] = json.dumps(record, sort_keys=True)
+                attrs[COMPLETE_ATTR] = True
         _fsync_path(self.path)
         self.journal.remove()
         self._finished = True
         self.layout = "done"
+
+    def _h5(self, mode: str) -> h5py.File:
+        return h5_open_retry(lambda: h5py.File(self.path, mode), self.path, self.label)
+
+    def _fingerprint(self) -> str:
+        """The finished product's fingerprint (before it is marked complete)."""
+        with H5LOCK:
+            f = self._h5("r")
+            try:
+                src = H5Source(f[self.spec.dataset], self.label, own_file=f,
+                               threads=self._threads)
+            except BaseException:
+                f.close()
+                raise
+        try:
+            return fingerprint(src)
+        finally:
+            src.close()
 
     def _close_handles(self) -> None:
         if self._old is not None:
@@ -625,8 +663,11 @@ class FileSink(Sink):
 
     def close(self) -> None:
         """Release everything; an unfinished output stays marked incomplete and resumable."""
-        self._close_handles()
-        self.journal.close()
+        try:
+            self._close_handles()
+            self.journal.close()
+        finally:
+            self._release()
 
 
 def _old_source(path: str, dataset: str, label: str, threads: int):
