@@ -223,9 +223,8 @@ class _Run:
         except BaseException as e:
             self._abort()
             if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
-                raise Interrupted(
-                    f"Interrupted after {self.written} of {self.tiles_total - self.skipped} "
-                    f"tiles; the output {self.out.label} is resumable (resume=True).") from None
+                raise Interrupted(self.out.interrupted(
+                    self.written, self.tiles_total - self.skipped, self.beta)) from None
             raise
         finally:
             self.pool.shutdown(wait=True, cancel_futures=True)

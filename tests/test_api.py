@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import bigmm
-from bigmm import api, errors
+from bigmm import api, errors, job
 from bigmm.executor import RunStats
 from bigmm.plan import Plan, Rates, make_plan
 from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
@@ -87,7 +87,7 @@ BETA_CASES = [
     ("h5", -1.0, True, True),  # negative beta, both transposed
     ("array", 0.0, True, False),  # NaN array written in place
     ("array", 2.0, False, False),  # array accumulated in place
-    ("dataset", 1.0, True, False),  # an open h5py.Dataset
+    ("dataset", 0.0, True, False),  # an open h5py.Dataset, written in place
 ]
 
 
@@ -195,8 +195,8 @@ BAD = [
      errors.OutputNotWritable, ["afile"]),
     ("beta without an existing C", "{A}", "{B}", None, {"beta": 1.0},
      errors.ShapeError, ["beta", "out=None"]),
-    ("resume without a journal", "{A}", "{B}", "{dir}/new.h5:/C", {"resume": True},
-     errors.ResumeError, ["journal"]),
+    ("resume into an array", "{A}", "{B}", "array", {"resume": True},
+     errors.ResumeError, ["NumPy array", "journal"]),
     ("unknown backend", "{A}", "{B}", None, {"backend": "tpu"},
      errors.BackendUnavailable, ["'tpu'", "numpy"]),
     ("malformed spec", "{dir}/in.h5", "{B}", None, {}, errors.SpecError, ["file.h5:/dataset"]),
@@ -209,6 +209,8 @@ def test_bad_input_gives_one_clear_error(files, what, a, b, out, kw, err, words)
     fill = dict(A=spec_a, B=spec_b, C=spec_c, dir=str(tmp), **{"in": str(tmp / "in.h5")})
     a, b = a.format(**fill), b.format(**fill)
     out = out.format(**fill) if out else None
+    if out == "array":
+        out = np.zeros((30, 10))
     before = _digest([tmp / "in.h5", tmp / "c.h5"])
     with pytest.raises(err) as e:
         bigmm.matmul(a, b, out, **{"backend": "numpy", **kw})
@@ -227,14 +229,21 @@ def test_budget_error_states_the_minimum(files):
     assert out.shape == (30, 10)
 
 
-def test_resume_of_a_different_job_is_refused(files):
+def test_resume_of_a_finished_output(files):
     tmp, spec_a, spec_b, _ = files
     spec_c = f"{tmp / 'r.h5'}:/C"
     bigmm.matmul(spec_a, spec_b, spec_c, backend="numpy", memory="4KiB")
     with h5py.File(tmp / "r.h5", "r") as f:
         assert f["C"].attrs["bigmm_complete"]
-    with pytest.raises(errors.ResumeError, match="Expected"):
-        bigmm.matmul(spec_a, spec_b, spec_c, backend="numpy", resume=True)
+        before = f["C"][...]
+    # the same job (another budget plans other tiles): already complete, nothing computed
+    out, stats = bigmm.matmul(spec_a, spec_b, spec_c, backend="numpy", resume=True, stats=True)
+    assert out == spec_c and stats.tiles_skipped == stats.tiles_total and stats.flops == 0
+    with h5py.File(tmp / "r.h5", "r") as f:
+        np.testing.assert_array_equal(f["C"][...], before)
+    # another job (alpha): an error naming the difference
+    with pytest.raises(errors.ResumeError, match="alpha"):
+        bigmm.matmul(spec_a, spec_b, spec_c, backend="numpy", resume=True, alpha=2.0)
 
 
 # ----- kill, interrupt, resume ----------------------------------------------------------------
@@ -338,8 +347,8 @@ _GPU_RATES = Rates(flops=47e12, read_bytes=2e9, write_bytes=1e9, h2d_bytes=50e9)
 
 
 @pytest.mark.parametrize("kind, read, write", [
-    ("numpy", api.ARRAY_READ_RATE, api.ARRAY_WRITE_RATE),  # memcpy into staging, array out
-    ("file", api.READ_RATE, api.WRITE_RATE),                # disk in, disk out
+    ("numpy", job.ARRAY_READ_RATE, job.ARRAY_WRITE_RATE),  # memcpy into staging, array out
+    ("file", job.READ_RATE, job.WRITE_RATE),                # disk in, disk out
 ])
 def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind, read, write):
     a, b = random_matrix((600, 500), np.float32), random_matrix((500, 400), np.float32, 1)
@@ -348,9 +357,9 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind, rea
         a, b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
         out = f"{tmp_path / 'c.h5'}:/C"
     closing = []
-    A, B = api.open_inputs(a, b, closing)
+    A, B = job.open_inputs(a, b, closing)
     try:
-        p, _ = api._plan_job(A, B, out, _StagingBackend(), alpha=1.0, beta=0.0, trans_a=False,
+        p, _ = job.plan_job(A, B, out, _StagingBackend(), alpha=1.0, beta=0.0, trans_a=False,
                              trans_b=False, memory="2MiB", host_memory="4MiB", resume=False,
                              calibrate=True)
     finally:
@@ -369,18 +378,18 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind, rea
     # A, B and C pinned: the copies take them in place, nothing is read or written on the host
     ("ABC", None, np.inf, np.inf),
     # under checks C goes through staging (a tile that fails must not reach it)
-    ("ABC", "checksum", np.inf, api.ARRAY_WRITE_RATE),
+    ("ABC", "checksum", np.inf, job.ARRAY_WRITE_RATE),
     # one pageable input: the slower of the two is read into staging
-    ("BC", None, api.ARRAY_READ_RATE, np.inf),
+    ("BC", None, job.ARRAY_READ_RATE, np.inf),
 ])
 def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, read, write):
     ops = {"A": random_matrix((600, 500), np.float32), "B": random_matrix((500, 400), np.float32, 1),
            "C": np.empty((600, 400), np.float32)}
     be = _StagingBackend(pinned=[ops[x] for x in pinned])
     closing = []
-    A, B = api.open_inputs(ops["A"], ops["B"], closing)
+    A, B = job.open_inputs(ops["A"], ops["B"], closing)
     try:
-        p, _ = api._plan_job(A, B, ops["C"], be, alpha=1.0, beta=0.0, trans_a=False,
+        p, _ = job.plan_job(A, B, ops["C"], be, alpha=1.0, beta=0.0, trans_a=False,
                              trans_b=False, memory="2MiB", host_memory="4MiB", resume=False,
                              calibrate=True, verify=verify)
     finally:
@@ -399,9 +408,9 @@ def test_checked_runs_plan_with_the_checks_costs(fuses):
 
     a, b = random_matrix((3000, 2500), np.float32), random_matrix((2500, 2000), np.float32, 1)
     closing = []
-    A, B = api.open_inputs(a, b, closing)
+    A, B = job.open_inputs(a, b, closing)
     try:
-        plans = {v: api._plan_job(A, B, None, Checking(), alpha=1.0, beta=0.0, trans_a=False,
+        plans = {v: job.plan_job(A, B, None, Checking(), alpha=1.0, beta=0.0, trans_a=False,
                                   trans_b=False, memory="16MiB", host_memory="64MiB",
                                   resume=False, calibrate=True, verify=v)[0]
                  for v in (None, "checksum")}
@@ -432,7 +441,7 @@ def test_cpu_matmul_plans_by_bytes_as_plan_does(tmp_path):
 
 
 def test_default_budgets_are_whole_grains():
-    from bigmm.api import BUDGET_GRAIN, resolve_budgets
+    from bigmm.job import BUDGET_GRAIN, resolve_budgets
     from bigmm.backends.numpy import NumpyBackend
 
     device, host = resolve_budgets(NumpyBackend(), None, None)
@@ -455,7 +464,7 @@ def test_inputs_are_read_with_the_backends_reader_threads_and_map_step(tmp_path)
         assert A._map.step == B._map.step == mapped.STEP_BYTES  # and no block size
     # without a backend's say, the source's own defaults
     closing = []
-    A, B = api.open_inputs(a, b, closing)
+    A, B = job.open_inputs(a, b, closing)
     try:
         assert A._threads == B._threads == source.DEFAULT_THREADS
         assert A._map.step == B._map.step == mapped.STEP_BYTES
@@ -467,7 +476,7 @@ def test_inputs_are_read_with_the_backends_reader_threads_and_map_step(tmp_path)
         map_step = mapped.WIDE_STEP_BYTES
 
     closing = []
-    A, B = api.open_inputs(a, b, closing, Wide())
+    A, B = job.open_inputs(a, b, closing, Wide())
     try:
         assert A._map.step == B._map.step == mapped.WIDE_STEP_BYTES
         assert A._threads == source.DEFAULT_THREADS

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..api import parse_scalar
+from ..job import parse_scalar
 from ..backends import BACKENDS
 from ..errors import BackendUnavailable, DtypeError, ShapeError
 from ..plan import make_plan

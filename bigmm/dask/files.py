@@ -22,8 +22,9 @@ from typing import Callable
 import numpy as np
 
 from .. import io
-from ..api import (check_operands, open_inputs, parse_io_threads, parse_scalar,
-                   resolve_backend, resolve_budgets, resumed_schedule)
+from ..job import (check_operands, complete_stats, job_record, open_inputs, open_output,
+                   parse_io_threads, parse_scalar, resolve_backend, resolve_budgets,
+                   resumed_schedule)
 from ..backends import get_backend
 from ..checksum import parse_verify
 from ..errors import BudgetError, Interrupted, OptionError, ResumeError
@@ -339,18 +340,16 @@ def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host
         args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                     device_budget=budgets.device, host_budget=budgets.host,
                     staging=budgets.staging, a_chunks=A.chunks, b_chunks=B.chunks)
-        if resume:
-            plan = make_plan(m, n, k, dtype, **args,
-                             **resumed_schedule(out, m, n, k, dtype, alpha, beta, args))
+        fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
+        if fixed:
+            plan = make_plan(m, n, k, dtype, **args, **fixed)
         else:
             plan = _grid(make_plan(m, n, k, dtype, **args, order="stream"), slots)
-        job = {"plan": plan.key(), "alpha": alpha, "beta": beta, "a": A.label, "b": B.label}
-        sink = io.open_output(out, shape=(m, n), dtype=np.dtype(dtype), inputs=[A, B],
-                              job=job, overwrite=overwrite, resume=resume,
-                              reads_c=plan.reads_c, tile=(plan.bm, plan.bn))
+        sink = open_output(out, plan, job_record(plan, alpha, beta), A, B,
+                           overwrite=overwrite, resume=resume)
         closing.append(sink)
-        if not resume and sink.done:
-            raise ResumeError(f"Expected a fresh output. Got {sink.label} with finished tiles.")
+        if sink.complete:  # resumed after it had finished: nothing to do
+            return sink.result, plan, complete_stats(plan), budgets.backend
         old_c = (str(io.Spec(os.path.abspath(out_spec.path), out_spec.dataset))
                  if plan.reads_c else None)
         tj = _TileJob(a_path, b_path, old_c, k, dtype, plan.trans_a, plan.trans_b,

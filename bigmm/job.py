@@ -1,0 +1,269 @@
+"""One job resolved: operands opened and checked, budgets, rates, the plan, the output opened
+for it (created, resumed or found complete), the job record. Shared by the API and dask."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from . import io
+from .backends import get_backend
+from .backends.numpy import memory_available as host_memory_available
+from .errors import DtypeError, OptionError, ResumeError, ShapeError
+from .executor import RunStats, in_place
+from .plan import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
+from .units import parse_size
+
+#: Without a budget, the compute side may use this share of the memory the backend reports.
+DEVICE_SHARE = {False: 0.25, True: 0.85}
+#: Default host staging budget, as a share of available RAM (staging backends).
+HOST_SHARE = 0.25
+#: Default budgets are rounded down to whole multiples of this (when at least 4 of them), so
+#: that what is free moving a little between calls keeps the same plan (plans are cached).
+BUDGET_GRAIN = 64 << 20
+#: Nominal speeds of reading a NumPy array input (a copy into the staging buffers, bound by
+#: host memory bandwidth: ~15 GB/s on the H100 host) and of writing C into a NumPy array.
+ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9
+#: Keys of the journal's job that must match for a resume.
+_JOB_KEYS = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c")
+
+
+def resolve_backend(name: str, kernel: str | None):
+    """The backend, with ``kernel`` passed to it (only GPU backends take one)."""
+    be = get_backend(name)
+    if kernel is None:
+        return be
+    resolved = be.name
+    be.close()
+    if not be.staging:
+        raise OptionError(f"Expected kernel= only with a GPU backend. Got kernel={kernel!r} "
+                          f"with backend {resolved!r}.")
+    return get_backend(resolved, kernel=kernel)
+
+
+def open_inputs(a, b, closing: list, be=None):
+    """A and B opened (added to ``closing``), read with the backend's ``reader_threads`` per
+    file and its ``map_step`` (blocks of mapped copies) where it names them."""
+    opts = {key: getattr(be, attr) for key, attr in (("threads", "reader_threads"),
+                                                     ("map_step", "map_step"))
+            if getattr(be, attr, None)}
+    A = io.open_input(a, name="A", **opts)
+    closing.append(A)
+    B = io.open_input(b, name="B", **opts)
+    closing.append(B)
+    return A, B
+
+
+def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memory, resume,
+              calibrate: bool, verify: str | None = None) -> tuple[Plan, dict]:
+    """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
+    (and the operands' read and write speeds, and with ``verify`` its checksum costs) give
+    the predicted time, and on a staging (GPU) backend the planner chooses the tiles by it
+    (by the checks' costs too only where they are separate passes, not ``fuses_checks``);
+    ``matmul`` calibrates on staging backends only, so that on the CPU both plan by bytes
+    moved."""
+    m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
+    alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
+    if beta != 0 and out is None:
+        raise ShapeError(f"Expected an existing C as out when beta != 0. Got out=None with "
+                         f"beta={beta}.")
+    device, host = resolve_budgets(be, memory, host_memory)
+    rates = (_io_rates(_rates(be, dtype, min(device, host)), A, B, out, be, verify) if calibrate
+             else None)
+    checked = None
+    if rates is not None and verify is not None:
+        fused = bool(getattr(be, "fuses_checks", False))
+        checked = replace(rates, check_bytes=getattr(be, "checksum_rate", None),
+                          check_step=getattr(be, "checksum_step", 0.0), check_fused=fused)
+        if not fused:  # separate passes over the panels at every step: tiles chosen for them
+            rates = checked
+    args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
+                device_budget=device, host_budget=host, staging=be.staging,
+                a_chunks=A.chunks, b_chunks=B.chunks,
+                rates=rates if be.staging else None)  # CPU: the fewest bytes, as matmul plans
+    threads = getattr(be, "gemm_threads", None)
+    if not be.staging and callable(threads):  # a gemm call costs more with more BLAS threads
+        args["step_bytes"] = cpu_step_bytes(threads())
+    fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
+    p = make_plan(m, n, k, dtype, **args, **fixed)
+    if checked is not None or (p.rates is None and rates is not None):
+        # for the predicted time only; where the gemm does the checks' updates, the tiles are
+        # those of an unchecked run (the checks' near-constant cost would only tip near-ties)
+        p = replace(p, rates=checked or rates)
+    return p, job_record(p, alpha, beta)
+
+
+def job_record(p: Plan, alpha: float, beta: float) -> dict:
+    """What identifies a run for its journal (the output adds its inputs' identities)."""
+    return {"plan": p.key(), "alpha": float(alpha), "beta": float(beta)}
+
+
+def check_operands(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int, str]:
+    """(m, k, n, dtype name) of op(A) @ op(B) for opened inputs; ShapeError or DtypeError
+    naming the stored operands when they do not fit together."""
+    m, k = A.shape[::-1] if trans_a else A.shape
+    kb, n = B.shape[::-1] if trans_b else B.shape
+    if k != kb:
+        opa = "A^T" if trans_a else "A"
+        opb = "B^T" if trans_b else "B"
+        raise ShapeError(
+            f"Expected the inner dimensions to match: columns of {opa} == rows of {opb}. Got "
+            f"{opa} {m}x{k} ({A.label}, stored {A.shape[0]}x{A.shape[1]}) and {opb} {kb}x{n} "
+            f"({B.label}, stored {B.shape[0]}x{B.shape[1]}): {k} != {kb}.")
+    if np.dtype(A.dtype) != np.dtype(B.dtype):
+        raise DtypeError(f"Expected A and B of one dtype. Got {np.dtype(A.dtype)} for "
+                         f"{A.label} and {np.dtype(B.dtype)} for {B.label}.")
+    return m, k, n, np.dtype(A.dtype).name
+
+
+def parse_scalar(x, name: str) -> float:
+    """``x`` (alpha or beta) as a finite float; OptionError naming ``name`` otherwise."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise OptionError(f"Expected {name} as a real number. Got {x!r}.") from None
+    if not np.isfinite(v):
+        raise OptionError(f"Expected a finite {name}. Got {x!r}.")
+    return v
+
+
+def resolve_budgets(be, memory, host_memory, *, limit: int | None = None) -> tuple[int, int]:
+    """(device, host) budgets in bytes for backend ``be``: ``memory`` and ``host_memory``
+    parsed, else DEVICE_SHARE of what the backend reports and HOST_SHARE of available RAM
+    (without staging the host budget is the device budget). ``limit``, where given, caps
+    the RAM those shares are taken of (a dask worker's memory limit)."""
+    device = parse_size(memory, name="memory")
+    host = parse_size(host_memory, name="host_memory")
+    if device is None:
+        free = be.memory_available()
+        if not be.staging and limit:
+            free = min(free, limit)
+        device = _grain(int(free * DEVICE_SHARE[bool(be.staging)]))
+    if host is None:
+        host = device
+        if be.staging:
+            ram = host_memory_available()
+            host = _grain(int(min(ram, limit or ram) * HOST_SHARE))
+    return device, host
+
+
+def _grain(nbytes: int) -> int:
+    return nbytes - nbytes % BUDGET_GRAIN if nbytes >= 4 * BUDGET_GRAIN else nbytes
+
+
+def resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:
+    """tile= and order= of the interrupted run recorded for ``out`` ({} where there is no
+    journal: the run starts, or finds the output complete); ResumeError if the job differs."""
+    if out is None:
+        raise ResumeError("Expected an output to resume. Got out=None.")
+    job = io.read_journal(out)
+    if job is None:
+        return {}
+    old = job.get("plan", {})
+    now = dict(m=m, n=n, k=k, dtype=dtype, trans_a=args["trans_a"], trans_b=args["trans_b"],
+               reads_c=args["reads_c"])
+    diff = [f"{key}: recorded {old.get(key)!r}, now {now[key]!r}" for key in _JOB_KEYS
+            if old.get(key) != now[key]]
+    diff += [f"{key}: recorded {job.get(key)!r}, now {v!r}" for key, v in
+             (("alpha", alpha), ("beta", beta)) if job.get(key) != v]
+    if diff:
+        raise ResumeError(f"Expected the same job as the interrupted run on {output_label(out)}. "
+                          f"Got a different one ({'; '.join(diff)}); start over with "
+                          f"--overwrite (overwrite=True).")
+    try:
+        return {"tile": (int(old["bm"]), int(old["bn"]), int(old["bk"])),
+                "order": str(old["order"])}
+    except (KeyError, TypeError, ValueError):
+        raise ResumeError(f"Expected a journal recording the schedule of "
+                          f"{output_label(out)}. Got a journal without one.") from None
+
+
+def output_label(out) -> str:
+    """A short name of the output for messages (never an array's contents)."""
+    if isinstance(out, np.ndarray):
+        return "C (NumPy array)"
+    if isinstance(out, (str, os.PathLike, io.Spec)):
+        return f"C ({os.fspath(out) if isinstance(out, os.PathLike) else out})"
+    name = getattr(out, "name", None)
+    file = getattr(getattr(out, "file", None), "filename", None)
+    return f"C ({file}:{name})" if name and file else f"C ({type(out).__name__})"
+
+
+def open_output(out, p: Plan, job: dict, A, B, *, overwrite: bool, resume: bool):
+    """The output Sink of job ``job`` (io.open_output with the plan's shape and tiles);
+    a fresh run refuses an output that holds finished tiles of another."""
+    sink = io.open_output(out, shape=(p.m, p.n), dtype=np.dtype(p.dtype), inputs=[A, B],
+                          job=job, overwrite=overwrite, resume=resume, reads_c=p.reads_c,
+                          tile=(p.bm, p.bn))
+    if not resume and sink.done:
+        sink.close()
+        raise ResumeError(f"Expected a fresh output. Got {sink.label} with finished tiles.")
+    return sink
+
+
+def complete_stats(p: Plan) -> RunStats:
+    """The statistics of a resumed run that found its output already complete."""
+    return RunStats(0.0, 0, 0, 0, 0, p.n_tiles, p.n_tiles)
+
+
+def _rates(be, dtype: str, limit: int) -> Rates | None:
+    """Nominal rates for the predicted time: the backend's own, else a short gemm timing on a
+    backend whose compute memory is host memory (None otherwise), snapped to a grid
+    (:meth:`Rates.snapped`). The timing holds at most ``limit`` bytes (the run's smaller
+    budget), so planning stays within the budgets."""
+    own = getattr(be, "rates", None)
+    if callable(own):
+        return own(dtype, limit).snapped()
+    if be.staging:
+        return None
+    dt = np.dtype(dtype)
+    n = max(16, min(1024, math.isqrt(limit // (2 * dt.itemsize))))
+    a = be.view(be.host_buffer(n * n, dt), (n, n))
+    c = be.view(be.host_buffer(n * n, dt), (n, n))
+    a[...] = 1.0
+    best = float("inf")
+    for _ in range(3):  # the first call also wakes the BLAS threads
+        t0 = time.perf_counter()
+        be.gemm(a, a, c, 1.0, 0.0, False, False, None)
+        best = min(best, time.perf_counter() - t0)
+    return Rates(flops=2 * n**3 / max(best, 1e-9), read_bytes=READ_RATE,
+                 write_bytes=WRITE_RATE).snapped()
+
+
+def _io_rates(rates: Rates | None, A, B, out, be, verify=None) -> Rates | None:
+    """``rates`` with the read and write speeds of these operands: none at all (infinite)
+    for pinned arrays that the copies use in place (:func:`bigmm.executor.in_place`; for C
+    not under ``verify``), else a source's own ``read_rate`` attribute (bytes per second)
+    where it has one, else ARRAY_READ_RATE for NumPy arrays and READ_RATE for files (the
+    slower of A and B); ARRAY_WRITE_RATE when C is a NumPy array (or a new one), else
+    WRITE_RATE."""
+    if rates is None:
+        return None
+
+    def read_rate(src) -> float:
+        if getattr(src, "layout", None) == "array" and in_place(be, src.array, src.dtype):
+            return math.inf
+        own = getattr(src, "read_rate", None)
+        if own:
+            return float(own)
+        return ARRAY_READ_RATE if getattr(src, "layout", None) == "array" else READ_RATE
+
+    if out is not None and verify is None and in_place(be, out, A.dtype, write=True):
+        write = math.inf
+    else:
+        write = ARRAY_WRITE_RATE if out is None or isinstance(out, np.ndarray) else WRITE_RATE
+    return replace(rates, read_bytes=min(read_rate(A), read_rate(B)), write_bytes=write)
+
+
+def parse_io_threads(n: int | None) -> int:
+    """Disk I/O threads: ``n``, or by default one per CPU core between 2 and 16; OptionError
+    unless ``n`` is a positive integer."""
+    if n is None:
+        return min(16, max(2, os.cpu_count() or 1))
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise OptionError(f"Expected io_threads as a positive integer. Got {n!r}.")
+    return n
