@@ -163,6 +163,13 @@ def _job_kwargs(args) -> dict:
 
 def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one was being handled
+        return EXIT_INTERRUPTED
+
+
+def _main(argv) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
@@ -172,6 +179,9 @@ def main(argv=None) -> int:
     debug = getattr(args, "debug", False)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # stdout closed by its reader (`... --json | head -1`)
+        _quiet_stdout()
+        return 0
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
@@ -191,6 +201,16 @@ def main(argv=None) -> int:
 
 def _err(message: str) -> None:
     print(f"bigmm: error: {message}", file=sys.stderr)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises nothing more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _one_line(e: BaseException) -> str:
@@ -319,6 +339,9 @@ def checksum_summary(stats) -> dict:
 
 
 def format_summary(s: dict) -> str:
+    if s["tiles_done"] == 0 and s["tiles_skipped"] == s["tiles_total"] and not s["flops"]:
+        return (f"{s['out']} is complete: an earlier run of the same job finished all "
+                f"{s['tiles_total']} tiles (nothing computed)")
     lines = [
         f"wrote {s['out']}: C[{s['shape_c'][0]} x {s['shape_c'][1]}] {s['dtype']}"
         + (f" on {s['backend']}" if s["backend"] else ""),

@@ -15,6 +15,10 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
+#: The largest size taken (bytes): 2**62, a few exbibytes.
+MAX_SIZE = 1 << 62
+
+
 def parse_size(value: int | float | str | None, *, name: str = "size") -> int | None:
     """Bytes from an int or a string such as "8GiB", "512MB", "1e9", "4096". None stays None."""
     if value is None:
@@ -22,9 +26,7 @@ def parse_size(value: int | float | str | None, *, name: str = "size") -> int | 
     if isinstance(value, bool):
         raise SizeParseError(f"Expected {name} as bytes or a string like '8GiB'. Got {value!r}.")
     if isinstance(value, (int, float)):
-        if value <= 0 or value != value:
-            raise SizeParseError(f"Expected {name} > 0 bytes. Got {value!r}.")
-        return int(value)
+        return _checked(value, value, name)
     if isinstance(value, str):
         text = value.strip()
         try:
@@ -37,10 +39,20 @@ def parse_size(value: int | float | str | None, *, name: str = "size") -> int | 
                     f"Expected {name} like '8GiB', '512MB' or a number of bytes. Got {value!r}."
                 ) from None
             number = float(match.group(1)) * _UNITS[unit]
-        if number <= 0:
-            raise SizeParseError(f"Expected {name} > 0 bytes. Got {value!r}.")
-        return int(number)
+        return _checked(number, value, name)
     raise SizeParseError(f"Expected {name} as bytes or a string like '8GiB'. Got {value!r}.")
+
+
+def _checked(number, value, name: str) -> int:
+    """``number`` (from ``value``) as whole bytes: finite, above 0, at most MAX_SIZE."""
+    if number != number or number in (float("inf"), float("-inf")):
+        raise SizeParseError(f"Expected {name} as a finite number of bytes. Got {value!r}.")
+    if number <= 0:
+        raise SizeParseError(f"Expected {name} > 0 bytes. Got {value!r}.")
+    if number > MAX_SIZE:
+        raise SizeParseError(f"Expected {name} of at most {MAX_SIZE} bytes (4 EiB). "
+                             f"Got {value!r}.")
+    return int(number)
 
 
 def format_bytes(n: float) -> str:

@@ -103,7 +103,9 @@ ERROR_CASES = [
     (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--memory", "lots"], "lots"),  # bad size
     (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--memory", "100"], "budget"),  # too small
     (["multiply", "{a}", "{b}", "-o", "{t}/no/dir/c.h5:/C"], "Expected"),    # no such directory
-    (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--resume"], "Expected"),  # nothing to resume
+    (["plan", "{a}", "{b}", "--memory", "inf"], "inf"),                      # infinite budget
+    (["plan", "{a}", "{b}", "--memory", "nan"], "nan"),                      # not a number
+    (["plan", "{a}", "{b}", "--memory", "1e400"], "1e400"),                  # overflows a float
     (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--backend", "tpu"], "tpu"),  # backend
     (["plan", "{a}", "{b}", "--memory=-3GiB"], "Expected"),                   # negative size
     (["verify", "{a}", "{b}", "{t}/nope.h5:/C"], "nope.h5"),                 # missing C
