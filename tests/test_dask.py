@@ -25,7 +25,7 @@ import bigmm.dask as bd  # noqa: E402
 from bigmm import cli  # noqa: E402
 from bigmm.dask import files as dask_files  # noqa: E402
 from bigmm.dask.array import _k_pieces, _operand, _rechunk_to_budget  # noqa: E402
-from bigmm.io import sink as sink_mod  # noqa: E402
+from bigmm.io import filesink as sink_mod  # noqa: E402
 from bigmm.errors import (BackendUnavailable, BudgetError, DtypeError, Interrupted,  # noqa: E402
                           OptionError, OutputExistsError, ShapeError)
 from bigmm.io.journal import journal_path, parse_journal  # noqa: E402

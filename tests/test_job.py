@@ -24,11 +24,9 @@ import pytest
 
 import bigmm
 from bigmm import errors
-from bigmm.cli import main
 from bigmm.io import lock, open_input, read_journal
-from bigmm.io.journal import journal_path
 from bigmm.io.spec import parse_spec
-from bigmm.testing import random_matrix, reference_gemm, relative_error, sha256, tolerance
+from bigmm.testing import random_matrix, relative_error, sha256, tolerance
 
 M, K, N = 130, 120, 110  # multiples of nothing
 BUDGET = "60000"          # 9 tiles of 44 x 37, 5 K panels each
@@ -40,7 +38,7 @@ CLI = textwrap.dedent("""
     import os, signal, sys, time
     from bigmm import executor
     from bigmm.cli import main
-    from bigmm.io import journal, sink
+    from bigmm.io import filesink, journal
 
     executor.COMMIT_INTERVAL = 0  # one journal record per tile
     kill_at, pause = int(sys.argv[1]), float(sys.argv[2])
@@ -52,12 +50,12 @@ CLI = textwrap.dedent("""
             if seen[0] == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
     journal.Journal.append = counted
-    write = sink.FileSink.write
+    write = filesink.FileSink.write
     def slow(self, *args):
         write(self, *args)
         time.sleep(pause)
     if pause:
-        sink.FileSink.write = slow
+        filesink.FileSink.write = slow
     sys.exit(main(sys.argv[3:]))
 """)
 

@@ -65,7 +65,7 @@ CLI = textwrap.dedent("""
     import os, signal, sys, time
     import h5py
     from bigmm.cli import main
-    from bigmm.io import journal, output, sink
+    from bigmm.io import filesink, journal, output
 
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
@@ -97,12 +97,12 @@ CLI = textwrap.dedent("""
     }
     if points[sys.argv[1]] is not None:
         hook(*points[sys.argv[1]])
-    pause, write = float(sys.argv[2]), sink.FileSink.write
+    pause, write = float(sys.argv[2]), filesink.FileSink.write
     if pause > 0:
         def slow_write(self, *args):
             write(self, *args)
             time.sleep(pause)
-        sink.FileSink.write = slow_write
+        filesink.FileSink.write = slow_write
     sys.exit(main(sys.argv[3:]))
 """)
 #: Seconds the writer sleeps after each tile in the random-kill runs (and the reference run

@@ -4,7 +4,7 @@ Each tile task reopens A and B by path on its worker and runs bigmm's executor o
 sub-tiles (:func:`_sub_plan`). The calling process creates C (its storage reserved, so every
 tile has fixed byte offsets) and hands each task where its tile lies in the file
 (:meth:`bigmm.io.Sink.raw_region`); the worker's executor writes each sub-tile there while it
-computes the next (:class:`bigmm.io.sink.RegionSink`), the task returns only its statistics once
+computes the next (:class:`bigmm.io.region.RegionSink`), the task returns only its statistics once
 they are durable, and the caller journals the tile. The caller alone touches HDF5 metadata and the journal. Where C can only be
 written through h5py (an existing filtered dataset), tiles come back to the caller, which
 writes them.
@@ -27,9 +27,9 @@ from ..job import (check_operands, complete_stats, job_record, open_inputs, open
                    resumed_schedule)
 from ..backends import get_backend
 from ..checksum import parse_verify
-from ..errors import BudgetError, Interrupted, OptionError, ResumeError
+from ..errors import BudgetError, Interrupted, OptionError
 from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
-from ..io.sink import RawRegion, RegionSink
+from ..io.region import RawRegion, RegionSink
 from ..plan import Plan, Tile, make_plan
 from ._common import RESOURCE
 from ._common import distributed as _distributed

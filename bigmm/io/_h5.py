@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 
 import h5py
 import numpy as np
@@ -66,3 +68,20 @@ def is_incomplete(dset: h5py.Dataset) -> bool:
     with H5LOCK:
         flag = dset.attrs.get(COMPLETE_ATTR, None)
     return flag is not None and not bool(flag)
+
+
+#: Input sources (:class:`.source.H5Source`) that may hold an h5py handle they can drop and reopen (see release_h5_handles).
+REOPENABLE: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def release_h5_handles(path: str) -> None:
+    """Close the h5py handles bigmm's sources hold on ``path`` (they reopen on their next read).
+
+    HDF5 refuses to open a file for writing while this process holds it read-only; the output
+    layer calls this (holding H5LOCK) before it opens an input's file to write the output.
+    """
+    real = os.path.realpath(path)
+    with H5LOCK:
+        for src in list(REOPENABLE):
+            if src.path == real:
+                src._drop_handle()

@@ -43,6 +43,7 @@ import ctypes
 import errno
 import mmap
 import os
+import threading
 
 import numpy as np
 
@@ -238,3 +239,49 @@ class FileMap:
             self._mm.close()
         except BufferError:  # a view outlives us; the mapping goes with its last view
             pass
+
+
+class MappedWrites:
+    """Writes of stored pieces (:func:`.region.clip_pieces`) through a shared writable
+    :class:`.FileMap`, and their ``msync``: the byte ranges written since the last sync are
+    kept merged where they touch. Writes of disjoint pieces may come from several threads."""
+
+    def __init__(self, fmap: FileMap, dtype):
+        self.map, self.dtype = fmap, np.dtype(dtype)
+        self._dirty: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+
+    def write(self, pieces, src) -> None:
+        """Copy ``src`` to ``pieces`` (each a copy into the map; the pages leave the process's
+        RSS and stay dirty in the page cache)."""
+        w = self.dtype.itemsize
+        self.map.check()  # a page past the end of the file would raise SIGBUS
+        ranges = []
+        for base, (_, bc), (ra, rb, ca, cb), (a, b, c, d) in pieces:
+            view = self.map.array(base + ra * bc * w, (rb - ra, bc), self.dtype)[:, ca:cb]
+            self.map.copy(view, src[a:b, c:d], view=view)
+            ranges.append((base + (ra * bc + ca) * w, base + ((rb - 1) * bc + cb) * w))
+        self._mark(ranges)
+
+    def _mark(self, ranges) -> None:
+        with self._lock:
+            merged = []
+            for lo, hi in sorted(self._dirty + list(ranges)):
+                if merged and lo <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+                else:
+                    merged.append((lo, hi))
+            self._dirty = merged
+
+    def sync(self) -> None:
+        """``msync`` what was written since the last sync; OSError on failure (what was not
+        synced is synced again next time)."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, []
+        try:
+            while dirty:
+                self.map.sync(*dirty[0])
+                dirty.pop(0)
+        except BaseException:
+            self._mark(dirty)
+            raise

@@ -20,13 +20,13 @@ import numpy as np
 from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, OptionError,
                       OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
                       ShapeError, SpecError)
-from ._h5 import COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name
+from ._h5 import COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles
 from .identity import Footprint, array_footprint, describe, differences, fingerprint, overlaps
 from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
 from .lock import OutputLock, h5_open_retry
-from .sink import (PARTIAL_SUFFIX, ArraySink, CompleteSink, FileSink, Sink, create_dataset,
-                   tile_chunks)
-from .source import DEFAULT_THREADS, Source, open_input, release_h5_handles
+from .filesink import PARTIAL_SUFFIX, FileSink, create_dataset, tile_chunks
+from .sink import ArraySink, CompleteSink, Sink
+from .source import DEFAULT_THREADS, Source, open_input
 from .spec import Spec, parse_spec
 from ..units import format_bytes
 
@@ -39,7 +39,7 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
     array), a NumPy array or an h5py.Dataset (written in place). ``job``: what identifies the
     run (``{"plan": Plan.key(), "alpha": .., "beta": ..}``); the inputs' identities are added
     here. ``tile``: the (rows, columns) of the tiles the run writes; a dataset bigmm creates is
-    then chunked by them where that helps (:func:`.sink.tile_chunks`).
+    then chunked by them where that helps (:func:`.filesink.tile_chunks`).
     """
     shape = tuple(int(d) for d in shape)
     dtype = np.dtype(dtype)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,7 +30,7 @@ from h5py import h5d, h5o, h5z
 
 from ..errors import (BigmmError, IncompleteOutputError, OperandNotFound, OptionError, ReadError,
                       ShapeError, SpecError)
-from ._h5 import H5LOCK, check_matrix, is_incomplete
+from ._h5 import H5LOCK, REOPENABLE, check_matrix, is_incomplete
 from .base import Matrix
 from .identity import Footprint, array_footprint, file_facts
 from .layout import MAX_INDEX_CELLS, Layout, chunk_cells, chunk_index, probe_layout
@@ -52,23 +51,6 @@ TASK_BYTES = 256 << 10
 #: 2816-row blocks 0.030 preadv / 0.032 mapped copy, 512 rows 0.039 / 0.032, 64 rows 0.041 /
 #: 0.033: equal for long ranges, which then avoid page faults and the truncation window.
 PREAD_FULL_ROWS = 16 << 20
-
-#: Sources that may hold an h5py handle they can drop and reopen (see release_h5_handles).
-_REOPENABLE: "weakref.WeakSet[H5Source]" = weakref.WeakSet()
-
-
-def release_h5_handles(path: str) -> None:
-    """Close the h5py handles bigmm's sources hold on ``path`` (they reopen on their next read).
-
-    HDF5 refuses to open a file for writing while this process holds it read-only; the output
-    layer calls this (holding H5LOCK) before it opens an input's file to write the output.
-    """
-    real = os.path.realpath(path)
-    with H5LOCK:
-        for src in list(_REOPENABLE):
-            if src.path == real:
-                src._drop_handle()
-
 
 class Source(Matrix):
     """An input matrix as stored (before any transpose)."""
@@ -158,7 +140,7 @@ class H5Source(Source):
                 own_file.close()
             self._dset = self._file = None
         elif own_file is not None:
-            _REOPENABLE.add(self)
+            REOPENABLE.add(self)
 
     def where(self) -> dict:
         return {"path": self.path, "file": dict(self._file_facts), "object": self._object,
@@ -447,7 +429,7 @@ class H5Source(Source):
             self._pool.shutdown(wait=True)
             self._pool = None
         self._close_raw()
-        _REOPENABLE.discard(self)
+        REOPENABLE.discard(self)
         with H5LOCK:
             if self._file is not None:
                 self._file.close()

@@ -15,9 +15,11 @@ from bigmm.errors import (BigmmError, DiskFullError, DtypeError, IncompleteOutpu
                           OperandNotFound, OutputExistsError, OutputIsInputError,
                           OutputNotWritable, ResumeError, ShapeError, WriteError)
 from bigmm.io import mapped, open_input, open_output, read_journal
-from bigmm.io import sink as sink_mod
+from bigmm.io import filesink
+from bigmm.io import mapped as mapped_io
+from bigmm.io import region as region_mod
 from bigmm.io.journal import Journal
-from bigmm.io.sink import write_region
+from bigmm.io.region import write_region
 from bigmm.testing import random_matrix
 
 SHAPE = (97, 61)
@@ -614,7 +616,7 @@ def test_raw_regions_written_elsewhere(tmp_path, inputs, monkeypatch, chunks, fa
     if reads_c:
         with h5py.File(path, "w") as f:
             f["C"] = old
-    monkeypatch.setattr(sink_mod, "MIN_CHUNK_BYTES", 0)
+    monkeypatch.setattr(filesink, "MIN_CHUNK_BYTES", 0)
     if not fallocate:
         fallocate_fails(monkeypatch, errno.EOPNOTSUPP)
     sink = new_sink(spec, srcs, reads_c=reads_c, tile=chunks)
@@ -709,11 +711,11 @@ def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, r
     if reads_c:
         with h5py.File(path, "w") as f:
             f["C"] = old
-    monkeypatch.setattr(sink_mod, "MIN_CHUNK_BYTES", 0)
+    monkeypatch.setattr(filesink, "MIN_CHUNK_BYTES", 0)
     syncs = []
-    real_sync, real_msync = sink_mod._fdatasync, sink_mod.MappedWrites.sync
-    monkeypatch.setattr(sink_mod, "_fdatasync", lambda fd: (syncs.append(fd), real_sync(fd)))
-    monkeypatch.setattr(sink_mod.MappedWrites, "sync",
+    real_sync, real_msync = region_mod._fdatasync, mapped_io.MappedWrites.sync
+    monkeypatch.setattr(region_mod, "_fdatasync", lambda fd: (syncs.append(fd), real_sync(fd)))
+    monkeypatch.setattr(mapped_io.MappedWrites, "sync",
                         lambda self: (syncs.append(self), real_msync(self)))
 
     def no_map(*args, **kwargs):
@@ -731,14 +733,14 @@ def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, r
             before = stored() if n == 0 else None
             with monkeypatch.context() as mp:
                 if not mapped:
-                    mp.setattr(sink_mod, "FileMap", no_map)
-                rs = sink_mod.RegionSink(where, prior)
+                    mp.setattr(region_mod, "FileMap", no_map)
+                rs = region_mod.RegionSink(where, prior)
             with rs:
                 assert rs.shape == (r1 - r0, c1 - c0) and rs.done == frozenset()
                 assert rs.mapped == rs.parallel_writes == mapped
                 for a, b, c, d in sub_regions(*rs.shape):
                     # the sub-region's pieces are C's own pieces of it
-                    assert sink_mod.clip_pieces(where.pieces, a, b, c, d) == \
+                    assert region_mod.clip_pieces(where.pieces, a, b, c, d) == \
                         sink._pieces(r0 + a, r0 + b, c0 + c, c0 + d)
                     if reads_c:
                         buf = np.full((b - a, d - c), np.nan, np.float32)
@@ -767,7 +769,7 @@ def test_region_sink_errors(tmp_path, inputs):
     path = str(tmp_path / "c.h5")
     with new_sink(f"{path}:/C", srcs) as sink:
         where = sink.raw_region(BM, 2 * BM, BN, 2 * BN)
-    with sink_mod.RegionSink(where) as rs:
+    with region_mod.RegionSink(where) as rs:
         with pytest.raises(BigmmError, match="old C"):  # beta != 0 needs a source of old C
             rs.read(0, 2, 0, 2, np.zeros((2, 2), np.float32))
         with pytest.raises(ShapeError, match="within"):  # outside the region
@@ -776,5 +778,5 @@ def test_region_sink_errors(tmp_path, inputs):
             rs.write(0, 2, 0, 3, np.zeros((2, 2), np.float32))
     os.remove(path)
     with pytest.raises(WriteError) as err:  # the file is gone
-        sink_mod.RegionSink(where)
+        region_mod.RegionSink(where)
     assert f"rows {BM}:{2 * BM}, columns {BN}:{2 * BN}" in str(err.value)

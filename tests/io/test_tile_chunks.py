@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import bigmm
-from bigmm.io import mapped, open_input, open_output, sink as sink_mod
+from bigmm.io import filesink as sink_mod, mapped, open_input, open_output
 from bigmm.io.layout import probe_layout
-from bigmm.io.sink import tile_chunks
+from bigmm.io.filesink import tile_chunks
 from bigmm.testing import random_matrix
 
 SHAPE = (97, 61)
