@@ -8,6 +8,7 @@ Every error a user can cause ends in one line on stderr (``bigmm: error: ...``) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -231,9 +232,7 @@ def cmd_multiply(args) -> int:
 
             raise OptionError("Expected --profile without --scheduler/--workers (it times the "
                               "stages of one process). Got both.")
-        from .dask import run_cli
-
-        return run_cli(args)
+        return _multiply_on_cluster(args)
     kwargs = _job_kwargs(args)
     plan = api.plan(args.a, args.b, args.out, resume=args.resume, **kwargs)
     prof = _new_profile() if args.profile is not None else None
@@ -258,6 +257,48 @@ def cmd_multiply(args) -> int:
             print(prof.table())
             print("profile: " + ", ".join(summary["profile"]["files"].values()))
     return 0
+
+
+def _multiply_on_cluster(args) -> int:
+    """``multiply ... --scheduler ADDRESS | --workers N``: the job's tiles on a dask cluster."""
+    from .dask import run_files
+
+    kwargs = _job_kwargs(args)
+    with _cluster_client(args.scheduler, args.workers, args.backend) as client, \
+            _progress_bar(enabled=not args.quiet and sys.stderr.isatty()) as progress:
+        try:
+            out, plan, stats, backend = run_files(
+                args.a, args.b, args.out, client=client, **kwargs, progress=progress,
+                resume=args.resume, overwrite=args.overwrite, io_threads=args.io_threads)
+        except KeyboardInterrupt:
+            progress.stop()
+            _err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
+            return EXIT_INTERRUPTED
+        workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    summary = run_summary(plan, stats, out, args.a, args.b, backend)
+    summary["workers"] = workers
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    elif not args.quiet:
+        print(format_summary(summary) + f"\nworkers {workers}")
+    return 0
+
+
+@contextlib.contextmanager
+def _cluster_client(scheduler: str | None, workers: int | None, backend: str):
+    """A client of the cluster at ``scheduler``, or of a new local one of ``workers``."""
+    from .dask import connect, local_cluster
+    from .errors import OptionError
+
+    if scheduler and workers:
+        raise OptionError(f"Expected either --scheduler or --workers. Got both "
+                          f"(--scheduler {scheduler} --workers {workers}).")
+    if scheduler:
+        with connect(scheduler) as client:
+            yield client
+    else:
+        with local_cluster(workers, backend=backend) as client:
+            yield client
 
 
 def _new_profile():

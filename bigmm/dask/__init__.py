@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ._common import RESOURCE
 from .array import matmul
-from .cluster import local_cluster, run_cli
-from .files import matmul_files
+from .cluster import connect, local_cluster
+from .files import matmul_files, run_files
 
-__all__ = ["RESOURCE", "local_cluster", "matmul", "matmul_files", "run_cli"]
+__all__ = ["RESOURCE", "connect", "local_cluster", "matmul", "matmul_files", "run_files"]

@@ -1,5 +1,4 @@
-"""Local clusters (one worker per GPU where GPUs are usable) and ``bigmm multiply --scheduler
-ADDRESS | --workers N``."""
+"""Local clusters: one worker per GPU where GPUs are usable, else worker processes."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from ..backends import probe_cuda
 from ..errors import BackendUnavailable, OptionError
 from ._common import RESOURCE
 from ._common import distributed as _distributed
-from .files import _run_files
 
 
 @contextlib.contextmanager
@@ -50,42 +48,7 @@ def local_cluster(n_workers: int, *, backend: str = "auto", **kwargs):
 
 
 @contextlib.contextmanager
-def _cli_client(scheduler: str | None, workers: int | None, backend: str):
-    if scheduler and workers:
-        raise OptionError(f"Expected either --scheduler or --workers. Got both "
-                          f"(--scheduler {scheduler} --workers {workers}).")
-    if scheduler:
-        distributed = _distributed()
-        with distributed.Client(scheduler, timeout="30s") as client:
-            yield client
-    else:
-        with local_cluster(workers, backend=backend) as client:
-            yield client
-
-
-def run_cli(args) -> int:
-    """``bigmm multiply ... --scheduler ADDRESS | --workers N``: the job on a dask cluster."""
-    import json
-    import sys
-
-    from .. import cli
-
-    kwargs = cli._job_kwargs(args)
-    with _cli_client(args.scheduler, args.workers, args.backend) as client, \
-            cli._progress_bar(enabled=not args.quiet and sys.stderr.isatty()) as progress:
-        try:
-            out, plan, stats, backend = _run_files(
-                args.a, args.b, args.out, client=client, **kwargs, progress=progress,
-                resume=args.resume, overwrite=args.overwrite, io_threads=args.io_threads)
-        except KeyboardInterrupt:
-            progress.stop()
-            cli._err(f"interrupted; {args.out} is resumable: {cli.resume_command(args.argv)}")
-            return cli.EXIT_INTERRUPTED
-        workers = len(client.scheduler_info(n_workers=-1)["workers"])
-    summary = cli.run_summary(plan, stats, out, args.a, args.b, backend)
-    summary["workers"] = workers
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    elif not args.quiet:
-        print(cli.format_summary(summary) + f"\nworkers {workers}")
-    return 0
+def connect(address: str, timeout: str = "30s"):
+    """A Client of the running cluster whose scheduler is at ``address``, closed on exit."""
+    with _distributed().Client(address, timeout=timeout) as client:
+        yield client

@@ -308,7 +308,7 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
     (spec, RunStats) with ``stats=True`` (busy times summed over the tasks; ``write_busy``
     adds this process's writing and journaling).
     """
-    result, _, run, _ = _run_files(a, b, out, client=client, alpha=alpha, beta=beta,
+    result, _, run, _ = run_files(a, b, out, client=client, alpha=alpha, beta=beta,
                                    trans_a=trans_a, trans_b=trans_b, memory=memory,
                                    host_memory=host_memory, backend=backend, kernel=kernel,
                                    progress=progress, resume=resume, overwrite=overwrite,
@@ -316,9 +316,10 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
     return (result, run) if stats else result
 
 
-def _run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_memory,
+def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_memory,
                backend, progress, resume, overwrite, io_threads, kernel=None, verify=None):
-    """matmul_files, returning (output spec, Plan, RunStats, the workers' backend name)."""
+    """:func:`matmul_files`, returning (output spec, Plan, RunStats, the workers' backend
+    name): what ``bigmm multiply --workers/--scheduler`` reports."""
     client = _get_client(client)
     if io_threads is not None:
         parse_io_threads(io_threads)
