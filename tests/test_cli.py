@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -44,7 +45,8 @@ def test_generate_multiply_verify_roundtrip(tmp_path, capsys, operands):
     c = f"{tmp_path / 'c.h5'}:/C"
     rc, out, err = run(capsys, "multiply", a, b, "-o", c, "--memory", BUDGET, "--backend", "numpy")
     assert rc == 0, err
-    assert "TFLOP/s" in out and err == ""
+    assert "TFLOP/s" in out
+    check_progress_lines(err)
     with h5py.File(tmp_path / "c.h5", "r") as f:
         got = f["C"][...]
     assert relative_error(got, reference_gemm(xa, xb)) < tolerance(np.float32, K)
@@ -151,6 +153,41 @@ def _bigmm(*argv, **kw):
                           text=True, timeout=120, **kw)
 
 
+def check_progress_lines(err: str) -> None:
+    """stderr of a run without a terminal: progress lines up to 100%, no escape codes."""
+    lines = err.strip().splitlines()
+    assert lines and all(re.match(r"bigmm: \d+% \(\d+ of \d+ tiles", ln) for ln in lines), err
+    percents = [int(ln.split()[1].rstrip("%")) for ln in lines]
+    assert percents == sorted(percents) and percents[-1] == 100, err
+    assert len(lines) <= 11 and "\x1b" not in err and "eta" in lines[0], err
+
+
+def test_progress_lines_in_a_log(tmp_path, monkeypatch):
+    # a long run: a line at least every LINE_SECONDS even between tenths
+    from bigmm.cli import report
+    from bigmm.runstats import Progress
+
+    lines = []
+
+    class Log:
+        def write(self, text):
+            lines.append(text)
+
+        def flush(self):
+            pass
+
+    reporter = report._progress_lines(total_flops=1000, stream=Log())
+    monkeypatch.setattr(report, "LINE_SECONDS", 0.0)
+    for done in (1, 2, 3):
+        reporter(Progress(done, 100, 0, 0, 0, done * 10, 1.0 * done))
+    assert len([ln for ln in lines if ln.strip()]) == 3
+    monkeypatch.setattr(report, "LINE_SECONDS", 1e9)
+    reporter(Progress(4, 100, 0, 0, 0, 40, 4.0))  # 4%: not a new tenth, not due
+    assert len([ln for ln in lines if ln.strip()]) == 3
+    reporter(Progress(60, 100, 50, 0, 0, 100, 5.0))  # half skipped: 60% of the work done
+    assert "60% (60 of 100 tiles, 50 skipped)" in lines[-2]
+
+
 def test_subprocess_roundtrip_and_error(tmp_path):
     a, b, c = (f"{tmp_path / 'm.h5'}:/{x}" for x in "ABC")
     assert _bigmm("generate", a, "--shape", 31, 45, "--dtype", "float64").returncode == 0
@@ -159,7 +196,10 @@ def test_subprocess_roundtrip_and_error(tmp_path):
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
     p = _bigmm("multiply", a, b, "-o", c, "--memory", "20KB", "--backend", "numpy")
     assert p.returncode == 0, p.stderr
-    assert p.stderr == ""  # not a TTY: no progress bar
+    check_progress_lines(p.stderr)  # not a TTY: plain lines, not a bar
+    p = _bigmm("multiply", a, b, "-o", c, "--memory", "20KB", "--backend", "numpy",
+               "--overwrite", "--quiet")
+    assert p.returncode == 0 and p.stderr == "" and p.stdout == ""
     p = _bigmm("verify", a, b, c)
     assert p.returncode == 0 and "PASSED" in p.stdout
 
@@ -187,7 +227,8 @@ def test_ctrl_c_leaves_a_resumable_output(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    lines = err.strip().splitlines()
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("bigmm: ") or
+             "error" in ln]  # progress lines aside (stderr is not a terminal)
     assert len(lines) == 1 and "resumable" in lines[0] and "Traceback" not in err
     command = lines[0].split("resumable: ", 1)[-1]
     assert command.startswith("bigmm multiply") and command.endswith("--resume")

@@ -1,0 +1,57 @@
+"""The ``bigmm`` command: multiply | plan | generate | verify | demo | bench.
+
+Every error a user can cause ends in one line on stderr (``bigmm: error: ...``) and exit status 2;
+``--debug`` shows the traceback instead. ``verify`` exits 0 on pass and 1 on fail. An interrupted
+``multiply`` prints the command that resumes it and exits 130.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+from ..errors import BigmmError
+from ._common import (EXIT_ERROR, EXIT_FAIL, EXIT_INTERNAL, EXIT_INTERRUPTED, err, one_line,
+                      quiet_stdout)
+from .parser import build_parser
+
+__all__ = ["EXIT_ERROR", "EXIT_FAIL", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "build_parser",
+           "main"]
+
+
+def main(argv=None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one was being handled
+        return EXIT_INTERRUPTED
+
+
+def _main(argv) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version and usage errors
+        return int(e.code or 0) if isinstance(e.code, int) else EXIT_ERROR
+    args.argv = argv
+    debug = getattr(args, "debug", False)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:  # stdout closed by its reader (`... --json | head -1`)
+        quiet_stdout()
+        return 0
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        err("interrupted")
+        return EXIT_INTERRUPTED
+    except (BigmmError, OSError, MemoryError) as e:
+        if debug:
+            traceback.print_exc()
+        err(one_line(e))
+        return EXIT_ERROR
+    except Exception as e:  # a bug: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        err(f"internal error: {type(e).__name__}: {one_line(e)} (run with --debug for details)")
+        return EXIT_INTERNAL

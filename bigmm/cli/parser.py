@@ -1,0 +1,133 @@
+"""The command line's parser: commands, operands and options."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import __version__
+from ._common import EXIT_ERROR
+from .run import cmd_multiply, cmd_plan
+from .tools import cmd_bench, cmd_demo, cmd_generate, cmd_verify
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line, like every other error."""
+
+    def error(self, message):
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error")
+    p = _Parser(prog="bigmm", parents=[common],
+                description="Out-of-core matrix multiplication of HDF5 matrices.")
+    p.add_argument("--version", action="version", version=f"bigmm {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    m = sub.add_parser("multiply", parents=[common], help="C = alpha*op(A)@op(B) + beta*C",
+                       description="Multiply two HDF5 matrices out of core.")
+    _operands(m)
+    m.add_argument("-o", "--out", required=True, metavar="C", help="output spec file.h5:/C")
+    _job_options(m)
+    m.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    m.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    m.add_argument("--io-threads", type=int, default=None, help="disk I/O threads")
+    m.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    m.add_argument("--verify", default=None, choices=("checksum",),
+                   help="check every C tile with checksums and recompute a tile that fails")
+    m.add_argument("-q", "--quiet", action="store_true", help="no summary (errors only)")
+    m.add_argument("--profile", nargs="?", const=True, default=None, metavar="PREFIX",
+                   help="time each stage; print its utilisation and write PREFIX.trace.json "
+                        "(Perfetto) and PREFIX.png (default PREFIX: the output file + .profile)")
+    m.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run the tiles on the dask cluster at ADDRESS (tcp://host:8786)")
+    m.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="run the tiles on a new local dask cluster of N workers "
+                        "(one per GPU where GPUs are usable)")
+    m.set_defaults(func=cmd_multiply)
+
+    pl = sub.add_parser("plan", parents=[common], help="dry run: print the plan, write nothing",
+                        description="Print the schedule and the predicted time; write nothing.")
+    _operands(pl)
+    pl.add_argument("-o", "--out", default=None, metavar="C", help="output spec (optional)")
+    _job_options(pl)
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.add_argument("--verify", default=None, choices=("checksum",),
+                    help="plan for a run with checksums (their time counts on a GPU)")
+    pl.set_defaults(func=cmd_plan)
+
+    g = sub.add_parser("generate", parents=[common], help="write a seeded random matrix",
+                       description="Write a seeded standard-normal matrix to HDF5.")
+    g.add_argument("spec", help="output spec file.h5:/A")
+    g.add_argument("--shape", nargs=2, type=int, required=True, metavar=("M", "N"))
+    g.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    g.add_argument("--layout", default="contiguous", choices=("contiguous", "chunked", "compressed"))
+    g.add_argument("--chunks", nargs=2, type=int, default=None, metavar=("R", "C"))
+    g.add_argument("--compression", default="gzip", choices=("gzip", "zstd", "lz4"))
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    g.set_defaults(func=cmd_generate)
+
+    v = sub.add_parser("verify", parents=[common], help="check C against A@B (exit 0 pass, 1 fail)",
+                       description="Check C = alpha*op(A)@op(B) + beta*C0 in float64. "
+                                   "Exit 0: pass, 1: fail, 2: error.")
+    _operands(v)
+    v.add_argument("c", metavar="C", help="product spec file.h5:/C")
+    v.add_argument("--alpha", type=float, default=1.0)
+    v.add_argument("--beta", type=float, default=0.0)
+    v.add_argument("--c0", default=None, help="C before the run (needed when beta != 0)")
+    v.add_argument("--trans-a", action="store_true")
+    v.add_argument("--trans-b", action="store_true")
+    v.add_argument("--samples", type=int, default=None, help="rows checked in sampled mode")
+    v.add_argument("--probes", type=int, default=None, help="Freivalds vectors in sampled mode")
+    v.add_argument("--exact-limit", type=int, default=None,
+                   help="largest M*N*K checked element by element")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_verify)
+
+    d = sub.add_parser("demo", parents=[common], help="generate, multiply out of core, verify",
+                       description="Generate A and B, multiply them under a small memory budget, "
+                                   "verify the product and print the throughput.")
+    d.add_argument("--size", type=int, default=3000, help="n for n x n operands (default 3000)")
+    d.add_argument("--memory", default=None,
+                   help="device budget (default: an eighth of the inputs' size)")
+    d.add_argument("--backend", default="auto")
+    d.add_argument("--dir", default=None, help="keep the files in this directory")
+    d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", parents=[common], help="time bigmm against an in-core gemm",
+                       description="Time one out-of-core multiply (HDF5 to HDF5) against one "
+                                   "in-core gemm of the same data on the same backend; the "
+                                   "bigmm product is verified.")
+    b.add_argument("--size", type=int, default=4000)
+    b.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    b.add_argument("--memory", default=None, help="device budget (default: a quarter of the inputs)")
+    b.add_argument("--backend", default="auto")
+    b.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
+                   help="GPU tile products (as for multiply)")
+    b.add_argument("--dir", default=None, help="directory for the operands (default: a temp dir)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def _operands(p) -> None:
+    p.add_argument("a", metavar="A", help="left operand spec file.h5:/A")
+    p.add_argument("b", metavar="B", help="right operand spec file.h5:/B")
+
+
+def _job_options(p) -> None:
+    p.add_argument("--memory", default=None, help="device memory budget, e.g. 8GiB")
+    p.add_argument("--host-memory", default=None, help="host staging budget, e.g. 16GiB")
+    p.add_argument("--backend", default="auto", help="auto, numpy or cupy")
+    p.add_argument("--alpha", type=float, default=1.0)
+    p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--trans-a", action="store_true", help="use A transposed")
+    p.add_argument("--trans-b", action="store_true", help="use B transposed")
+    p.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
+                   help="GPU tile products: bigmm's kernel (default), cublas, or cublas-tf32 "
+                        "(TF32 tensor cores)")

@@ -1,0 +1,169 @@
+"""``bigmm generate``, ``verify``, ``demo`` and ``bench``."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from ..units import format_bytes, format_seconds
+from ._common import EXIT_FAIL
+from .report import format_summary, progress_reporter, run_summary
+from .run import backend_info, backend_name
+
+
+def cmd_generate(args) -> int:
+    from ..io.generate import generate
+
+    t0 = time.perf_counter()
+    spec = generate(args.spec, tuple(args.shape), dtype=args.dtype, layout=args.layout,
+                    chunks=tuple(args.chunks) if args.chunks else None,
+                    compression=args.compression, seed=args.seed, overwrite=args.overwrite)
+    m, n = args.shape
+    size = m * n * (4 if args.dtype == "float32" else 8)
+    print(f"wrote {spec}: {m} x {n} {args.dtype}, {args.layout}, {format_bytes(size)}, "
+          f"seed {args.seed}, in {format_seconds(time.perf_counter() - t0)}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from ..verify import verify
+
+    kwargs = {}
+    for name in ("samples", "probes", "exact_limit"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
+    result = verify(args.a, args.b, args.c, alpha=args.alpha, beta=args.beta, c0=args.c0,
+                    trans_a=args.trans_a, trans_b=args.trans_b, seed=args.seed, **kwargs)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else str(result))
+    return 0 if result.passed else EXIT_FAIL
+
+
+def cmd_demo(args) -> int:
+    from .. import api
+    from ..io.generate import generate
+    from ..verify import verify
+
+    n = _positive(args.size, "--size")
+    with _workdir(args.dir) as d:
+        a, b, c = (f"{d / 'demo.h5'}:/{x}" for x in "ABC")
+        t0 = time.perf_counter()
+        for spec, seed in ((a, 1), (b, 2)):
+            generate(spec, (n, n), dtype="float32", seed=seed, overwrite=True)
+        print(f"generated A and B: {n} x {n} float32 ({format_bytes(2 * 4 * n * n)}) in "
+              f"{format_seconds(time.perf_counter() - t0)}")
+        memory = args.memory or max(2 * 4 * n * n // 8, 1 << 20)
+        plan = api.plan(a, b, memory=memory, backend=args.backend)
+        print(plan, end="\n\n")
+        with progress_reporter(False) as progress:
+            out, stats = api.matmul(a, b, c, memory=memory, backend=args.backend,
+                                    progress=progress, overwrite=True, stats=True)
+        name, device = backend_info(args.backend)
+        s = run_summary(plan, stats, out, a, b, name)
+        print(format_summary(s))
+        t0 = time.perf_counter()
+        result = verify(a, b, c)
+        print(f"verify: {result} in {format_seconds(time.perf_counter() - t0)}")
+        where = f"files kept in {d}" if args.dir else "temporary files removed"
+        print(f"demo {'passed' if result.passed else 'FAILED'}: "
+              f"{s['tflops']:.3f} TFLOP/s, {s['gbps']:.2f} GB/s on {name}, {device}; {where}")
+    return 0 if result.passed else EXIT_FAIL
+
+
+def cmd_bench(args) -> int:
+    from .. import api
+    from ..io.generate import generate
+    from ..verify import verify
+
+    n = _positive(args.size, "--size")
+    w = 4 if args.dtype == "float32" else 8
+    name = backend_name(args.backend)
+    with _workdir(args.dir) as d:
+        a, b, c = (f"{d / 'bench.h5'}:/{x}" for x in "ABC")
+        for spec, seed in ((a, 1), (b, 2)):
+            generate(spec, (n, n), dtype=args.dtype, seed=seed, overwrite=True)
+        memory = args.memory or max(2 * w * n * n // 4, 1 << 20)
+        out, stats = api.matmul(a, b, c, memory=memory, backend=name, overwrite=True,
+                                stats=True, kernel=args.kernel)
+        check = verify(a, b, c)
+        t_core = in_core_seconds(a, b, name, args.kernel)
+    flops = 2.0 * n ** 3
+    result = {"n": n, "dtype": args.dtype, "memory": str(memory), "backend": name,
+              "kernel": args.kernel,
+              "verified": check.passed, "bigmm_seconds": stats.seconds,
+              "bigmm_tflops": flops / stats.seconds / 1e12, "in_core_seconds": t_core,
+              "in_core_tflops": flops / t_core / 1e12, "ratio_to_in_core": t_core / stats.seconds}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        budget = memory if isinstance(memory, str) else format_bytes(memory)
+        print(f"n={n} {args.dtype}, budget {budget}, backend {name}, "
+              f"product {'verified' if check.passed else 'WRONG'}")
+        print(f"bigmm out of core (HDF5 to HDF5): {format_seconds(stats.seconds)}, "
+              f"{result['bigmm_tflops']:.3f} TFLOP/s")
+        print(f"in-core gemm, same backend:       {format_seconds(t_core)}, "
+              f"{result['in_core_tflops']:.3f} TFLOP/s (operands already in its memory)")
+        print(f"bigmm / in-core throughput: {result['ratio_to_in_core']:.2f}")
+    return 0 if check.passed else EXIT_FAIL
+
+
+def in_core_seconds(a: str, b: str, backend: str, kernel: str | None = None) -> float:
+    """Seconds of one gemm of the whole operands in the backend's memory (after a warm-up)."""
+    from ..backends import get_backend
+    from ..io import open_input
+
+    be = get_backend(backend, **({"kernel": kernel} if kernel else {}))
+    try:
+        views = []
+        for spec in (a, b, None):
+            src = open_input(spec) if spec else None
+            shape = src.shape if src else (views[0][1].shape[0], views[1][1].shape[1])
+            dtype = src.dtype if src else views[0][1].dtype
+            host = be.view(be.host_buffer(shape[0] * shape[1], dtype), shape)
+            dev = be.view(be.device_buffer(shape[0] * shape[1], dtype), shape)
+            if src:
+                src.read(0, shape[0], 0, shape[1], host)
+                src.close()
+            views.append((host, dev))
+        stream = be.stream()
+        for host, dev in views[:2]:
+            be.copy_in(host, dev, stream)
+        (_, da), (_, db), (_, dc) = views
+        be.gemm(da, db, dc, 1.0, 0.0, False, False, stream)  # warm-up (and kernel compile)
+        be.synchronize(be.record(stream))
+        t0 = time.perf_counter()
+        be.gemm(da, db, dc, 1.0, 0.0, False, False, stream)
+        be.synchronize(be.record(stream))
+        return time.perf_counter() - t0
+    finally:
+        be.close()
+
+
+def _positive(v: int, name: str) -> int:
+    from ..errors import OptionError
+
+    if v < 1:
+        raise OptionError(f"Expected {name} to be a positive integer. Got {v}.")
+    return v
+
+
+class _workdir:
+    """The given directory (created, kept) or a temporary one (removed)."""
+
+    def __init__(self, path):
+        self.path = path
+        self._tmp = None
+
+    def __enter__(self) -> Path:
+        if self.path is not None:
+            p = Path(self.path)
+            p.mkdir(parents=True, exist_ok=True)
+            return p
+        self._tmp = tempfile.TemporaryDirectory(prefix="bigmm-")
+        return Path(self._tmp.name)
+
+    def __exit__(self, *exc):
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        return False
