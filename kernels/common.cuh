@@ -138,10 +138,26 @@ __device__ __forceinline__ unsigned tf32_rna(float x) {
 // rounded without the overflow guard; a non-finite x gives a non-finite big.
 constexpr float TF32_SMALL_SCALE = 1024.f;
 
+// x - y and x * y rounded to nearest with subnormals kept, whatever -ftz the module is compiled
+// with (cupy compiles every NVRTC module with -ftz=true, which would flush the x - big of a tiny
+// x to zero and lose its small part).
+__device__ __forceinline__ float sub_keep_subnormal(float x, float y) {
+    float r;
+    asm("sub.rn.f32 %0, %1, %2;\n" : "=f"(r) : "f"(x), "f"(y));
+    return r;
+}
+
+__device__ __forceinline__ float mul_keep_subnormal(float x, float y) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;\n" : "=f"(r) : "f"(x), "f"(y));
+    return r;
+}
+
 __device__ __forceinline__ void tf32_split(float x, unsigned& big, unsigned& small,
                                            bool scaled = true) {
     big = tf32_rna(x);
-    const float rest = (x - __uint_as_float(big)) * (scaled ? TF32_SMALL_SCALE : 1.f);
+    float rest = sub_keep_subnormal(x, __uint_as_float(big));
+    if (scaled) rest = mul_keep_subnormal(rest, TF32_SMALL_SCALE);
     small = (__float_as_uint(rest) + 0x1000u) & 0xffffe000u;
 }
 
