@@ -1,7 +1,10 @@
 // Shared helpers for bigmm's GEMM kernels: asynchronous copies, 16-byte shared-memory
-// vectors, the block-index swizzle and the float64 tensor-core product. Included by every kernel family; compiled by
-// NVRTC (through cupy.RawModule) and by nvcc (the CI resource check), so it uses no
-// standard headers.
+// vectors, the block-index swizzle, the tensor-core products (float64 DMMA, TF32 and the
+// 3xTF32 split), and the GEMM family's machinery that every compute policy shares: the tile
+// loaders with their k/v/s load modes, the cp.async multi-stage pipeline (gemm_body), the
+// alpha/beta epilogue, the fused checksum updates and the extern "C" entry points.  Included by
+// every kernel family; compiled by NVRTC (through cupy.RawModule) and by nvcc (the CI resource
+// check), so it uses no standard headers.
 #pragma once
 
 namespace bigmm {
@@ -113,4 +116,512 @@ __device__ __forceinline__ void dmma_16x8x4(double* d, const double* a, double b
 #endif
 }
 
+
+// ---- TF32 tensor cores ----------------------------------------------------------------------
+// TF32 is float32's sign, 8 exponent bits and top 10 mantissa bits: the mma reads the top 19
+// bits of each 32-bit operand.
+
+// x rounded to TF32, to nearest with ties away from zero (what cvt.rna.tf32.f32 does, in the
+// same three instructions), except magnitudes that this would round up to infinity
+// (|x| >= 0x1.ffep127): those are truncated, so that a finite x stays finite.  Inf stays Inf;
+// NaN stays NaN or becomes Inf (non-finite either way).  Returns the bits the mma takes.
+__device__ __forceinline__ unsigned tf32_rna(float x) {
+    unsigned u = __float_as_uint(x);
+    if (fabsf(x) < __uint_as_float(0x7f7ff000u)) u += 0x1000u;
+    return u & 0xffffe000u;
+}
+
+// The 3xTF32 split: x = big + small * 2^-10 + r with big = tf32(x), small = tf32(2^10 (x - big))
+// (x - big is exact), |small| <= |x| and |r| <= 2^-23 |x|.  The scale keeps the small part of a
+// tiny x (x - big below 2^-126) out of TF32's subnormals, whose 10-bit mantissa would lose it;
+// it cannot overflow: |x - big| <= 2^-11 |x|, or < 2^-10 |x| where tf32_rna truncates.  small is
+// rounded without the overflow guard; a non-finite x gives a non-finite big.
+constexpr float TF32_SMALL_SCALE = 1024.f;
+
+// x - y and x * y rounded to nearest with subnormals kept, whatever -ftz the module is compiled
+// with (cupy compiles every NVRTC module with -ftz=true, which would flush the x - big of a tiny
+// x to zero and lose its small part).
+__device__ __forceinline__ float sub_keep_subnormal(float x, float y) {
+    float r;
+    asm("sub.rn.f32 %0, %1, %2;\n" : "=f"(r) : "f"(x), "f"(y));
+    return r;
+}
+
+__device__ __forceinline__ float mul_keep_subnormal(float x, float y) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;\n" : "=f"(r) : "f"(x), "f"(y));
+    return r;
+}
+
+__device__ __forceinline__ void tf32_split(float x, unsigned& big, unsigned& small,
+                                           bool scaled = true) {
+    big = tf32_rna(x);
+    float rest = sub_keep_subnormal(x, __uint_as_float(big));
+    if (scaled) rest = mul_keep_subnormal(rest, TF32_SMALL_SCALE);
+    small = (__float_as_uint(rest) + 0x1000u) & 0xffffe000u;
+}
+
+// D(16x8) = A(16x8) B(8x8) + C on the TF32 tensor cores (sm_80 and later), float32
+// accumulators.  Fragments (g = lane / 4, t = lane % 4): a = {A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]}, b = {B[t][g], B[t+4][g]}, c and d = {D[g][2t], D[g][2t+1], D[g+8][2t],
+// D[g+8][2t+1]}.  a and b hold TF32 bits.
+__device__ __forceinline__ void mma_tf32_16x8x8(float& d0, float& d1, float& d2, float& d3,
+                                                const unsigned* a, unsigned b0, unsigned b1,
+                                                float c0, float c1, float c2, float c3) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%11,%12,%13};\n"
+        : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c0), "f"(c1),
+          "f"(c2), "f"(c3));
+}
+
+// ==== the GEMM family (gemm_regblock.cu: float32/float64 FMA and FP64 DMMA; gemm_tf32.cu: TF32
+// and 3xTF32 tensor cores): C = alpha * op(A) @ op(B) + beta * C, row-major, any M, N, K and
+// leading dimensions.  A family file supplies a compute policy (below) and instantiates the
+// entry points with BIGMM_DEFINE_ENTRIES.
+
+enum LoadMode {
+    LOAD_K = 0,  // global contiguous along k: element copies, transposed into S[k][r]
+    LOAD_V = 1,  // global contiguous along r, 16-byte aligned: 16-byte copies
+    LOAD_S = 2,  // global contiguous along r, unaligned: element copies
+};
+
+template <typename T_, int BM_, int BN_, int BK_, int WM_, int WN_, int TM_, int TN_, int STAGES_,
+          int PAD_BYTES_>
+struct Tile {
+    typedef T_ T;
+    static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, TM = TM_, TN = TN_;
+    static constexpr int STAGES = STAGES_;
+    static constexpr int VW = 16 / int(sizeof(T));  // elements per 16-byte vector
+    static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
+    static constexpr int NT = WARPS_M * WARPS_N * 32;
+    static constexpr int PAD = PAD_BYTES_ / int(sizeof(T));
+    static constexpr int SA = BM + PAD, SB = BN + PAD;  // shared row strides (elements)
+    static constexpr int STAGE = BK * (SA + SB);        // elements per pipeline stage
+    static constexpr int SMEM_BYTES = STAGES * STAGE * int(sizeof(T));
+    static_assert(BM % WM == 0 && BN % WN == 0, "warp tile must divide block tile");
+    static_assert(STAGES >= 2, "the pipeline needs at least two stages");
+    static_assert(PAD_BYTES_ % 16 == 0, "rows must stay 16-byte aligned");
+};
+
+// Copies BK x R operand tiles (R = BM for A, BN for B) from global memory into k-major shared
+// tiles with row stride STRIDE elements, one tile per call, walking along k.  The first tile
+// starts at kstart = K - KT * BK <= 0, so that only it is partial: its k < 0 elements are
+// zero-filled and every later tile is copied without predicates.  Rows past the operand's
+// extent (`rows`) are clamped to its last row: they only feed rows or columns of the C tile
+// that are never stored.
+template <typename T, int R, int BK, int NT, int STRIDE, int MODE>
+struct TileLoader;
+
+template <typename T, int R, int BK, int NT, int STRIDE>
+struct TileLoader<T, R, BK, NT, STRIDE, LOAD_K> {
+    // Element (r, k) at src[r * ld + k].  A warp covers 8 consecutive k of 4 rows: 32-byte
+    // global segments, and (with a 16-byte row pad) 32 distinct shared banks.
+    static constexpr int RPP = NT / 8;  // rows per pass
+    static constexpr int PR = R / RPP, PK = BK / 8;
+    static_assert(NT % 8 == 0 && R % RPP == 0 && BK % 8 == 0, "LOAD_K tile shape");
+    const T* base;
+    const T* g[PR];
+    unsigned s;
+    int k_t;
+
+    __device__ __forceinline__ void init(const T* src, long long ld, int r0, int rows, int kstart,
+                                         int tid, unsigned sbase) {
+        k_t = tid % 8;
+        const int r_t = tid / 8;
+        base = src;
+#pragma unroll
+        for (int p = 0; p < PR; ++p) {
+            const int r = min(r0 + r_t + p * RPP, rows - 1);
+            g[p] = src + (long long)r * ld + (kstart + k_t);
+        }
+        s = sbase + unsigned(k_t * STRIDE + r_t) * sizeof(T);
+    }
+
+    template <bool FIRST>
+    __device__ __forceinline__ void load(unsigned stage, int kstart) {
+#pragma unroll
+        for (int pk = 0; pk < PK; ++pk) {
+            const bool ok = !FIRST || kstart + pk * 8 + k_t >= 0;
+#pragma unroll
+            for (int pr = 0; pr < PR; ++pr) {
+                cp_async<int(sizeof(T))>(
+                    s + stage + unsigned(pk * 8 * STRIDE + pr * RPP) * sizeof(T),
+                    ok ? g[pr] + pk * 8 : base, ok ? int(sizeof(T)) : 0);
+            }
+        }
+#pragma unroll
+        for (int pr = 0; pr < PR; ++pr) g[pr] += BK;
+    }
+};
+
+template <typename T, int R, int BK, int NT, int STRIDE>
+struct TileLoader<T, R, BK, NT, STRIDE, LOAD_V> {
+    // Element (r, k) at src[k * ld + r], 16-byte chunks along r; src and ld aligned.
+    static constexpr int VW = 16 / int(sizeof(T));
+    static constexpr int CPR = R / VW;    // chunks per k row
+    static constexpr int KPP = NT / CPR;  // k rows per pass
+    static constexpr int PK = BK / KPP;
+    static_assert(R % VW == 0 && NT % CPR == 0 && BK % KPP == 0, "LOAD_V tile shape");
+    const T* base;
+    const T* g;
+    long long ld;
+    unsigned s;
+    int nbytes, k_t;
+
+    __device__ __forceinline__ void init(const T* src, long long ld_, int r0, int rows, int kstart,
+                                         int tid, unsigned sbase) {
+        const int r_t = (tid % CPR) * VW;
+        k_t = tid / CPR;
+        base = src;
+        ld = ld_;
+        int r = r0 + r_t;
+        if (r >= rows) r = ((rows - 1) / VW) * VW;  // last chunk: a valid, aligned address
+        nbytes = min(VW, rows - r) * int(sizeof(T));
+        g = src + (long long)(kstart + k_t) * ld_ + r;
+        s = sbase + unsigned(k_t * STRIDE + r_t) * sizeof(T);
+    }
+
+    template <bool FIRST>
+    __device__ __forceinline__ void load(unsigned stage, int kstart) {
+#pragma unroll
+        for (int pk = 0; pk < PK; ++pk) {
+            const bool ok = !FIRST || kstart + pk * KPP + k_t >= 0;
+            cp_async<16>(s + stage + unsigned(pk * KPP * STRIDE) * sizeof(T),
+                         ok ? g + pk * KPP * ld : base, ok ? nbytes : 0);
+        }
+        g += BK * ld;
+    }
+};
+
+template <typename T, int R, int BK, int NT, int STRIDE>
+struct TileLoader<T, R, BK, NT, STRIDE, LOAD_S> {
+    // Element (r, k) at src[k * ld + r], any alignment: one copy per element.
+    static constexpr int RPP = R < NT ? R : NT;  // rows per pass
+    static constexpr int KPP = NT / RPP;         // k rows per pass
+    static constexpr int PR = R / RPP, PK = BK / KPP;
+    static_assert(R % RPP == 0 && NT % RPP == 0 && BK % KPP == 0, "LOAD_S tile shape");
+    const T* base;
+    const T* g[PR];
+    long long ld;
+    unsigned s;
+    int k_t;
+
+    __device__ __forceinline__ void init(const T* src, long long ld_, int r0, int rows, int kstart,
+                                         int tid, unsigned sbase) {
+        const int r_t = tid % RPP;
+        k_t = tid / RPP;
+        base = src;
+        ld = ld_;
+#pragma unroll
+        for (int p = 0; p < PR; ++p) {
+            const int r = min(r0 + r_t + p * RPP, rows - 1);
+            g[p] = src + (long long)(kstart + k_t) * ld_ + r;
+        }
+        s = sbase + unsigned(k_t * STRIDE + r_t) * sizeof(T);
+    }
+
+    template <bool FIRST>
+    __device__ __forceinline__ void load(unsigned stage, int kstart) {
+#pragma unroll
+        for (int pk = 0; pk < PK; ++pk) {
+            const bool ok = !FIRST || kstart + pk * KPP + k_t >= 0;
+#pragma unroll
+            for (int pr = 0; pr < PR; ++pr) {
+                cp_async<int(sizeof(T))>(
+                    s + stage + unsigned(pk * KPP * STRIDE + pr * RPP) * sizeof(T),
+                    ok ? g[pr] + pk * KPP * ld : base, ok ? int(sizeof(T)) : 0);
+            }
+        }
+#pragma unroll
+        for (int pr = 0; pr < PR; ++pr) g[pr] += BK * ld;
+    }
+};
+
+__device__ __forceinline__ float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double fma_rn(double a, double b, double c) { return __fma_rn(a, b, c); }
+
+// ---- compute policies: what a thread holds and how one k-step multiplies it ---------------
+// A policy has KSTEP (k per step), acc (the thread's accumulators), init(warp, lane),
+// a_off / b_off (the thread's element offsets within a stage's A and B tiles), load(buf, As,
+// Bs, step) (the fragments of k-step `step` into register buffer buf), mma(buf), and
+// each_vec(f) (calls f(row, col, vals) per run of VW consecutive C elements it holds).
+
+// C[row][col, col + VW) = alpha * vals + beta * C, guarded by M and N; C is never read when
+// beta == 0; one 16-byte store when C is aligned (c_vec) and the run is whole.
+template <typename T, int VW>
+__device__ __forceinline__ void store_vec(T* __restrict__ C, long long ldc, int M, int N, int row,
+                                          int col, const T* vals, T alpha, T beta, bool read_c,
+                                          int c_vec) {
+    if (row >= M) return;
+    T* crow = C + (long long)row * ldc;
+    T out[VW];
+#pragma unroll
+    for (int u = 0; u < VW; ++u) out[u] = alpha * vals[u];
+    if (c_vec && col + VW <= N) {
+        if (read_c) {
+            T old[VW];
+            load16(old, crow + col);
+#pragma unroll
+            for (int u = 0; u < VW; ++u) out[u] = fma_rn(beta, old[u], out[u]);
+        }
+        store16(crow + col, out);
+    } else {
+#pragma unroll
+        for (int u = 0; u < VW; ++u) {
+            if (col + u < N) crow[col + u] = read_c ? fma_rn(beta, crow[col + u], out[u]) : out[u];
+        }
+    }
+}
+
+// Checksum updates fused into the product (see the header): out[r] (+)= scale * sum_k w[k] X[k][r]
+// and out_abs[r] (+)= |scale| * sum_k wa[k] |X[k][r]| for X = op(B) (columns, r < N) and X =
+// op(A)^T (rows, r < M).  The weights are float64 vectors of length K.
+struct Checks {
+    const double* __restrict__ col_w;
+    const double* __restrict__ col_wa;
+    double* col;
+    double* col_abs;
+    const double* __restrict__ row_w;
+    const double* __restrict__ row_wa;
+    double* row;
+    double* row_abs;
+    double scale;
+    int accumulate;
+};
+
+// One k-tile's share of the checksum updates of a block: the weights of the tile staged in
+// shared memory (in T, by the first threads, one tile ahead: see gemm_body), each thread
+// summing whole columns of the stage's k-major operand tile S[k][r] (stride STRIDE), a tile's
+// k in T, then added in float64 to its own entries of s and sa (shared memory: registers are
+// the product's).  k < 0 of the first tile are zero in S and in the weights.
+template <typename T, int R, int BK, int NT, int STRIDE>
+struct CheckSums {
+    static constexpr int PER = (R + NT - 1) / NT;
+    double* s;
+    double* sa;
+
+    __device__ __forceinline__ void init(double* s_, double* sa_, int first) {
+        s = s_;
+        sa = sa_;
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int r = first + p * NT;
+            if (r >= 0 && r < R) s[r] = sa[r] = 0.0;
+        }
+    }
+
+    __device__ __forceinline__ void add(const T* S, const T* w, const T* wa, int first) {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int r = first + p * NT;
+            if (r >= 0 && r < R) {
+                T ps = T(0), pa = T(0);
+#pragma unroll
+                for (int k = 0; k < BK; ++k) {
+                    const T x = S[k * STRIDE + r];
+                    ps = fma_rn(w[k], x, ps);
+                    pa = fma_rn(wa[k], x < T(0) ? -x : x, pa);
+                }
+                s[r] += double(ps);
+                sa[r] += double(pa);
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(double* out, double* out_abs, int r0, int extent,
+                                          int first, double scale, int accumulate) const {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int r = first + p * NT;
+            if (r >= 0 && r < R && r0 + r < extent) {
+                const double v = scale * s[r], va = fabs(scale) * sa[r];
+                out[r0 + r] = accumulate ? out[r0 + r] + v : v;
+                out_abs[r0 + r] = accumulate ? out_abs[r0 + r] + va : va;
+            }
+        }
+    }
+};
+
+template <class TL, class CP, int LA, int LB, bool CHECKS>
+__device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T alpha,
+                                          const typename TL::T* __restrict__ A, long long lda,
+                                          const typename TL::T* __restrict__ B, long long ldb,
+                                          typename TL::T beta, typename TL::T* __restrict__ C,
+                                          long long ldc, int c_vec, int k_chunk,
+                                          long long c_zstride, const Checks& ck) {
+    typedef typename TL::T T;
+    constexpr int BM = TL::BM, BN = TL::BN, BK = TL::BK;
+    constexpr int VW = TL::VW, NT = TL::NT, STAGES = TL::STAGES;
+    constexpr int SA = TL::SA, SB = TL::SB, STAGE = TL::STAGE;
+    constexpr int STEPS = BK / CP::KSTEP;  // k-steps per k-tile
+    constexpr unsigned STAGE_BYTES = unsigned(STAGE) * sizeof(T);
+    static_assert(BK % CP::KSTEP == 0 && STEPS % 2 == 0,
+                  "fragment double-buffering runs on across tiles: an even number of k-steps");
+
+    // Split K: block z multiplies the k range [z * k_chunk, (z + 1) * k_chunk) into its own
+    // slice of C, c_zstride elements further on (gridDim.z == 1 without a split).
+    {
+        const int kz = blockIdx.z * k_chunk;
+        K = min(k_chunk, K - kz);
+        A += (LA == LOAD_K) ? (long long)kz : (long long)kz * lda;
+        B += (LB == LOAD_K) ? (long long)kz : (long long)kz * ldb;
+        C += blockIdx.z * c_zstride;
+    }
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* smem = reinterpret_cast<T*>(smem_raw);
+    const int tid = threadIdx.x;
+
+    int tile_m, tile_n;
+    swizzle_tile<8>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, tile_m, tile_n);
+    const int m0 = tile_m * BM, n0 = tile_n * BN;
+
+    const unsigned sbase = smem_addr(smem);
+    TileLoader<T, BM, BK, NT, SA, LA> load_a;
+    TileLoader<T, BN, BK, NT, SB, LB> load_b;
+    const int KT = (K + BK - 1) / BK;
+    const int kstart = K - KT * BK;  // first tile is [kstart, kstart + BK), kstart in (-BK, 0]
+    load_a.init(A, lda, m0, M, kstart, tid, sbase);
+    load_b.init(B, ldb, n0, N, kstart, tid, sbase + unsigned(BK * SA) * sizeof(T));
+
+    CP cp;
+    cp.init(tid / 32, tid % 32);
+
+    // Checksums: columns in the blocks of the first tile row (thread t sums column t), rows in
+    // those of the first tile column (thread NT - 1 - t sums row t, so that a block doing both
+    // spreads them over its threads).  Weights of k-tile kt go to wsm[kt & 1] one tile ahead.
+    static_assert(!CHECKS || NT >= 4 * BK, "one thread per staged weight");
+    const bool do_col = CHECKS && tile_m == 0, do_row = CHECKS && tile_n == 0;
+    __shared__ T wsm[CHECKS ? 2 : 1][4][CHECKS ? BK : 1];
+    __shared__ double sums[CHECKS ? 4 : 1][CHECKS ? (BM > BN ? BM : BN) : 1];
+    CheckSums<T, BN, BK, NT, SB> col_sums;
+    CheckSums<T, BM, BK, NT, SA> row_sums;
+    auto stage_weights = [&](int kt) {
+        if (tid < 4 * BK) {
+            const int which = tid / BK, k = tid % BK, kg = kstart + kt * BK + k;
+            const double* src = which == 0 ? ck.col_w : which == 1 ? ck.col_wa
+                              : which == 2 ? ck.row_w : ck.row_wa;
+            wsm[kt & 1][which][k] = kg >= 0 ? T(src[kg]) : T(0);
+        }
+    };
+    if (CHECKS) {
+        col_sums.init(sums[0], sums[CHECKS ? 1 : 0], tid);
+        row_sums.init(sums[CHECKS ? 2 : 0], sums[CHECKS ? 3 : 0], NT - 1 - tid);
+        if ((do_col || do_row) && KT > 0) stage_weights(0);
+    }
+
+    if (KT > 0) {
+        load_a.template load<true>(0, kstart);
+        load_b.template load<true>(0, kstart);
+    }
+    cp_async_commit();
+#pragma unroll
+    for (int s = 1; s < STAGES - 1; ++s) {
+        if (s < KT) {
+            load_a.template load<false>(s * STAGE_BYTES, 0);
+            load_b.template load<false>(s * STAGE_BYTES, 0);
+        }
+        cp_async_commit();
+    }
+
+    // Fragments of k-step kk sit in buffer kk & 1 (STEPS is even, so the parity runs on across
+    // tiles).  The barrier for tile kt + 1 comes before the last k-step of tile kt, whose
+    // fragments are already in registers: the first fragments of the next tile then load
+    // while the last multiplies of this one run, and no warp waits on shared memory after a
+    // barrier.
+    int read_stage = 0, write_stage = STAGES - 1;
+    const T* As = smem + cp.a_off;
+    const T* Bs = smem + BK * SA + cp.b_off;
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile 0 is visible
+    cp.load(0, As, Bs, 0);
+
+    for (int kt = 0; kt < KT; ++kt) {
+        if (CHECKS && (do_col || do_row)) {  // tile kt and its weights are visible
+            const T* stage = smem + read_stage * STAGE;
+            if (do_col) col_sums.add(stage + BK * SA, wsm[kt & 1][0], wsm[kt & 1][1], tid);
+            if (do_row) row_sums.add(stage, wsm[kt & 1][2], wsm[kt & 1][3], NT - 1 - tid);
+            if (kt + 1 < KT) stage_weights(kt + 1);  // read after the barrier below
+        }
+        // Stage write_stage held tile kt - 1, which every thread finished reading before the
+        // barrier at the end of that tile.
+        if (kt + STAGES - 1 < KT) {
+            load_a.template load<false>(write_stage * STAGE_BYTES, 0);
+            load_b.template load<false>(write_stage * STAGE_BYTES, 0);
+        }
+        cp_async_commit();
+        write_stage = (write_stage + 1 == STAGES) ? 0 : write_stage + 1;
+
+#pragma unroll
+        for (int kk = 0; kk < STEPS; ++kk) {
+            const int cur = kk & 1, nxt = cur ^ 1;
+            if (kk + 1 < STEPS) {
+                cp.load(nxt, As, Bs, kk + 1);
+            } else {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();  // tile kt + 1 is visible; tile kt's stage is no longer read
+                read_stage = (read_stage + 1 == STAGES) ? 0 : read_stage + 1;
+                As = smem + read_stage * STAGE + cp.a_off;
+                Bs = smem + read_stage * STAGE + BK * SA + cp.b_off;
+                if (kt + 1 < KT) cp.load(nxt, As, Bs, 0);
+            }
+            cp.mma(cur);
+        }
+    }
+    cp_async_wait<0>();
+    if (do_col) col_sums.store(ck.col, ck.col_abs, n0, N, tid, ck.scale, ck.accumulate);
+    if (do_row) row_sums.store(ck.row, ck.row_abs, m0, M, NT - 1 - tid, ck.scale, ck.accumulate);
+
+    // Epilogue: C = alpha * acc + beta * C, C never read when beta == 0.
+    const bool read_c = !(beta == T(0));
+    cp.each_vec([&](int r, int c, const T* vals) {
+        store_vec<T, VW>(C, ldc, M, N, m0 + r, n0 + c, vals, alpha, beta, read_c, c_vec);
+    });
+}
+
 }  // namespace bigmm
+
+// ---- entry points ---------------------------------------------------------------------------
+// A family file defines BIGMM_DTYPE, BIGMM_MIN_BLOCKS, BIGMM_CHECKS, the typedefs BigmmTile and
+// BigmmCompute, then expands BIGMM_DEFINE_ENTRIES.  One launch signature for every entry point
+// (with -DBIGMM_CHECKS=1, the fields of bigmm::Checks follow).  Name: gemm_<A mode><B mode>,
+// k/v/s = LOAD_K, LOAD_V, LOAD_S.  NN uses k{v,s}, NT kk, TN {v,s}{v,s}, TT {v,s}k.  With
+// -DBIGMM_ONLY only the entry -DBIGMM_ONLY_NAME with loaders -DBIGMM_ONLY_A, -DBIGMM_ONLY_B is
+// compiled (the launcher compiles what it uses, one module per entry).
+#if BIGMM_CHECKS
+#define BIGMM_CHECK_PARAMS                                                                     \
+    , const double *__restrict__ col_w, const double *__restrict__ col_wa, double *col,         \
+        double *col_abs, const double *__restrict__ row_w, const double *__restrict__ row_wa,   \
+        double *row, double *row_abs, double scale, int accumulate
+#define BIGMM_CHECK_ARGS {col_w, col_wa, col, col_abs, row_w, row_wa, row, row_abs, scale, accumulate}
+#else
+#define BIGMM_CHECK_PARAMS
+#define BIGMM_CHECK_ARGS {}
+#endif
+
+#define BIGMM_ENTRY(NAME, LA, LB)                                                              \
+    extern "C" __global__ void __launch_bounds__(BigmmTile::NT, BIGMM_MIN_BLOCKS)              \
+        NAME(int M, int N, int K, BIGMM_DTYPE alpha, const BIGMM_DTYPE* __restrict__ A,          \
+             long long lda, const BIGMM_DTYPE* __restrict__ B, long long ldb, BIGMM_DTYPE beta,   \
+             BIGMM_DTYPE* __restrict__ C, long long ldc, int c_vec, int k_chunk,                 \
+             long long c_zstride BIGMM_CHECK_PARAMS) {                                           \
+        const bigmm::Checks ck = BIGMM_CHECK_ARGS;                                              \
+        bigmm::gemm_body<BigmmTile, BigmmCompute, bigmm::LA, bigmm::LB, bool(BIGMM_CHECKS)>(   \
+            M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, c_vec, k_chunk, c_zstride, ck);      \
+    }
+
+#if defined(BIGMM_ONLY)
+#define BIGMM_DEFINE_ENTRIES BIGMM_ENTRY(BIGMM_ONLY_NAME, BIGMM_ONLY_A, BIGMM_ONLY_B)
+#else
+#define BIGMM_DEFINE_ENTRIES                                                                   \
+    BIGMM_ENTRY(gemm_kv, LOAD_K, LOAD_V)                                                       \
+    BIGMM_ENTRY(gemm_ks, LOAD_K, LOAD_S)                                                       \
+    BIGMM_ENTRY(gemm_kk, LOAD_K, LOAD_K)                                                       \
+    BIGMM_ENTRY(gemm_vv, LOAD_V, LOAD_V)                                                       \
+    BIGMM_ENTRY(gemm_vs, LOAD_V, LOAD_S)                                                       \
+    BIGMM_ENTRY(gemm_sv, LOAD_S, LOAD_V)                                                       \
+    BIGMM_ENTRY(gemm_ss, LOAD_S, LOAD_S)                                                       \
+    BIGMM_ENTRY(gemm_vk, LOAD_V, LOAD_K)                                                       \
+    BIGMM_ENTRY(gemm_sk, LOAD_S, LOAD_K)
+#endif

@@ -30,11 +30,14 @@ from bigmm.backends import cuda_kernels as ck  # noqa: E402
 SIZES = (256, 512, 1024, 2048, 4096, 8192)
 
 
-def tune(dtype: str, sizes=SIZES, table=None) -> tuple[list[dict], list[dict]]:
-    """(timings, rules) for one dtype."""
+def tune(precision: str, sizes=SIZES, table=None) -> tuple[list[dict], list[dict]]:
+    """(timings, rules) for one precision: "float32", "float64" (the dtypes' own), "tf32x3" or
+    "tf32" (float32 operands on the TF32 tensor cores)."""
     import cupy as cp
 
-    configs = list(ck.tile_configs(dtype, table).values())
+    dtype = "float64" if precision == "float64" else "float32"
+    tol = {"float64": 1e-13, "tf32": 3e-3}.get(precision, 1e-5)  # against cuBLAS, same dtype
+    configs = list(ck.tile_configs(dtype, table, precision=precision).values())
     timings, best = [], []
     for s in sizes:
         k = max(s, 2048)
@@ -42,14 +45,15 @@ def tune(dtype: str, sizes=SIZES, table=None) -> tuple[list[dict], list[dict]]:
         ref = cp.matmul(a, b)
         flops = 2.0 * s * s * k
         reps = reps_for(flops, 30e12)
-        row = {"dtype": dtype, "m": s, "n": s, "k": k, "configs": {}}
+        row = {"dtype": dtype, "precision": precision, "m": s, "n": s, "k": k, "configs": {}}
         fns = {}
         for cfg in configs:
             c = cp.full((s, s), cp.nan, dtype=dtype)
-            ck.gemm(a, b, c, config=cfg)
+            ck.gemm(a, b, c, config=cfg, precision=precision)
             row["configs"][cfg.name] = None  # failed the check: never chosen
-            if rel_diff(c, ref) <= (1e-5 if dtype == "float32" else 1e-13):
-                fns[cfg.name] = (lambda cfg, c: lambda: ck.gemm(a, b, c, config=cfg))(cfg, c)
+            if rel_diff(c, ref) <= tol:
+                fns[cfg.name] = (lambda cfg, c: lambda: ck.gemm(a, b, c, config=cfg,
+                                                               precision=precision))(cfg, c)
         # interleaved rounds: clock changes during the tuning move every candidate alike
         ms = time_interleaved([lambda: cp.matmul(a, b, out=c0)] + list(fns.values()), reps)
         t_blas = row["cublas_ms"] = ms[0]
@@ -82,7 +86,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table", help="table holding the candidate configs (default: the packaged one)")
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
-                    help="dtypes to tune; the others keep the source table's rules")
+                    help="precisions to tune (float32, float64, tf32x3, tf32); the others keep "
+                         "the source table's rules")
     args = ap.parse_args(argv)
 
     src = json.loads(Path(args.table or ck._TABLE_PATH).read_text())

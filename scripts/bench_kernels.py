@@ -11,6 +11,13 @@ Writes bench_kernels.json (and bench_kernels.png when matplotlib is there) under
 prints a short table last.
 
     CUPY_TF32=0 PYTHONPATH=. python scripts/bench_kernels.py --out results [--quick]
+
+With --tf32: the precisions section instead (float32 operands): cuBLAS SGEMM, cuBLAS in TF32
+mode (compute type TF32), bigmm float32, 3xTF32 and TF32 (the table's configs, or every config
+of each precision with --variants), interleaved in one process, each with its relative error
+against a float64 reference (cuBLAS DGEMM on the upcast operands) printed beside its speed:
+
+    CUPY_TF32=0 PYTHONPATH=. python scripts/bench_kernels.py --tf32 --out results [--variants]
 """
 
 from __future__ import annotations
@@ -266,6 +273,110 @@ def progression(sizes=(4096, 8192)) -> list[dict]:
     return rows
 
 
+# (label, M, N, K): the precisions section's shapes (the planner's HDF5 tile is 256 x 16384 x 4096).
+TF32_SHAPES = [
+    ("square", 8192, 8192, 8192),
+    ("planner tile", 256, 16384, 4096),
+    ("ragged", 4097, 4097, 4097),
+    ("panel", 16384, 16384, 4096),
+    ("square", 32768, 32768, 32768),
+]
+
+
+def cublas_tf32_fn(a, b, c):
+    """cupy.matmul with the float32 compute type set to TF32 for the call."""
+    cp = cupy_module()
+    from cupy._core import _routines_linalg as rl
+
+    def run():
+        before = rl.get_compute_type(np.float32)
+        rl.set_compute_type(np.float32, rl.COMPUTE_TYPE_TF32)
+        try:
+            cp.matmul(a, b, out=c)
+        finally:
+            rl.set_compute_type(np.float32, before)
+
+    return run
+
+
+def precompile(configs, jobs: int = 16) -> float:
+    """Compile every entry of these configs into cupy's disk cache in parallel processes (NVRTC
+    is slow; the timed process then loads binaries).  Returns the seconds it took."""
+    import subprocess
+
+    t0 = time.time()
+    code = ("import sys; from bigmm.backends import cuda_kernels as ck; "
+            "cfgs = ck.tile_configs(); "
+            "[ck._gemm_kernel(cfgs[n], e) for n, e in (x.split(':') for x in sys.argv[1:])]")
+    work = [f"{c.name}:{e}" for c in configs for e in ck._ENTRIES]
+    chunks = [work[i::jobs] for i in range(jobs)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, *ch]) for ch in chunks if ch]
+    for proc in procs:
+        proc.wait()
+    return time.time() - t0
+
+
+def run_precisions(label, m, n, k, configs, reps=None, reference=True) -> list[dict]:
+    """Check then time, interleaved: cuBLAS SGEMM, cuBLAS TF32 and each config (its own
+    precision) on one shape; errors against float64 (when ``reference``)."""
+    cp = cupy_module()
+    a, b, _ = operands("float32", m, n, k)
+    flops = 2.0 * m * n * k
+    reps = reps or reps_for(flops, 100e12, 1.0)
+    ref = None
+    if reference:
+        ref = cp.matmul(a.astype(cp.float64), b.astype(cp.float64))
+    rows, fns = [], []
+    for name, fn_of in [("cuBLAS SGEMM", lambda c: lambda: cp.matmul(a, b, out=c)),
+                        ("cuBLAS TF32", lambda c: cublas_tf32_fn(a, b, c))] + [
+            (cfg, (lambda cfg: lambda c: lambda: ck.gemm(a, b, c, config=cfg,
+                                                         precision=cfg.precision))(cfg))
+            for cfg in configs]:
+        c = cp.full((m, n), cp.nan, dtype=cp.float32)
+        fn = fn_of(c)
+        fn()
+        cp.cuda.get_current_stream().synchronize()
+        kernel = name if isinstance(name, str) else f"{name.name} ({name.precision})"
+        err = rel_diff(c, ref) if ref is not None else None
+        row = {"shape": label, "m": m, "n": n, "k": k, "kernel": kernel, "error": err,
+               "finite": bool(cp.isfinite(c).all())}
+        rows.append(row)
+        if row["finite"]:
+            fns.append((row, fn))
+        else:
+            row.update(ms=None, tflops=None, error="NOT FINITE")
+    ms = time_interleaved([fn for _, fn in fns], reps, warmup=1)
+    t_sgemm = ms[0]
+    for (row, _), t in zip(fns, ms):
+        row.update(ms=t, tflops=flops / t / 1e9, x_sgemm=t_sgemm / t, x_tf32=ms[1] / t)
+    a = b = c = ref = None
+    fns = None
+    cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def precisions_section(args) -> list[dict]:
+    precisions = ("float32", "tf32x3", "tf32")
+    out = []
+    for label, m, n, k in TF32_SHAPES:
+        if m * n * k > args.max_volume:
+            continue
+        big = m * n * k >= 2**45
+        if args.variants and not big:
+            configs = [c for p in precisions for c in ck.tile_configs("float32", args.table,
+                                                                       precision=p).values()]
+        else:
+            configs = [ck.select_config("float32", m, n, k, args.table, precision=p) for p in precisions]
+        rows = run_precisions(label, m, n, k, configs, reps=2 if big else None, reference=not big)
+        out += rows
+        for r in rows:
+            err = r["error"]
+            print(f"{label:13s} {m}x{n}x{k} {r['kernel']:44s} {r.get('tflops') or 0:7.1f} TFLOP/s "
+                  f"x{r.get('x_sgemm') or 0:5.2f} SGEMM x{r.get('x_tf32') or 0:5.2f} TF32  err "
+                  + (f"{err:.2e}" if isinstance(err, float) else str(err)), flush=True)
+    return out
+
+
 def plot(results: dict, path: Path) -> bool:
     try:
         import matplotlib
@@ -308,9 +419,31 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", action="store_true", help="time every table config, not only the chosen")
     ap.add_argument("--no-progression", action="store_true")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    ap.add_argument("--tf32", action="store_true", help="the precisions section (float32, 3xTF32, TF32)")
+    ap.add_argument("--max-volume", type=float, default=2.0**46, help="skip shapes with M*N*K above")
+    ap.add_argument("--precompile", type=int, default=0, help="compile in N processes first")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.precompile:
+        cfgs = list(ck.tile_configs("float32" if args.tf32 else None, args.table).values())
+        print(f"precompiled {len(cfgs)} configs in {precompile(cfgs, args.precompile):.0f} s", flush=True)
+    if args.tf32:
+        results = {"device": device_info(), "date": time.strftime("%Y-%m-%d"),
+                   "command": "CUPY_TF32=0 PYTHONPATH=. python scripts/bench_kernels.py "
+                              + " ".join(argv or sys.argv[1:])}
+        print(f"device {results['device']}", flush=True)
+        results["precisions"] = precisions_section(args)
+        (out / "bench_precisions.json").write_text(json.dumps(results, indent=1))
+        print(f"\n== {results['device']['name']}, {results['date']} ==")
+        print("| shape | M x N x K | kernel | TFLOP/s | x SGEMM | x cuBLAS TF32 | rel. error |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in results["precisions"]:
+            err = r["error"]
+            print(f"| {r['shape']} | {r['m']}x{r['n']}x{r['k']} | {r['kernel']} | {r.get('tflops') or 0:.1f} | "
+                  f"{r.get('x_sgemm') or 0:.2f} | {r.get('x_tf32') or 0:.2f} | "
+                  + (f"{err:.1e} |" if isinstance(err, float) else f"{err} |"))
+        return 0 if all(r.get("tflops") for r in results["precisions"]) else 1
 
     t0 = time.time()
     results = {"device": device_info(), "compute_type_f32": check_tf32_off(),

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """CI check of bigmm's CUDA kernels without a GPU.
 
-Compiles every kernel (each tile config of bigmm/backends/kernel_table.json for the GEMM family,
-plus kernel 01, the FMA probes, the split-K reduction and the ABFT checksums) with
+Compiles every kernel (each tile config of bigmm/backends/kernel_table.json for the GEMM
+families: gemm_regblock.cu, and gemm_tf32.cu for the TF32 and 3xTF32 configs; plus kernel 01, the FMA probes, the split-K reduction and the ABFT checksums) with
 ``nvcc -cubin -Xptxas -v`` for sm_80 and sm_90 and fails
 when any kernel:
 
@@ -60,7 +60,7 @@ def jobs_from_table() -> list[dict]:
     for name, c in table["configs"].items():
         cfg = TileConfig.from_dict(name, c)
         jobs.append({
-            "name": name, "file": "gemm_regblock.cu", "defines": list(cfg.defines()),
+            "name": name, "file": cfg.source, "defines": list(cfg.defines()),
             "threads": cfg.threads, "dynamic_smem": cfg.smem_bytes, "min_blocks": cfg.min_blocks,
         })
     jobs.append({"name": "sgemm_01_naive_tiled", "file": "sgemm_01_naive_tiled.cu", "defines": [],

@@ -10,6 +10,11 @@ default ``~/.cupy/kernel_cache``), keyed by the full source text and options.
 The tile shape for a product comes from ``kernel_table.json`` beside this module, written by
 ``scripts/autotune_kernels.py`` on a GPU.
 
+float32 products have three precisions (``precision=`` of :func:`gemm`): "float32" (IEEE float32
+FMAs on the CUDA cores, ``gemm_regblock.cu``), "tf32x3" (the TF32 tensor cores, three passes
+over a big + small split of every operand: float32's accuracy, ``gemm_tf32.cu``) and "tf32"
+(one TF32 pass: about 1e-4 relative error). Each has its own rules in the table.
+
 cupy is imported inside functions only: importing this module needs no GPU.
 """
 
@@ -25,10 +30,17 @@ from ..errors import DtypeError, KernelError, ShapeError
 
 _TABLE_PATH = Path(__file__).with_name("kernel_table.json")
 _FAMILY_SOURCE = "gemm_regblock.cu"
+_TF32_SOURCE = "gemm_tf32.cu"
 _HEADER = "common.cuh"
 _COMPILE_OPTIONS = ("-std=c++17",)
 _DTYPES = {"float32": 4, "float64": 8}
 _INT32_MAX = 2**31 - 1
+#: "tf32x3" products with K below this run on the CUDA cores in float32: a sum of fewer terms has
+#: too little float32 rounding for the 3xTF32 split's own error (up to 2^-23 per operand, the
+#: dropped small*small) to stay within 2x of it (tests/backends/test_tf32_split.py).
+TF32X3_MIN_K = 16
+#: Precisions of :func:`gemm` per dtype (None = the dtype's own: "float32" or "float64").
+PRECISIONS = {"float32": ("float32", "tf32x3", "tf32"), "float64": ("float64",)}
 
 # (A mode, B mode) -> entry point.  Modes: k = A/B contiguous along K (transposed on load),
 # v = contiguous along M/N and 16-byte aligned, s = contiguous along M/N, unaligned.
@@ -53,6 +65,17 @@ class TileConfig:
     min_blocks: int = 1
     pad_bytes: int = 16
     dmma: bool = False  # float64 on the FP64 tensor cores (tm, tn unused)
+    tf32: int = 0  # TF32 tensor-core passes (gemm_tf32.cu; tm, tn unused): 3 = 3xTF32, 1 = TF32
+    tf32_fadd: bool = True  # 3xTF32: each k-step's products onto zero, added with FADD
+
+    @property
+    def source(self) -> str:
+        return _TF32_SOURCE if self.tf32 else _FAMILY_SOURCE
+
+    @property
+    def precision(self) -> str:
+        """The precision this config computes: its dtype's own, "tf32x3" or "tf32"."""
+        return {0: self.dtype, 1: "tf32", 3: "tf32x3"}.get(self.tf32, f"tf32 x{self.tf32}")
 
     @property
     def itemsize(self) -> int:
@@ -74,6 +97,9 @@ class TileConfig:
             "WN": self.wn, "TM": self.tm, "TN": self.tn, "STAGES": self.stages,
             "PAD_BYTES": self.pad_bytes, "MIN_BLOCKS": self.min_blocks, "DMMA": int(self.dmma),
         }
+        if self.tf32:
+            values["TF32_PASSES"] = self.tf32
+            values["TF32_ACC"] = int(self.tf32_fadd)
         return tuple(f"-DBIGMM_{k}={v}" for k, v in values.items())
 
     def check(self) -> None:
@@ -90,8 +116,17 @@ class TileConfig:
                  for r in (self.bm, self.bn)), "16-byte copies tile the block"),
             (self.pad_bytes % 16 == 0, "pad keeps rows 16-byte aligned"),
         ]
-        if self.dmma:
+        if self.dmma or self.tf32:
             pad = self.pad_bytes // self.itemsize
+        if self.tf32:
+            rules += [
+                (self.dtype == "float32" and not self.dmma, "TF32 is float32"),
+                (self.tf32 in (1, 3), "1 (TF32) or 3 (3xTF32) passes"),
+                (self.wm % 16 == 0 and self.wn % 16 == 0, "warp tile of whole 16x16 mma pairs"),
+                (self.bk % 16 == 0, "bk of whole pairs of 8-deep k-steps"),
+                (all((r + pad) % 16 == 8 for r in (self.bm, self.bn)), "TF32 row stride 8 mod 16"),
+            ]
+        elif self.dmma:
             rules += [
                 (self.dtype == "float64", "DMMA is float64"),
                 (self.wm % 16 == 0 and self.wn % 8 == 0, "warp tile of whole 16x8 DMMA tiles"),
@@ -156,20 +191,37 @@ def load_table(path: str | None = None) -> dict:
     return table
 
 
-def tile_configs(dtype: str | None = None, table: str | None = None) -> dict[str, TileConfig]:
-    """Every tile config in the table (optionally of one dtype), by name."""
+def tile_configs(dtype: str | None = None, table: str | None = None, *,
+                 precision: str | None = None) -> dict[str, TileConfig]:
+    """Every tile config in the table (optionally of one dtype, or of the configs that compute
+    one precision: "float32", "tf32x3", "tf32", "float64"), by name."""
     configs = load_table(table)["configs"]
-    return {n: c for n, c in configs.items() if dtype is None or c.dtype == dtype}
+    return {n: c for n, c in configs.items() if (dtype is None or c.dtype == dtype)
+            and (precision is None or c.precision == precision)}
 
 
-def select_config(dtype: str, m: int, n: int, k: int, table: str | None = None) -> TileConfig:
-    """The table's tile config for a product of this dtype and shape: the first rule whose
-    ``max_mn`` bounds m * n (a rule without one matches everything).  ``table``: another
-    table file (the autotuner's output) instead of the packaged one."""
-    table = load_table(table)
-    rules = table["select"].get(dtype)
-    if not rules:
+def parse_precision(dtype: str, precision: str | None) -> str:
+    """The precision a product of ``dtype`` runs in: ``precision``, or the dtype's own."""
+    allowed = PRECISIONS.get(dtype)
+    if allowed is None:
         raise DtypeError(f"Expected a dtype with kernels (float32, float64). Got {dtype}.")
+    if precision is None:
+        return dtype
+    if precision not in allowed:
+        raise KernelError(f"Expected precision None or one of {allowed} for {dtype}. Got {precision!r}.")
+    return precision
+
+
+def select_config(dtype: str, m: int, n: int, k: int, table: str | None = None, *,
+                  precision: str | None = None) -> TileConfig:
+    """The table's tile config for a product of this dtype, precision and shape: the first rule
+    whose ``max_mn`` bounds m * n (a rule without one matches everything).  ``table``: another
+    table file (the autotuner's output) instead of the packaged one."""
+    precision = parse_precision(dtype, precision)
+    table = load_table(table)
+    rules = table["select"].get(precision)
+    if not rules:
+        raise KernelError(f"Expected rules for precision {precision} in the kernel table. Got none.")
     for rule in rules:
         if rule.get("max_mn") is None or m * n <= rule["max_mn"]:
             return table["configs"][rule["config"]]
@@ -221,12 +273,12 @@ def raw_kernel(filename: str, entry: str, options: tuple[str, ...] = ()):
 
 
 def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False):
-    options = config.defines() + ("-DBIGMM_ONLY=1", f"-DBIGMM_ONLY_NAME=gemm_{entry}",
-                                  f"-DBIGMM_ONLY_A={_LOADERS[entry[0]]}",
-                                  f"-DBIGMM_ONLY_B={_LOADERS[entry[1]]}")
+    options = config.defines() + (
+        "-DBIGMM_ONLY=1", f"-DBIGMM_ONLY_NAME=gemm_{entry}",
+        f"-DBIGMM_ONLY_A={_LOADERS[entry[0]]}", f"-DBIGMM_ONLY_B={_LOADERS[entry[1]]}")
     if checks:
         options += ("-DBIGMM_CHECKS=1",)
-    kern = raw_kernel(_FAMILY_SOURCE, "gemm_" + entry, options)
+    kern = raw_kernel(config.source, "gemm_" + entry, options)
     key = (options, _device_id())
     if _smem_granted.get(key) != config.smem_bytes:
         try:
@@ -312,7 +364,7 @@ def _span(ptr: int, rows: int, cols: int, ld: int, item: int) -> tuple[int, int]
 
 
 def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None, *, config=None,
-         split_k=None, checks=None):
+         split_k=None, checks=None, precision=None, split_edges=None):
     """``c = alpha * op(a) @ op(b) + beta * c`` on the GPU with bigmm's kernels; returns ``c``.
 
     ``op(x)`` is ``x.T`` when ``trans_x`` (``a`` is then stored (K, M)).  a, b and c are 2-D
@@ -324,18 +376,30 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     ``split_k`` (1 = off) overrides the number of K splits chosen for products with few C tiles
     (the splits go to a workspace from cupy's memory pool, then one reduction kernel).
     ``checks`` (a :class:`bigmm.backends.base.GemmChecks`): the blocks also do these checksum
-    updates on the tiles they load (kernels compiled with -DBIGMM_CHECKS; never split).
+    updates on the tiles they load (kernels compiled with -DBIGMM_CHECKS; never split; the
+    dtype's own precision only).
+    ``precision`` (float32 operands only; None = "float32"): "float32" multiplies with IEEE
+    float32 FMAs on the CUDA cores; "tf32x3" on the TF32 tensor cores in three passes over a
+    big + small split of each operand, with float32's accuracy (its measured error against a
+    float64 reference is bounded by tests/backends/test_tf32_kernels.py); "tf32" in one TF32
+    pass (operands rounded to 11 significant bits: about 1e-4 relative error).  ``config`` must
+    then be a config of that precision (``tile_configs(precision=...)``).  "tf32x3" with K below
+    :data:`TF32X3_MIN_K` (and no config given) runs in float32.
+    ``split_edges`` (None = when it pays, see :func:`edge_cut`): thin strips of C past the last
+    whole tile row or column go to launches of their own (split along K), so that they do not
+    cost a wave of full tiles.
     """
     import cupy
 
     launch = prepare_gemm(a, b, c, alpha, beta, trans_a, trans_b, config=config,
-                          split_k=split_k, checks=checks)
+                          split_k=split_k, checks=checks, precision=precision,
+                          split_edges=split_edges)
     launch(stream if stream is not None else cupy.cuda.get_current_stream())
     return c
 
 
 def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, config=None,
-                 split_k=None, checks=None):
+                 split_k=None, checks=None, precision=None, split_edges=None):
     """:func:`gemm` checked and set up once: ``launch(stream)`` issues it. The launch holds
     the views, so a caller issuing the same product over the same buffers again and again
     (the steps of a run reusing their slots) pays the checks, the kernel choice and the
@@ -352,6 +416,10 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
             f"Expected a, b and c all float32 or all float64. Got {a.dtype}, {b.dtype}, {c.dtype}."
         )
     dtype = str(c.dtype)
+    precision = parse_precision(dtype, precision)
+    if checks is not None and precision != dtype:
+        raise KernelError(f"Expected checks only with precision {dtype} (the checksum bounds are "
+                          f"{dtype}'s). Got precision {precision!r}.")
     m, ka = (cols_a, rows_a) if trans_a else (rows_a, cols_a)
     kb, n = (cols_b, rows_b) if trans_b else (rows_b, cols_b)
     if ka != kb or (rows_c, cols_c) != (m, n):
@@ -381,7 +449,9 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
                 raise KernelError(f"Expected c not to overlap {name}. Got overlapping device memory.")
 
     if config is None:
-        cfg = select_config(dtype, m, n, k)
+        if precision == "tf32x3" and k < TF32X3_MIN_K:
+            precision = dtype  # memory-bound anyway; the split's own error would show (see below)
+        cfg = select_config(dtype, m, n, k, precision=precision)
     elif isinstance(config, TileConfig):
         cfg = config
     else:
@@ -391,7 +461,15 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
             raise KernelError(f"Expected a tile config named in the kernel table. Got {config!r}.") from None
     if cfg.dtype != dtype:
         raise DtypeError(f"Expected tile config {cfg.name} to be {dtype}. Got {cfg.dtype}.")
+    if cfg.precision != precision:
+        raise KernelError(f"Expected a tile config of precision {precision}. Got {cfg.name}, "
+                          f"which computes {cfg.precision}.")
     cfg.check()
+    if split_edges is None:
+        split_edges = split_k is None
+    cut = edge_cut(cfg, m, n) if split_edges and checks is None else None
+    if cut is not None:
+        return _prepare_edges(a, b, c, alpha, beta, trans_a, trans_b, cfg, precision, *cut)
 
     vw = 16 // item
 
@@ -439,6 +517,52 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
                                        work, np.int64(m * n), np_t(beta), c, np.int64(ldc)))
 
     return launch_split
+
+
+def edge_cut(config: TileConfig, m: int, n: int) -> tuple[int, int] | None:
+    """(mm, nn): the product's C goes as [0, mm) x [0, nn) in whole tiles, plus the strips past
+    them, when a strip is thin (at most a quarter of a tile: 4097 = 32 * 128 + 1) and cutting it
+    off saves a wave of resident blocks; None when one launch does better."""
+    bm, bn = config.bm, config.bn
+    mm = m - m % bm if m > bm and 0 < m % bm <= bm // 4 else m
+    nn = n - n % bn if n > bn and 0 < n % bn <= bn // 4 else n
+    if (mm, nn) == (m, n):
+        return None
+    resident = _sm_count() * max(1, config.min_blocks)
+
+    def waves(rows: int, cols: int) -> int:
+        return -(-((-(-rows // bm)) * (-(-cols // bn))) // resident)
+
+    return (mm, nn) if waves(mm, nn) < waves(m, n) else None
+
+
+def _prepare_edges(a, b, c, alpha, beta, trans_a, trans_b, cfg, precision, mm, nn):
+    """The launches of :func:`edge_cut`'s split: whole tiles with ``cfg``, then the right and
+    bottom strips, each with its own config and K splits."""
+    m, n = c.shape
+
+    def rows(x, trans, r0, r1):  # op(x)[r0:r1, :]
+        return x[:, r0:r1] if trans else x[r0:r1]
+
+    def cols(x, trans, c0, c1):  # op(x)[:, c0:c1]
+        return x[c0:c1] if trans else x[:, c0:c1]
+
+    parts = [prepare_gemm(rows(a, trans_a, 0, mm), cols(b, trans_b, 0, nn), c[:mm, :nn], alpha,
+                          beta, trans_a, trans_b, config=cfg, precision=precision,
+                          split_edges=False)]
+    if nn < n:
+        parts.append(prepare_gemm(a, cols(b, trans_b, nn, n), c[:, nn:], alpha, beta, trans_a,
+                                  trans_b, precision=precision, split_edges=False))
+    if mm < m:
+        parts.append(prepare_gemm(rows(a, trans_a, mm, m), cols(b, trans_b, 0, nn), c[mm:, :nn],
+                                  alpha, beta, trans_a, trans_b, precision=precision,
+                                  split_edges=False))
+
+    def launch(stream) -> None:
+        for part in parts:
+            part(stream)
+
+    return launch
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,116 @@
+"""CPU checks of the 3xTF32 split's arithmetic (kernels/common.cuh tf32_rna, tf32_split), emulated
+in NumPy bit for bit (tests/backends/tf32_cases.py): TF32 rounding is round to nearest with ties
+away from zero on the top 19 bits (cvt.rna.tf32.f32), big + small reconstructs x to 2^-23, the
+three-term product's error against float64 stays within 2x a float32 FMA chain's on the
+contract's distributions for K >= 16, and nothing near the float32 limits turns into Inf or NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tf32_cases import DISTRIBUTIONS, SMALL_SCALE, chain_sgemm, emulate_gemm, errors, operands, tf32_rna, tf32_split
+
+F32_MAX = np.finfo(np.float32).max
+
+
+def _bits(x) -> np.ndarray:
+    return np.asarray(x, np.float32).reshape(-1).view(np.uint32)
+
+
+# (x, expected TF32 bits): ties away from zero, carries into the exponent, the overflow guard.
+RNA_CASES = [
+    (1.0, 0x3F800000),  # exact
+    (np.uint32(0x3F801000).view(np.float32), 0x3F802000),  # a tie rounds away from zero (up)
+    (np.uint32(0xBF801000).view(np.float32), 0xBF802000),  # negative tie: away from zero (down)
+    (np.uint32(0x3F800FFF).view(np.float32), 0x3F800000),  # just under the tie: down
+    (np.uint32(0x3FFFF000).view(np.float32), 0x40000000),  # carry into the exponent: 2.0
+    (np.uint32(0x00001000).view(np.float32), 0x00002000),  # subnormal tie
+    (np.uint32(0x7F7FEFFF).view(np.float32), 0x7F7FE000),  # largest magnitude still rounded
+    (F32_MAX, 0x7F7FE000),  # would round to Inf: truncated instead
+    (-F32_MAX, 0xFF7FE000),
+    (np.float32(np.inf), 0x7F800000),  # Inf stays Inf
+]
+
+
+@pytest.mark.parametrize("x, expected", RNA_CASES)
+def test_tf32_rna_rounds_like_cvt_rna(x, expected):
+    assert int(_bits(tf32_rna(np.float32(x)))[0]) == expected
+
+
+def test_tf32_rna_keeps_nan_non_finite():
+    x = np.array([np.nan, -np.nan], np.float32)
+    x = np.concatenate([x, np.uint32([0x7FFFFFFF, 0xFFC00001]).view(np.float32)])
+    assert not np.isfinite(tf32_rna(x)).any()
+
+
+def test_tf32_rna_is_nearest_on_random_floats():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(100_000).astype(np.float32) * np.exp2(rng.integers(-100, 100, 100_000)).astype(np.float32)
+    t = tf32_rna(x)
+    assert not (_bits(t) & 0x1FFF).any()  # 10 mantissa bits left
+    err = np.abs(t.astype(np.float64) - x) / np.abs(x.astype(np.float64))
+    assert err.max() <= 2.0**-11 * (1 + 1e-7)  # half a TF32 ulp
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0**-120, 2.0**100, 2.0**127])
+def test_split_reconstructs_to_float32(scale):
+    rng = np.random.default_rng(2)
+    x = (np.clip(rng.standard_normal(100_000), -1.99, 1.99) * scale).astype(np.float32)
+    x[:7] = [F32_MAX, -F32_MAX, np.float32(3.3e38), 1.0, -2.0, np.float32(2.0**-126), 0.0]
+    big, small = tf32_split(x)
+    assert np.isfinite(big).all() and np.isfinite(small).all()
+    assert not (_bits(big) & 0x1FFF).any() and not (_bits(small) & 0x1FFF).any()
+    back = big.astype(np.float64) + small.astype(np.float64) / SMALL_SCALE
+    err = np.abs(back - x)
+    # 2^-23 relative (the small part's own rounding); below 2^-115 also TF32's subnormal spacing
+    bound = 2.0**-23 * np.abs(x.astype(np.float64)) + 2.0**-136 / SMALL_SCALE
+    assert (err <= bound).all()
+
+
+def test_split_of_non_finite_stays_non_finite():
+    x = np.array([np.inf, -np.inf, np.nan], np.float32)
+    big, _ = tf32_split(x)
+    assert not np.isfinite(big).any()
+
+
+# (distribution, K): the contract's distributions, K from the smallest 3xTF32 sum up.
+CONTRACT = [(d, k) for d in DISTRIBUTIONS if d != "wide_k" for k in (16, 64, 300)] + [
+    ("wide_k", 512),  # range inside each sum: about one term dominates until K is large
+]
+
+
+@pytest.mark.parametrize("dist, k", CONTRACT)
+def test_three_terms_within_twice_float32(dist, k):
+    a, b = operands(dist, 160, 144, k, seed=k)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    fro, elem = errors(emulate_gemm(a, b, passes=3), ref, a, b)
+    fro32, elem32 = errors(chain_sgemm(a, b), ref, a, b)
+    assert fro <= 2 * fro32 and elem <= 2 * elem32, (fro, fro32, elem, elem32)
+
+
+@pytest.mark.parametrize("dist", sorted(DISTRIBUTIONS))
+def test_no_inf_or_nan_from_the_split(dist):
+    a, b = operands(dist, 64, 48, 40, seed=3)
+    for passes in (3, 1):
+        assert np.isfinite(emulate_gemm(a, b, passes=passes)).all(), passes
+
+
+def test_one_pass_tf32_error_is_tf32s():
+    a, b = operands("normal", 128, 128, 512, seed=4)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    fro, _ = errors(emulate_gemm(a, b, passes=1), ref, a, b)
+    assert 2.0**-14 < fro < 2.0**-10  # about 3e-4: the operands' 11 significant bits
+
+
+def test_small_k_is_why_tf32x3_starts_at_16():
+    # At K = 1 the split's own error (its small parts' rounding, the dropped small*small) is
+    # about 3x one float32 rounding: the launcher runs K < TF32X3_MIN_K in float32.
+    from bigmm.backends.cuda_kernels import TF32X3_MIN_K
+
+    a, b = operands("normal", 256, 256, 1, seed=5)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    fro, _ = errors(emulate_gemm(a, b, passes=3), ref, a, b)
+    fro32, _ = errors(chain_sgemm(a, b), ref, a, b)
+    assert fro > 2 * fro32 and TF32X3_MIN_K == 16
