@@ -173,7 +173,7 @@ def resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:
     if diff:
         raise ResumeError(f"Expected the same job as the interrupted run on {output_label(out)}. "
                           f"Got a different one ({'; '.join(diff)}); start over with "
-                          f"--overwrite (overwrite=True).")
+                          f"overwrite=True.")
     try:
         return {"tile": (int(old["bm"]), int(old["bn"]), int(old["bk"])),
                 "order": str(old["order"])}

@@ -263,3 +263,32 @@ def test_beta_and_transposes_roundtrip(tmp_path, capsys):
     assert rc == 0 and "PASSED" in out, out + err
     rc, out, err = run(capsys, "verify", a, b, c, "--alpha", 0.5, "--trans-a", "--trans-b")
     assert rc == 1 and "FAILED" in out  # without the beta term the check must fail
+
+
+def test_hints_name_the_flags(tmp_path, capsys, operands):
+    a, b, _, _ = operands
+    c = f"{tmp_path / 'c.h5'}:/C"
+    assert run(capsys, "multiply", a, b, "-o", c, "--backend", "numpy", "--quiet")[0] == 0
+    rc, _, err = run(capsys, "multiply", a, b, "-o", c, "--backend", "numpy")
+    assert rc == 2 and "--overwrite" in err and "=True" not in err, err
+
+
+def test_generate_does_what_its_options_say(tmp_path, capsys):
+    spec = f"{tmp_path / 'g.h5'}:/A"
+    rc, out, _ = run(capsys, "generate", spec, "--shape", 300, 200, "--compression", "gzip")
+    assert rc == 0 and "gzip, chunks 300 x 200" in out, out
+    with h5py.File(tmp_path / "g.h5", "r") as f:
+        assert f["A"].compression == "gzip" and f["A"].chunks == (300, 200)
+    rc, _, err = run(capsys, "generate", spec, "--shape", 300, 200, "--layout", "contiguous",
+                     "--compression", "gzip", "--overwrite")
+    assert rc == 2 and "compression only with the compressed layout" in err, err
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("matplotlib") is not None,
+                    reason="matplotlib is installed: the PNG is written")
+def test_profile_without_matplotlib_says_so(tmp_path, capsys, operands):
+    a, b, _, _ = operands
+    rc, out, err = run(capsys, "multiply", a, b, "-o", f"{tmp_path / 'c.h5'}:/C", "--backend",
+                       "numpy", "--profile", tmp_path / "prof")
+    assert rc == 0 and "no timeline PNG" in err and "matplotlib" in err, err
+    assert (tmp_path / "prof.trace.json").exists() and not (tmp_path / "prof.png").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from ..errors import BigmmError
@@ -24,8 +25,23 @@ def quiet_stdout() -> None:
         pass
 
 
+#: The library's messages name options as Python keywords; on the command line, as flags.
+FLAGS = (("resume=True", "--resume"), ("overwrite=True", "--overwrite"),
+         ("host_memory=", "--host-memory "), ("memory=", "--memory "),
+         ("io_threads=", "--io-threads "), ("trans_a=True", "--trans-a"),
+         ("trans_b=True", "--trans-b"), ("kernel=", "--kernel "), ("verify=", "--verify "),
+         ("alpha=", "--alpha "), ("beta=", "--beta "), ("backend=", "--backend "))
+
+
+def as_flags(text: str) -> str:
+    """``text`` with Python option names written as the command line's flags."""
+    for word, flag in FLAGS:
+        text = re.sub(rf"(?<![\w.]){re.escape(word)}", flag, text)
+    return text
+
+
 def one_line(e: BaseException) -> str:
     text = str(e) or type(e).__name__
     if isinstance(e, OSError) and not isinstance(e, BigmmError) and e.filename:
         text = f"{e.strerror or text}: {e.filename}"
-    return " ".join(text.split())
+    return as_flags(" ".join(text.split()))

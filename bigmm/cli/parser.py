@@ -6,6 +6,8 @@ import argparse
 
 from .. import __version__
 from ._common import EXIT_ERROR
+
+BACKENDS = ("auto", "numpy", "cupy")
 from .run import cmd_multiply, cmd_plan
 from .tools import cmd_bench, cmd_demo, cmd_generate, cmd_verify
 
@@ -34,14 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     _job_options(m)
     m.add_argument("--overwrite", action="store_true", help="replace an existing output")
     m.add_argument("--resume", action="store_true", help="continue an interrupted run")
-    m.add_argument("--io-threads", type=int, default=None, help="disk I/O threads")
+    m.add_argument("--io-threads", type=int, default=None,
+                   help="disk I/O threads (default: one per CPU core, 2 to 16)")
     m.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     m.add_argument("--verify", default=None, choices=("checksum",),
                    help="check every C tile with checksums and recompute a tile that fails")
     m.add_argument("-q", "--quiet", action="store_true", help="no summary (errors only)")
     m.add_argument("--profile", nargs="?", const=True, default=None, metavar="PREFIX",
                    help="time each stage; print its utilisation and write PREFIX.trace.json "
-                        "(Perfetto) and PREFIX.png (default PREFIX: the output file + .profile)")
+                        "(Perfetto) and, where matplotlib is installed, PREFIX.png (default "
+                        "PREFIX: the output file + .profile)")
     m.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="run the tiles on the dask cluster at ADDRESS (tcp://host:8786)")
     m.add_argument("--workers", type=int, default=None, metavar="N",
@@ -62,12 +66,19 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", parents=[common], help="write a seeded random matrix",
                        description="Write a seeded standard-normal matrix to HDF5.")
     g.add_argument("spec", help="output spec file.h5:/A")
-    g.add_argument("--shape", nargs=2, type=int, required=True, metavar=("M", "N"))
-    g.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    g.add_argument("--layout", default="contiguous", choices=("contiguous", "chunked", "compressed"))
-    g.add_argument("--chunks", nargs=2, type=int, default=None, metavar=("R", "C"))
-    g.add_argument("--compression", default="gzip", choices=("gzip", "zstd", "lz4"))
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--shape", nargs=2, type=int, required=True, metavar=("M", "N"),
+                   help="rows and columns")
+    g.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                   help="element type (default: %(default)s)")
+    g.add_argument("--layout", default=None, choices=("contiguous", "chunked", "compressed"),
+                   help="storage (default: compressed with --compression, chunked with "
+                        "--chunks, else contiguous)")
+    g.add_argument("--chunks", nargs=2, type=int, default=None, metavar=("R", "C"),
+                   help="chunk shape of a chunked or compressed layout (default: 512 x 512)")
+    g.add_argument("--compression", default=None, choices=("gzip", "zstd", "lz4"),
+                   help="codec of the compressed layout (default there: gzip)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="random seed: one seed, one matrix (default: %(default)s)")
     g.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     g.set_defaults(func=cmd_generate)
 
@@ -76,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Exit 0: pass, 1: fail, 2: error.")
     _operands(v)
     v.add_argument("c", metavar="C", help="product spec file.h5:/C")
-    v.add_argument("--alpha", type=float, default=1.0)
-    v.add_argument("--beta", type=float, default=0.0)
+    v.add_argument("--alpha", type=float, default=1.0, help="as multiplied (default: %(default)s)")
+    v.add_argument("--beta", type=float, default=0.0, help="as multiplied (default: %(default)s)")
     v.add_argument("--c0", default=None, help="C before the run (needed when beta != 0)")
     v.add_argument("--trans-a", action="store_true")
     v.add_argument("--trans-b", action="store_true")
@@ -85,17 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--probes", type=int, default=None, help="Freivalds vectors in sampled mode")
     v.add_argument("--exact-limit", type=int, default=None,
                    help="largest M*N*K checked element by element")
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--seed", type=int, default=0,
+                   help="seed of the sampled rows and probe vectors (default: %(default)s)")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_verify)
 
     d = sub.add_parser("demo", parents=[common], help="generate, multiply out of core, verify",
                        description="Generate A and B, multiply them under a small memory budget, "
                                    "verify the product and print the throughput.")
-    d.add_argument("--size", type=int, default=3000, help="n for n x n operands (default 3000)")
+    d.add_argument("--size", type=int, default=3000,
+                   help="n for n x n operands (default: %(default)s)")
     d.add_argument("--memory", default=None,
                    help="device budget (default: an eighth of the inputs' size)")
-    d.add_argument("--backend", default="auto")
+    d.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="auto: cupy where a GPU is usable (default: %(default)s)")
     d.add_argument("--dir", default=None, help="keep the files in this directory")
     d.set_defaults(func=cmd_demo)
 
@@ -103,10 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Time one out-of-core multiply (HDF5 to HDF5) against one "
                                    "in-core gemm of the same data on the same backend; the "
                                    "bigmm product is verified.")
-    b.add_argument("--size", type=int, default=4000)
+    b.add_argument("--size", type=int, default=4000,
+                   help="n for n x n operands (default: %(default)s)")
     b.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     b.add_argument("--memory", default=None, help="device budget (default: a quarter of the inputs)")
-    b.add_argument("--backend", default="auto")
+    b.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="auto: cupy where a GPU is usable (default: %(default)s)")
     b.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
                    help="GPU tile products (as for multiply)")
     b.add_argument("--dir", default=None, help="directory for the operands (default: a temp dir)")
@@ -121,11 +137,18 @@ def _operands(p) -> None:
 
 
 def _job_options(p) -> None:
-    p.add_argument("--memory", default=None, help="device memory budget, e.g. 8GiB")
-    p.add_argument("--host-memory", default=None, help="host staging budget, e.g. 16GiB")
-    p.add_argument("--backend", default="auto", help="auto, numpy or cupy")
-    p.add_argument("--alpha", type=float, default=1.0)
-    p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--memory", default=None,
+                   help="device memory budget, e.g. 8GiB or 512MB (default: 85%% of the GPU's "
+                        "free memory; on the CPU 25%% of available RAM)")
+    p.add_argument("--host-memory", default=None,
+                   help="host staging budget of a GPU run, e.g. 16GiB (default: 25%% of "
+                        "available RAM)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="auto: cupy where a GPU is usable, else numpy (default: %(default)s)")
+    p.add_argument("--alpha", type=float, default=1.0,
+                   help="C = alpha*op(A)@op(B) + beta*C (default: %(default)s)")
+    p.add_argument("--beta", type=float, default=0.0,
+                   help="beta != 0 reads the existing C (default: %(default)s)")
     p.add_argument("--trans-a", action="store_true", help="use A transposed")
     p.add_argument("--trans-b", action="store_true", help="use B transposed")
     p.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),

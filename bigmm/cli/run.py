@@ -46,6 +46,9 @@ def cmd_multiply(args) -> int:
     summary = run_summary(plan, stats, out, args.a, args.b, backend_name(args.backend))
     if prof is not None:
         files = prof.save(api.profile_prefix(args.profile, args.out))
+        if "png" not in files:
+            print(f"bigmm: no timeline PNG written: matplotlib is not installed (pip install "
+                  f"'bigmm[plot]'); the trace is {files['trace']}", file=sys.stderr)
         summary["profile"] = {"stages": prof.summary(), "device": prof.device, "files": files}
     if args.json:
         print(json.dumps(summary, indent=2))

@@ -7,22 +7,24 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..units import format_bytes, format_seconds
+from ..units import format_bytes, format_seconds, parse_size
 from ._common import EXIT_FAIL
 from .report import format_summary, progress_reporter, run_summary
 from .run import backend_info, backend_name
 
 
 def cmd_generate(args) -> int:
-    from ..io.generate import generate
+    from ..io.generate import describe_layout, generate, parse_layout, parse_shape
 
     t0 = time.perf_counter()
+    chunks = tuple(args.chunks) if args.chunks else None
     spec = generate(args.spec, tuple(args.shape), dtype=args.dtype, layout=args.layout,
-                    chunks=tuple(args.chunks) if args.chunks else None,
-                    compression=args.compression, seed=args.seed, overwrite=args.overwrite)
-    m, n = args.shape
+                    chunks=chunks, compression=args.compression, seed=args.seed,
+                    overwrite=args.overwrite)
+    m, n = parse_shape(args.shape)
+    lay = describe_layout(parse_layout(args.layout, chunks, args.compression, (m, n)))
     size = m * n * (4 if args.dtype == "float32" else 8)
-    print(f"wrote {spec}: {m} x {n} {args.dtype}, {args.layout}, {format_bytes(size)}, "
+    print(f"wrote {spec}: {m} x {n} {args.dtype}, {lay}, {format_bytes(size)}, "
           f"seed {args.seed}, in {format_seconds(time.perf_counter() - t0)}")
     return 0
 
@@ -83,13 +85,13 @@ def cmd_bench(args) -> int:
         a, b, c = (f"{d / 'bench.h5'}:/{x}" for x in "ABC")
         for spec, seed in ((a, 1), (b, 2)):
             generate(spec, (n, n), dtype=args.dtype, seed=seed, overwrite=True)
-        memory = args.memory or max(2 * w * n * n // 4, 1 << 20)
+        memory = parse_size(args.memory, name="--memory") or max(2 * w * n * n // 4, 1 << 20)
         out, stats = api.matmul(a, b, c, memory=memory, backend=name, overwrite=True,
                                 stats=True, kernel=args.kernel)
         check = verify(a, b, c)
         t_core = in_core_seconds(a, b, name, args.kernel)
     flops = 2.0 * n ** 3
-    result = {"n": n, "dtype": args.dtype, "memory": str(memory), "backend": name,
+    result = {"n": n, "dtype": args.dtype, "memory": int(memory), "backend": name,
               "kernel": args.kernel,
               "verified": check.passed, "bigmm_seconds": stats.seconds,
               "bigmm_tflops": flops / stats.seconds / 1e12, "in_core_seconds": t_core,
@@ -97,8 +99,7 @@ def cmd_bench(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        budget = memory if isinstance(memory, str) else format_bytes(memory)
-        print(f"n={n} {args.dtype}, budget {budget}, backend {name}, "
+        print(f"n={n} {args.dtype}, budget {format_bytes(memory)}, backend {name}, "
               f"product {'verified' if check.passed else 'WRONG'}")
         print(f"bigmm out of core (HDF5 to HDF5): {format_seconds(stats.seconds)}, "
               f"{result['bigmm_tflops']:.3f} TFLOP/s")

@@ -206,7 +206,7 @@ class FileSink(Sink):
         return DiskFullError(
             f"Expected {format_bytes(nbytes)} ({nbytes} bytes) free on the file system of "
             f"'{self.path}' for {self.label}. Got {free} free ({exc.strerror}). Nothing was "
-            f"computed; free space and rerun with --resume (resume=True), or choose another "
+            f"computed; free space and rerun with resume=True, or choose another "
             f"output.")
 
     def _open_old(self):

@@ -41,13 +41,16 @@ class Layout:
     filter: dict
 
 
-def generate(spec: str, shape, *, dtype: str = "float32", layout: str = "contiguous",
-             chunks=None, compression: str = "gzip", seed: int = 0, overwrite: bool = False,
+def generate(spec: str, shape, *, dtype: str = "float32", layout: str | None = None,
+             chunks=None, compression: str | None = None, seed: int = 0,
+             overwrite: bool = False,
              block_elements: int = BLOCK_ELEMENTS) -> str:
     """Write a seeded standard-normal matrix of ``shape`` to the dataset ``spec``; return the spec.
 
     ``layout``: "contiguous", "chunked" (``chunks`` or 512 x 512) or "compressed" (chunked with
-    ``compression`` "gzip", "zstd" or "lz4"; the last two through hdf5plugin). An existing
+    ``compression`` "gzip" (the default), "zstd" or "lz4"; the last two through hdf5plugin).
+    Without a layout: "compressed" where ``compression`` is given, else "chunked" where
+    ``chunks`` are, else "contiguous"; options the layout cannot use are an error. An existing
     dataset is replaced only with ``overwrite``. A failed write removes the partial dataset.
     """
     m, n = parse_shape(shape)
@@ -113,10 +116,17 @@ def parse_dtype(dtype) -> str:
     return name
 
 
-def parse_layout(layout: str, chunks, compression: str, shape: tuple[int, int]) -> Layout:
-    """Storage settings for h5py's ``create_dataset``."""
+def parse_layout(layout: str | None, chunks, compression: str | None,
+                 shape: tuple[int, int]) -> Layout:
+    """Storage settings for h5py's ``create_dataset`` (see :func:`generate` for the rules)."""
+    if layout is None:
+        layout = ("compressed" if compression is not None else
+                  "chunked" if chunks is not None else "contiguous")
     if layout not in LAYOUTS:
         raise OptionError(f"Expected layout to be one of {', '.join(LAYOUTS)}. Got {layout!r}.")
+    if compression is not None and layout != "compressed":
+        raise OptionError(f"Expected compression only with the compressed layout. Got "
+                          f"compression={compression!r} with layout={layout!r}.")
     if layout == "contiguous":
         if chunks is not None:
             raise OptionError(f"Expected no chunks for a contiguous layout. Got {chunks!r}.")
@@ -131,7 +141,19 @@ def parse_layout(layout: str, chunks, compression: str, shape: tuple[int, int]) 
         raise OptionError(f"Expected chunks no larger than the shape {shape}. Got {chunks}.")
     if layout == "chunked":
         return Layout(chunks, {})
-    return Layout(chunks, _filter(compression))
+    return Layout(chunks, _filter(compression or "gzip"))
+
+
+def describe_layout(lay: Layout) -> str:
+    """"contiguous", "chunked 512 x 512" or "gzip, chunks 512 x 512" for a Layout."""
+    if lay.chunks is None:
+        return "contiguous"
+    shape = f"{lay.chunks[0]} x {lay.chunks[1]}"
+    if not lay.filter:
+        return f"chunked {shape}"
+    codec = lay.filter.get("compression")
+    name = {"gzip": "gzip", 32015: "zstd", 32004: "lz4"}.get(codec, str(codec))
+    return f"{name}, chunks {shape}"
 
 
 def _filter(compression: str) -> dict:

@@ -37,7 +37,7 @@ class OutputLock:
                 raise OutputBusyError(
                     f"Expected no other bigmm run writing {label}. Got one{self._owner()} "
                     f"holding '{path}'; wait for it to finish (or stop it), then run again "
-                    f"(with --resume to keep its finished tiles).") from None
+                    f"(with resume=True to keep its finished tiles).") from None
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(path))
             except FileNotFoundError:

@@ -249,7 +249,7 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
     elif resume and info["exists"] and not (reads_c or overwrite or in_place):
         raise ResumeError(f"Expected the journal '{jpath}' of an interrupted run to resume "
                           f"{spec}. Got an output left incomplete without one; start over "
-                          f"with --overwrite (overwrite=True).")
+                          f"with overwrite=True.")
     if reads_c:
         if not info["exists"]:
             raise OperandNotFound(f"Expected an existing output {spec} holding C for beta != 0. "
@@ -258,8 +258,8 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
         job["inputs"]["C"] = _old_c_identity(spec, label, threads)
     fresh = not in_place and info["exists"] and not reads_c and not resume
     if not overwrite and (journal is not None or fresh):
-        why = ("an interrupted run's journal exists; pass resume=True (--resume) to continue it"
-               if journal is not None else "pass overwrite=True (--overwrite) to replace it")
+        why = ("an interrupted run's journal exists; pass resume=True to continue it"
+               if journal is not None else "pass overwrite=True to replace it")
         raise OutputExistsError(f"Expected no existing output at {spec}. Got one: {why}.")
     if journal is not None:
         journal.remove()
@@ -301,7 +301,7 @@ def _completed(spec, label, info, job, threads, strict: bool, result) -> Sink | 
         return None
     raise ResumeError(f"Expected an interrupted run, or a finished one of the same job, to "
                       f"resume {spec}. Got a finished output of another job: {'; '.join(why)}. "
-                      f"Start over with --overwrite (overwrite=True).")
+                      f"Start over with overwrite=True.")
 
 
 def _job_differences(record: dict | None, job: dict) -> list[str]:
@@ -345,7 +345,7 @@ def _check_space(spec: Spec, need: int) -> None:
         raise DiskFullError(
             f"Expected {format_bytes(need)} ({need} bytes) free on the file system of "
             f"'{spec.path}' for C ({spec}). Got {format_bytes(free)} free. Nothing was "
-            f"computed; free space and rerun with --resume (resume=True), or choose another "
+            f"computed; free space and rerun with resume=True, or choose another "
             f"output.")
 
 
@@ -394,7 +394,7 @@ def _resume(spec, label, journal, job, info, shape, dtype, reads_c, threads, chu
     if set(rin) < set(job["inputs"]):
         raise ResumeError(f"Expected a journal recording the identity of the inputs to resume "
                           f"{spec}. Got '{journal.path}' without them (written by an older "
-                          f"bigmm); start over with --overwrite (overwrite=True).")
+                          f"bigmm); start over with overwrite=True.")
     for name in job["inputs"]:
         diff = differences(rin[name], job["inputs"][name])
         if diff:
@@ -425,7 +425,7 @@ def _resume(spec, label, journal, job, info, shape, dtype, reads_c, threads, chu
 def _changed(name: str, label: str, diff: list[str], spec) -> str:
     return (f"Expected {name} ({label.split(' (', 1)[-1].rstrip(')')}) as the interrupted run "
             f"read it, to resume {spec}. Got {'; '.join(diff)}. Nothing was mixed: restore "
-            f"{name}, or start over with --overwrite (overwrite=True).")
+            f"{name}, or start over with overwrite=True.")
 
 
 def read_journal(x) -> dict | None:

@@ -87,7 +87,7 @@ def _write_error(label: str, r0, r1, c0, c1, exc) -> WriteError:
     if isinstance(exc, OSError) and exc.errno in _FULL:
         return DiskFullError(
             f"Expected free space to write {region}. Got: disk full ({exc.strerror}). "
-            f"Finished tiles are kept; free space and rerun with --resume (resume=True).")
+            f"Finished tiles are kept; free space and rerun with resume=True.")
     return WriteError(f"Expected to write {region}. Got {type(exc).__name__}: {exc}.")
 
 

@@ -544,8 +544,8 @@ def open_h5(spec: Spec, name: str, mode: str = "r") -> tuple[h5py.File, h5py.Dat
 
 def incomplete_message(label: str) -> str:
     return (f"Expected a complete dataset. Got {label}, left incomplete by an interrupted bigmm "
-            f"run; continue it with `bigmm multiply ... --resume` (Python: resume=True), "
-            f"or start over with --overwrite.")
+            f"run; continue it with resume=True, "
+            f"or start over with overwrite=True.")
 
 
 def _batches(items, piece: int) -> list[list]:

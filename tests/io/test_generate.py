@@ -49,10 +49,14 @@ def test_seed_and_dtype(tmp_path):
 
 
 @pytest.mark.parametrize("layout, chunks, compression, want_chunks, filter_id", [
-    ("contiguous", None, "gzip", None, None),           # no chunks, no filter
-    ("chunked", None, "gzip", (97, 61), None),          # default chunks clipped to the shape
-    ("chunked", (13, 7), "gzip", (13, 7), None),        # explicit chunks
+    ("contiguous", None, None, None, None),             # no chunks, no filter
+    (None, None, None, None, None),                     # contiguous by default
+    ("chunked", None, None, (97, 61), None),            # default chunks clipped to the shape
+    ("chunked", (13, 7), None, (13, 7), None),          # explicit chunks
+    (None, (13, 7), None, (13, 7), None),               # chunked by giving chunks
     ("compressed", (17, 19), "gzip", (17, 19), 1),      # deflate
+    ("compressed", (17, 19), None, (17, 19), 1),        # deflate by default
+    (None, None, "zstd", (97, 61), 32015),              # compressed by naming a codec
     ("compressed", None, "zstd", (97, 61), 32015),      # hdf5plugin Zstd
     ("compressed", (5, 61), "lz4", (5, 61), 32004),     # hdf5plugin LZ4
 ])
@@ -81,7 +85,9 @@ def test_layouts(tmp_path, layout, chunks, compression, want_chunks, filter_id):
     (dict(shape=(3, 4), dtype="float16"), DtypeError),   # half precision
     (dict(shape=(3, 4), layout="banana"), OptionError),  # unknown layout
     (dict(shape=(3, 4), layout="compressed", compression="snappy"), OptionError),  # codec
-    (dict(shape=(3, 4), chunks=(2, 2)), OptionError),    # chunks for a contiguous layout
+    (dict(shape=(3, 4), layout="contiguous", chunks=(2, 2)), OptionError),  # chunks, contiguous
+    (dict(shape=(3, 4), layout="contiguous", compression="gzip"), OptionError),  # codec unused
+    (dict(shape=(3, 4), layout="chunked", compression="gzip"), OptionError),  # codec unused
     (dict(shape=(3, 4), layout="chunked", chunks=(4, 2)), OptionError),  # chunk > shape
     (dict(shape=(3, 4), layout="chunked", chunks=(0, 2)), OptionError),  # empty chunk
     (dict(shape=(3, 4), seed=-1), OptionError),          # negative seed

@@ -340,7 +340,7 @@ INVALID = [
     ("{bad}:/str", DtypeError, ["float32 or float64", "string"]),      # fixed strings
     ("{bad}:/vstr", DtypeError, ["float32 or float64", "string"]),     # variable strings
     ("{bad}:/comp", DtypeError, ["float32 or float64", "compound"]),   # compound
-    ("{bad}:/partial", IncompleteOutputError, ["incomplete", "--resume", "resume=True"]),
+    ("{bad}:/partial", IncompleteOutputError, ["incomplete", "resume=True", "overwrite=True"]),
 ]
 
 
