@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Union
 
 from . import io
 from .backends.numpy import memory_available as host_memory_available
@@ -24,12 +24,23 @@ from .plan import Plan
 from .profile import Profile
 from .units import format_bytes
 
+if TYPE_CHECKING:
+    import h5py
+    import numpy as np
 
-def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
-           trans_b: bool = False, memory=None, host_memory=None, backend: str = "auto",
+#: An operand: a "file.h5:/dataset" spec (a string or path), an h5py Dataset or a NumPy array.
+Operand = Union[str, "os.PathLike[str]", "io.Spec", "h5py.Dataset", "np.ndarray"]
+#: A memory budget: bytes, or a string such as "8GiB" or "512MB"; None for the default.
+Size = Union[int, float, str, None]
+
+
+def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1.0,
+           beta: float = 0.0, trans_a: bool = False, trans_b: bool = False,
+           memory: Size = None, host_memory: Size = None, backend: str = "auto",
            progress: Callable[[Progress], None] | None = None, resume: bool = False,
            overwrite: bool = False, io_threads: int | None = None, stats: bool = False,
-           kernel: str | None = None, profile=None, verify: str | None = None):
+           kernel: str | None = None, profile: bool | str | os.PathLike | Profile | None = None,
+           verify: str | None = None):
     """C = alpha * op(A) @ op(B) + beta * C, out of core.
 
     ``a``, ``b``: "file.h5:/dataset" specs, h5py Datasets or NumPy arrays (stored matrices;
@@ -77,8 +88,9 @@ def matmul(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bo
     return (result, run) if stats else result
 
 
-def plan(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
-         trans_b: bool = False, memory=None, host_memory=None, backend: str = "auto",
+def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1.0,
+         beta: float = 0.0, trans_a: bool = False, trans_b: bool = False, memory: Size = None,
+         host_memory: Size = None, backend: str = "auto",
          resume: bool = False, kernel: str | None = None, verify: str | None = None) -> Plan:
     """The Plan ``matmul`` would run with the same arguments (opens inputs read-only, writes
     nothing)."""

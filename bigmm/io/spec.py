@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..errors import SpecError
@@ -19,13 +20,16 @@ class Spec:
 
 
 def parse_spec(text) -> Spec:
-    """Parse ``"file.h5:/dataset"`` (the leading "/" of the dataset is optional).
+    """Parse ``"file.h5:/dataset"`` (a string or a path such as ``Path("file.h5:/dataset")``;
+    the leading "/" of the dataset is optional).
 
     The file part ends at the first ``":/"``; without one, at the last ``":"``. Both parts must
     be non-empty.
     """
     if isinstance(text, Spec):
         return text
+    if isinstance(text, os.PathLike):
+        text = os.fspath(text)
     if not isinstance(text, str):
         raise SpecError(f"Expected 'file.h5:/dataset'. Got {text!r} ({type(text).__name__}).")
     cut = text.find(":/")

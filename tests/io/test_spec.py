@@ -43,3 +43,22 @@ def test_parse_spec_rejects(text):
 def test_parse_spec_rejects_non_string():
     with pytest.raises(SpecError, match="Got 3 \\(int\\)"):
         parse_spec(3)
+
+
+def test_paths_are_specs(tmp_path):
+    from pathlib import Path
+
+    import numpy as np
+
+    from bigmm.io.generate import generate
+    from bigmm.verify import verify
+    import bigmm
+
+    assert parse_spec(Path("dir/a.h5:/grp/A")) == Spec("dir/a.h5", "/grp/A")
+    a, b, c = (tmp_path / f"m.h5:/{x}" for x in "ABC")
+    generate(a, (7, 5), dtype="float64", seed=1)
+    generate(b, (5, 3), dtype="float64", seed=2)
+    assert bigmm.matmul(a, b, out=c, backend="numpy") == str(c)
+    assert verify(a, b, c).passed
+    assert bigmm.plan(a, b, backend="numpy").m == 7
+    assert np.isfinite(bigmm.matmul(a, b, backend="numpy")).all()
