@@ -25,9 +25,9 @@ import numpy as np
 #: The fingerprint samples about this share of an operand's bytes, at least SAMPLE_MIN and at
 #: most SAMPLE_MAX; operands up to SAMPLE_WHOLE bytes are hashed whole.
 SAMPLE_SHARE = 1 / 4096
-SAMPLE_MIN, SAMPLE_MAX, SAMPLE_WHOLE = 64 << 10, 8 << 20, 256 << 10
+SAMPLE_MIN, SAMPLE_MAX, SAMPLE_WHOLE = 64 << 10, 4 << 20, 256 << 10
 #: Elements per sampled row segment of an unchunked operand.
-SEGMENT = 1024
+SEGMENT = 8192
 
 
 # ----- identity of the data ---------------------------------------------------------------------
