@@ -5,10 +5,12 @@
   one B block and the partial C block, and accumulates with the backend's gemm.
 * :func:`matmul_files`: ``C = alpha*op(A)@op(B) + beta*C`` on HDF5 files as C-tile tasks on a
   ``dask.distributed`` cluster. Each task reopens A and B by path on its worker, runs bigmm's
-  executor on its tile, and returns the tile to the calling process, the only writer of C and of
-  its resume journal.
+  executor on its tile and writes it into C's file at its byte offsets; the calling process
+  creates C, journals the tiles the tasks report and alone touches HDF5 metadata.
+  :func:`run_files` is the same, returning the plan and the statistics too.
 * :func:`local_cluster`: a client on a new local cluster (one worker per GPU with dask-cuda where
-  GPUs are usable, else worker processes), as ``bigmm multiply --workers N`` starts it.
+  GPUs are usable, else worker processes), as ``bigmm multiply --workers N`` starts it;
+  :func:`connect`: a client of a running cluster.
 
 dask and distributed are imported inside functions: importing this module needs neither.
 """
