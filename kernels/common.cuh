@@ -600,6 +600,12 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
 #define BIGMM_CHECK_ARGS {}
 #endif
 
+// The body every entry runs: the family's cp.async pipeline (gemm_body) unless a family file
+// defines BIGMM_BODY to its own, with the same template parameters, before including this file.
+#ifndef BIGMM_BODY
+#define BIGMM_BODY bigmm::gemm_body
+#endif
+
 #define BIGMM_ENTRY(NAME, LA, LB)                                                              \
     extern "C" __global__ void __launch_bounds__(BigmmTile::NT, BIGMM_MIN_BLOCKS)              \
         NAME(int M, int N, int K, BIGMM_DTYPE alpha, const BIGMM_DTYPE* __restrict__ A,          \
@@ -607,7 +613,7 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
              BIGMM_DTYPE* __restrict__ C, long long ldc, int c_vec, int k_chunk,                 \
              long long c_zstride BIGMM_CHECK_PARAMS) {                                           \
         const bigmm::Checks ck = BIGMM_CHECK_ARGS;                                              \
-        bigmm::gemm_body<BigmmTile, BigmmCompute, bigmm::LA, bigmm::LB, bool(BIGMM_CHECKS)>(   \
+        BIGMM_BODY<BigmmTile, BigmmCompute, bigmm::LA, bigmm::LB, bool(BIGMM_CHECKS)>(         \
             M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, c_vec, k_chunk, c_zstride, ck);      \
     }
 
