@@ -7,9 +7,13 @@
 // Block: two warpgroups (256 threads), C tile BM = 128 rows x BN = 128 columns, k-tiles of
 // BK = 32.  Warpgroup w owns rows [64 w, 64 w + 64) of the tile; each k-step of 8 is one
 // wgmma.m64n128k8 per pass with A from registers and B from shared memory:
-//  * Global -> shared: the family's loaders and k/v/s load modes (common.cuh) into STAGES raw
-//    k-major tiles S[k][r] (cp.async, zero-filled k < 0, clamped rows), the same edges, views
-//    and split K as every other family.
+//  * Global -> shared: the family's loaders and load modes (common.cuh) into STAGES raw tiles
+//    (cp.async, zero-filled k < 0, clamped rows), the same edges, views and split K as every
+//    other family.  Raw tiles are S[k][r], except an A contiguous along K with 16-byte aligned
+//    rows and K % 4 == 0 (LOAD_W: 16-byte copies into S[m][k], row stride BK + 4 floats; NN,
+//    and NT with two register tiles), which element copies transposing on the way in slowed
+//    down (measured: 61 -> 89 TFLOP/s at 8192^3).  The launcher uses it for launches that are
+//    not split along K.
 //  * B's split: once per k-tile, all threads read the raw B tile and write tf32(x) (and for
 //    3xTF32 tf32(2^10 (x - tf32(x)))) into K-major tiles with the 128-byte swizzle that the
 //    wgmma descriptor reads (8 rows x 128 bytes per 1024-byte atom, 16-byte chunk c of row r
@@ -17,21 +21,33 @@
 //    runs while the wgmmas of kt read the other.
 //  * A's split: in registers, per fragment, right after its shared-memory load (float2 loads
 //    at S[k][2g] as in gemm_tf32.cu: logical rows g and g + 8 of a warp's 16 are stored rows 2g
-//    and 2g + 1).
+//    and 2g + 1).  From S[m][k] (LOAD_W) the k of each 8-step are permuted as well (logical t
+//    and t + 4 are stored 2t and 2t + 1) so that {a0, a2} and {a1, a3} are float2 loads; B's
+//    split then reads its k in the same order.
 //  * B's columns are permuted in the swizzled tile so that a thread's accumulators come back as
 //    runs of four consecutive columns of C (16-byte epilogue stores): logical wgmma column
 //    16p + 8h + 2t + e holds C column 16p + 4t + 2h + e.
 //
 // Accumulation (3xTF32).  The tensor cores truncate when they add into their accumulator, so a
-// long sum must not live there (kernels/README.md).  Per warpgroup two register tiles: acc (the
-// float32 result) and T.  Per k-tile: T = the 4 k-steps of big*big (a fresh wgmma sum of 32
-// products, truncated relative to itself), then acc += T with FADD; T = the 8 correction
-// products small*big + big*small (small parts scaled by 2^10), then acc += 2^-10 T with FFMA.
-// Both roundings of acc are to nearest, two per 32 of K (SGEMM rounds 32 times).  The two
-// warpgroups issue the two groups in opposite orders so that while one waits on its group and
-// adds it, the other's keeps the tensor cores busy.  Plain TF32 accumulates in the wgmma (like
-// cuBLAS's TF32 mode).
+// long sum must not live there (kernels/README.md).  -DBIGMM_TF32_ACC selects the register tiles
+// per warpgroup:
+//  * 3 (the table's configs; measured 1.2-1.3x faster than 2): acc (the float32 result), bb and
+//    cor.  Per k-step, cor += small*big and big*small (small parts scaled by 2^10: their
+//    truncation is 2^-11 of the result's, so cor lives over all of K) and bb (+)= big*big, a
+//    fresh sum per k-tile added to acc with FADD at its end: one rounding to nearest per 32 of K
+//    (SGEMM rounds 32 times).  Result acc + 2^-10 cor.  The A fragments alternate between two
+//    register sets; k-step s waits for the wgmmas of k-step s - 2.  250-254 registers.
+//  * 2: acc and tmp.  Per k-tile three fresh sums in tmp, each added to acc (FFMA x 1 or
+//    x 2^-10): big*big, small*big, big*small; the warpgroups take them in rotated orders so
+//    that one's wait and addition overlap the other's wgmmas.  230-237 registers.
+// Plain TF32 accumulates in the wgmma (like cuBLAS's TF32 mode).
+// wgmma sits in no divergent path (ptxas would serialize it): operands are selected, not branched
+// on, and the split after the last k-tile runs on a stale stage instead of behind a branch.
 #define BIGMM_BODY bigmm::wgmma_body
+#define BIGMM_EXTRA_ENTRIES                                                                    \
+    BIGMM_ENTRY(gemm_wv, LOAD_W, LOAD_V)                                                       \
+    BIGMM_ENTRY(gemm_ws, LOAD_W, LOAD_S)                                                       \
+    BIGMM_ENTRY(gemm_wk, LOAD_W, LOAD_K)
 #include "common.cuh"
 
 namespace bigmm {
@@ -106,6 +122,11 @@ struct WgmmaShape {
     static constexpr int SPLIT_BYTES = PARTS * PART_BYTES;  // one of the two split buffers
     static constexpr int QUADS = BK / 4;                   // 16-byte chunks per split row
     static constexpr int QUADS_PER_THREAD = BN * QUADS / NT;
+    static constexpr int SKA = BK + 4;                     // row stride of a LOAD_W A tile
+    static constexpr int A_FLOATS = BM * SKA;              // raw A tile, either layout
+    static constexpr int STAGE = A_FLOATS + BK * TL::SB;   // floats per raw stage
+    static_assert(BK * TL::SA <= A_FLOATS, "the S[k][m] A tile fits the stage's A part");
+    static_assert(SKA % 32 == 4, "conflict-free float2 fragment loads from S[m][k]");
     static_assert(BM == 128 && BN == 128 && NT == 256, "two warpgroups of 64 x 128");
     static_assert(BK == 32, "a k-tile is one 128-byte swizzle row");
     static_assert(QUADS_PER_THREAD == KSTEPS, "one split chunk per k-step");
@@ -115,10 +136,11 @@ struct WgmmaShape {
 
 // One thread's share of splitting raw B tile S[k][n] (row stride SB) into the K-major swizzled
 // tile(s) at byte address `dst` of the shared window: chunk i of the thread's 16-byte chunks
-// (4 consecutive k of one row).  Lanes take consecutive logical rows, so both the element loads
-// (32 distinct columns) and the 16-byte stores (8 rows, 8 distinct swizzled chunks per quarter
-// warp) are conflict-free.
-template <class TL, int PASSES>
+// (4 consecutive logical k of one row; with PERM_K, logical k 8s + j is stored k 8s + 2j for
+// j < 4 and 8s + 2(j - 4) + 1 after, the order of A's LOAD_W fragments).  Lanes take
+// consecutive logical rows, so both the element loads (32 distinct columns) and the 16-byte
+// stores (8 rows, 8 distinct swizzled chunks per quarter warp) are conflict-free.
+template <class TL, int PASSES, bool PERM_K>
 __device__ __forceinline__ void split_chunk(const float* raw_b, unsigned char* dst, int i, int tid) {
     typedef WgmmaShape<TL, PASSES> S;
     const int row = tid % TL::BN;                    // logical wgmma column (K-major row)
@@ -127,7 +149,10 @@ __device__ __forceinline__ void split_chunk(const float* raw_b, unsigned char* d
     const int col = (row & ~15) | (((row >> 1) & 3) << 2) | (((row >> 3) & 1) << 1) | (row & 1);
     float x[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) x[q] = raw_b[(4 * kq + q) * TL::SB + col];
+    for (int q = 0; q < 4; ++q) {
+        const int k = PERM_K ? 8 * (kq >> 1) + 2 * q + (kq & 1) : 4 * kq + q;
+        x[q] = raw_b[k * TL::SB + col];
+    }
     const int off = row * S::ROW_BYTES + ((kq ^ (row & 7)) << 4);
     if (PASSES == 3) {
         uint4 big, small;
@@ -143,25 +168,27 @@ __device__ __forceinline__ void split_chunk(const float* raw_b, unsigned char* d
     }
 }
 
-template <class TL, class PASSES_T, int LA, int LB, bool CHECKS>
+template <class TL, class COMPUTE, int LA, int LB, bool CHECKS>
 __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
                                            const float* __restrict__ A, long long lda,
                                            const float* __restrict__ B, long long ldb, float beta,
                                            float* __restrict__ C, long long ldc, int c_vec,
                                            int k_chunk, long long c_zstride, const Checks&) {
-    constexpr int PASSES = PASSES_T::value;
+    constexpr int PASSES = COMPUTE::PASSES, ACC = PASSES == 3 ? COMPUTE::ACC : 1;
     typedef WgmmaShape<TL, PASSES> S;
     constexpr int BM = TL::BM, BN = TL::BN, BK = TL::BK, NT = TL::NT, STAGES = TL::STAGES;
-    constexpr int SA = TL::SA, STAGE = TL::STAGE, KSTEPS = S::KSTEPS;
+    constexpr int SA = TL::SA, STAGE = S::STAGE, KSTEPS = S::KSTEPS;
+    constexpr bool W = LA == LOAD_W;  // A K-major in its raw tile: k permuted within 8-steps
     constexpr unsigned STAGE_BYTES = unsigned(STAGE) * 4u;
     static_assert(!CHECKS, "checksum updates are the float32 kernels' (cuda_kernels refuses them)");
     static_assert(PASSES == 1 || PASSES == 3, "TF32 (1 pass) or 3xTF32 (3 passes)");
+    static_assert(ACC == 1 || ACC == 2 || ACC == 3, "register tiles per warpgroup");
 
     // Split K: block z multiplies [z * k_chunk, (z + 1) * k_chunk) into its own slice of C.
     {
         const int kz = blockIdx.z * k_chunk;
         K = min(k_chunk, K - kz);
-        A += (LA == LOAD_K) ? (long long)kz : (long long)kz * lda;
+        A += (LA == LOAD_K || LA == LOAD_W) ? (long long)kz : (long long)kz * lda;
         B += (LB == LOAD_K) ? (long long)kz : (long long)kz * ldb;
         C += blockIdx.z * c_zstride;
     }
@@ -178,22 +205,28 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
     swizzle_tile<8>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, tile_m, tile_n);
     const int m0 = tile_m * BM, n0 = tile_n * BN;
 
-    TileLoader<float, BM, BK, NT, SA, LA> load_a;
+    TileLoader<float, BM, BK, NT, W ? S::SKA : SA, LA> load_a;
     TileLoader<float, BN, BK, NT, TL::SB, LB> load_b;
     const int KT = (K + BK - 1) / BK;
     const int kstart = K - KT * BK;  // first tile is [kstart, kstart + BK), kstart in (-BK, 0]
     load_a.init(A, lda, m0, M, kstart, tid, raw_addr);
-    load_b.init(B, ldb, n0, N, kstart, tid, raw_addr + unsigned(BK * SA) * 4u);
+    load_b.init(B, ldb, n0, N, kstart, tid, raw_addr + unsigned(S::A_FLOATS) * 4u);
 
-    // Warpgroup wg, warp w in it, lane (g, t): fragment rows 64 wg + 16 w + {2g, 2g + 1}.
+    // Warpgroup wg, warp w in it, lane (g, t): fragment rows 64 wg + 16 w + {2g, 2g + 1}, k t
+    // and t + 4 of each 8-step (stored 2t and 2t + 1 in a LOAD_W tile).
     const int wg = tid / 128, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int frag_off = t * SA + 64 * wg + 16 * ((tid / 32) % 4) + 2 * g;
+    const int frag_row = 64 * wg + 16 * ((tid / 32) % 4) + 2 * g;
+    const int frag_off = W ? frag_row * S::SKA + 2 * t : t * SA + frag_row;
 
-    float acc[64], tmp[64];
+    // acc: the float32 result; tmp: a fresh wgmma sum (3xTF32); cor (ACC 3): 2^10 times the
+    // correction terms, accumulated in the wgmma over all of K.
+    float acc[64], tmp[64], cor[ACC == 3 ? 64 : 1];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
 #pragma unroll
     for (int i = 0; i < 64; ++i) tmp[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < (ACC == 3 ? 64 : 1); ++i) cor[i] = 0.f;
 
     // Prologue: raw tiles 0 .. STAGES-2 in flight; tiles 0 and 1 landed; tile 0 split.
     if (KT > 0) {
@@ -213,7 +246,7 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
     __syncthreads();
     if (KT > 0) {
 #pragma unroll
-        for (int i = 0; i < KSTEPS; ++i) split_chunk<TL, PASSES>(raw + BK * SA, smem, i, tid);
+        for (int i = 0; i < KSTEPS; ++i) split_chunk<TL, PASSES, W>(raw + S::A_FLOATS, smem, i, tid);
     }
     fence_proxy_async();
     __syncthreads();
@@ -231,22 +264,32 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
 
         const int cur = kt % STAGES, nxt = (kt + 1) % STAGES;
         const float* frag_src = raw + cur * STAGE + frag_off;
-        const float* next_b = raw + nxt * STAGE + BK * SA;
+        const float* next_b = raw + nxt * STAGE + S::A_FLOATS;
         unsigned char* next_split = smem + ((kt + 1) & 1) * S::SPLIT_BYTES;
         const unsigned split_cur = split_addr + unsigned((kt & 1) * S::SPLIT_BYTES);
 
-        // A fragments of the k-tile, split in registers: fb = tf32(x), fs = the small parts.
-        unsigned fb[KSTEPS][4], fs[KSTEPS][4];
-#pragma unroll
-        for (int s = 0; s < KSTEPS; ++s) {
-            const float2 lo = *reinterpret_cast<const float2*>(frag_src + 8 * s * SA);
-            const float2 hi = *reinterpret_cast<const float2*>(frag_src + (8 * s + 4) * SA);
-            const float x[4] = {lo.x, lo.y, hi.x, hi.y};
+        // A fragments of k-step s, split in registers: fb = tf32(x), fs = the small parts.
+        auto load_frag = [&](int s, unsigned* fb, unsigned* fs) {
+            float x[4];  // {A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]} of the warp's 16 rows
+            if (W) {
+                const float2 r0 = *reinterpret_cast<const float2*>(frag_src + 8 * s);
+                const float2 r1 = *reinterpret_cast<const float2*>(frag_src + S::SKA + 8 * s);
+                x[0] = r0.x, x[1] = r1.x, x[2] = r0.y, x[3] = r1.y;
+            } else {
+                const float2 lo = *reinterpret_cast<const float2*>(frag_src + 8 * s * SA);
+                const float2 hi = *reinterpret_cast<const float2*>(frag_src + (8 * s + 4) * SA);
+                x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+            }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                if (PASSES == 3) tf32_split(x[e], fb[s][e], fs[s][e]);
-                else fb[s][e] = tf32_rna(x[e]);
+                if (PASSES == 3) tf32_split(x[e], fb[e], fs[e]);
+                else fb[e] = tf32_rna(x[e]);
             }
+        };
+        unsigned fb[KSTEPS][4], fs[KSTEPS][4];
+        if (PASSES == 1 || ACC == 2) {
+#pragma unroll
+            for (int s = 0; s < KSTEPS; ++s) load_frag(s, fb[s], fs[s]);
         }
 
         // The split of k-tile kt + 1 runs while this k-tile's wgmmas do (after the last k-tile it
@@ -258,8 +301,27 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
                 wgmma_m64n128k8_tf32(acc, fb[s], wgmma_desc_sw128(split_cur + 32u * s), 1);
             wgmma_commit();
 #pragma unroll
-            for (int i = 0; i < KSTEPS; ++i) split_chunk<TL, PASSES>(next_b, next_split, i, tid);
+            for (int i = 0; i < KSTEPS; ++i) split_chunk<TL, PASSES, W>(next_b, next_split, i, tid);
             wgmma_wait<0>();
+        } else if (ACC == 3) {
+            // Per k-step: the corrections into cor (over all of K), big*big into bb (a fresh sum
+            // per k-tile, added to acc at its end).  Fragments alternate between two register
+            // sets: k-step s waits for the wgmmas of k-step s - 2 before it overwrites theirs.
+#pragma unroll
+            for (int s = 0; s < KSTEPS; ++s) {
+                if (s >= 2) wgmma_wait<1>();
+                load_frag(s, fb[s & 1], fs[s & 1]);
+                wgmma_fence();
+                wgmma_m64n128k8_tf32(cor, fs[s & 1], wgmma_desc_sw128(split_cur + 32u * s), 1);
+                wgmma_m64n128k8_tf32(
+                    cor, fb[s & 1], wgmma_desc_sw128(split_cur + S::PART_BYTES + 32u * s), 1);
+                wgmma_m64n128k8_tf32(tmp, fb[s & 1], wgmma_desc_sw128(split_cur + 32u * s), s > 0);
+                wgmma_commit();
+                split_chunk<TL, PASSES, W>(next_b, next_split, s, tid);
+            }
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc[i] += tmp[i];
         } else {
             // Three groups of KSTEPS wgmmas, each a fresh sum in tmp added to acc: big*big (x 1),
             // small*big and big*small (x 2^-10).  Warpgroup 1 starts at the second: while one
@@ -284,7 +346,7 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
                 // the split chunks of k-tile kt + 1: 2, 1, 1 over the three phases
 #pragma unroll
                 for (int i = (phase == 0 ? 0 : phase + 1); i < (phase == 0 ? 2 : phase + 2); ++i)
-                    split_chunk<TL, PASSES>(next_b, next_split, i, tid);
+                    split_chunk<TL, PASSES, W>(next_b, next_split, i, tid);
                 wgmma_wait<0>();
                 const float scale = group == 0 ? 1.f : 1.f / TF32_SMALL_SCALE;
 #pragma unroll
@@ -307,15 +369,21 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
         for (int p = 0; p < BN / 16; ++p) {
             float v[4];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) v[c] = acc[8 * p + 4 * (c >> 1) + 2 * h + (c & 1)];
+            for (int c = 0; c < 4; ++c) {
+                const int i = 8 * p + 4 * (c >> 1) + 2 * h + (c & 1);
+                v[c] = ACC == 3 ? __fmaf_rn(cor[i % (ACC == 3 ? 64 : 1)], 1.f / TF32_SMALL_SCALE, acc[i])
+                                : acc[i];
+            }
             store_vec<float, 4>(C, ldc, M, N, m0 + row0 + h, n0 + 16 * p + 4 * t, v, alpha, beta,
                                 read_c, c_vec);
         }
 }
 
-template <int P>
-struct Passes {
-    static constexpr int value = P;
+// The compute policy: PASSES (3: 3xTF32, 1: TF32) and, for 3xTF32, ACC: the register tiles
+// per warpgroup (2: acc and tmp, three fresh sums per k-tile; 3: acc, tmp and cor, see above).
+template <int PASSES_, int ACC_>
+struct WgmmaCompute {
+    static constexpr int PASSES = PASSES_, ACC = ACC_;
 };
 
 }  // namespace bigmm
@@ -345,6 +413,9 @@ struct Passes {
 #ifndef BIGMM_TF32_PASSES
 #define BIGMM_TF32_PASSES 3  // 3: 3xTF32 (float32 accuracy), 1: plain TF32
 #endif
+#ifndef BIGMM_TF32_ACC
+#define BIGMM_TF32_ACC 2  // 3xTF32 register tiles: 2 (acc, tmp) or 3 (acc, tmp, cor)
+#endif
 #ifndef BIGMM_CHECKS
 #define BIGMM_CHECKS 0
 #endif
@@ -353,6 +424,6 @@ struct Passes {
 typedef bigmm::Tile<float, BIGMM_BM, BIGMM_BN, BIGMM_BK, 16, BIGMM_BN, 0, 0, BIGMM_STAGES,
                     BIGMM_PAD_BYTES>
     BigmmTile;
-typedef bigmm::Passes<BIGMM_TF32_PASSES> BigmmCompute;
+typedef bigmm::WgmmaCompute<BIGMM_TF32_PASSES, BIGMM_TF32_ACC> BigmmCompute;
 
 BIGMM_DEFINE_ENTRIES
