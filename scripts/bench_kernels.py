@@ -308,7 +308,7 @@ def precompile(configs, jobs: int = 16) -> float:
     code = ("import sys; from bigmm.backends import cuda_kernels as ck; "
             "cfgs = ck.tile_configs(); "
             "[ck._gemm_kernel(cfgs[n], e) for n, e in (x.split(':') for x in sys.argv[1:])]")
-    work = [f"{c.name}:{e}" for c in ck._runnable(configs) for e in ck._ENTRIES]
+    work = [f"{c.name}:{e}" for c in ck._runnable(configs) for e in c.entries]
     chunks = [work[i::jobs] for i in range(jobs)]
     procs = [subprocess.Popen([sys.executable, "-c", code, *ch]) for ch in chunks if ch]
     for proc in procs:

@@ -43,13 +43,19 @@ _INT32_MAX = 2**31 - 1
 #: too little float32 rounding for the 3xTF32 split's own error (up to 2^-23 per operand, the
 #: dropped small*small) to stay within 2x of it (tests/backends/test_tf32_split.py).
 TF32X3_MIN_K = 16
+#: "tf32x3" products with K below this run on mma.sync (gemm_tf32.cu) on Hopper too: the wgmma
+#: kernel's k-tile sums of 32 products (truncated once more than mma.sync's k-steps of 8) measured
+#: 2.6x SGEMM's error at K = 16 on the contract's "wide" operands; short sums are memory-bound.
+TF32X3_WGMMA_MIN_K = 64
 #: Precisions of :func:`gemm` per dtype (None = the dtype's own: "float32" or "float64").
 PRECISIONS = {"float32": ("float32", "tf32x3", "tf32"), "float64": ("float64",)}
 
 # (A mode, B mode) -> entry point.  Modes: k = A/B contiguous along K (transposed on load),
-# v = contiguous along M/N and 16-byte aligned, s = contiguous along M/N, unaligned.
+# v = contiguous along M/N and 16-byte aligned, s = contiguous along M/N, unaligned; w = A
+# contiguous along K, 16-byte aligned rows and K % 4 == 0, kept K-major (wgmma configs only).
 _ENTRIES = ("kv", "ks", "kk", "vv", "vs", "sv", "ss", "vk", "sk")
-_LOADERS = {"k": "LOAD_K", "v": "LOAD_V", "s": "LOAD_S"}
+_W_ENTRIES = ("wv", "ws", "wk")
+_LOADERS = {"k": "LOAD_K", "v": "LOAD_V", "s": "LOAD_S", "w": "LOAD_W"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class TileConfig:
     tf32: int = 0  # TF32 tensor-core passes (gemm_tf32.cu; tm, tn unused): 3 = 3xTF32, 1 = TF32
     tf32_fadd: bool = True  # 3xTF32: each k-step's products onto zero, added with FADD
     wgmma: bool = False  # TF32 on Hopper's warpgroup tensor cores (gemm_wgmma.cu, sm_90a only)
+    acc_tiles: int = 2  # wgmma 3xTF32: register tiles per warpgroup (2: acc, tmp; 3: + cor)
 
     @property
     def source(self) -> str:
@@ -83,6 +90,15 @@ class TileConfig:
     def arch(self) -> str | None:
         """The GPU target the config needs ("sm_90a": compute capability 9.0), None for any."""
         return "sm_90a" if self.wgmma else None
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The entry points (A and B load modes) the config compiles.  wgmma 3xTF32 with three
+        register tiles leaves wk out (it spills: its NT products use kk)."""
+        if not self.wgmma:
+            return _ENTRIES
+        return _ENTRIES + tuple(e for e in _W_ENTRIES if not (self.acc_tiles == 3 and self.tf32 == 3
+                                                             and e == "wk"))
 
     def compile_options(self) -> tuple[str, ...]:
         """NVRTC options beyond the tile macros: the target of an arch-specific config."""
@@ -107,7 +123,9 @@ class TileConfig:
     def smem_bytes(self) -> int:
         pad = self.pad_bytes // self.itemsize
         raw = self.stages * self.bk * (self.bm + self.bn + 2 * pad) * self.itemsize
-        if self.wgmma:  # plus two split B tiles (tf32 and, for 3xTF32, small parts), 1 KB aligned
+        if self.wgmma:  # raw A tiles of either layout (S[k][m] or S[m][k], rows of bk + 4), plus
+            # two split B tiles (tf32 and, for 3xTF32, small parts) at a 1 KB boundary
+            raw = self.stages * (self.bm * (self.bk + 4) + self.bk * (self.bn + pad)) * 4
             return raw + 2 * (2 if self.tf32 == 3 else 1) * self.bn * self.bk * 4 + 1024
         return raw
 
@@ -122,8 +140,9 @@ class TileConfig:
             values["TF32_PASSES"] = self.tf32
             values["TF32_ACC"] = int(self.tf32_fadd)
         if self.wgmma:  # the warpgroup tile is fixed by the kernel: no warp or thread tiles
-            for key in ("WM", "WN", "TM", "TN", "DMMA", "TF32_ACC"):
+            for key in ("WM", "WN", "TM", "TN", "DMMA"):
                 values.pop(key, None)
+            values["TF32_ACC"] = self.acc_tiles
         return tuple(f"-DBIGMM_{k}={v}" for k, v in values.items())
 
     def check(self) -> None:
@@ -140,8 +159,7 @@ class TileConfig:
                  for r in (self.bm, self.bn)), "16-byte copies tile the block"),
             (self.pad_bytes % 16 == 0, "pad keeps rows 16-byte aligned"),
         ]
-        if self.dmma or self.tf32:
-            pad = self.pad_bytes // self.itemsize
+        pad = self.pad_bytes // self.itemsize
         if self.wgmma:
             rules += [
                 (self.dtype == "float32" and self.tf32 in (1, 3) and not self.dmma,
@@ -149,6 +167,7 @@ class TileConfig:
                 ((self.bm, self.bn, self.bk, self.wm, self.wn) == (128, 128, 32, 64, 128),
                  "wgmma tile 128x128x32 of two 64x128 warpgroup tiles"),
                 (self.stages >= 3, "stages >= 3"),
+                (self.acc_tiles in (2, 3), "2 or 3 register tiles per warpgroup"),
                 (self.pad_bytes % 16 == 0 and (self.bm + pad) % 16 == 8, "A row stride 8 mod 16"),
             ]
         elif self.tf32:
@@ -401,7 +420,7 @@ def compile_all(dtype: str | None = None) -> list[str]:
     device can run; returns the names."""
     done = []
     for cfg in _runnable(tile_configs(dtype).values()):
-        for entry in _ENTRIES:
+        for entry in cfg.entries:
             _gemm_kernel(cfg, entry)
             done.append(f"{cfg.name}:gemm_{entry}")
     return done
@@ -413,7 +432,7 @@ def resource_usage(dtype: str | None = None) -> dict[str, dict]:
 
     out = {}
     for cfg in _runnable(tile_configs(dtype).values()):
-        for entry in _ENTRIES:
+        for entry in cfg.entries:
             kern = _gemm_kernel(cfg, entry)
             attrs = kern.attributes
             try:
@@ -489,7 +508,9 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     float64 reference is bounded by tests/backends/test_tf32_kernels.py); "tf32" in one TF32
     pass (operands rounded to 11 significant bits: about 1e-4 relative error).  ``config`` must
     then be a config of that precision (``tile_configs(precision=...)``).  "tf32x3" with K below
-    :data:`TF32X3_MIN_K` (and no config given) runs in float32.
+    :data:`TF32X3_MIN_K` (and no config given) runs in float32.  On a compute capability 9.0
+    GPU both TF32 precisions run on the warpgroup tensor cores (``gemm_wgmma.cu``, sm_90a), except
+    "tf32x3" with K below :data:`TF32X3_WGMMA_MIN_K`, which stays on mma.sync.
     ``split_edges`` (None = when it pays, see :func:`edge_cut`): thin strips of C past the last
     whole tile row or column go to launches of their own (split along K), so that they do not
     cost a wave of full tiles.
@@ -556,7 +577,8 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     if config is None:
         if precision == "tf32x3" and k < TF32X3_MIN_K:
             precision = dtype  # memory-bound anyway; the split's own error would show (see below)
-        cfg = select_config(dtype, m, n, k, precision=precision)
+        short = precision == "tf32x3" and k < TF32X3_WGMMA_MIN_K
+        cfg = select_config(dtype, m, n, k, precision=precision, arch=None if short else "auto")
     elif isinstance(config, TileConfig):
         cfg = config
     else:
@@ -584,10 +606,6 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     def vec(ptr, ld):
         return ptr % 16 == 0 and ld % vw == 0
 
-    mode_a = "k" if not trans_a else ("v" if vec(pa, lda) else "s")
-    mode_b = "k" if trans_b else ("v" if vec(pb, ldb) else "s")
-    kern = _gemm_kernel(cfg, mode_a + mode_b, checks is not None)
-
     np_t = np.dtype(dtype).type
     tiles = (-(-m // cfg.bm)) * (-(-n // cfg.bn))
     splits = _plan_split(cfg, tiles, k) if split_k is None else max(1, min(int(split_k), max(k, 1)))
@@ -597,6 +615,15 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     if splits > 1:
         k_chunk = -(-k_chunk // cfg.bk) * cfg.bk
         splits = -(-k // k_chunk)
+
+    mode_a = "k" if not trans_a else ("v" if vec(pa, lda) else "s")
+    mode_b = "k" if trans_b else ("v" if vec(pb, ldb) else "s")
+    # K-major 16-byte copies of A (wgmma configs), for products in one piece along K: the split-K
+    # launches (small, latency-bound C) keep the element copies measured with them on the GPU.
+    if (mode_a == "k" and splits == 1 and vec(pa, lda) and k % vw == 0
+            and "w" + mode_b in cfg.entries):
+        mode_a = "w"
+    kern = _gemm_kernel(cfg, mode_a + mode_b, checks is not None)
     if splits == 1:
         args = (
             np.int32(m), np.int32(n), np.int32(k), np_t(alpha), a, np.int64(lda), b, np.int64(ldb),
