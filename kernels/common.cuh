@@ -184,6 +184,8 @@ enum LoadMode {
     LOAD_K = 0,  // global contiguous along k: element copies, transposed into S[k][r]
     LOAD_V = 1,  // global contiguous along r, 16-byte aligned: 16-byte copies
     LOAD_S = 2,  // global contiguous along r, unaligned: element copies
+    LOAD_W = 3,  // global contiguous along k, 16-byte aligned, K a whole number of vectors:
+                 // 16-byte copies into a K-major tile S[r][k] (families that read that layout)
 };
 
 template <typename T_, int BM_, int BN_, int BK_, int WM_, int WN_, int TM_, int TN_, int STAGES_,
@@ -335,6 +337,47 @@ struct TileLoader<T, R, BK, NT, STRIDE, LOAD_S> {
         }
 #pragma unroll
         for (int pr = 0; pr < PR; ++pr) g[pr] += BK * ld;
+    }
+};
+
+template <typename T, int R, int BK, int NT, int STRIDE>
+struct TileLoader<T, R, BK, NT, STRIDE, LOAD_W> {
+    // Element (r, k) at src[r * ld + k]; rows and ld 16-byte aligned and K % VW == 0, so that
+    // every 16-byte chunk of a row lies wholly before or after k = 0 in the first tile.  Stored
+    // K-major: S[r][k] with row stride STRIDE.  A quarter warp copies one row's 128 bytes.
+    static constexpr int VW = 16 / int(sizeof(T));
+    static constexpr int CPR = BK / VW;   // chunks per row
+    static constexpr int RPP = NT / CPR;  // rows per pass
+    static constexpr int PR = R / RPP;
+    static_assert(BK % VW == 0 && NT % CPR == 0 && R % RPP == 0 && STRIDE % VW == 0,
+                  "LOAD_W tile shape");
+    const T* base;
+    const T* g[PR];
+    unsigned s;
+    int k_t;
+
+    __device__ __forceinline__ void init(const T* src, long long ld, int r0, int rows, int kstart,
+                                         int tid, unsigned sbase) {
+        k_t = (tid % CPR) * VW;
+        const int r_t = tid / CPR;
+        base = src;
+#pragma unroll
+        for (int p = 0; p < PR; ++p) {
+            const int r = min(r0 + r_t + p * RPP, rows - 1);
+            g[p] = src + (long long)r * ld + (kstart + k_t);
+        }
+        s = sbase + unsigned(r_t * STRIDE + k_t) * sizeof(T);
+    }
+
+    template <bool FIRST>
+    __device__ __forceinline__ void load(unsigned stage, int kstart) {
+        const bool ok = !FIRST || kstart + k_t >= 0;
+#pragma unroll
+        for (int p = 0; p < PR; ++p)
+            cp_async<16>(s + stage + unsigned(p * RPP * STRIDE) * sizeof(T), ok ? g[p] : base,
+                         ok ? 16 : 0);
+#pragma unroll
+        for (int p = 0; p < PR; ++p) g[p] += BK;
     }
 };
 
@@ -586,7 +629,8 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
 // A family file defines BIGMM_DTYPE, BIGMM_MIN_BLOCKS, BIGMM_CHECKS, the typedefs BigmmTile and
 // BigmmCompute, then expands BIGMM_DEFINE_ENTRIES.  One launch signature for every entry point
 // (with -DBIGMM_CHECKS=1, the fields of bigmm::Checks follow).  Name: gemm_<A mode><B mode>,
-// k/v/s = LOAD_K, LOAD_V, LOAD_S.  NN uses k{v,s}, NT kk, TN {v,s}{v,s}, TT {v,s}k.  With
+// k/v/s/w = LOAD_K, LOAD_V, LOAD_S, LOAD_W.  NN uses k{v,s} (w{v,s} in families that read
+// K-major tiles), NT kk (wk), TN {v,s}{v,s}, TT {v,s}k.  With
 // -DBIGMM_ONLY only the entry -DBIGMM_ONLY_NAME with loaders -DBIGMM_ONLY_A, -DBIGMM_ONLY_B is
 // compiled (the launcher compiles what it uses, one module per entry).
 #if BIGMM_CHECKS
@@ -600,6 +644,12 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
 #define BIGMM_CHECK_ARGS {}
 #endif
 
+// The body every entry runs: the family's cp.async pipeline (gemm_body) unless a family file
+// defines BIGMM_BODY to its own, with the same template parameters, before including this file.
+#ifndef BIGMM_BODY
+#define BIGMM_BODY bigmm::gemm_body
+#endif
+
 #define BIGMM_ENTRY(NAME, LA, LB)                                                              \
     extern "C" __global__ void __launch_bounds__(BigmmTile::NT, BIGMM_MIN_BLOCKS)              \
         NAME(int M, int N, int K, BIGMM_DTYPE alpha, const BIGMM_DTYPE* __restrict__ A,          \
@@ -607,7 +657,7 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
              BIGMM_DTYPE* __restrict__ C, long long ldc, int c_vec, int k_chunk,                 \
              long long c_zstride BIGMM_CHECK_PARAMS) {                                           \
         const bigmm::Checks ck = BIGMM_CHECK_ARGS;                                              \
-        bigmm::gemm_body<BigmmTile, BigmmCompute, bigmm::LA, bigmm::LB, bool(BIGMM_CHECKS)>(   \
+        BIGMM_BODY<BigmmTile, BigmmCompute, bigmm::LA, bigmm::LB, bool(BIGMM_CHECKS)>(         \
             M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, c_vec, k_chunk, c_zstride, ck);      \
     }
 
@@ -623,5 +673,12 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
     BIGMM_ENTRY(gemm_sv, LOAD_S, LOAD_V)                                                       \
     BIGMM_ENTRY(gemm_ss, LOAD_S, LOAD_S)                                                       \
     BIGMM_ENTRY(gemm_vk, LOAD_V, LOAD_K)                                                       \
-    BIGMM_ENTRY(gemm_sk, LOAD_S, LOAD_K)
+    BIGMM_ENTRY(gemm_sk, LOAD_S, LOAD_K)                                                       \
+    BIGMM_EXTRA_ENTRIES
+#endif
+
+// Entries of load modes that only some families read (LOAD_W: gemm_wgmma.cu), added to the full
+// list by that family's file.
+#ifndef BIGMM_EXTRA_ENTRIES
+#define BIGMM_EXTRA_ENTRIES
 #endif

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Autotune the tile table of bigmm's GEMM kernels (bigmm/backends/kernel_table.json).
 
-Times every candidate tile config of each dtype (those in the current table) on products of
+Times every candidate tile config of each dtype (those in the current table that the GPU can
+run: the sm_90a wgmma configs on compute capability 9.0 only, whose rules go under
+"<precision>@sm_90a") on products of
 growing output size (M = N = s, K = max(s, 2048)), each result checked against cuBLAS first,
 and writes a table whose rules pick, for each M*N bucket, the fastest config.  Run on the GPU
 the table is for:
@@ -37,7 +39,8 @@ def tune(precision: str, sizes=SIZES, table=None) -> tuple[list[dict], list[dict
 
     dtype = "float64" if precision == "float64" else "float32"
     tol = {"float64": 1e-13, "tf32": 3e-3}.get(precision, 1e-5)  # against cuBLAS, same dtype
-    configs = list(ck.tile_configs(dtype, table, precision=precision).values())
+    # the configs this device can run (the sm_90a wgmma configs only on compute capability 9.0)
+    configs = ck._runnable(ck.tile_configs(dtype, table, precision=precision).values())
     timings, best = [], []
     for s in sizes:
         k = max(s, 2048)
@@ -96,10 +99,15 @@ def main(argv=None) -> int:
            "command": "CUPY_TF32=0 PYTHONPATH=. python scripts/autotune_kernels.py " + " ".join(argv or sys.argv[1:]),
            "configs": src["configs"], "select": dict(src["select"]),
            "timings": dict(src.get("timings", {}))}
+    arch = ck.device_arch()
     for dtype in args.dtypes:
         timings, rules = tune(dtype, args.sizes, args.table)
-        new["select"][dtype] = rules
-        new["timings"][dtype] = timings
+        # rules that may pick an arch-specific config go under "<precision>@<arch>": devices
+        # without that target keep the plain rules
+        cfgs = ck.tile_configs(table=args.table)
+        key = f"{dtype}@{arch}" if arch and any(cfgs[r["config"]].arch for r in rules) else dtype
+        new["select"][key] = rules
+        new["timings"][key] = timings
     Path(args.out).write_text(json.dumps(new, indent=1) + "\n")
     print(f"wrote {args.out}: {json.dumps(new['select'])}")
     return 0

@@ -308,7 +308,7 @@ def precompile(configs, jobs: int = 16) -> float:
     code = ("import sys; from bigmm.backends import cuda_kernels as ck; "
             "cfgs = ck.tile_configs(); "
             "[ck._gemm_kernel(cfgs[n], e) for n, e in (x.split(':') for x in sys.argv[1:])]")
-    work = [f"{c.name}:{e}" for c in configs for e in ck._ENTRIES]
+    work = [f"{c.name}:{e}" for c in ck._runnable(configs) for e in c.entries]
     chunks = [work[i::jobs] for i in range(jobs)]
     procs = [subprocess.Popen([sys.executable, "-c", code, *ch]) for ch in chunks if ch]
     for proc in procs:
@@ -363,8 +363,8 @@ def precisions_section(args) -> list[dict]:
             continue
         big = m * n * k >= 2**45
         if args.variants and not big:
-            configs = [c for p in precisions for c in ck.tile_configs("float32", args.table,
-                                                                       precision=p).values()]
+            configs = [c for p in precisions for c in ck._runnable(
+                ck.tile_configs("float32", args.table, precision=p).values())]
         else:
             configs = [ck.select_config("float32", m, n, k, args.table, precision=p) for p in precisions]
         rows = run_precisions(label, m, n, k, configs, reps=2 if big else None, reference=not big)

@@ -3,13 +3,15 @@
 
 Compiles every kernel (each tile config of bigmm/backends/kernel_table.json for the GEMM
 families: gemm_regblock.cu, and gemm_tf32.cu for the TF32 and 3xTF32 configs; plus kernel 01, the FMA probes, the split-K reduction and the ABFT checksums) with
-``nvcc -cubin -Xptxas -v`` for sm_80 and sm_90 and fails
-when any kernel:
+``nvcc -cubin -Xptxas -v`` for sm_80 and sm_90 (the wgmma configs, gemm_wgmma.cu, for sm_90a
+only, in place of sm_90) and fails when any kernel:
 
 * spills or uses local memory (stack frame, spill stores or spill loads above 0 bytes), or
 * misses its occupancy target: the ``min_blocks`` blocks per SM its config declares (at least
   one block of its threads), counting registers (64K per SM, allocated per warp in units of
-  256) and shared memory (dynamic + static + 1 KB reserved per block, against the SM's limit).
+  256) and shared memory (dynamic + static + 1 KB reserved per block, against the SM's limit), or
+* (sm_90a) has its wgmma serialized by ptxas (warnings C7510-C7520 "Potential Performance
+  Loss") or shows no HGMMA in its SASS (when cuobjdump is found).
 
 Exit status: 0 pass, 1 a kernel failed, 2 nvcc missing or a compile error.
 Usage: scripts/check_kernels.py [--arch sm_80 sm_90] [--jobs N] [--json FILE]
@@ -40,6 +42,7 @@ SM_LIMITS = {
     "sm_80": {"regs": 65536, "smem": 167936, "smem_block": 166912, "threads": 2048},
     "sm_90": {"regs": 65536, "smem": 233472, "smem_block": 232448, "threads": 2048},
 }
+SM_LIMITS["sm_90a"] = SM_LIMITS["sm_90"]
 RESERVED_SMEM = 1024  # per block, by the driver
 
 
@@ -53,6 +56,15 @@ def find_nvcc() -> str | None:
     return None
 
 
+def find_cuobjdump(nvcc: str | None) -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    if nvcc and (Path(nvcc).parent / "cuobjdump").is_file():
+        return str(Path(nvcc).parent / "cuobjdump")
+    return None
+
+
 def jobs_from_table() -> list[dict]:
     """One compile job per source variant: (file, defines, threads, smem, min_blocks)."""
     table = json.loads(TABLE.read_text())
@@ -62,6 +74,7 @@ def jobs_from_table() -> list[dict]:
         jobs.append({
             "name": name, "file": cfg.source, "defines": list(cfg.defines()),
             "threads": cfg.threads, "dynamic_smem": cfg.smem_bytes, "min_blocks": cfg.min_blocks,
+            "arch": cfg.arch, "entries": ["gemm_" + e for e in cfg.entries],
         })
     jobs.append({"name": "sgemm_01_naive_tiled", "file": "sgemm_01_naive_tiled.cu", "defines": [],
                  "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
@@ -118,15 +131,28 @@ def blocks_per_sm(regs: int, threads: int, smem: int, arch: str) -> int:
     return min(by_regs, by_threads, by_smem)
 
 
-def compile_job(nvcc: str, job: dict, arch: str) -> dict:
+_SERIALIZED = re.compile(r"\(C75\d\d\) Potential Performance Loss[^\n]*")
+
+
+def compile_job(nvcc: str, job: dict, arch: str, cuobjdump: str | None = None) -> dict:
+    # an arch-specific target (sm_90a) only through -gencode: -arch=sm_90a also runs a plain pass
+    target = (f"-gencode=arch=compute_{arch[3:]},code={arch}" if arch.endswith("a")
+              else f"-arch={arch}")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [nvcc, f"-arch={arch}", "-cubin", "-std=c++17", "-Xptxas", "-v", "-I", str(KERNELS),
-               *job["defines"], "-o", str(Path(tmp) / "k.cubin"), str(KERNELS / job["file"])]
+        cubin = Path(tmp) / "k.cubin"
+        cmd = [nvcc, target, "-cubin", "-std=c++17", "-Xptxas", "-v", "-I", str(KERNELS),
+               *job["defines"], "-o", str(cubin), str(KERNELS / job["file"])]
         proc = subprocess.run(cmd, capture_output=True, text=True)
+        sass = None
+        if proc.returncode == 0 and job.get("arch") and cuobjdump:
+            sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True,
+                                  text=True).stdout
+    log = proc.stdout + proc.stderr
     result = {"job": job["name"], "arch": arch, "cmd": " ".join(cmd), "ok": proc.returncode == 0,
-              "log": proc.stdout + proc.stderr, "functions": {}}
+              "log": log, "functions": {}, "serialized": _SERIALIZED.findall(log),
+              "hgmma": None if sass is None else sass.count("HGMMA")}
     if proc.returncode == 0:
-        result["functions"] = parse_ptxas(proc.stdout + proc.stderr)
+        result["functions"] = parse_ptxas(log)
     return result
 
 
@@ -136,7 +162,13 @@ def judge(job: dict, res: dict) -> list[str]:
         return [f"{job['name']} [{res['arch']}]: compile failed:\n{res['log']}"]
     if not res["functions"]:
         return [f"{job['name']} [{res['arch']}]: no ptxas report parsed"]
+    for warning in res.get("serialized") or ():
+        problems.append(f"{job['name']} [{res['arch']}]: {warning}")
+    if res.get("hgmma") == 0:
+        problems.append(f"{job['name']} [{res['arch']}]: no HGMMA in the SASS")
     for fn, r in res["functions"].items():
+        if job.get("entries") and fn not in job["entries"]:
+            continue  # compiled with the file, never launched for this config
         where = f"{job['name']}:{fn} [{res['arch']}]"
         if r["stack"] or r["spill_st"] or r["spill_ld"] or r["lmem"]:
             problems.append(f"{where}: local memory: stack {r['stack']} B, spill stores {r['spill_st']} B, "
@@ -162,9 +194,12 @@ def main(argv=None) -> int:
         print("check_kernels: nvcc not found (PATH, CUDA_HOME, /usr/local/cuda)", file=sys.stderr)
         return 2
     jobs = jobs_from_table()
-    work = [(job, arch) for arch in args.arch for job in jobs]
+    # an arch-specific job builds for its own target, where its base arch was asked for
+    work = [(job, job["arch"] if job.get("arch") else arch) for arch in args.arch for job in jobs
+            if not job.get("arch") or job["arch"].rstrip("a") == arch]
+    cuobjdump = find_cuobjdump(nvcc)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda ja: compile_job(nvcc, *ja), work))
+        results = list(pool.map(lambda ja: compile_job(nvcc, *ja, cuobjdump), work))
 
     problems, compile_failed = [], False
     print(f"{'kernel':42s} {'arch':6s} {'regs':>4s} {'smem':>7s} {'blk/SM':>6s} {'target':>6s}  spills")

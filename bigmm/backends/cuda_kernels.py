@@ -13,7 +13,10 @@ The tile shape for a product comes from ``kernel_table.json`` beside this module
 float32 products have three precisions (``precision=`` of :func:`gemm`): "float32" (IEEE float32
 FMAs on the CUDA cores, ``gemm_regblock.cu``), "tf32x3" (the TF32 tensor cores, three passes
 over a big + small split of every operand: float32's accuracy, ``gemm_tf32.cu``) and "tf32"
-(one TF32 pass: about 1e-4 relative error). Each has its own rules in the table.
+(one TF32 pass: about 1e-4 relative error). Each has its own rules in the table. On Hopper
+(compute capability 9.0) the TF32 precisions run on the warpgroup tensor cores
+(``gemm_wgmma.cu``, compiled for sm_90a) where the table has rules for "<precision>@sm_90a";
+elsewhere, and for configs without ``wgmma``, on ``mma.sync`` (``gemm_tf32.cu``).
 
 cupy is imported inside functions only: importing this module needs no GPU.
 """
@@ -31,6 +34,7 @@ from ..errors import DtypeError, KernelError, ShapeError
 _TABLE_PATH = Path(__file__).with_name("kernel_table.json")
 _FAMILY_SOURCE = "gemm_regblock.cu"
 _TF32_SOURCE = "gemm_tf32.cu"
+_WGMMA_SOURCE = "gemm_wgmma.cu"
 _HEADER = "common.cuh"
 _COMPILE_OPTIONS = ("-std=c++17",)
 _DTYPES = {"float32": 4, "float64": 8}
@@ -39,13 +43,19 @@ _INT32_MAX = 2**31 - 1
 #: too little float32 rounding for the 3xTF32 split's own error (up to 2^-23 per operand, the
 #: dropped small*small) to stay within 2x of it (tests/backends/test_tf32_split.py).
 TF32X3_MIN_K = 16
+#: "tf32x3" products with K below this run on mma.sync (gemm_tf32.cu) on Hopper too: the wgmma
+#: kernel's k-tile sums of 32 products (truncated once more than mma.sync's k-steps of 8) measured
+#: 2.6x SGEMM's error at K = 16 on the contract's "wide" operands; short sums are memory-bound.
+TF32X3_WGMMA_MIN_K = 64
 #: Precisions of :func:`gemm` per dtype (None = the dtype's own: "float32" or "float64").
 PRECISIONS = {"float32": ("float32", "tf32x3", "tf32"), "float64": ("float64",)}
 
 # (A mode, B mode) -> entry point.  Modes: k = A/B contiguous along K (transposed on load),
-# v = contiguous along M/N and 16-byte aligned, s = contiguous along M/N, unaligned.
+# v = contiguous along M/N and 16-byte aligned, s = contiguous along M/N, unaligned; w = A
+# contiguous along K, 16-byte aligned rows and K % 4 == 0, kept K-major (wgmma configs only).
 _ENTRIES = ("kv", "ks", "kk", "vv", "vs", "sv", "ss", "vk", "sk")
-_LOADERS = {"k": "LOAD_K", "v": "LOAD_V", "s": "LOAD_S"}
+_W_ENTRIES = ("wv", "ws", "wk")
+_LOADERS = {"k": "LOAD_K", "v": "LOAD_V", "s": "LOAD_S", "w": "LOAD_W"}
 
 
 @dataclass(frozen=True)
@@ -67,10 +77,32 @@ class TileConfig:
     dmma: bool = False  # float64 on the FP64 tensor cores (tm, tn unused)
     tf32: int = 0  # TF32 tensor-core passes (gemm_tf32.cu; tm, tn unused): 3 = 3xTF32, 1 = TF32
     tf32_fadd: bool = True  # 3xTF32: each k-step's products onto zero, added with FADD
+    wgmma: bool = False  # TF32 on Hopper's warpgroup tensor cores (gemm_wgmma.cu, sm_90a only)
+    acc_tiles: int = 2  # wgmma 3xTF32: register tiles per warpgroup (2: acc, tmp; 3: + cor)
 
     @property
     def source(self) -> str:
+        if self.wgmma:
+            return _WGMMA_SOURCE
         return _TF32_SOURCE if self.tf32 else _FAMILY_SOURCE
+
+    @property
+    def arch(self) -> str | None:
+        """The GPU target the config needs ("sm_90a": compute capability 9.0), None for any."""
+        return "sm_90a" if self.wgmma else None
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The entry points (A and B load modes) the config compiles.  wgmma 3xTF32 with three
+        register tiles leaves wk out (it spills: its NT products use kk)."""
+        if not self.wgmma:
+            return _ENTRIES
+        return _ENTRIES + tuple(e for e in _W_ENTRIES if not (self.acc_tiles == 3 and self.tf32 == 3
+                                                             and e == "wk"))
+
+    def compile_options(self) -> tuple[str, ...]:
+        """NVRTC options beyond the tile macros: the target of an arch-specific config."""
+        return (f"-arch={self.arch}",) if self.arch else ()
 
     @property
     def precision(self) -> str:
@@ -83,12 +115,19 @@ class TileConfig:
 
     @property
     def threads(self) -> int:
+        if self.wgmma:  # one warpgroup (128 threads) per wm x wn tile
+            return (self.bm // self.wm) * (self.bn // self.wn) * 128
         return (self.bm // self.wm) * (self.bn // self.wn) * 32
 
     @property
     def smem_bytes(self) -> int:
         pad = self.pad_bytes // self.itemsize
-        return self.stages * self.bk * (self.bm + self.bn + 2 * pad) * self.itemsize
+        raw = self.stages * self.bk * (self.bm + self.bn + 2 * pad) * self.itemsize
+        if self.wgmma:  # raw A tiles of either layout (S[k][m] or S[m][k], rows of bk + 4), plus
+            # two split B tiles (tf32 and, for 3xTF32, small parts) at a 1 KB boundary
+            raw = self.stages * (self.bm * (self.bk + 4) + self.bk * (self.bn + pad)) * 4
+            return raw + 2 * (2 if self.tf32 == 3 else 1) * self.bn * self.bk * 4 + 1024
+        return raw
 
     def defines(self) -> tuple[str, ...]:
         ctype = "float" if self.dtype == "float32" else "double"
@@ -100,6 +139,10 @@ class TileConfig:
         if self.tf32:
             values["TF32_PASSES"] = self.tf32
             values["TF32_ACC"] = int(self.tf32_fadd)
+        if self.wgmma:  # the warpgroup tile is fixed by the kernel: no warp or thread tiles
+            for key in ("WM", "WN", "TM", "TN", "DMMA"):
+                values.pop(key, None)
+            values["TF32_ACC"] = self.acc_tiles
         return tuple(f"-DBIGMM_{k}={v}" for k, v in values.items())
 
     def check(self) -> None:
@@ -116,9 +159,18 @@ class TileConfig:
                  for r in (self.bm, self.bn)), "16-byte copies tile the block"),
             (self.pad_bytes % 16 == 0, "pad keeps rows 16-byte aligned"),
         ]
-        if self.dmma or self.tf32:
-            pad = self.pad_bytes // self.itemsize
-        if self.tf32:
+        pad = self.pad_bytes // self.itemsize
+        if self.wgmma:
+            rules += [
+                (self.dtype == "float32" and self.tf32 in (1, 3) and not self.dmma,
+                 "wgmma is TF32 or 3xTF32 on float32"),
+                ((self.bm, self.bn, self.bk, self.wm, self.wn) == (128, 128, 32, 64, 128),
+                 "wgmma tile 128x128x32 of two 64x128 warpgroup tiles"),
+                (self.stages >= 3, "stages >= 3"),
+                (self.acc_tiles in (2, 3), "2 or 3 register tiles per warpgroup"),
+                (self.pad_bytes % 16 == 0 and (self.bm + pad) % 16 == 8, "A row stride 8 mod 16"),
+            ]
+        elif self.tf32:
             rules += [
                 (self.dtype == "float32" and not self.dmma, "TF32 is float32"),
                 (self.tf32 in (1, 3), "1 (TF32) or 3 (3xTF32) passes"),
@@ -212,14 +264,36 @@ def parse_precision(dtype: str, precision: str | None) -> str:
     return precision
 
 
+def device_arch(device: int | None = None) -> str | None:
+    """The architecture-specific target of the current (or given) GPU that kernels may need:
+    "sm_90a" on compute capability 9.0 (Hopper: wgmma), None elsewhere or without a GPU."""
+    try:
+        return _device_arch(_device_id() if device is None else device)
+    except Exception:  # no cupy, no driver, no device
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _device_arch(device: int) -> str | None:
+    import cupy
+
+    cc = cupy.cuda.Device(device).compute_capability
+    return "sm_90a" if cc == "90" else None
+
+
 def select_config(dtype: str, m: int, n: int, k: int, table: str | None = None, *,
-                  precision: str | None = None) -> TileConfig:
+                  precision: str | None = None, arch: str | None = "auto") -> TileConfig:
     """The table's tile config for a product of this dtype, precision and shape: the first rule
     whose ``max_mn`` bounds m * n (a rule without one matches everything).  ``table``: another
-    table file (the autotuner's output) instead of the packaged one."""
+    table file (the autotuner's output) instead of the packaged one.  ``arch``: the GPU target
+    ("sm_90a", None; "auto" = the current device's, :func:`device_arch`): its rules
+    ("<precision>@<arch>") come first where the table has them."""
     precision = parse_precision(dtype, precision)
     table = load_table(table)
-    rules = table["select"].get(precision)
+    if arch == "auto":
+        arch = device_arch()
+    rules = (table["select"].get(f"{precision}@{arch}") if arch else None) or \
+        table["select"].get(precision)
     if not rules:
         raise KernelError(f"Expected rules for precision {precision} in the kernel table. Got none.")
     for rule in rules:
@@ -248,9 +322,52 @@ def _module(filename: str, options: tuple[str, ...]):
     if module is None:
         import cupy
 
-        module = cupy.RawModule(code=kernel_source(filename), options=_COMPILE_OPTIONS + options)
+        if any(o.startswith("-arch=") for o in options):
+            module = _arch_module(kernel_source(filename), _COMPILE_OPTIONS + options)
+        else:
+            module = cupy.RawModule(code=kernel_source(filename), options=_COMPILE_OPTIONS + options)
         _modules[key] = module
     return module
+
+
+def _arch_module(source: str, options: tuple[str, ...]):
+    """A module for an explicit target (``-arch=sm_90a`` in ``options``).  cupy appends its own
+    ``-arch=sm_XY`` after the caller's options; NVRTC honours the arch-specific one when both
+    are given.  Should that compile fail, NVRTC is called directly with only ours, the binary
+    cached beside cupy's (keyed by source, options and NVRTC version)."""
+    import cupy
+
+    module = cupy.RawModule(code=source, options=options)
+    try:
+        module.compile()
+        return module
+    except Exception as first:  # noqa: BLE001 - retried below, reported if that fails too
+        first_error = first
+    import hashlib
+    import os
+
+    from cupy.cuda import nvrtc
+
+    opts = tuple(options) + ("-ftz=true",)
+    key = hashlib.sha256("\0".join((source, *opts, str(nvrtc.getVersion()))).encode()).hexdigest()
+    cache = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+    path = cache / f"bigmm_{key[:40]}.cubin"
+    if not path.is_file():
+        prog = nvrtc.createProgram(source, "bigmm_kernel.cu", (), ())
+        try:
+            try:
+                nvrtc.compileProgram(prog, list(opts))
+            except Exception as exc:
+                raise KernelError(f"Expected NVRTC to compile with {opts}. Got {exc}: "
+                                  f"{nvrtc.getProgramLog(prog)} (through cupy: {first_error})") from exc
+            cubin = nvrtc.getCUBIN(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)
+    return cupy.RawModule(path=str(path))
 
 
 def raw_kernel(filename: str, entry: str, options: tuple[str, ...] = ()):
@@ -273,7 +390,7 @@ def raw_kernel(filename: str, entry: str, options: tuple[str, ...] = ()):
 
 
 def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False):
-    options = config.defines() + (
+    options = config.defines() + config.compile_options() + (
         "-DBIGMM_ONLY=1", f"-DBIGMM_ONLY_NAME=gemm_{entry}",
         f"-DBIGMM_ONLY_A={_LOADERS[entry[0]]}", f"-DBIGMM_ONLY_B={_LOADERS[entry[1]]}")
     if checks:
@@ -292,11 +409,18 @@ def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False):
     return kern
 
 
+def _runnable(configs) -> list[TileConfig]:
+    """The configs whose target the current device has (all but other arch-specific ones)."""
+    arch = device_arch()
+    return [c for c in configs if c.arch is None or c.arch == arch]
+
+
 def compile_all(dtype: str | None = None) -> list[str]:
-    """Compile every entry of every table config (of one dtype, or all); returns the names."""
+    """Compile every entry of every table config (of one dtype, or all) that the current
+    device can run; returns the names."""
     done = []
-    for cfg in tile_configs(dtype).values():
-        for entry in _ENTRIES:
+    for cfg in _runnable(tile_configs(dtype).values()):
+        for entry in cfg.entries:
             _gemm_kernel(cfg, entry)
             done.append(f"{cfg.name}:gemm_{entry}")
     return done
@@ -307,8 +431,8 @@ def resource_usage(dtype: str | None = None) -> dict[str, dict]:
     import cupy
 
     out = {}
-    for cfg in tile_configs(dtype).values():
-        for entry in _ENTRIES:
+    for cfg in _runnable(tile_configs(dtype).values()):
+        for entry in cfg.entries:
             kern = _gemm_kernel(cfg, entry)
             attrs = kern.attributes
             try:
@@ -384,7 +508,9 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     float64 reference is bounded by tests/backends/test_tf32_kernels.py); "tf32" in one TF32
     pass (operands rounded to 11 significant bits: about 1e-4 relative error).  ``config`` must
     then be a config of that precision (``tile_configs(precision=...)``).  "tf32x3" with K below
-    :data:`TF32X3_MIN_K` (and no config given) runs in float32.
+    :data:`TF32X3_MIN_K` (and no config given) runs in float32.  On a compute capability 9.0
+    GPU both TF32 precisions run on the warpgroup tensor cores (``gemm_wgmma.cu``, sm_90a), except
+    "tf32x3" with K below :data:`TF32X3_WGMMA_MIN_K`, which stays on mma.sync.
     ``split_edges`` (None = when it pays, see :func:`edge_cut`): thin strips of C past the last
     whole tile row or column go to launches of their own (split along K), so that they do not
     cost a wave of full tiles.
@@ -451,7 +577,8 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     if config is None:
         if precision == "tf32x3" and k < TF32X3_MIN_K:
             precision = dtype  # memory-bound anyway; the split's own error would show (see below)
-        cfg = select_config(dtype, m, n, k, precision=precision)
+        short = precision == "tf32x3" and k < TF32X3_WGMMA_MIN_K
+        cfg = select_config(dtype, m, n, k, precision=precision, arch=None if short else "auto")
     elif isinstance(config, TileConfig):
         cfg = config
     else:
@@ -465,6 +592,9 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
         raise KernelError(f"Expected a tile config of precision {precision}. Got {cfg.name}, "
                           f"which computes {cfg.precision}.")
     cfg.check()
+    if cfg.arch is not None and cfg.arch != device_arch():
+        raise KernelError(f"Expected a device of target {cfg.arch} for tile config {cfg.name}. Got "
+                          f"{device_arch() or 'another target'}.")
     if split_edges is None:
         split_edges = split_k is None
     cut = edge_cut(cfg, m, n) if split_edges and checks is None else None
@@ -476,10 +606,6 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     def vec(ptr, ld):
         return ptr % 16 == 0 and ld % vw == 0
 
-    mode_a = "k" if not trans_a else ("v" if vec(pa, lda) else "s")
-    mode_b = "k" if trans_b else ("v" if vec(pb, ldb) else "s")
-    kern = _gemm_kernel(cfg, mode_a + mode_b, checks is not None)
-
     np_t = np.dtype(dtype).type
     tiles = (-(-m // cfg.bm)) * (-(-n // cfg.bn))
     splits = _plan_split(cfg, tiles, k) if split_k is None else max(1, min(int(split_k), max(k, 1)))
@@ -489,6 +615,15 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     if splits > 1:
         k_chunk = -(-k_chunk // cfg.bk) * cfg.bk
         splits = -(-k // k_chunk)
+
+    mode_a = "k" if not trans_a else ("v" if vec(pa, lda) else "s")
+    mode_b = "k" if trans_b else ("v" if vec(pb, ldb) else "s")
+    # K-major 16-byte copies of A (wgmma configs), for products in one piece along K: the split-K
+    # launches (small, latency-bound C) keep the element copies measured with them on the GPU.
+    if (mode_a == "k" and splits == 1 and vec(pa, lda) and k % vw == 0
+            and "w" + mode_b in cfg.entries):
+        mode_a = "w"
+    kern = _gemm_kernel(cfg, mode_a + mode_b, checks is not None)
     if splits == 1:
         args = (
             np.int32(m), np.int32(n), np.int32(k), np_t(alpha), a, np.int64(lda), b, np.int64(ldb),

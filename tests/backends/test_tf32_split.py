@@ -114,3 +114,29 @@ def test_small_k_is_why_tf32x3_starts_at_16():
     fro, _ = errors(emulate_gemm(a, b, passes=3), ref, a, b)
     fro32, _ = errors(chain_sgemm(a, b), ref, a, b)
     assert fro > 2 * fro32 and TF32X3_MIN_K == 16
+
+
+# The wgmma kernel (gemm_wgmma.cu, three register tiles) sums big*big over k-tiles of 4 k-steps in
+# the tensor cores before each rounded addition; cuda_kernels runs it from K = 64 on
+# (TF32X3_WGMMA_MIN_K), shorter products on mma.sync.
+WGMMA_CONTRACT = [(d, k) for d in DISTRIBUTIONS if d != "wide_k" for k in (64, 100, 300)] + [
+    ("wide_k", 512),
+]
+
+
+@pytest.mark.parametrize("dist, k", WGMMA_CONTRACT)
+def test_wgmma_k_tiles_within_twice_float32(dist, k):
+    from bigmm.backends.cuda_kernels import TF32X3_WGMMA_MIN_K
+
+    assert k >= TF32X3_WGMMA_MIN_K
+    a, b = operands(dist, 160, 144, k, seed=k + 1)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    fro, elem = errors(emulate_gemm(a, b, passes=3, ktile=4), ref, a, b)
+    fro32, elem32 = errors(chain_sgemm(a, b), ref, a, b)
+    assert fro <= 2 * fro32 and elem <= 2 * elem32, (fro, fro32, elem, elem32)
+
+
+def test_wgmma_k_tiles_match_per_step_sums_when_one_step():
+    # ktile = 1 is the mma.sync emulation itself
+    a, b = operands("normal", 32, 24, 40, seed=6)
+    assert np.array_equal(emulate_gemm(a, b, ktile=1), emulate_gemm(a, b))

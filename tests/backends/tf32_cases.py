@@ -48,12 +48,15 @@ def _rz32(x: np.ndarray) -> np.ndarray:
     return np.where(away & np.isfinite(x), np.nextafter(f, np.float32(0)), f)
 
 
-def emulate_gemm(a, b, passes: int = 3, kstep: int = 8) -> np.ndarray:
+def emulate_gemm(a, b, passes: int = 3, kstep: int = 8, ktile: int = 1) -> np.ndarray:
     """A @ B as the TF32 kernels compute it (float32 in and out).  ``passes`` 3 (3xTF32,
     gemm_tf32.cu with TF32_ACC 1): per k-step of 8, big*big summed exactly and rounded toward
     zero (the mma onto zero), added to a float32 accumulator with round to nearest; the scaled
     corrections small*big + big*small accumulated in the tensor cores (each mma's sum rounded
-    toward zero); result = acc + cor / 2^10 rounded once.  ``passes`` 1 (TF32): tf32(a) tf32(b)
+    toward zero); result = acc + cor / 2^10 rounded once.  ``ktile`` > 1 (gemm_wgmma.cu with
+    three register tiles: ktile = 4): big*big of ``ktile`` k-steps accumulates in the tensor cores
+    (a fresh sum per k-tile, each step rounded toward zero) before its one rounded addition to
+    acc; the k-tiles end at K (the first one is partial).  ``passes`` 1 (TF32): tf32(a) tf32(b)
     accumulated in the tensor cores."""
     a = np.asarray(a, np.float32)
     b = np.asarray(b, np.float32)
@@ -63,11 +66,21 @@ def emulate_gemm(a, b, passes: int = 3, kstep: int = 8) -> np.ndarray:
     shape = (a.shape[0], b.shape[1])
     acc = np.zeros(shape, np.float32)
     cor = np.zeros(shape, np.float32)
+    span = kstep * ktile
+    first = k - (-(-k // span)) * span  # start of the first (partial) k-tile, <= 0
+    part = np.zeros(shape, np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
-        for k0 in range(0, k, kstep):
-            s = slice(k0, min(k, k0 + kstep))
+        for k0 in range(first if ktile > 1 else 0, k, kstep):
+            s = slice(max(k0, 0), min(k, max(k0 + kstep, 0)))  # empty for k-steps before 0
             a_b, b_b = ab[:, s].astype(np.float64), bb[s].astype(np.float64)
-            if passes == 3:
+            if passes == 3 and ktile > 1:
+                step = (k0 - first) // kstep % ktile
+                part = _rz32((part.astype(np.float64) if step else 0.0) + a_b @ b_b)
+                if step == ktile - 1:
+                    acc = (acc + part).astype(np.float32)
+                cor = _rz32(cor.astype(np.float64) + as_[:, s].astype(np.float64) @ b_b)
+                cor = _rz32(cor.astype(np.float64) + a_b @ bs[s].astype(np.float64))
+            elif passes == 3:
                 acc = (acc + _rz32(a_b @ b_b)).astype(np.float32)
                 cor = _rz32(cor.astype(np.float64) + as_[:, s].astype(np.float64) @ b_b)
                 cor = _rz32(cor.astype(np.float64) + a_b @ bs[s].astype(np.float64))
