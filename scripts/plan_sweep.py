@@ -7,7 +7,8 @@ and 1 MiB to 80 GiB of device memory, with several host budgets), staging on and
 rates (none: the byte objective; CUDA cores, TF32-like and bf16-like tensor cores, a slow disk,
 checks, a CPU), ``make_plan`` is called and one line is printed per call: the arguments, then
 ``plan.key()``, ``str(plan)`` (its lines joined by " | ") and the predicted time rounded to
-1e-9 s; or the error it raised. A change that must not change plans leaves the output byte for byte the same:
+1e-9 s; or the error it raised. A change that must not change plans leaves the output byte
+for byte the same:
 
     PYTHONPATH=. python scripts/plan_sweep.py --out before.txt    # on the old code
     PYTHONPATH=. python scripts/plan_sweep.py --out after.txt     # on the new code
