@@ -19,11 +19,11 @@ finished C tiles straight from the device; the writer then only waits for the ti
 before reporting it finished. Other operands (files, pageable arrays) go through the staging
 slots as above. ``RunStats.bytes_staged`` counts the bytes that went through host slots.
 
-Fill and drain. With staging, the first step of a run is issued in K pieces (``plan.RAMP``):
+Fill and drain. With staging, the first step of a run is issued in K pieces (``RAMP``):
 its panels are read, copied in and multiplied piece by piece, so that the first gemm starts once
 an eighth of the first panels has landed. The last step of a run computes its tile in row pieces
-(``plan.DRAIN``), and each piece is copied out and written while the next computes, so that the
-run ends an eighth of a tile after its last gemm (see ``plan.RAMP`` for what the planner's
+(``DRAIN``), and each piece is copied out and written while the next computes, so that the
+run ends an eighth of a tile after its last gemm (see ``RAMP`` for what the planner's
 model counts).
 
 With ``verify="checksum"`` every C tile is checked (:mod:`bigmm.checksum`): the checksum work is
@@ -52,9 +52,37 @@ from .errors import (BigmmError, ChecksumError, DtypeError, Interrupted, OptionE
                      ReadError, ShapeError, WriteError)
 from .io.sink import ArraySink
 from .io.source import ArraySource
-from .plan import (C_SLOTS, DRAIN, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, RAMP, Plan,
-                   Step, Tile, split_range)
+from .plan import Plan, Step, Tile
+from .plan.schedule import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD
 from .runstats import STAGES, Progress, RunStats, StageClock
+
+#: With staging (GPU backends) and no checks, the executor issues the first step of a run in
+#: K pieces of these relative depths (its first gemm starts once the first piece has landed:
+#: the fill that no overlap hides is an eighth of the first panels) and computes the last
+#: step's tile in row pieces of these relative heights, each copied out and written while the
+#: next computes (the drain is the last eighth of the tile). The pipeline model still counts
+#: whole panels and tiles for both: measured, the larger tiles that smaller fills and drains
+#: would favour ran slower for reasons the model does not have (see BENCHMARKS.md).
+RAMP = (1, 1, 2, 4)
+DRAIN = (4, 2, 1, 1)
+#: Inner edges of those pieces fall on multiples of this (whole kernel tiles, aligned loads).
+PIECE_ALIGN = 256
+
+
+def split_range(n: int, weights: tuple[int, ...], align: int = PIECE_ALIGN
+                ) -> list[tuple[int, int]]:
+    """[0, n) in consecutive pieces about in proportion to ``weights``, inner edges on
+    multiples of ``align`` (pieces that would be empty merge with their neighbours; a range
+    shorter than two ``align`` stays whole)."""
+    total, acc, edges = sum(weights), 0, {0, n}
+    for w in weights[:-1]:
+        acc += w
+        e = round(n * acc / (total * align)) * align
+        if 0 < e < n:
+            edges.add(e)
+    edges = sorted(edges)
+    return list(zip(edges, edges[1:]))
+
 
 #: Panel reads are split into pieces of about this many bytes, one per I/O thread.
 PIECE_BYTES = 4 << 20
@@ -164,7 +192,7 @@ class _Run:
         self.written = 0
         self.verify, self.faults = verify, faults
         #: Whether the run's first step goes in K pieces and its last tile in row pieces
-        #: (plan.RAMP, plan.DRAIN): with staging, and without checks or injected faults, whose
+        #: (RAMP, DRAIN): with staging, and without checks or injected faults, whose
         #: bookkeeping follows whole steps.
         self.pieced = bool(backend.staging) and verify is None and faults is None
         self.checks: TileChecksums | None = None

@@ -482,7 +482,7 @@ def test_large_tiles_into_an_array_are_written_in_pieces(bname):
     written in the drain's row pieces, each as soon as its gemm is done. Every element lands
     once, in the right place."""
     from bigmm.io.sink import ArraySink
-    from bigmm.plan import DRAIN, split_range
+    from bigmm.executor import DRAIN, split_range
 
     class Recording(ArraySink):
         def __init__(self, array):
@@ -554,7 +554,7 @@ def test_first_step_in_k_pieces_and_last_tile_in_row_pieces(tmp_path, m, n, k, d
     its own, a column range of a panel staged contiguously) and the last tile's last gemm in
     DRAIN's row pieces (each copied out and written on its own); the product is right, the
     bytes moved are the plan's."""
-    from bigmm.plan import DRAIN, RAMP, split_range
+    from bigmm.executor import DRAIN, RAMP, split_range
 
     be = RecordingAsyncBackend(seed=4)
     out, ref, stats, plan = _run(tmp_path, be, m=m, n=n, k=k, dtype=dtype, ta=ta, tb=tb,

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import KernelError, OptionError, ShapeError
 from ..io.mapped import WIDE_STEP_BYTES
-from ..plan import READ_RATE, WRITE_RATE, Rates
+from ..plan.model import READ_RATE, WRITE_RATE, Rates
 from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
 
 #: Names ``kernel=`` accepts.
