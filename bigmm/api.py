@@ -10,14 +10,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import time
 from dataclasses import replace
 from typing import Callable
 
 import numpy as np
 
 from . import io
-from .backends import get_backend
+from .backends import Calibrates, get_backend
 from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import DtypeError, OptionError, OutputTooLarge, ResumeError, ShapeError
@@ -278,27 +277,11 @@ def resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:
 
 
 def _rates(be, dtype: str, limit: int) -> Rates | None:
-    """Nominal rates for the predicted time: the backend's own, else a short gemm timing on a
-    backend whose compute memory is host memory (None otherwise), snapped to a grid
-    (:meth:`Rates.snapped`). The timing holds at most ``limit`` bytes (the run's smaller
-    budget), so planning stays within the budgets."""
-    own = getattr(be, "rates", None)
-    if callable(own):
-        return own(dtype, limit).snapped()
-    if be.staging:
-        return None
-    dt = np.dtype(dtype)
-    n = max(16, min(1024, math.isqrt(limit // (2 * dt.itemsize))))
-    a = be.view(be.host_buffer(n * n, dt), (n, n))
-    c = be.view(be.host_buffer(n * n, dt), (n, n))
-    a[...] = 1.0
-    best = float("inf")
-    for _ in range(3):  # the first call also wakes the BLAS threads
-        t0 = time.perf_counter()
-        be.gemm(a, a, c, 1.0, 0.0, False, False, None)
-        best = min(best, time.perf_counter() - t0)
-    return Rates(flops=2 * n**3 / max(best, 1e-9), read_bytes=READ_RATE,
-                 write_bytes=WRITE_RATE).snapped()
+    """The backend's own rates for the predicted time (None where it has none: not
+    :class:`bigmm.backends.Calibrates`), snapped to a grid (:meth:`Rates.snapped`). The
+    calibration holds at most ``limit`` bytes (the run's smaller budget), so planning stays
+    within the budgets."""
+    return be.rates(dtype, limit).snapped() if isinstance(be, Calibrates) else None
 
 
 def _io_rates(rates: Rates | None, A, B, out, be, verify=None) -> Rates | None:
