@@ -1,4 +1,5 @@
-"""What a run reports: progress snapshots, the run's statistics and the stage clocks."""
+"""What a run reports: the pipeline's stages, progress snapshots, the run's statistics, the
+stage clocks and the tally of bytes and flops its threads add to."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 from .checksum import Mismatch
 
+#: The pipeline's stages, in the order data passes them.
 STAGES = ("read", "copy_in", "compute", "copy_out", "write")
 
 
@@ -89,3 +91,26 @@ class StageClock:
             self._active -= 1
             if self._active == 0:
                 self.total += time.perf_counter() - self._since
+
+
+class Tally:
+    """Bytes and flops of a run so far, added to from its threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.bytes_read = self.bytes_written = self.bytes_staged = self.flops = 0
+
+    def add(self, *, bytes_read: int = 0, bytes_written: int = 0, bytes_staged: int = 0,
+            flops: int = 0) -> None:
+        with self._lock:
+            self.bytes_read += bytes_read
+            self.bytes_written += bytes_written
+            self.bytes_staged += bytes_staged
+            self.flops += flops
+
+    def progress(self, tiles_done: int, tiles_total: int, tiles_skipped: int,
+                 elapsed: float) -> Progress:
+        """A progress snapshot with the bytes and flops so far."""
+        with self._lock:
+            return Progress(tiles_done, tiles_total, tiles_skipped, self.bytes_read,
+                            self.bytes_written, self.flops, elapsed)

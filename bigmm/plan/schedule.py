@@ -187,6 +187,17 @@ class Plan:
             k0, k1 = panels[kp]
             yield Step(t, kp, k0, k1, kp == 0, kp == last, a_slot, load_a, b_slot, load_b, c_slot)
 
+    def fresh_steps(self, tiles: list[Tile]) -> Iterator[Step]:
+        """Every gemm of ``tiles`` in the order given, each loading both of its panels afresh
+        into slots taken in turn: the steps that compute tiles again (nothing resident is
+        trusted)."""
+        panels, n = self.k_panels(), 0
+        for ti, t in enumerate(tiles):
+            for kp, (k0, k1) in enumerate(panels):
+                yield Step(t, kp, k0, k1, kp == 0, kp == len(panels) - 1, n % self.a_slots, True,
+                           n % self.b_slots, True, ti % C_SLOTS)
+                n += 1
+
     def _slot_schedule(self, done=frozenset()) -> Iterator[tuple]:
         """``steps`` as plain tuples (tile, kp, a_slot, load_a, b_slot, load_b, c_slot): the one
         place the slots are assigned, shared by ``steps`` and the pipeline model."""
