@@ -38,13 +38,12 @@ mantissa bits stays within rounding and is not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from .backends.base import Checksums, GemmChecks
 from .errors import OptionError
 from .plan import C_SLOTS, Plan, Step, Tile
+from .runstats import Mismatch
 
 #: Values ``verify=`` takes (None: no checks).
 VERIFY_MODES = (None, "checksum")
@@ -71,33 +70,6 @@ def bounds(eps: float, dtype, k: int, panels: int, summed: int) -> tuple[float, 
     n = k + panels + summed + 4 + FUSED_ROUNDINGS
     tiny = float(np.finfo(dtype).smallest_subnormal)
     return SAFETY * eps * n, SAFETY * n * max(summed, 1) * tiny
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """A tile whose checksums disagree: for the column and the row sums, the largest error
-    over its bound (a ratio above 1 fails) and where it is (column or row within the tile)."""
-
-    tile: tuple[int, int]
-    rows: tuple[int, int]
-    cols: tuple[int, int]
-    column_ratio: float
-    column_at: int
-    row_ratio: float
-    row_at: int
-
-    @property
-    def checks(self) -> tuple[str, ...]:
-        """The checks that failed: "column", "row" or both."""
-        return tuple(name for name, r in (("column", self.column_ratio), ("row", self.row_ratio))
-                     if r > 1.0)
-
-    def __str__(self) -> str:
-        parts = [f"{name} sums off by {ratio:.3g}x the rounding bound at {name} {at}"
-                 for name, ratio, at in (("column", self.column_ratio, self.column_at),
-                                         ("row", self.row_ratio, self.row_at)) if ratio > 1.0]
-        return (f"tile {self.tile} (rows {self.rows[0]}:{self.rows[1]}, columns "
-                f"{self.cols[0]}:{self.cols[1]}): {'; '.join(parts)}")
 
 
 class TileChecksums:

@@ -1,13 +1,12 @@
-"""What a run reports: the pipeline's stages, progress snapshots, the run's statistics, the
-stage clocks and the tally of bytes and flops its threads add to."""
+"""What a run reports: the pipeline's stages, progress snapshots, the run's statistics (with the
+tiles whose checksums disagreed), the stage clocks and the tally of bytes and flops its threads
+add to."""
 
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import asdict, dataclass
-
-from .checksum import Mismatch
 
 #: The pipeline's stages, in the order data passes them.
 STAGES = ("read", "copy_in", "compute", "copy_out", "write")
@@ -24,6 +23,33 @@ class Progress:
     bytes_written: int
     flops_done: int
     elapsed: float
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A tile whose checksums disagree: for the column and the row sums, the largest error
+    over its bound (a ratio above 1 fails) and where it is (column or row within the tile)."""
+
+    tile: tuple[int, int]
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    column_ratio: float
+    column_at: int
+    row_ratio: float
+    row_at: int
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The checks that failed: "column", "row" or both."""
+        return tuple(name for name, r in (("column", self.column_ratio), ("row", self.row_ratio))
+                     if r > 1.0)
+
+    def __str__(self) -> str:
+        parts = [f"{name} sums off by {ratio:.3g}x the rounding bound at {name} {at}"
+                 for name, ratio, at in (("column", self.column_ratio, self.column_at),
+                                         ("row", self.row_ratio, self.row_at)) if ratio > 1.0]
+        return (f"tile {self.tile} (rows {self.rows[0]}:{self.rows[1]}, columns "
+                f"{self.cols[0]}:{self.cols[1]}): {'; '.join(parts)}")
 
 
 @dataclass(frozen=True)
