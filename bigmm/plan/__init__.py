@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from .model import READ_RATE, WRITE_RATE, Rates, predict_seconds, simulate, stage_times
 from .schedule import C_SLOTS, ORDERS, Plan, Step, Tile
-from .search import cpu_step_bytes, make_plan
+from .search import cpu_step_bytes, even_edge, make_plan
 
 __all__ = ["C_SLOTS", "ORDERS", "READ_RATE", "WRITE_RATE", "Plan", "Rates", "Step", "Tile",
-           "cpu_step_bytes", "make_plan", "predict_seconds", "simulate", "stage_times"]
+           "cpu_step_bytes", "even_edge", "make_plan", "predict_seconds", "simulate",
+           "stage_times"]

@@ -50,6 +50,12 @@ def _units(dim: int, chunk: int | None, align: int) -> int:
     return max(1, min(unit, dim))
 
 
+def even_edge(dim: int, parts: int, unit: int) -> int:
+    """The tile edge that splits ``dim`` into ``parts`` even pieces, rounded up to a multiple
+    of ``unit``: ceil(ceil(dim / parts) / unit) * unit, at most ``dim``."""
+    return min(dim, -(-(-(-dim // parts)) // unit) * unit)
+
+
 def _candidates(dim: int, unit: int, lo: int) -> list[int]:
     """Tile sizes for one dimension: even splits of ``dim`` rounded up to ``unit``, largest first.
 
@@ -59,7 +65,7 @@ def _candidates(dim: int, unit: int, lo: int) -> list[int]:
     out = {min(dim, max(unit, lo))}
     nb = 1
     while True:
-        t = min(dim, -(-(-(-dim // nb)) // unit) * unit)  # ceil(ceil(dim / nb) / unit) * unit
+        t = even_edge(dim, nb, unit)
         if t < min(lo, dim):
             break
         out.add(t)

@@ -14,7 +14,7 @@ from plan_cases import (GiB, H100_ARRAYS, H100_DISK, H100_PINNED, N32, plan_or_n
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
 from bigmm.plan import make_plan
 from bigmm.plan.model import predict_seconds, stage_times
-from bigmm.plan.search import STEP_COST_BYTES, cpu_step_bytes
+from bigmm.plan.search import STEP_COST_BYTES, cpu_step_bytes, even_edge
 
 
 @settings(max_examples=150, deadline=None)
@@ -203,3 +203,15 @@ def test_the_last_waves_keep_tiles_large():
     no_waves = replace(H100_PINNED, wave_flops=None)
     assert replace(small, rates=no_waves).predicted_seconds < 1.01 * replace(
         plan, rates=no_waves).predicted_seconds
+
+
+@pytest.mark.parametrize("dim, parts, unit, edge", [
+    (1000, 4, 1, 250),      # even pieces
+    (1000, 3, 1, 334),      # rounded up: three pieces still cover dim
+    (1000, 3, 256, 512),    # then to whole units: two pieces cover dim
+    (100, 1, 256, 100),     # never more than dim
+    (5, 8, 1, 1),           # more parts than elements: one each
+])
+def test_even_edges_cover_the_dimension_in_whole_units(dim, parts, unit, edge):
+    assert even_edge(dim, parts, unit) == edge
+    assert -(-dim // edge) <= parts and (edge % unit == 0 or edge == dim)
