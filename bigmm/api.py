@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Union
 
 from . import io
+from .backends import Profiles
 from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import OptionError, OutputTooLarge
@@ -133,9 +134,8 @@ def _start_profile(profile, be):
         raise OptionError(f"Expected profile as True, a path prefix or a Profile. "
                           f"Got {profile!r}.")
     prof = profile if isinstance(profile, Profile) else Profile()
-    start = getattr(be, "start_profile", None)
-    if start is not None:
-        start(prof)
+    if isinstance(be, Profiles):
+        be.start_profile(prof)
     prof.begin()
     return prof
 
@@ -144,9 +144,8 @@ def _finish_profile(profile, prof: Profile, be, run: RunStats, out) -> RunStats:
     """Collect the device's intervals, write the files asked for, and return ``run`` with the
     busy times of the device-timed stages taken from the profile."""
     prof.finish()
-    stop = getattr(be, "stop_profile", None)
-    if stop is not None:
-        stop()
+    if isinstance(be, Profiles):
+        be.stop_profile()
     prof.moved.setdefault("read", run.bytes_read)
     prof.moved.setdefault("write", run.bytes_written)
     prof.compute_flops = prof.compute_flops or run.flops

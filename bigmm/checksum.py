@@ -38,13 +38,12 @@ mantissa bits stays within rounding and is not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from .backends.base import GemmChecks
+from .backends.base import Checksums, GemmChecks
 from .errors import OptionError
 from .plan import C_SLOTS, Plan, Step, Tile
+from .runstats import Mismatch
 
 #: Values ``verify=`` takes (None: no checks).
 VERIFY_MODES = (None, "checksum")
@@ -73,40 +72,13 @@ def bounds(eps: float, dtype, k: int, panels: int, summed: int) -> tuple[float, 
     return SAFETY * eps * n, SAFETY * n * max(summed, 1) * tiny
 
 
-@dataclass(frozen=True)
-class Mismatch:
-    """A tile whose checksums disagree: for the column and the row sums, the largest error
-    over its bound (a ratio above 1 fails) and where it is (column or row within the tile)."""
-
-    tile: tuple[int, int]
-    rows: tuple[int, int]
-    cols: tuple[int, int]
-    column_ratio: float
-    column_at: int
-    row_ratio: float
-    row_at: int
-
-    @property
-    def checks(self) -> tuple[str, ...]:
-        """The checks that failed: "column", "row" or both."""
-        return tuple(name for name, r in (("column", self.column_ratio), ("row", self.row_ratio))
-                     if r > 1.0)
-
-    def __str__(self) -> str:
-        parts = [f"{name} sums off by {ratio:.3g}x the rounding bound at {name} {at}"
-                 for name, ratio, at in (("column", self.column_ratio, self.column_at),
-                                         ("row", self.row_ratio, self.row_at)) if ratio > 1.0]
-        return (f"tile {self.tile} (rows {self.rows[0]}:{self.rows[1]}, columns "
-                f"{self.cols[0]}:{self.cols[1]}): {'; '.join(parts)}")
-
-
 class TileChecksums:
     """The checksum vectors of one run on backend ``be``, allocated once: two per A and B panel
     slot, the expected sums per C slot, one actual-sums buffer and four result numbers per C
     slot (copied to pinned host memory where the backend stages). Every call is issued on the
     given stream in the executor's order; see the module docstring."""
 
-    def __init__(self, be, plan: Plan, alpha: float, beta: float):
+    def __init__(self, be: Checksums, plan: Plan, alpha: float, beta: float):
         self.be, self.plan, self.alpha, self.beta = be, plan, float(alpha), float(beta)
         bm, bn, bk = plan.bm, plan.bn, plan.bk
         self.a = [be.device_buffer(2 * bk, _F64) for _ in range(plan.a_slots)]
@@ -120,7 +92,7 @@ class TileChecksums:
         self.panels = len(plan.k_panels())
         self._launches: dict[tuple, list] = {}
         #: Whether the backend's gemm does each step's updates (``step`` then hands them over).
-        self.fuse = bool(getattr(be, "fuses_checks", False))
+        self.fuse = bool(be.fuses_checks)
         self._fused: dict[tuple, GemmChecks] = {}
 
     def _pair(self, buf, k: int):
@@ -222,64 +194,11 @@ class TileChecksums:
                         r[2], int(r[3]))
 
 
-def has_checksums(be) -> bool:
-    """Whether backend ``be`` implements the checksum methods."""
-    return all(callable(getattr(be, m, None))
-               for m in ("weighted_sums", "compare_sums", "sums_launcher", "compare_launcher",
-                         "epsilon", "run_on"))
+def __getattr__(name: str):
+    """``Faults`` and ``flip_exponent`` moved to :mod:`bigmm.testing` (fault injection is a
+    test seam); still found here for callers that import them from this module."""
+    if name in ("Faults", "flip_exponent"):
+        from . import testing
 
-
-# ----- fault injection (tests) --------------------------------------------------------------
-
-@dataclass
-class Faults:
-    """Corrupts one value at one point of a run, ``times`` times (a seam for tests).
-
-    ``where="A"`` or ``"B"``: after K panel ``kp`` of tile ``tile`` landed in its buffer (and
-    its checksum vector was taken), flip an exponent bit of ``element`` of the stored panel.
-    ``where="C"``: flip one of ``element`` of the finished tile ``tile`` before it is checked
-    and written back. Elements are clipped to the array's shape. The executor calls
-    :meth:`corrupt_panel` and :meth:`corrupt_tile` on its compute stream; ``fired`` records (where, tile, old
-    value, new value).
-    """
-
-    where: str
-    tile: tuple[int, int] = (0, 0)
-    kp: int = 0
-    element: tuple[int, int] = (0, 0)
-    times: int = 1
-    fired: list = field(default_factory=list)
-
-    def __post_init__(self):
-        if self.where not in ("A", "B", "C"):
-            raise OptionError(f"Expected where to be 'A', 'B' or 'C'. Got {self.where!r}.")
-
-    def _due(self, where: str, st: Step) -> bool:
-        return (self.where == where and st.tile.index == tuple(self.tile)
-                and (where == "C" or st.kp == self.kp) and len(self.fired) < self.times)
-
-    def corrupt_panel(self, st: Step, a, b) -> None:
-        for where, x in (("A", a), ("B", b)):
-            if self._due(where, st):
-                self.fired.append((where, st.tile.index) + flip_exponent(x, self.element))
-
-    def corrupt_tile(self, st: Step, c) -> None:
-        if self._due("C", st):
-            self.fired.append(("C", st.tile.index) + flip_exponent(c, self.element))
-
-
-def flip_exponent(x, element: tuple[int, int]) -> tuple[float, float]:
-    """Flip the highest clear exponent bit of one element of the 2-D array ``x`` (NumPy or a
-    device array); returns (old, new). For values of ordinary size this multiplies them by
-    2**64 or more, or makes them Inf."""
-    i, j = (min(max(int(e), 0), s - 1) for e, s in zip(element, x.shape))
-    dt = np.dtype(x.dtype)
-    info = np.finfo(dt)
-    uint = np.dtype(f"u{dt.itemsize}")
-    old = np.array(float(x[i, j]), dtype=dt)
-    bits = int(old.view(uint))
-    exponent = (bits >> info.nmant) & ((1 << info.nexp) - 1)
-    p = next((p for p in range(info.nexp - 1, -1, -1) if not exponent >> p & 1), info.nexp - 1)
-    new = np.array(bits ^ (1 << (info.nmant + p)), dtype=uint).view(dt)
-    x[i, j] = new[()]
-    return float(old), float(new)
+        return getattr(testing, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

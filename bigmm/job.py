@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import replace
 
 import numpy as np
 
 from . import io
-from .backends import get_backend
+from .backends import Calibrates, Checksums, HostHints, get_backend
 from .backends.numpy import memory_available as host_memory_available
 from .errors import DtypeError, OptionError, ResumeError, ShapeError
 from .executor import RunStats, in_place
@@ -48,9 +47,10 @@ def resolve_backend(name: str, kernel: str | None):
 def open_inputs(a, b, closing: list, be=None):
     """A and B opened (added to ``closing``), read with the backend's ``reader_threads`` per
     file and its ``map_step`` (blocks of mapped copies) where it names them."""
-    opts = {key: getattr(be, attr) for key, attr in (("threads", "reader_threads"),
-                                                     ("map_step", "map_step"))
-            if getattr(be, attr, None)}
+    opts = {}
+    if isinstance(be, HostHints):
+        opts = {key: value for key, value in (("threads", be.reader_threads),
+                                              ("map_step", be.map_step)) if value}
     A = io.open_input(a, name="A", **opts)
     closing.append(A)
     B = io.open_input(b, name="B", **opts)
@@ -76,18 +76,19 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
              else None)
     checked = None
     if rates is not None and verify is not None:
-        fused = bool(getattr(be, "fuses_checks", False))
-        checked = replace(rates, check_bytes=getattr(be, "checksum_rate", None),
-                          check_step=getattr(be, "checksum_step", 0.0), check_fused=fused)
+        fused = isinstance(be, Checksums) and bool(be.fuses_checks)
+        checked = replace(rates, check_bytes=be.checksum_rate if isinstance(be, Checksums)
+                          else None, check_step=be.checksum_step if isinstance(be, Checksums)
+                          else 0.0, check_fused=fused)
         if not fused:  # separate passes over the panels at every step: tiles chosen for them
             rates = checked
     args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                 device_budget=device, host_budget=host, staging=be.staging,
                 a_chunks=A.chunks, b_chunks=B.chunks,
                 rates=rates if be.staging else None)  # CPU: the fewest bytes, as matmul plans
-    threads = getattr(be, "gemm_threads", None)
-    if not be.staging and callable(threads):  # a gemm call costs more with more BLAS threads
-        args["step_bytes"] = cpu_step_bytes(threads())
+    threads = be.gemm_threads() if isinstance(be, HostHints) else None
+    if not be.staging and threads:  # a gemm call costs more with more BLAS threads
+        args["step_bytes"] = cpu_step_bytes(threads)
     fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
     p = make_plan(m, n, k, dtype, **args, **fixed)
     if checked is not None or (p.rates is None and rates is not None):
@@ -211,27 +212,11 @@ def complete_stats(p: Plan) -> RunStats:
 
 
 def _rates(be, dtype: str, limit: int) -> Rates | None:
-    """Nominal rates for the predicted time: the backend's own, else a short gemm timing on a
-    backend whose compute memory is host memory (None otherwise), snapped to a grid
-    (:meth:`Rates.snapped`). The timing holds at most ``limit`` bytes (the run's smaller
-    budget), so planning stays within the budgets."""
-    own = getattr(be, "rates", None)
-    if callable(own):
-        return own(dtype, limit).snapped()
-    if be.staging:
-        return None
-    dt = np.dtype(dtype)
-    n = max(16, min(1024, math.isqrt(limit // (2 * dt.itemsize))))
-    a = be.view(be.host_buffer(n * n, dt), (n, n))
-    c = be.view(be.host_buffer(n * n, dt), (n, n))
-    a[...] = 1.0
-    best = float("inf")
-    for _ in range(3):  # the first call also wakes the BLAS threads
-        t0 = time.perf_counter()
-        be.gemm(a, a, c, 1.0, 0.0, False, False, None)
-        best = min(best, time.perf_counter() - t0)
-    return Rates(flops=2 * n**3 / max(best, 1e-9), read_bytes=READ_RATE,
-                 write_bytes=WRITE_RATE).snapped()
+    """The backend's own rates for the predicted time (None where it has none: not
+    :class:`bigmm.backends.Calibrates`), snapped to a grid (:meth:`Rates.snapped`). The
+    calibration holds at most ``limit`` bytes (the run's smaller budget), so planning stays
+    within the budgets."""
+    return be.rates(dtype, limit).snapped() if isinstance(be, Calibrates) else None
 
 
 def _io_rates(rates: Rates | None, A, B, out, be, verify=None) -> Rates | None:

@@ -23,7 +23,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-STAGES = ("read", "copy_in", "compute", "copy_out", "write")
+from .runstats import STAGES
+
 _COLOURS = {"read": "#4c72b0", "copy_in": "#55a868", "compute": "#c44e52",
             "copy_out": "#8172b2", "write": "#ccb974"}
 

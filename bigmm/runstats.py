@@ -1,4 +1,6 @@
-"""What a run reports: progress snapshots, the run's statistics and the stage clocks."""
+"""What a run reports: the pipeline's stages, progress snapshots, the run's statistics (with the
+tiles whose checksums disagreed), the stage clocks and the tally of bytes and flops its threads
+add to."""
 
 from __future__ import annotations
 
@@ -6,8 +8,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from .checksum import Mismatch
-
+#: The pipeline's stages, in the order data passes them.
 STAGES = ("read", "copy_in", "compute", "copy_out", "write")
 
 
@@ -22,6 +23,33 @@ class Progress:
     bytes_written: int
     flops_done: int
     elapsed: float
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A tile whose checksums disagree: for the column and the row sums, the largest error
+    over its bound (a ratio above 1 fails) and where it is (column or row within the tile)."""
+
+    tile: tuple[int, int]
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    column_ratio: float
+    column_at: int
+    row_ratio: float
+    row_at: int
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The checks that failed: "column", "row" or both."""
+        return tuple(name for name, r in (("column", self.column_ratio), ("row", self.row_ratio))
+                     if r > 1.0)
+
+    def __str__(self) -> str:
+        parts = [f"{name} sums off by {ratio:.3g}x the rounding bound at {name} {at}"
+                 for name, ratio, at in (("column", self.column_ratio, self.column_at),
+                                         ("row", self.row_ratio, self.row_at)) if ratio > 1.0]
+        return (f"tile {self.tile} (rows {self.rows[0]}:{self.rows[1]}, columns "
+                f"{self.cols[0]}:{self.cols[1]}): {'; '.join(parts)}")
 
 
 @dataclass(frozen=True)
@@ -89,3 +117,26 @@ class StageClock:
             self._active -= 1
             if self._active == 0:
                 self.total += time.perf_counter() - self._since
+
+
+class Tally:
+    """Bytes and flops of a run so far, added to from its threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.bytes_read = self.bytes_written = self.bytes_staged = self.flops = 0
+
+    def add(self, *, bytes_read: int = 0, bytes_written: int = 0, bytes_staged: int = 0,
+            flops: int = 0) -> None:
+        with self._lock:
+            self.bytes_read += bytes_read
+            self.bytes_written += bytes_written
+            self.bytes_staged += bytes_staged
+            self.flops += flops
+
+    def progress(self, tiles_done: int, tiles_total: int, tiles_skipped: int,
+                 elapsed: float) -> Progress:
+        """A progress snapshot with the bytes and flops so far."""
+        with self._lock:
+            return Progress(tiles_done, tiles_total, tiles_skipped, self.bytes_read,
+                            self.bytes_written, self.flops, elapsed)

@@ -1,4 +1,5 @@
-"""Helpers shared by the tests and the scripts: GPU detection, operands, float64 references."""
+"""Helpers shared by the tests and the scripts: GPU detection, operands, float64 references,
+fault injection (disks that fill up, corrupted values under the checks)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+from .errors import OptionError
+from .plan import Plan, Step
 
 
 @functools.lru_cache(maxsize=1)
@@ -94,6 +100,76 @@ def wait_for_journaled_tiles(folder, proc, timeout: float, output: str = "c.h5")
 
 
 # ----- fault injection ------------------------------------------------------------------------
+
+@dataclass
+class Faults:
+    """Corrupts one value at one point of a run, ``times`` times: a hook of the executor
+    (:mod:`bigmm.executor.hooks`, ``execute(..., faults=)``) for tests of the checks.
+
+    ``where="A"`` or ``"B"``: after K panel ``kp`` of tile ``tile`` landed in its buffer (and
+    its checksum vector was taken), flip an exponent bit of ``element`` of the stored panel.
+    ``where="C"``: flip one of ``element`` of the finished tile ``tile`` before it is checked
+    and written back. Elements are clipped to the array's shape. The corruption is issued on
+    the run's compute stream (the backend's ``run_on``); ``fired`` records (where, tile, old
+    value, new value).
+    """
+
+    where: str
+    tile: tuple[int, int] = (0, 0)
+    kp: int = 0
+    element: tuple[int, int] = (0, 0)
+    times: int = 1
+    fired: list = field(default_factory=list)
+    #: The run's backend (set when the run begins).
+    backend: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.where not in ("A", "B", "C"):
+            raise OptionError(f"Expected where to be 'A', 'B' or 'C'. Got {self.where!r}.")
+
+    # ----- the hook's points ----------------------------------------------------------------
+    def begin(self, be, plan: Plan, alpha: float, beta: float) -> None:
+        self.backend = be
+
+    def landed(self, st: Step, a, b, stream) -> None:
+        with self.backend.run_on(stream):
+            self.corrupt_panel(st, a, b)
+
+    def finished(self, st: Step, c, stream) -> None:
+        with self.backend.run_on(stream):
+            self.corrupt_tile(st, c)
+
+    # ----- the corruptions ------------------------------------------------------------------
+    def _due(self, where: str, st: Step) -> bool:
+        return (self.where == where and st.tile.index == tuple(self.tile)
+                and (where == "C" or st.kp == self.kp) and len(self.fired) < self.times)
+
+    def corrupt_panel(self, st: Step, a, b) -> None:
+        for where, x in (("A", a), ("B", b)):
+            if self._due(where, st):
+                self.fired.append((where, st.tile.index) + flip_exponent(x, self.element))
+
+    def corrupt_tile(self, st: Step, c) -> None:
+        if self._due("C", st):
+            self.fired.append(("C", st.tile.index) + flip_exponent(c, self.element))
+
+
+def flip_exponent(x, element: tuple[int, int]) -> tuple[float, float]:
+    """Flip the highest clear exponent bit of one element of the 2-D array ``x`` (NumPy or a
+    device array); returns (old, new). For values of ordinary size this multiplies them by
+    2**64 or more, or makes them Inf."""
+    i, j = (min(max(int(e), 0), s - 1) for e, s in zip(element, x.shape))
+    dt = np.dtype(x.dtype)
+    info = np.finfo(dt)
+    uint = np.dtype(f"u{dt.itemsize}")
+    old = np.array(float(x[i, j]), dtype=dt)
+    bits = int(old.view(uint))
+    exponent = (bits >> info.nmant) & ((1 << info.nexp) - 1)
+    p = next((p for p in range(info.nexp - 1, -1, -1) if not exponent >> p & 1), info.nexp - 1)
+    new = np.array(bits ^ (1 << (info.nmant + p)), dtype=uint).view(dt)
+    x[i, j] = new[()]
+    return float(old), float(new)
+
 
 def sha256(path) -> str:
     """The SHA-256 of a file's bytes (inputs must be byte-identical after any run)."""

@@ -1,10 +1,13 @@
-"""Parsing and formatting of sizes, rates and durations (pure helpers, no I/O)."""
+"""Element types, and parsing and formatting of sizes, rates and durations (pure helpers, no I/O)."""
 
 from __future__ import annotations
 
 import re
 
 from .errors import SizeParseError
+
+#: The element types bigmm computes in, by name, with their sizes in bytes.
+DTYPES = {"float32": 4, "float64": 8}
 
 _UNITS = {
     "": 1, "b": 1,

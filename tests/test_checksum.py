@@ -14,12 +14,13 @@ import bigmm
 from bigmm import io
 from bigmm.backends import get_backend
 from bigmm.backends.numpy import NumpyBackend
-from bigmm.checksum import FUSED_ROUNDINGS, Faults, Mismatch, bounds, flip_exponent, parse_verify
+from bigmm.checksum import FUSED_ROUNDINGS, Mismatch, bounds, parse_verify
 from bigmm.cli import main
 from bigmm.errors import ChecksumError, OptionError
 from bigmm.executor import execute
 from bigmm.plan import make_plan
-from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+from bigmm.testing import (Faults, flip_exponent, random_matrix, reference_gemm, relative_error,
+                           tolerance)
 
 F32, F64 = np.float32, np.float64
 

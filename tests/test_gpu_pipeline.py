@@ -312,7 +312,7 @@ def test_first_step_in_k_pieces_and_last_tile_in_row_pieces(m, n, k, dtype, ta, 
     from bigmm import io
     from bigmm.backends import get_backend
     from bigmm.executor import execute
-    from bigmm.plan import DRAIN, RAMP, split_range
+    from bigmm.executor.tuning import DRAIN, RAMP, split_range
 
     seed = int.from_bytes(os.urandom(4), "little")
     a = _operand((k, m) if ta else (m, k), dtype, seed, pitch, "A" in which)

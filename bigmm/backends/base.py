@@ -1,4 +1,15 @@
-"""The Backend protocol: what the executor needs from a compute device, and nothing more.
+"""The Backend protocols: what the executor needs from a compute device, and what some
+devices can do besides.
+
+:class:`Backend` is the core every backend implements: buffers, copies on streams, gemm,
+events. Optional abilities are protocols of their own, which code tests for explicitly with
+``isinstance`` (they are ``runtime_checkable``) before it uses them:
+
+* :class:`Checksums`: the reductions behind ``verify="checksum"``, and their costs;
+* :class:`Calibrates`: the rates the planner predicts a plan's time with;
+* :class:`Profiles`: timing its own copies and kernels into a :class:`bigmm.profile.Profile`;
+* :class:`HostHints`: how the host work around it is best sized (reader threads, map blocks,
+  the threads its gemm computes with).
 
 Buffers are allocated once per run as flat 1-D arrays; a panel or tile is a contiguous view of
 a buffer's first rows*cols elements (``view``), so edge tiles need no strided kernels or copies.
@@ -17,9 +28,11 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import DtypeError, ShapeError
+from ..plan.model import Rates
+from ..units import DTYPES
 
 #: The dtypes every backend's gemm takes.
-GEMM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+GEMM_DTYPES = tuple(np.dtype(name) for name in DTYPES)
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,8 @@ class GemmChecks:
 
 @runtime_checkable
 class Backend(Protocol):
+    """The core every backend implements."""
+
     #: Registry name ("numpy", "cupy").
     name: str
     #: True when device buffers are separate from host buffers (copies in and out are needed).
@@ -79,8 +94,8 @@ class Backend(Protocol):
     def gemm(self, a: Any, b: Any, c: Any, alpha: float, beta: float,
              trans_a: bool, trans_b: bool, stream: Any, checks: GemmChecks | None = None) -> None:
         """c = alpha * op(a) @ op(b) + beta * c on ``stream``; beta == 0 never reads c. With
-        ``checks`` (only where the backend's ``fuses_checks`` attribute is true) the gemm
-        also does those checksum updates."""
+        ``checks`` (only on a :class:`Checksums` backend whose ``fuses_checks`` is true) the
+        gemm also does those checksum updates."""
 
     def gemm_launcher(self, a: Any, b: Any, c: Any, alpha: float, beta: float, trans_a: bool,
                       trans_b: bool, checks: GemmChecks | None = None) -> Callable[[Any], None]:
@@ -96,6 +111,24 @@ class Backend(Protocol):
 
     def synchronize(self, event: Any) -> None:
         """Block the host until ``event`` has completed."""
+
+    def memory_available(self) -> int:
+        """Bytes the backend could allocate now (free device memory, or available RAM)."""
+
+    def close(self) -> None:
+        """Release buffers, streams and handles."""
+
+
+@runtime_checkable
+class Checksums(Protocol):
+    """Checksum reductions for ``verify="checksum"`` (see :mod:`bigmm.checksum`)."""
+
+    #: Whether ``gemm`` takes ``checks=`` and does a step's checksum updates itself.
+    fuses_checks: bool
+    #: For the planner's time model: bytes per second the reductions read (None: not
+    #: counted) and the seconds their launches add to each step.
+    checksum_rate: float | None
+    checksum_step: float
 
     def weighted_sums(self, x: Any, out: Any, out_abs: Any = None, *, weights: Any = None,
                       abs_weights: Any = None, scale: float = 1.0, accumulate: bool = False,
@@ -132,11 +165,41 @@ class Backend(Protocol):
         """A context manager in which array operations on device arrays are issued on
         ``stream`` (used by fault-injection tests)."""
 
-    def memory_available(self) -> int:
-        """Bytes the backend could allocate now (free device memory, or available RAM)."""
 
-    def close(self) -> None:
-        """Release buffers, streams and handles."""
+@runtime_checkable
+class Calibrates(Protocol):
+    """A backend that knows its own speeds."""
+
+    def rates(self, dtype: str, limit: int | None = None) -> Rates:
+        """Rates for the predicted time of a job in ``dtype`` (timed on this machine, not
+        yet snapped to the rates' grid); what the timing holds on the device and in pinned
+        memory stays within ``limit`` bytes where given."""
+
+
+@runtime_checkable
+class Profiles(Protocol):
+    """A backend that times its own copies and kernels."""
+
+    def start_profile(self, profile) -> None:
+        """Time every later copy and kernel into ``profile`` (a bigmm.profile.Profile),
+        whose ``device_stages`` it names."""
+
+    def stop_profile(self) -> None:
+        """Wait for the timed work and add its intervals to the profile."""
+
+
+@runtime_checkable
+class HostHints(Protocol):
+    """How the host work around a backend is best sized; None where it has no say."""
+
+    #: Reader threads per input file.
+    reader_threads: int | None
+    #: Bytes of file per block of copies out of an input's file map.
+    map_step: int | None
+
+    def gemm_threads(self) -> int | None:
+        """The host threads its gemm computes with (None: it does not compute on the
+        host)."""
 
 
 def rows_contiguous(x) -> bool:

@@ -22,6 +22,11 @@ waiting for a buffer to be free or full).
   timing events; after the run their times are converted to host ``perf_counter`` seconds
   through an anchor event and added to the :class:`~bigmm.profile.Profile`.
 
+Besides the core :class:`~.base.Backend` it is :class:`~.base.Checksums` (kernels/
+abft_checksum.cu; bigmm's kernel fuses a step's updates), :class:`~.base.Calibrates` (its
+gemm, copies and device memory timed with events), :class:`~.base.Profiles` and
+:class:`~.base.HostHints` (wide blocks for copies out of file maps).
+
 This module imports cupy at its top: the registry imports it only when the cupy backend is
 asked for.
 """
@@ -37,7 +42,7 @@ import numpy as np
 
 from ..errors import KernelError, OptionError, ShapeError
 from ..io.mapped import WIDE_STEP_BYTES
-from ..plan import READ_RATE, WRITE_RATE, Rates
+from ..plan.model import READ_RATE, WRITE_RATE, Rates
 from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
 
 #: Names ``kernel=`` accepts.
@@ -109,6 +114,12 @@ class CupyBackend:
     #: process runs many threads, and each block's release flushes the TLB of every CPU they
     #: run on (see bigmm.io.mapped.WIDE_STEP_BYTES).
     map_step = WIDE_STEP_BYTES
+    #: The inputs' readers as the sources choose them.
+    reader_threads = None
+
+    def gemm_threads(self) -> None:
+        """None: the gemm runs on the GPU, not on host threads."""
+        return None
 
     def __init__(self, *, kernel: str = "bigmm", device: int | None = None,
                  keep_pinned: bool = True):

@@ -1,7 +1,10 @@
 """The NumPy backend: host memory is the compute memory; gemm is a BLAS call in place.
 
 ``staging = False``: host and device buffers are the same NumPy arrays, streams and events are
-trivial (every call completes before it returns) and copies are plain ``copyto``.
+trivial (every call completes before it returns) and copies are plain ``copyto``. Besides the
+core :class:`~.base.Backend` it is :class:`~.base.Checksums` (the reductions in NumPy),
+:class:`~.base.Calibrates` (a short gemm timing) and :class:`~.base.HostHints` (fewer
+readers: they share the cores with the BLAS threads).
 
 ``gemm`` calls the row-major CBLAS ``?gemm`` of the BLAS library NumPy itself loaded, through
 ctypes: ctypes releases the GIL for the call, so the reader and writer threads keep running
@@ -15,12 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
+import time
 from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import BackendUnavailable, OptionError, ShapeError
+from ..plan.model import READ_RATE, WRITE_RATE, Rates
 from .base import check_gemm_dtypes, flat_view, gemm_shape
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
@@ -95,11 +101,14 @@ class NumpyBackend:
     def synchronize(self, event: Any) -> None:
         return None
 
+    # ----- host hints -----------------------------------------------------------------------
     #: Reader threads per input file: the copies share the cores with every BLAS thread,
     #: and each reader that runs stalls the BLAS at its next barrier; two keep up with the
     #: gemms (16-core VM, 12288^3 float32 under 256 MiB, 4 interleaved rounds: 0.858 of
     #: in-core numpy.matmul with 4 readers per file, 0.891 with 2, 0.890 with 1).
     reader_threads = 2
+    #: Copies out of file maps in the inputs' own blocks.
+    map_step = None
 
     def gemm_threads(self) -> int:
         """The threads the BLAS computes with: OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS,
@@ -137,7 +146,29 @@ class NumpyBackend:
         run, alpha, beta = self._gemm[c.dtype], float(alpha), float(beta)
         return lambda stream=None: run(a, b, c, m, n, k, alpha, beta, trans_a, trans_b)
 
+    # ----- calibration ----------------------------------------------------------------------
+    def rates(self, dtype: str, limit: int | None = None) -> Rates:
+        """Rates for the predicted time: the gemm's flops from the best of three n x n
+        products (n at most 1024, and the two operands within ``limit`` bytes; the first
+        call also wakes the BLAS threads), nominal disk speeds, no copies."""
+        dt = np.dtype(dtype)
+        n = 1024 if limit is None else max(16, min(1024, math.isqrt(limit // (2 * dt.itemsize))))
+        a = self.view(self.host_buffer(n * n, dt), (n, n))
+        c = self.view(self.host_buffer(n * n, dt), (n, n))
+        a[...] = 1.0
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            self.gemm(a, a, c, 1.0, 0.0, False, False, None)
+            best = min(best, time.perf_counter() - t0)
+        return Rates(flops=2 * n**3 / max(best, 1e-9), read_bytes=READ_RATE,
+                     write_bytes=WRITE_RATE)
+
     # ----- checksums ------------------------------------------------------------------------
+    #: The reductions' cost is not counted in the predicted time (a CPU plans by bytes).
+    checksum_rate = None
+    checksum_step = 0.0
+
     def weighted_sums(self, x, out, out_abs=None, *, weights=None, abs_weights=None,
                       scale: float = 1.0, accumulate: bool = False, stream: Any = None) -> None:
         """See :meth:`bigmm.backends.base.Backend.weighted_sums`: float64 sums of blocks of

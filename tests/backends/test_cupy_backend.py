@@ -10,7 +10,8 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from bigmm.backends import get_backend  # noqa: E402
+from bigmm.backends import (Backend, Calibrates, Checksums, HostHints, Profiles,  # noqa: E402
+                            get_backend)
 from bigmm.errors import DtypeError, OptionError, ShapeError  # noqa: E402
 from bigmm.profile import Profile  # noqa: E402
 from bigmm.testing import (pinned_array, random_matrix, reference_gemm, relative_error,  # noqa: E402
@@ -331,6 +332,18 @@ def test_profile_intervals_follow_the_event_order():
         assert by["copy_in"].nbytes == m * k * 4 and by["compute"].flops == 2 * m * n * k
         assert by["compute"].end - by["compute"].start > 0
         assert "GPU" in by["compute"].lane and prof.device
+    finally:
+        be.close()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_it_has_every_ability(kernel):
+    be = _backend(kernel)
+    try:
+        assert all(isinstance(be, p) for p in (Backend, Checksums, Calibrates, Profiles,
+                                               HostHints))
+        assert be.gemm_threads() is None and be.map_step > 0
+        assert be.fuses_checks is (kernel == "bigmm")
     finally:
         be.close()
 

@@ -1,4 +1,5 @@
-"""The NumPy backend: in-place BLAS gemm, beta == 0 never reads C, trivial streams, registry."""
+"""The NumPy backend: in-place BLAS gemm, beta == 0 never reads C, trivial streams, its
+abilities and calibration, registry."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import pytest
 from scipy.linalg import blas as scipy_blas
 
 from bigmm.backends import BACKENDS, get_backend, probe_cuda
-from bigmm.backends.base import Backend
+from bigmm.backends.base import Backend, Calibrates, Checksums, HostHints, Profiles
 from bigmm.backends.numpy import NumpyBackend, memory_available
 from bigmm.errors import BackendUnavailable, DtypeError, ShapeError
+from bigmm.plan import READ_RATE, WRITE_RATE
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
 
 TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
@@ -189,3 +191,50 @@ def test_gemm_threads_follows_the_blas_settings(monkeypatch, env, want):
         monkeypatch.setenv(var, value)
     got = NumpyBackend().gemm_threads()
     assert got == (want if want is not None else len(os.sched_getaffinity(0)))
+
+
+@pytest.mark.parametrize("ability, has", [
+    (Backend, True),      # the core: buffers, copies, gemm, events
+    (Checksums, True),    # the reductions of verify="checksum", in NumPy
+    (Calibrates, True),   # its own rates: a short gemm timing
+    (HostHints, True),    # two readers per file beside the BLAS threads
+    (Profiles, False),    # nothing of its own to time: the host clocks do
+])
+def test_abilities_are_protocols_it_meets(ability, has):
+    assert isinstance(NumpyBackend(), ability) is has
+
+
+class _Bare:
+    """A backend of the core alone, as a test of the executor may write one."""
+
+    name, staging = "bare", False
+
+
+@pytest.mark.parametrize("ability", [
+    Checksums,   # no reductions
+    Calibrates,  # no rates
+    Profiles,    # no profiling
+    HostHints,   # no hints
+])
+def test_an_ability_is_absent_unless_all_of_it_is_there(ability):
+    assert not isinstance(_Bare(), ability)
+
+
+@pytest.mark.parametrize("dtype, limit, n", [
+    ("float32", None, 1024),     # no limit: 1024^2 operands
+    ("float64", 1 << 20, 256),   # two 256^2 float64 operands fill 1 MiB
+    ("float32", 100, 16),        # a tiny limit still times 16^2
+])
+def test_rates_time_a_gemm_within_the_limit(monkeypatch, dtype, limit, n):
+    be = NumpyBackend()
+    sizes, gemm = [], be.gemm
+
+    def timed(a, *rest):
+        sizes.append(a.shape)
+        gemm(a, *rest)
+
+    monkeypatch.setattr(be, "gemm", timed)
+    r = be.rates(dtype, limit)
+    assert sizes == [(n, n)] * 3  # the best of three
+    assert r.flops > 0 and (r.read_bytes, r.write_bytes) == (READ_RATE, WRITE_RATE)
+    assert r.h2d_bytes is None  # host memory is the compute memory

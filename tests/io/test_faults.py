@@ -91,7 +91,7 @@ def full_after_partial_reservation(mp):
 
 def full_at_sync(mp):
     """Mapped tiles: msync of the written pages fails after two commits (writeback ENOSPC)."""
-    mp.setattr(executor, "COMMIT_INTERVAL", 0)  # commit every tile
+    mp.setattr(executor.tuning, "COMMIT_INTERVAL", 0)  # commit every tile
     mp.setattr(mapped.FileMap, "sync", fail_after(mapped.FileMap.sync, 2))
 
 
@@ -103,7 +103,7 @@ def full_at_pwrite(mp):
 
 def full_at_journal(mp):
     """The journal's third line is cut short by a full disk, the next write fails."""
-    mp.setattr(executor, "COMMIT_INTERVAL", 0)  # one line per tile
+    mp.setattr(executor.tuning, "COMMIT_INTERVAL", 0)  # one line per tile
     real = os.pwrite
     state = {"calls": 0}
 

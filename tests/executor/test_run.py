@@ -1,160 +1,28 @@
-"""The executor on real HDF5 files: NumPy backend and an asynchronous staging backend.
-
-``AsyncBackend`` behaves like a GPU backend as the executor sees it: device memory the host
-cannot touch, copies and gemms queued on streams that run later in their own threads (with
-random delays), events that complete only when the stream reaches them. Any missing event or
-slot reused too early then shows up as a wrong product.
-"""
+"""The run loop on real HDF5 files and arrays, with the NumPy backend and an asynchronous
+staging backend (``executor_cases.AsyncBackend``): products, layouts, progress, errors and
+resume, direct copies of pinned arrays, the fill's and the drain's pieces, hooks."""
 
 from __future__ import annotations
 
 import os
-import queue
-import random
 import threading
-import time
 
 import h5py
 import numpy as np
 import pytest
+from executor_cases import (BACKENDS, PinnedAsyncBackend, RecordingAsyncBackend, array_run, h5,
+                            job_record, run)
 
 from bigmm import io
 from bigmm.backends.numpy import NumpyBackend
-from bigmm.errors import Interrupted, ReadError, ShapeError, WriteError
-from bigmm.executor import STAGES, Progress, RunStats, _pieces, execute
+from bigmm.errors import Interrupted, ReadError, ShapeError
+from bigmm.executor import STAGES, Progress, RunStats, execute
+from bigmm.executor import loads
+from bigmm.executor.tuning import DRAIN, RAMP, split_range
 from bigmm.plan import make_plan
+from bigmm.plan.schedule import MAX_LOOKAHEAD
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
 
-
-# ----- a GPU-like backend -------------------------------------------------------------------
-
-class _Dev:
-    """Device memory: only the streams may read or write it. Slices like an array."""
-
-    def __init__(self, arr):
-        self.arr = arr
-
-    def __getitem__(self, index):
-        return _Dev(self.arr[index])
-
-    @property
-    def shape(self):
-        return self.arr.shape
-
-
-class _Stream(threading.Thread):
-    def __init__(self, rng):
-        super().__init__(daemon=True)
-        self.q: queue.Queue = queue.Queue()
-        self.rng = rng
-        self.start()
-
-    def run(self):
-        while (op := self.q.get()) is not None:
-            time.sleep(self.rng.random() * 0.002)
-            op()
-
-
-class AsyncBackend:
-    name = "async-test"
-    staging = True
-
-    def __init__(self, seed=0):
-        self.rng = random.Random(seed)
-        self.streams: list[_Stream] = []
-        self.cpu = NumpyBackend()
-
-    def host_buffer(self, size, dtype):
-        return np.full(size, np.nan, dtype=dtype)
-
-    def device_buffer(self, size, dtype):
-        return _Dev(np.full(size, np.nan, dtype=dtype))
-
-    def view(self, buf, shape):
-        if isinstance(buf, _Dev):
-            return _Dev(self.cpu.view(buf.arr, shape))
-        return self.cpu.view(buf, shape)
-
-    def stream(self):
-        s = _Stream(random.Random(self.rng.random()))
-        self.streams.append(s)
-        return s
-
-    def copy_in(self, host, dev, stream):
-        assert isinstance(dev, _Dev) and isinstance(host, np.ndarray)
-        stream.q.put(lambda: np.copyto(dev.arr, host))
-
-    def copy_out(self, dev, host, stream):
-        assert isinstance(dev, _Dev) and isinstance(host, np.ndarray)
-        stream.q.put(lambda: np.copyto(host, dev.arr))
-
-    def gemm(self, a, b, c, alpha, beta, trans_a, trans_b, stream):
-        assert all(isinstance(x, _Dev) for x in (a, b, c))
-        # the NumPy gemm takes C-contiguous operands; a K piece of a panel is a column range
-        stream.q.put(lambda: self.cpu.gemm(np.ascontiguousarray(a.arr),
-                                           np.ascontiguousarray(b.arr), c.arr, alpha, beta,
-                                           trans_a, trans_b, None))
-
-    def record(self, stream):
-        ev = threading.Event()
-        stream.q.put(ev.set)
-        return ev
-
-    def wait(self, stream, event):
-        stream.q.put(event.wait)
-
-    def synchronize(self, event):
-        event.wait()
-
-    def memory_available(self):
-        return 1 << 30
-
-    def close(self):
-        for s in self.streams:
-            s.q.put(None)
-
-
-# ----- helpers ------------------------------------------------------------------------------
-
-def _h5(path, name, array, **kw) -> str:
-    with h5py.File(path, "a") as f:
-        f.create_dataset(name, data=array, **kw)
-    return f"{path}:/{name}"
-
-
-def _job(plan, alpha, beta):
-    return {"plan": plan.key(), "alpha": alpha, "beta": beta}
-
-
-def _run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alpha=1.0,
-         beta=0.0, order=None, budget_tiles=(16, 16, 24), layout=None, seed=0, **exec_kw):
-    """Write A, B (and C) to HDF5, run the executor, return (C read back, reference, stats)."""
-    a = random_matrix((k, m) if ta else (m, k), dtype, seed)
-    b = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
-    c0 = random_matrix((m, n), dtype, seed + 2)
-    kw = layout or {}
-    spec_a = _h5(tmp_path / "a.h5", "A", a, **kw)
-    spec_b = _h5(tmp_path / "b.h5", "B", b, **kw)
-    spec_c = _h5(tmp_path / "c.h5", "C", c0) if beta else str(tmp_path / "c.h5") + ":/C"
-    bm, bn, bk = budget_tiles
-    w = np.dtype(dtype).itemsize
-    plan = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb, reads_c=beta != 0,
-                     device_budget=w * (2 * bm * bn + 2 * (bm + bn) * bk) * 4,
-                     staging=backend.staging, align=8, tile=(bm, bn, bk), order=order)
-    A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
-    sink = io.open_output(spec_c, shape=(m, n), dtype=dtype, inputs=[A, B],
-                          job=_job(plan, alpha, beta), reads_c=beta != 0)
-    try:
-        stats = execute(plan, A, B, sink, backend, alpha=alpha, beta=beta, **exec_kw)
-    finally:
-        sink.close(), A.close(), B.close(), backend.close()
-    with h5py.File(tmp_path / "c.h5", "r") as f:
-        out = f["C"][...]
-    ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
-    return out, ref, stats, plan
-
-
-BACKENDS = {"numpy": lambda: NumpyBackend(), "async": lambda: AsyncBackend(seed=1)}
 
 CASES = [
     # (m, n, k, dtype, trans_a, trans_b, alpha, beta, order)
@@ -172,7 +40,7 @@ CASES = [
 @pytest.mark.parametrize("bname", list(BACKENDS))
 @pytest.mark.parametrize("m,n,k,dtype,ta,tb,alpha,beta,order", CASES)
 def test_product_matches_reference(tmp_path, bname, m, n, k, dtype, ta, tb, alpha, beta, order):
-    out, ref, stats, plan = _run(tmp_path, BACKENDS[bname](), m=m, n=n, k=k, dtype=dtype,
+    out, ref, stats, plan = run(tmp_path, BACKENDS[bname](), m=m, n=n, k=k, dtype=dtype,
                                  ta=ta, tb=tb, alpha=alpha, beta=beta, order=order,
                                  io_threads=3)
     assert relative_error(out, ref) <= tolerance(dtype, k)
@@ -192,14 +60,14 @@ LAYOUTS = [
 @pytest.mark.parametrize("what,layout", LAYOUTS, ids=[x[0] for x in LAYOUTS])
 @pytest.mark.parametrize("bname", list(BACKENDS))
 def test_input_layouts(tmp_path, bname, what, layout):
-    out, ref, _, _ = _run(tmp_path, BACKENDS[bname](), m=43, n=38, k=71, ta=True,
+    out, ref, _, _ = run(tmp_path, BACKENDS[bname](), m=43, n=38, k=71, ta=True,
                           layout=layout, io_threads=4)
     assert relative_error(out, ref) <= tolerance(np.float64, 71)
 
 
 def test_stats_and_progress(tmp_path):
     seen: list[Progress] = []
-    out, ref, stats, plan = _run(tmp_path, NumpyBackend(), m=40, n=33, k=50,
+    out, ref, stats, plan = run(tmp_path, NumpyBackend(), m=40, n=33, k=50,
                                  progress=seen.append)
     assert relative_error(out, ref) <= tolerance(np.float64, 50)
     assert [p.tiles_done for p in seen] == list(range(1, plan.n_tiles + 1))
@@ -234,20 +102,20 @@ class _FailingSource:
 def test_reader_error_surfaces_and_output_resumes(tmp_path, bname):
     m, n, k = 48, 40, 30
     a, b = random_matrix((m, k), np.float64, seed=3), random_matrix((k, n), np.float64, seed=4)
-    spec_a, spec_b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    spec_a, spec_b = h5(tmp_path / "a.h5", "A", a), h5(tmp_path / "b.h5", "B", b)
     spec_c = f"{tmp_path / 'c.h5'}:/C"
     plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=bname == "async",
                      tile=(16, 16, 10))
     A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
     sink = io.open_output(spec_c, shape=(m, n), dtype=np.float64, inputs=[A, B],
-                          job=_job(plan, 1.0, 0.0))
+                          job=job_record(plan, 1.0, 0.0))
     with pytest.raises(ReadError, match="rows .* of A"):
         execute(plan, _FailingSource(A, ok=2 * 3 * 4), B, sink, BACKENDS[bname](),
                 io_threads=2)
     sink.close()
     assert io.read_journal(spec_c) is not None  # resumable
     sink = io.open_output(spec_c, shape=(m, n), dtype=np.float64, inputs=[A, B],
-                          job=_job(plan, 1.0, 0.0), resume=True)
+                          job=job_record(plan, 1.0, 0.0), resume=True)
     done = len(sink.done)
     stats = execute(plan, A, B, sink, BACKENDS[bname](), io_threads=2)
     sink.close(), A.close(), B.close()
@@ -258,8 +126,8 @@ def test_reader_error_surfaces_and_output_resumes(tmp_path, bname):
 
 def test_truncated_input_file_is_a_read_error(tmp_path):
     m, n, k = 64, 16, 64
-    spec_a = _h5(tmp_path / "a.h5", "A", random_matrix((m, k), np.float64, seed=1))
-    spec_b = _h5(tmp_path / "b.h5", "B", random_matrix((k, n), np.float64, seed=2))
+    spec_a = h5(tmp_path / "a.h5", "A", random_matrix((m, k), np.float64, seed=1))
+    spec_b = h5(tmp_path / "b.h5", "B", random_matrix((k, n), np.float64, seed=2))
     plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=False,
                      tile=(16, 16, 16))
     A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
@@ -270,43 +138,11 @@ def test_truncated_input_file_is_a_read_error(tmp_path):
     A.close(), B.close()
 
 
-class _FailingSink:
-    """A real sink whose third write fails with a disk error."""
-
-    def __init__(self, sink):
-        self.sink, self.writes = sink, 0
-        self.shape, self.dtype, self.label, self.done = sink.shape, sink.dtype, sink.label, sink.done
-
-    def write(self, r0, r1, c0, c1, src):
-        self.writes += 1
-        if self.writes == 3:
-            raise OSError(28, "No space left on device")
-        self.sink.write(r0, r1, c0, c1, src)
-
-    def commit(self, tiles):
-        self.sink.commit(tiles)
-
-    def finish(self):
-        self.sink.finish()
-
-
-@pytest.mark.parametrize("bname", list(BACKENDS))
-def test_writer_error_surfaces(tmp_path, bname):
-    m, n, k = 40, 40, 12
-    a, b = random_matrix((m, k), np.float64), random_matrix((k, n), np.float64, seed=1)
-    plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=bname == "async",
-                     tile=(8, 8, 12))
-    A, B = io.open_input(a), io.open_input(b)
-    sink = io.open_output(None, shape=(m, n), dtype=np.float64, inputs=[A, B], job={})
-    with pytest.raises(WriteError, match="rows"):
-        execute(plan, A, B, _FailingSink(sink), BACKENDS[bname]())
-
-
 @pytest.mark.parametrize("bname", list(BACKENDS))
 def test_stop_interrupts_and_resume_is_bit_identical(tmp_path, bname):
     m, n, k = 50, 44, 36
     a, b = random_matrix((m, k), np.float64, seed=7), random_matrix((k, n), np.float64, seed=8)
-    spec_a, spec_b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    spec_a, spec_b = h5(tmp_path / "a.h5", "A", a), h5(tmp_path / "b.h5", "B", b)
     plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=bname == "async",
                      tile=(8, 16, 12))
     A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
@@ -319,7 +155,7 @@ def test_stop_interrupts_and_resume_is_bit_identical(tmp_path, bname):
         if p.tiles_done == 5:
             stop.set()
 
-    job = _job(plan, 1.0, 0.0)
+    job = job_record(plan, 1.0, 0.0)
     sink = io.open_output(spec_c, shape=(m, n), dtype=np.float64, inputs=[A, B], job=job)
     with pytest.raises(Interrupted, match="resumable"):
         execute(plan, A, B, sink, BACKENDS[bname](), progress=on_tile, stop=stop)
@@ -341,64 +177,6 @@ def test_operands_must_match_the_plan():
     sink = io.open_output(None, shape=(10, 12), dtype=np.float64, inputs=[A, B], job={})
     with pytest.raises(ShapeError, match=r"Expected A of shape \(10, 14\)"):
         execute(plan, A, B, sink, NumpyBackend())
-
-
-PIECES = [
-    # (r0, r1, cols, threads, chunks, expected pieces)
-    (0, 10, 4, 4, None, [(0, 10)]),  # small: one piece
-    (0, 100, 1 << 20, 4, None, [(0, 25), (25, 50), (50, 75), (75, 100)]),  # even split
-    (5, 1000, 1 << 20, 4, (64, 64), [(5, 256), (256, 512), (512, 768), (768, 1000)]),  # chunks
-    (0, 3, 1 << 20, 8, None, [(0, 1), (1, 2), (2, 3)]),  # at most one piece per row
-]
-
-
-@pytest.mark.parametrize("r0,r1,cols,threads,chunks,expected", PIECES)
-def test_panel_reads_split_on_chunk_rows(r0, r1, cols, threads, chunks, expected):
-    assert _pieces(r0, r1, cols, 4, threads, chunks) == expected
-
-
-# ----- pinned user arrays: copied directly, no staging ------------------------------------------
-
-class PinnedAsyncBackend(AsyncBackend):
-    """AsyncBackend that treats the arrays given to ``pin`` (and views into them) as page-locked
-    user memory; copies check that their host side is a staging buffer or such memory."""
-
-    def __init__(self, seed=0):
-        super().__init__(seed)
-        self.pinned: list[tuple[int, int]] = []
-        self.staging_bytes = 0  # host staging allocated
-
-    def pin(self, x):
-        lo = x.ctypes.data
-        self.pinned.append((lo, lo + x.nbytes))
-        return x
-
-    def host_buffer(self, size, dtype):
-        self.staging_bytes += int(size) * np.dtype(dtype).itemsize
-        return self.pin(super().host_buffer(size, dtype))
-
-    def host_pinned(self, arr):
-        lo = arr.ctypes.data
-        hi = lo + sum((n - 1) * s for n, s in zip(arr.shape, arr.strides)) + arr.itemsize
-        return any(a <= lo and hi <= b for a, b in self.pinned)
-
-    def copy_in(self, host, dev, stream):
-        assert self.host_pinned(host), "a pageable host array reached copy_in"
-        super().copy_in(host, dev, stream)
-
-    def copy_out(self, dev, host, stream):
-        assert self.host_pinned(host), "a pageable host array reached copy_out"
-        super().copy_out(dev, host, stream)
-
-
-def _array_run(backend, a, b, c, plan, alpha, beta):
-    A, B = io.open_input(a, name="A"), io.open_input(b, name="B")
-    sink = io.open_output(c, shape=(plan.m, plan.n), dtype=plan.dtype, inputs=[A, B],
-                          job={}, reads_c=beta != 0)
-    try:
-        return execute(plan, A, B, sink, backend, alpha=alpha, beta=beta, io_threads=3)
-    finally:
-        backend.close()
 
 
 PINNED = [
@@ -432,13 +210,13 @@ def test_pinned_arrays_skip_the_staging_bit_identically(which, m, n, k, dtype, t
                      device_budget=w * (2 * bm * bn + 2 * (bm + bn) * bk) * 4, staging=True,
                      align=8, tile=(bm, bn, bk), order=order)
     staged_c = c0.copy()
-    staged = _array_run(PinnedAsyncBackend(1), a.copy(), b.copy(), staged_c, plan, alpha, beta)
+    staged = array_run(PinnedAsyncBackend(1), a.copy(), b.copy(), staged_c, plan, alpha, beta)
     be = PinnedAsyncBackend(2)
     ops = {"A": a, "B": b, "C": c0.copy()}
     for name, x in (("A", a), ("B", b), ("C", c0)):
         if name in which:
             be.pin(x.base if x.base is not None else x)
-    direct = _array_run(be, a, b, c0, plan, alpha, beta)
+    direct = array_run(be, a, b, c0, plan, alpha, beta)
     assert np.array_equal(c0, staged_c)  # same plan, same gemms: bit for bit
     ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=ops["C"] if beta else None,
                          trans_a=ta, trans_b=tb)
@@ -465,68 +243,14 @@ def test_pinned_but_not_row_contiguous_or_cpu_falls_back_to_staging():
     be = PinnedAsyncBackend(3)
     be.pin(a), be.pin(b)
     c = np.full((m, n), np.nan)
-    stats = _array_run(be, a, b, c, plan, 1.0, 0.0)
+    stats = array_run(be, a, b, c, plan, 1.0, 0.0)
     assert stats.bytes_staged == 8 * plan.a_reads * m * k + plan.bytes_written
     assert relative_error(c, reference_gemm(a, b)) <= tolerance(np.float64, k)
     cpu = NumpyBackend()
     assert cpu.host_pinned(b) is False
     cpu_plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=False)
-    stats = _array_run(cpu, a, b, np.full((m, n), np.nan), cpu_plan, 1.0, 0.0)
+    stats = array_run(cpu, a, b, np.full((m, n), np.nan), cpu_plan, 1.0, 0.0)
     assert stats.bytes_staged == 0 and stats.bytes_read == cpu_plan.bytes_read
-
-
-@pytest.mark.parametrize("bname", list(BACKENDS))
-def test_large_tiles_into_an_array_are_written_in_pieces(bname):
-    """A tile of 8 MiB or more goes into a NumPy output in row pieces on several threads
-    (one thread copies at a few GB/s); with staging, the run's last tile is copied out and
-    written in the drain's row pieces, each as soon as its gemm is done. Every element lands
-    once, in the right place."""
-    from bigmm.io.sink import ArraySink
-    from bigmm.plan import DRAIN, split_range
-
-    class Recording(ArraySink):
-        def __init__(self, array):
-            super().__init__(array, "C")
-            self.calls, self.threads = [], {}
-
-        def write(self, r0, r1, c0, c1, src):
-            self.calls.append((r0, r1, c0, c1))
-            self.threads[r0] = threading.current_thread().name
-            super().write(r0, r1, c0, c1, src)
-
-    m, n, k = 2200, 1030, 40
-    a, b = random_matrix((m, k), np.float64, seed=3), random_matrix((k, n), np.float64, seed=4)
-    plan = make_plan(m, n, k, "float64", device_budget=64 << 20, staging=bname == "async",
-                     tile=(1100, 1030, 40), order="stream")  # two 8.6 MiB tiles
-    out = np.full((m, n), np.nan)
-    sink = Recording(out)
-    execute(plan, io.open_input(a), io.open_input(b), sink, BACKENDS[bname](), io_threads=4)
-    assert np.allclose(out, a @ b, rtol=1e-12, atol=1e-12)
-    rows = sorted((r0, r1) for r0, r1, _, _ in sink.calls)
-    assert rows[0][0] == 0 and rows[-1][1] == m
-    assert all(x[1] == y[0] for x, y in zip(rows, rows[1:]))  # every row once
-    first = [r for r in rows if r[0] < 1100]
-    assert len(first) == 2  # 8.6 MiB: two pieces of at least 4 MiB
-    assert all(sink.threads[r0].startswith("bigmm-copy") for r0, _ in first)  # writer's pool
-    last = [(r0 - 1100, r1 - 1100) for r0, r1 in rows if r0 >= 1100]
-    if bname == "async":  # the drain's row pieces, each under 4 MiB: one write each
-        assert last == split_range(1100, DRAIN) and len(last) == 4
-    else:
-        assert len(last) == 2
-
-
-# ----- the fill and the drain: the run's first step in K pieces, its last in row pieces -------
-
-class RecordingAsyncBackend(PinnedAsyncBackend):
-    """PinnedAsyncBackend that records every gemm's shapes and beta, in issue order."""
-
-    def __init__(self, seed=0):
-        super().__init__(seed)
-        self.gemms: list[tuple] = []
-
-    def gemm(self, a, b, c, alpha, beta, trans_a, trans_b, stream):
-        self.gemms.append((a.shape, b.shape, c.shape, beta))
-        super().gemm(a, b, c, alpha, beta, trans_a, trans_b, stream)
 
 
 def _depth(call, ta):
@@ -554,10 +278,8 @@ def test_first_step_in_k_pieces_and_last_tile_in_row_pieces(tmp_path, m, n, k, d
     its own, a column range of a panel staged contiguously) and the last tile's last gemm in
     DRAIN's row pieces (each copied out and written on its own); the product is right, the
     bytes moved are the plan's."""
-    from bigmm.plan import DRAIN, RAMP, split_range
-
     be = RecordingAsyncBackend(seed=4)
-    out, ref, stats, plan = _run(tmp_path, be, m=m, n=n, k=k, dtype=dtype, ta=ta, tb=tb,
+    out, ref, stats, plan = run(tmp_path, be, m=m, n=n, k=k, dtype=dtype, ta=ta, tb=tb,
                                  alpha=1.5, beta=beta, order=order, budget_tiles=tile,
                                  io_threads=3)
     assert relative_error(out, ref) <= 10 * tolerance(dtype, k)
@@ -581,12 +303,56 @@ def test_pinned_arrays_take_the_pieces_from_the_users_arrays():
     plan = make_plan(m, n, k, "float64", device_budget=64 << 20, staging=True, align=8,
                      tile=(300, 265, 600), order="stream")
     staged_c = np.full((m, n), np.nan)
-    _array_run(RecordingAsyncBackend(1), a.copy(), b.copy(), staged_c, plan, 1.0, 0.0)
+    array_run(RecordingAsyncBackend(1), a.copy(), b.copy(), staged_c, plan, 1.0, 0.0)
     be = RecordingAsyncBackend(2)
     c = np.full((m, n), np.nan)
     for x in (a, b, c):
         be.pin(x)
-    stats = _array_run(be, a, b, c, plan, 1.0, 0.0)
+    stats = array_run(be, a, b, c, plan, 1.0, 0.0)
     assert stats.bytes_staged == 0 and be.staging_bytes == 0
     assert np.array_equal(c, staged_c)
     assert relative_error(c, reference_gemm(a, b)) <= tolerance(np.float64, k)
+
+
+# ----- hooks and the window ---------------------------------------------------------------------
+
+class _Recorder:
+    """A hook that records its points: (point, tile, K panel) in call order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def begin(self, be, plan, alpha, beta):
+        self.calls.append(("begin", None, None))
+
+    def landed(self, st, a, b, stream):
+        assert a.shape == (st.tile.r1 - st.tile.r0, st.k1 - st.k0)  # A not transposed here
+        self.calls.append(("landed", st.tile.index, st.kp))
+
+    def finished(self, st, c, stream):
+        assert st.last and c.shape == st.tile.shape
+        self.calls.append(("finished", st.tile.index, st.kp))
+
+
+@pytest.mark.parametrize("bname", [
+    "numpy",  # host memory: no pieces anyway
+    "async",  # staging: a hook turns the fill's and the drain's pieces off
+])
+def test_a_hook_is_called_at_its_points_for_whole_steps(tmp_path, bname):
+    hook = _Recorder()
+    be = RecordingAsyncBackend(seed=5) if bname == "async" else NumpyBackend()
+    out, ref, stats, plan = run(tmp_path, be, m=60, n=45, k=70, budget_tiles=(32, 32, 24),
+                                faults=hook)
+    assert relative_error(out, ref) <= tolerance(np.float64, 70)
+    want = [("begin", None, None)]
+    for st in plan.steps():
+        want.append(("landed", st.tile.index, st.kp))
+        if st.last:
+            want.append(("finished", st.tile.index, st.kp))
+    assert hook.calls == want
+    if bname == "async":  # one gemm per step: no K or row pieces
+        assert len(be.gemms) == plan.n_steps
+
+
+def test_the_loads_run_at_most_the_schedules_window_ahead():
+    assert loads.MAX_LOOKAHEAD is MAX_LOOKAHEAD

@@ -1,0 +1,277 @@
+"""The loads ahead of the compute: the run's buffers, and the readers that fill them.
+
+Every buffer is a resource with a "last user": the index of the last step that used it. A load
+into a buffer is submitted only once its last user has been issued, and the reader first waits
+for the event that frees the buffer (the gemm that used a device slot, or the copy that emptied
+a host staging slot). Without staging (NumPy) the readers fill the compute slots directly and
+every event is already complete when it is recorded; with staging (GPU) they fill the host
+slots, and the run copies them in.
+
+Direct copies: an operand that is a NumPy array in page-locked memory (:func:`in_place`) is not
+staged. Its panels are copied in straight from views of the user's array (no reader work, no
+host slot), and a pinned output array receives finished C tiles straight from the device.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..backends.base import rows_contiguous
+from ..errors import BigmmError, ReadError
+from ..io.sink import ArraySink
+from ..io.source import ArraySource
+from ..plan import Plan, Step
+from ..plan.schedule import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD
+from ..runstats import Tally
+from .tuning import RAMP, io_pieces, split_range
+
+
+def in_place(be, x, dtype, write: bool = False) -> bool:
+    """Whether copies may use the user's array ``x`` in place, nothing staged: a staging
+    backend, a NumPy array in ``dtype`` (native byte order) with contiguous rows, in pinned
+    memory (and writeable, to ``write`` into it)."""
+    if not be.staging or not (isinstance(x, np.ndarray) and x.dtype == np.dtype(dtype)
+                              and x.dtype.isnative and x.flags.aligned and rows_contiguous(x)
+                              and (x.flags.writeable or not write)):
+        return False
+    return bool(be.host_pinned(x))
+
+
+@dataclass
+class Slots:
+    """A run's buffers, allocated once as the plan sized them, and what frees them.
+
+    ``dev``: the device slots of A, B and C; ``host``: the host staging slots of the operands
+    that are staged (a staging backend's; none for direct ones); ``direct``: per operand, the
+    user's array that copies use in place, or None; ``events``: per buffer key, the event
+    after which it is free; ``c_written``: per C slot, the write of its last tile."""
+
+    dev: dict[str, list]
+    host: dict[str, list]
+    direct: dict[str, Any]
+    events: dict[tuple, Any] = field(default_factory=dict)
+    c_written: dict[int, cf.Future] = field(default_factory=dict)
+
+    @classmethod
+    def allocate(cls, be, p: Plan, direct: dict[str, Any]) -> Slots:
+        dt = np.dtype(p.dtype)
+        dev = {"A": [be.device_buffer(p.bm * p.bk, dt) for _ in range(p.a_slots)],
+               "B": [be.device_buffer(p.bk * p.bn, dt) for _ in range(p.b_slots)],
+               "C": [be.device_buffer(p.bm * p.bn, dt) for _ in range(C_SLOTS)]}
+        sizes = {"A": (p.bm * p.bk, HOST_PANEL_SLOTS), "B": (p.bk * p.bn, HOST_PANEL_SLOTS),
+                 "C": (p.bm * p.bn, HOST_C_SLOTS)}
+        host = {op: [be.host_buffer(size, dt) for _ in range(slots)]
+                for op, (size, slots) in sizes.items() if be.staging and direct[op] is None}
+        return cls(dev, host, direct)
+
+
+def direct_arrays(be, p: Plan, a, b, out, checked: bool) -> dict[str, Any]:
+    """Per operand, the user's array behind io ``a``, ``b`` or ``out`` when copies may use it
+    in place (:func:`in_place`), else None. Not for C when ``checked``: a tile that fails its
+    check must not reach the output (its recomputation may read old C)."""
+    def direct(op: str, io) -> np.ndarray | None:
+        if op == "C" and checked:
+            return None
+        if not isinstance(io, ArraySink if op == "C" else ArraySource):
+            return None
+        return io.array if in_place(be, io.array, p.dtype, op == "C") else None
+
+    return {op: direct(op, x) for op, x in (("A", a), ("B", b), ("C", out))}
+
+
+@dataclass
+class Part:
+    """One K piece of a load (the whole panel unless the step is ramped): its reads' futures
+    and the views it goes through."""
+
+    futures: list
+    host: Any = None  # staging: the host view read into (or the user's pinned array's region)
+    dev: Any = None  # the device view the data ends in
+
+
+@dataclass
+class Load:
+    """One buffer being filled by the readers: its parts (one per K piece of the step; a C
+    tile has one) and slot keys."""
+
+    parts: list[Part]
+    dev_key: tuple = ()
+    host_key: tuple = ()
+
+
+@dataclass
+class Entry:
+    """A step whose loads are submitted, waiting in the window to be issued."""
+
+    index: int
+    step: Step
+    loads: list[Load] = field(default_factory=list)
+    #: The step's K range in pieces (RAMP for the first step of a ramped pass, else one).
+    pieces: list[tuple[int, int]] = field(default_factory=list)
+
+
+class Loader:
+    """The window of steps whose loads were submitted ahead of the compute, at most
+    MAX_LOOKAHEAD of them. ``sources``: the io objects of "A", "B" and "C" (C is read where
+    the plan reads it); reads run on ``pool`` and stop once ``cancel`` is set; ``ramped``:
+    the first step of each pass goes in RAMP's K pieces."""
+
+    def __init__(self, plan: Plan, be, slots: Slots, sources: dict, pool: cf.Executor,
+                 tally: Tally, clock, threads: int, cancel: threading.Event, ramped: bool):
+        self.plan, self.be, self.slots, self.sources = plan, be, slots, sources
+        self.pool, self.tally, self.clock, self.threads = pool, tally, clock, threads
+        self.cancel, self.ramped = cancel, ramped
+        self.itemsize = np.dtype(plan.dtype).itemsize
+        self.last_user: dict[tuple, int] = {}
+        self.next_host = {"A": 0, "B": 0}
+        self.assigned = 0  # steps assigned so far, over every pass
+        self.window: deque[Entry] = deque()
+        self.pending: Step | None = None
+
+    def start(self, steps) -> None:
+        """A pass over ``steps`` (the schedule, or tiles computed again)."""
+        self.ramp = self.ramped
+        self.steps = iter(steps)
+        self.pending = next(self.steps, None)
+        self.window = deque()
+
+    @property
+    def drained(self) -> bool:
+        """Nothing left to load in this pass: the entry taken last is its last step."""
+        return self.pending is None and not self.window
+
+    def fill(self, issued: int) -> None:
+        """Submit the loads of the next steps whose buffers' last users are among the first
+        ``issued`` steps."""
+        while self.pending is not None and len(self.window) < MAX_LOOKAHEAD:
+            entry = self._assign(self.pending, self.assigned, issued)
+            if entry is None:
+                return
+            self.window.append(entry)
+            self.assigned += 1
+            self.pending = next(self.steps, None)
+
+    def _assign(self, st: Step, idx: int, issued: int) -> Entry | None:
+        targets = []  # (operand, device slot, host slot or None)
+        if st.load_a:
+            targets.append(("A", st.a_slot, self._host_slot("A")))
+        if st.load_b:
+            targets.append(("B", st.b_slot, self._host_slot("B")))
+        if st.first and self.plan.reads_c:
+            targets.append(("C", st.c_slot, st.c_slot if "C" in self.slots.host else None))
+        keys = [(op, s) for op, s, _ in targets]
+        keys += [("h" + op, h) for op, _, h in targets if h is not None]
+        if any(self.last_user.get(k, -1) >= issued for k in keys):
+            return None
+        pieces = [(st.k0, st.k1)]
+        if self.ramp:
+            pieces = [(st.k0 + q0, st.k0 + q1) for q0, q1 in split_range(st.k1 - st.k0, RAMP)]
+        self.ramp = False
+        entry = Entry(idx, st, [self._submit(st, *t, pieces) for t in targets], pieces)
+        for op, _, h in targets:
+            if h is not None and op != "C":
+                self.next_host[op] = (h + 1) % HOST_PANEL_SLOTS
+        for key in keys + [("A", st.a_slot), ("B", st.b_slot), ("C", st.c_slot)]:
+            self.last_user[key] = idx
+        return entry
+
+    def _host_slot(self, op: str) -> int | None:
+        return self.next_host[op] if op in self.slots.host else None
+
+    def _submit(self, st: Step, op: str, slot: int, hslot: int | None,
+                pieces: list[tuple[int, int]]) -> Load:
+        """The reads of one operand of a step, in parts along K (``pieces``; a C tile whole).
+        A part's device view is its region of the slot's panel; its host view, where staged,
+        is contiguous: a K piece that is a column range of the panel is staged as a block of
+        its own and the copy in puts it in place."""
+        slots, be = self.slots, self.be
+        src, reg, shape = self.sources[op], *region(self.plan, st, op)
+        dev = be.view(slots.dev[op][slot], shape)
+        host_key = ("h" + op, hslot) if hslot is not None else ()
+        if op == "C":
+            pieces = [(st.k0, st.k1)]
+        axis = k_axis(self.plan, op)
+        parts = []
+        for q0, q1 in pieces:
+            a, b = q0 - st.k0, q1 - st.k0
+            r0, r1, c0, c1 = reg if axis is None else _along(reg, axis, a, b)
+            pdev = dev if axis is None else k_slice(dev, axis, a, b)
+            if slots.direct[op] is not None:  # copied in from the user's pinned array
+                view = slots.direct[op][r0:r1, c0:c1]
+                self.tally.add(bytes_read=view.nbytes)
+                parts.append(Part([], view, pdev))
+                continue
+            host = None
+            if hslot is not None:
+                buf = slots.host[op][hslot]
+                if axis == 1:  # a column range, staged after the pieces before it
+                    host = be.view(buf[(r1 - r0) * a:], (r1 - r0, c1 - c0))
+                else:
+                    host = be.view(buf, shape)
+                    host = host if axis is None else k_slice(host, axis, a, b)
+                self.tally.add(bytes_staged=host.nbytes)
+            target = pdev if host is None else host
+            if op == "C":  # the C buffer is free once the write of its previous tile finished
+                gate = slots.c_written.get(slot)
+                ready = (lambda: gate.result()) if gate is not None else (lambda: None)
+            else:
+                event = slots.events.get(host_key or (op, slot))
+                ready = ((lambda: be.synchronize(event)) if event is not None
+                         else (lambda: None))
+            chunks = None if op == "C" else src.chunks
+            futures = [self.pool.submit(self._read, src, rr0, rr1, c0, c1,
+                                        target[rr0 - r0:rr1 - r0], ready)
+                       for rr0, rr1 in io_pieces(r0, r1, c1 - c0, self.itemsize, self.threads,
+                                                 chunks)]
+            parts.append(Part(futures, host, pdev))
+        return Load(parts, (op, slot), host_key)
+
+    def _read(self, src, r0, r1, c0, c1, target, ready) -> None:
+        if self.cancel.is_set():
+            return
+        ready()
+        with self.clock:
+            try:
+                src.read(r0, r1, c0, c1, target)
+            except BigmmError:
+                raise
+            except Exception as e:
+                raise ReadError(f"Expected to read rows {r0}:{r1}, columns {c0}:{c1} of "
+                                f"{src.label}. Got {type(e).__name__}: {e}") from e
+        self.tally.add(bytes_read=target.nbytes)
+
+
+def region(p: Plan, st: Step, op: str) -> tuple[tuple[int, int, int, int], tuple[int, int]]:
+    """(stored region (r0, r1, c0, c1), stored shape) of a step's operand "A", "B" or "C"."""
+    t, k0, k1 = st.tile, st.k0, st.k1
+    if op == "A":
+        reg = (k0, k1, t.r0, t.r1) if p.trans_a else (t.r0, t.r1, k0, k1)
+    elif op == "B":
+        reg = (t.c0, t.c1, k0, k1) if p.trans_b else (k0, k1, t.c0, t.c1)
+    else:
+        reg = (t.r0, t.r1, t.c0, t.c1)
+    return reg, (reg[1] - reg[0], reg[3] - reg[2])
+
+
+def k_axis(p: Plan, op: str) -> int | None:
+    """The axis of an operand's stored panel that runs along K (None for C)."""
+    if op == "A":
+        return 0 if p.trans_a else 1
+    return (1 if p.trans_b else 0) if op == "B" else None
+
+
+def k_slice(x, axis: int, a: int, b: int):
+    """Rows (``axis`` 0) or columns (1) [a, b) of a 2-D array or device view."""
+    return x[a:b] if axis == 0 else x[:, a:b]
+
+
+def _along(reg: tuple[int, int, int, int], axis: int, a: int, b: int) -> tuple:
+    """The part [a, b) along ``axis`` (0: rows, 1: columns) of a region (r0, r1, c0, c1)."""
+    r0, r1, c0, c1 = reg
+    return (r0 + a, r0 + b, c0, c1) if axis == 0 else (r0, r1, c0 + a, c0 + b)

@@ -1,0 +1,137 @@
+"""The writer: one thread that writes finished C tiles in order and commits them to the
+output's journal in batches."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import queue
+import threading
+import time
+
+from ..errors import BigmmError, WriteError
+from ..plan import Tile
+from ..runstats import Tally
+from . import tuning
+from .tuning import io_pieces
+
+
+class Writer(threading.Thread):
+    """Writes the tiles handed to :meth:`submit` into ``out`` (an io Sink), in order, on its
+    own thread; ``error`` holds the first error (later tiles then fail with it). ``clock``
+    times the writes and commits, ``tally`` counts the bytes written. Large tiles go to a sink
+    that takes parallel writes in row pieces on ``threads`` threads."""
+
+    def __init__(self, be, out, clock, tally: Tally, threads: int, itemsize: int):
+        super().__init__(name="bigmm-write", daemon=True)
+        self.be, self.out, self.clock, self.tally = be, out, clock, tally
+        self.threads, self.itemsize = threads, itemsize
+        self.q: queue.Queue = queue.Queue()
+        #: Tiles written, in order, for the run's progress reports.
+        self.finished: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self._stopped = False
+        self.pool: cf.ThreadPoolExecutor | None = None  # for the pieces of large tiles
+
+    def submit(self, tile: Tile, src, marks, check=None) -> cf.Future:
+        """Queue a tile for writing: ``marks`` lists its row ranges (tile-relative) with the
+        event after which each is in ``src``, written range by range. ``check()`` (when given)
+        says, once the last event completed, whether to write the tile at all. ``src`` None:
+        the tile is copied into the output directly, and done once the last event completed."""
+        fut: cf.Future = cf.Future()
+        self.q.put((tile, src, marks, fut, check))
+        return fut
+
+    def barrier(self) -> cf.Future:
+        """A future done once every tile queued before it has been handled."""
+        return self.submit(None, None, None)
+
+    def stop(self) -> None:
+        """Write and commit what is queued, then end the thread (idempotent)."""
+        if not self._stopped:
+            self._stopped = True
+            self.q.put(None)
+        if self.is_alive():
+            self.join()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+    def run(self) -> None:
+        pending: list[tuple[int, int]] = []
+        last = time.perf_counter()
+        while True:
+            item = self.q.get()
+            if item is None:
+                break
+            tile, src, marks, fut, check = item
+            if self.error is not None:
+                fut.set_exception(self.error)
+                continue
+            if tile is None:  # a barrier
+                fut.set_result(None)
+                continue
+            try:
+                if not self._write(tile, src, marks, check):
+                    fut.set_result(None)
+                    continue
+                pending.append(tile.index)
+                fut.set_result(None)
+                self.finished.put(tile)
+                if time.perf_counter() - last >= tuning.COMMIT_INTERVAL:
+                    self._commit(pending)
+                    last = time.perf_counter()
+            except BaseException as e:
+                self.error = e
+                if not fut.done():  # a failed commit comes after this tile's result
+                    fut.set_exception(e)
+        if self.error is None:
+            try:
+                self._commit(pending)
+            except BaseException as e:
+                self.error = e
+
+    def _write(self, tile: Tile, src, marks, check) -> bool:
+        """Write a tile, each row range of ``marks`` once its event completed; False (nothing
+        written) when its check says not to."""
+        if check is not None or src is None:
+            self.be.synchronize(marks[-1][2])
+        if check is not None and not check():
+            return False
+        if src is None:  # copied out into the output array itself
+            self.tally.add(bytes_written=tile.shape[0] * tile.shape[1] * self.itemsize)
+            return True
+        try:
+            for r0, r1, event in marks:
+                self.be.synchronize(event)
+                with self.clock:
+                    self._write_rows(tile, tile.r0 + r0, tile.r0 + r1, src[r0:r1])
+        except BigmmError:
+            raise
+        except Exception as e:
+            raise WriteError(f"Expected to write rows {tile.r0}:{tile.r1}, columns "
+                             f"{tile.c0}:{tile.c1} of {self.out.label}. "
+                             f"Got {type(e).__name__}: {e}") from e
+        self.tally.add(bytes_written=src.nbytes)
+        return True
+
+    def _write_rows(self, tile: Tile, r0: int, r1: int, src) -> None:
+        """Write ``src`` to rows [r0, r1) of ``tile``, in row pieces on this writer's threads
+        where the sink takes them at once (a NumPy array: one thread copies at a few GB/s, and
+        the last tile's write is the run's drain)."""
+        pieces = [(r0, r1)]
+        if self.out.parallel_writes:
+            pieces = io_pieces(r0, r1, tile.c1 - tile.c0, self.itemsize, self.threads)
+        if len(pieces) == 1:
+            self.out.write(r0, r1, tile.c0, tile.c1, src)
+            return
+        if self.pool is None:
+            self.pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="bigmm-copy")
+        futures = [self.pool.submit(self.out.write, p0, p1, tile.c0, tile.c1,
+                                    src[p0 - r0:p1 - r0]) for p0, p1 in pieces]
+        for f in futures:
+            f.result()
+
+    def _commit(self, pending: list) -> None:
+        if pending:
+            with self.clock:
+                self.out.commit(list(pending))
+            pending.clear()

@@ -1,0 +1,355 @@
+"""The schedule: a frozen, printable Plan for C = alpha * op(A) @ op(B) + beta * C.
+
+Pure and shape-only: no h5py, no cupy, no I/O, and no model of time (a plan's predicted time
+comes from the rates it holds: see :mod:`bigmm.plan.model`). The executor runs a Plan step by
+step; every step names the C tile, the K panel, and the device slots its A and B panels live
+in, and whether each panel must be loaded or is already resident. Slot assignment is decided
+here, so the executor never decides what fits: the bytes resident are those the Plan printed.
+
+Loop orders (C is M x N, depth K):
+
+* ``stream``: C tiles in row-major order; every tile streams its K panels of A and B through
+  double-buffered slots. A is read ceil(N/bn) times, B ceil(M/bm) times.
+* ``resident-a``: a whole row panel of A (bm x K) stays on the device while the tiles of that
+  row sweep over B: A is read once, B ceil(M/bm) times.
+* ``resident-b``: the mirror image, column-major tile order: B read once, A ceil(N/bn) times.
+
+The pipeline's slots and window are stated here once: the Plan sizes its memory by the slots,
+the executor allocates and fills them, and the pipeline model simulates them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Protocol
+
+from ..units import DTYPES, format_bytes, format_seconds
+
+ORDERS = ("stream", "resident-a", "resident-b")
+
+#: Device C tiles: one accumulating while the previous one is copied out and written.
+C_SLOTS = 2
+#: Host staging slots per operand (double buffering between the readers and the copy engine).
+HOST_PANEL_SLOTS = 2
+#: Host C buffers: one being filled from the device while the previous one is written to disk.
+HOST_C_SLOTS = 2
+#: Most steps whose loads may be in flight ahead of the compute (the executor's window, which
+#: the pipeline model follows).
+MAX_LOOKAHEAD = 64
+
+
+class Timing(Protocol):
+    """What a plan's predicted time comes from: :class:`bigmm.plan.model.Rates`."""
+
+    def makespan(self, plan: Plan) -> float:
+        """Seconds the pipeline takes to run ``plan``."""
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One C tile: rows [r0, r1) and columns [c0, c1) of C, grid position (i, j)."""
+
+    i: int
+    j: int
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+
+    @property
+    def index(self) -> tuple[int, int]:
+        return (self.i, self.j)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.r1 - self.r0, self.c1 - self.c0)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One gemm of the schedule: C[tile] (+)= op(A)[rows, k0:k1] @ op(B)[k0:k1, cols].
+
+    ``first``: the first K panel of the tile (apply beta, or zero-initialise when beta == 0).
+    ``last``: the tile is complete after this step (copy it out and write it).
+    ``load_a``/``load_b``: the panel is not resident and must be read into its slot.
+    """
+
+    tile: Tile
+    kp: int
+    k0: int
+    k1: int
+    first: bool
+    last: bool
+    a_slot: int
+    load_a: bool
+    b_slot: int
+    load_b: bool
+    c_slot: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete, checked schedule for C = alpha * op(A) @ op(B) + beta * C."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    trans_a: bool
+    trans_b: bool
+    reads_c: bool
+    bm: int
+    bn: int
+    bk: int
+    order: str
+    staging: bool
+    device_budget: int
+    host_budget: int
+    a_chunks: tuple[int, int] | None = None
+    b_chunks: tuple[int, int] | None = None
+    rates: Timing | None = field(default=None, compare=False)
+
+    # ----- grid ---------------------------------------------------------------------------
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype]
+
+    @property
+    def ni(self) -> int:
+        return -(-self.m // self.bm)
+
+    @property
+    def nj(self) -> int:
+        return -(-self.n // self.bn)
+
+    @property
+    def nk(self) -> int:
+        return -(-self.k // self.bk)
+
+    @property
+    def n_tiles(self) -> int:
+        return self.ni * self.nj
+
+    @property
+    def n_steps(self) -> int:
+        """Gemm steps of the whole run: one per K panel of every tile."""
+        return self.n_tiles * self.nk
+
+    def tile(self, i: int, j: int) -> Tile:
+        r0, c0 = i * self.bm, j * self.bn
+        return Tile(i, j, r0, min(r0 + self.bm, self.m), c0, min(c0 + self.bn, self.n))
+
+    def tiles(self) -> Iterator[Tile]:
+        """C tiles in execution order."""
+        if not self.row_major:
+            for j in range(self.nj):
+                for i in range(self.ni):
+                    yield self.tile(i, j)
+        else:
+            for i in range(self.ni):
+                for j in range(self.nj):
+                    yield self.tile(i, j)
+
+    def k_panels(self) -> list[tuple[int, int]]:
+        return [(k0, min(k0 + self.bk, self.k)) for k0 in range(0, self.k, self.bk)]
+
+    # ----- slots --------------------------------------------------------------------------
+    @property
+    def a_slots(self) -> int:
+        return self.nk + 1 if self.order == "resident-a" else 2
+
+    @property
+    def b_slots(self) -> int:
+        return self.nk + 1 if self.order == "resident-b" else 2
+
+    @property
+    def a_panel_shape(self) -> tuple[int, int]:
+        """Shape of one A panel as stored (op(A) panel is bm x bk; stored transposed if trans_a)."""
+        return (self.bk, self.bm) if self.trans_a else (self.bm, self.bk)
+
+    @property
+    def b_panel_shape(self) -> tuple[int, int]:
+        """Shape of one B panel as stored (op(B) panel is bk x bn)."""
+        return (self.bn, self.bk) if self.trans_b else (self.bk, self.bn)
+
+    def steps(self, done: frozenset[tuple[int, int]] | set = frozenset()) -> Iterator[Step]:
+        """Every gemm of the schedule, skipping the tiles in ``done`` (already written).
+
+        Panels are placed in slots by least-recently-used replacement; a panel found in its
+        slot is not loaded again. The slot a panel is loaded into was last used at least two
+        steps earlier, so loading it can overlap the previous step's compute.
+        """
+        panels = self.k_panels()
+        last = len(panels) - 1
+        for t, kp, a_slot, load_a, b_slot, load_b, c_slot in self._slot_schedule(done):
+            k0, k1 = panels[kp]
+            yield Step(t, kp, k0, k1, kp == 0, kp == last, a_slot, load_a, b_slot, load_b, c_slot)
+
+    def fresh_steps(self, tiles: list[Tile]) -> Iterator[Step]:
+        """Every gemm of ``tiles`` in the order given, each loading both of its panels afresh
+        into slots taken in turn: the steps that compute tiles again (nothing resident is
+        trusted)."""
+        panels, n = self.k_panels(), 0
+        for ti, t in enumerate(tiles):
+            for kp, (k0, k1) in enumerate(panels):
+                yield Step(t, kp, k0, k1, kp == 0, kp == len(panels) - 1, n % self.a_slots, True,
+                           n % self.b_slots, True, ti % C_SLOTS)
+                n += 1
+
+    def _slot_schedule(self, done=frozenset()) -> Iterator[tuple]:
+        """``steps`` as plain tuples (tile, kp, a_slot, load_a, b_slot, load_b, c_slot): the one
+        place the slots are assigned, shared by ``steps`` and the pipeline model."""
+        a_cache: OrderedDict = OrderedDict()  # key -> slot, in LRU order
+        b_cache: OrderedDict = OrderedDict()
+        a_slots, b_slots, nk = self.a_slots, self.b_slots, self.nk
+        c_slot = 0
+        for t in self.tiles():
+            if t.index in done:
+                continue
+            for kp in range(nk):
+                a_slot, load_a = _lru(a_cache, (t.i, kp), a_slots)
+                b_slot, load_b = _lru(b_cache, (t.j, kp), b_slots)
+                yield t, kp, a_slot, load_a, b_slot, load_b, c_slot
+            c_slot = (c_slot + 1) % C_SLOTS
+
+    # ----- memory -------------------------------------------------------------------------
+    @property
+    def device_bytes(self) -> int:
+        """Bytes the compute side holds: C tiles and the A and B panel slots."""
+        w = self.itemsize
+        return w * (C_SLOTS * self.bm * self.bn + self.a_slots * self.bm * self.bk
+                    + self.b_slots * self.bk * self.bn)
+
+    @property
+    def host_bytes(self) -> int:
+        """Host staging bytes (pinned). Without staging, the compute buffers are host memory."""
+        if not self.staging:
+            return self.device_bytes
+        w = self.itemsize
+        return w * (HOST_PANEL_SLOTS * (self.bm * self.bk + self.bk * self.bn)
+                    + HOST_C_SLOTS * self.bm * self.bn)
+
+    # ----- traffic ------------------------------------------------------------------------
+    @property
+    def row_major(self) -> bool:
+        return self.order != "resident-b"
+
+    @property
+    def a_reads(self) -> int:
+        """How many times all of A is read under the LRU slot schedule of ``steps``.
+
+        Row-major tiles touch the row panel A(i, 0..nk-1) nj times in a row: it stays when its
+        nk panels fit in the slots. Column-major tiles cycle through all ni*nk panels of A per
+        tile column: A stays only when all of it fits.
+        """
+        cycle = self.nk if self.row_major else self.ni * self.nk
+        return 1 if self.nj == 1 or self.a_slots >= cycle else self.nj
+
+    @property
+    def b_reads(self) -> int:
+        """Mirror image of ``a_reads``."""
+        cycle = self.nj * self.nk if self.row_major else self.nk
+        return 1 if self.ni == 1 or self.b_slots >= cycle else self.ni
+
+    @property
+    def bytes_read(self) -> int:
+        w = self.itemsize
+        c = self.m * self.n if self.reads_c else 0
+        return w * (self.a_reads * self.m * self.k + self.b_reads * self.k * self.n + c)
+
+    @property
+    def bytes_written(self) -> int:
+        return self.itemsize * self.m * self.n
+
+    @property
+    def bytes_h2d(self) -> int:
+        """Bytes copied host -> device (equal to bytes read: every panel read is copied in)."""
+        return self.bytes_read
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def lower_bound_bytes(self) -> float:
+        """Communication lower bound 2*M*N*K/sqrt(S) words (S = device budget in elements).
+
+        Also at least the compulsory traffic: each input read once and C written once.
+        """
+        w = self.itemsize
+        s = self.device_budget / w
+        hk = 2 * self.m * self.n * self.k / math.sqrt(s)
+        compulsory = self.m * self.k + self.k * self.n
+        return w * max(hk, compulsory)
+
+    @property
+    def bound_ratio(self) -> float:
+        """Input bytes moved over the lower bound (1.0 is optimal)."""
+        w = self.itemsize
+        moved = w * (self.a_reads * self.m * self.k + self.b_reads * self.k * self.n)
+        return moved / self.lower_bound_bytes
+
+    @property
+    def predicted_seconds(self) -> float | None:
+        """The makespan its ``rates`` predict (the pipeline model:
+        :func:`bigmm.plan.model.predict_seconds`); None without rates."""
+        if self.rates is None:
+            return None
+        if "_predicted" not in self.__dict__:  # frozen: cache beside the fields
+            object.__setattr__(self, "_predicted", self.rates.makespan(self))
+        return self.__dict__["_predicted"]
+
+    def key(self) -> dict:
+        """What identifies the schedule (recorded in the resume journal)."""
+        return {f: getattr(self, f) for f in
+                ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c", "bm", "bn", "bk", "order")}
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(ni=self.ni, nj=self.nj, nk=self.nk, n_tiles=self.n_tiles,
+                 device_bytes=self.device_bytes, host_bytes=self.host_bytes,
+                 bytes_read=self.bytes_read, bytes_written=self.bytes_written,
+                 bytes_h2d=self.bytes_h2d, flops=self.flops,
+                 lower_bound_bytes=self.lower_bound_bytes, bound_ratio=self.bound_ratio,
+                 predicted_seconds=self.predicted_seconds)
+        return d
+
+    def __str__(self) -> str:
+        ta, tb = ("A^T" if self.trans_a else "A"), ("B^T" if self.trans_b else "B")
+        rows = [
+            ("product", f"C[{self.m} x {self.n}] = {ta} @ {tb}, depth {self.k}, {self.dtype}"),
+            ("loop order", self.order),
+            ("C tiles", f"{self.ni} x {self.nj} = {self.n_tiles} tiles of {self.bm} x {self.bn}"),
+            ("K panels", f"{self.nk} per tile, depth {self.bk}"),
+            ("device memory", f"{format_bytes(self.device_bytes)} of {format_bytes(self.device_budget)}"
+                              f" (C {C_SLOTS}, A {self.a_slots}, B {self.b_slots} slots)"),
+            ("host staging", f"{format_bytes(self.host_bytes)} of {format_bytes(self.host_budget)}"
+                             + ("" if self.staging else " (shared with compute)")),
+            ("read", f"{format_bytes(self.bytes_read)} (A x{self.a_reads}, B x{self.b_reads}"
+                     + (", C x1)" if self.reads_c else ")")),
+            ("written", format_bytes(self.bytes_written)),
+            ("lower bound", f"{format_bytes(self.lower_bound_bytes)}; plan moves "
+                            f"{self.bound_ratio:.2f}x the bound"),
+            ("flops", f"{self.flops:.3e}"),
+        ]
+        if self.a_chunks or self.b_chunks:
+            rows.append(("input chunks", f"A {self.a_chunks}, B {self.b_chunks}"))
+        t = self.predicted_seconds
+        if t is not None:
+            rows.append(("predicted time", format_seconds(t)))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _lru(cache: OrderedDict, key, capacity: int) -> tuple[int, bool]:
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key], False
+    if len(cache) < capacity:
+        slot = len(cache)
+    else:
+        _, slot = cache.popitem(last=False)
+    cache[key] = slot
+    return slot, True

@@ -1,0 +1,261 @@
+"""The search: job shapes, dtype, transposes, budgets and chunk shapes -> the Plan to run.
+
+The planner enumerates tile sizes for each loop order and keeps those within both budgets.
+Without rates it picks the fewest bytes moved, counting as moved the pipeline's fill (the
+first panels) and drain (the last C tile), which no overlap hides, and a fixed cost per gemm;
+ties go to fewer tiles, then larger K panels.
+
+With :class:`~bigmm.plan.model.Rates` it picks the shortest predicted time (ties: the byte
+order above), the makespan of the pipeline model. Candidates are simulated in order of a
+quick estimate, at most SIM_PLANS of them, skipping any whose lower bound
+(:class:`~bigmm.plan.model.StageTimes`) exceeds the best time found. The byte objective cannot
+see that a plan reading all of A before its first tile can compute waits for it; the time
+does. The plan chosen holds its rates, and its predicted time was computed while choosing.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import replace
+
+from ..errors import BudgetError, DtypeError, PlanError, ShapeError
+from ..units import DTYPES, format_bytes
+from .model import Rates, StageTimes, stage_times
+from .schedule import ORDERS, Plan
+
+#: Fixed cost of one gemm step (launch, events, the executor's bookkeeping), counted as bytes
+#: moved when comparing schedules: about 40 us at 25 GB/s. Stops the planner from trading a few
+#: bytes for thousands of tiny panels.
+STEP_COST_BYTES = 1 << 20
+#: Writing a byte of C (device -> host copy, then disk) costs about twice reading one.
+DRAIN_WEIGHT = 2
+#: Most candidate plans simulated when choosing by time (those with the lowest bounds).
+SIM_PLANS = 32
+#: Candidates with the fewest gemm steps simulated beside them, and how many of the fastest
+#: are also tried with deeper K panels.
+SIM_LARGE = 8
+DEEPEN = 4
+
+
+def _check_dims(m: int, n: int, k: int) -> None:
+    for name, v in (("M", m), ("N", n), ("K", k)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ShapeError(f"Expected {name} to be a positive integer. Got {v!r}.")
+
+
+def _units(dim: int, chunk: int | None, align: int) -> int:
+    """Tile-size unit along one dimension: the chunk edge if chunked, else ``align``."""
+    unit = chunk if chunk else align
+    return max(1, min(unit, dim))
+
+
+def even_edge(dim: int, parts: int, unit: int) -> int:
+    """The tile edge that splits ``dim`` into ``parts`` even pieces, rounded up to a multiple
+    of ``unit``: ceil(ceil(dim / parts) / unit) * unit, at most ``dim``."""
+    return min(dim, -(-(-(-dim // parts)) // unit) * unit)
+
+
+def _candidates(dim: int, unit: int, lo: int) -> list[int]:
+    """Tile sizes for one dimension: even splits of ``dim`` rounded up to ``unit``, largest first.
+
+    Includes the smallest allowed size, max(unit, min(dim, lo)) capped at dim, so the minimum
+    budget stated for unaligned tiles (unit 1) works.
+    """
+    out = {min(dim, max(unit, lo))}
+    nb = 1
+    while True:
+        t = even_edge(dim, nb, unit)
+        if t < min(lo, dim):
+            break
+        out.add(t)
+        if t <= unit:
+            break
+        nb = nb + 1 if nb < 8 else max(nb + 1, int(nb * 1.4))
+    return sorted(out, reverse=True)
+
+
+def _op_chunks(chunks: tuple[int, int] | None, trans: bool) -> tuple[int | None, int | None]:
+    """Chunk edges of op(X) as (rows, cols) of op(X)."""
+    if not chunks:
+        return None, None
+    return (chunks[1], chunks[0]) if trans else (chunks[0], chunks[1])
+
+
+#: Plans kept by make_plan.
+PLAN_CACHE = 256
+
+
+def _cached_plans(plan_fn):
+    """``plan_fn`` keeping its last PLAN_CACHE results by argument: plans are frozen and depend
+    on the arguments alone, so a process running jobs of one shape plans once (choosing by
+    time simulates up to SIM_PLANS schedules, tens of milliseconds). Lists (chunk shapes,
+    tiles) count as the tuples they equal; errors are raised again every time."""
+    cached = functools.lru_cache(maxsize=PLAN_CACHE)(plan_fn)
+
+    @functools.wraps(plan_fn)
+    def plan(*args, **kwargs):
+        return cached(*args, **{k: tuple(v) if isinstance(v, list) else v
+                                for k, v in kwargs.items()})
+
+    return plan
+
+
+@_cached_plans
+def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool = False,
+              trans_b: bool = False, reads_c: bool = False, device_budget: int,
+              host_budget: int | None = None, staging: bool = True,
+              a_chunks: tuple[int, int] | None = None, b_chunks: tuple[int, int] | None = None,
+              align: int = 256, max_bk: int = 4096, min_tile: int = 8,
+              tile: tuple[int, int, int] | None = None, order: str | None = None,
+              rates: Rates | None = None, step_bytes: int = STEP_COST_BYTES) -> Plan:
+    """Choose the schedule moving the fewest bytes within both budgets (cached: see
+    :func:`_cached_plans`).
+
+    ``step_bytes``: the fixed cost of one gemm step in bytes moved, for the byte objective
+    (STEP_COST_BYTES; more where each gemm call costs more, as on a CPU with many BLAS
+    threads: see :func:`cpu_step_bytes`).
+
+    Tile edges are multiples of ``align`` (256: whole block tiles of the GPU kernels, whose
+    largest is 128 x 256) unless the dimension is smaller or the budget forbids it.
+
+    ``max_bk`` caps the K panels' depth; when choosing by time, the fastest few plans are
+    also tried with deeper panels, up to twice as deep (:func:`_fastest`).
+
+    ``a_chunks``/``b_chunks`` are the stored datasets' chunk shapes (before transposition);
+    tile edges are multiples of them where the budget allows. ``tile``=(bm, bn, bk) and
+    ``order`` fix the schedule (used to resume a run exactly as it started); they are checked
+    against the budgets like any other.
+    """
+    _check_dims(m, n, k)
+    if dtype not in DTYPES:
+        raise DtypeError(f"Expected dtype float32 or float64. Got {dtype!r}.")
+    if order is not None and order not in ORDERS:
+        raise PlanError(f"Expected order to be one of {', '.join(ORDERS)}. Got {order!r}.")
+    for name, v in (("device budget", device_budget), ("host budget", host_budget)):
+        if v is not None and (not isinstance(v, int) or v <= 0):
+            raise BudgetError(f"Expected the {name} as a positive number of bytes. Got {v!r}.")
+    host_budget = device_budget if host_budget is None else host_budget
+    base = dict(m=m, n=n, k=k, dtype=dtype, trans_a=trans_a, trans_b=trans_b, reads_c=reads_c,
+                staging=staging, device_budget=device_budget, host_budget=host_budget,
+                a_chunks=tuple(a_chunks) if a_chunks else None,
+                b_chunks=tuple(b_chunks) if b_chunks else None, rates=rates)
+
+    if tile is not None:
+        bm, bn, bk = tile
+        for name, v, dim in (("bm", bm, m), ("bn", bn, n), ("bk", bk, k)):
+            if not isinstance(v, int) or v < 1:
+                raise PlanError(f"Expected tile size {name} to be a positive integer. Got {v!r}.")
+        plan = Plan(bm=min(bm, m), bn=min(bn, n), bk=min(bk, k), order=order or "stream", **base)
+        _check_fits(plan)
+        return plan
+
+    am, ak = _op_chunks(a_chunks, trans_a)
+    bkc, bnc = _op_chunks(b_chunks, trans_b)
+    k_chunk = max(c for c in (ak, bkc, 1) if c)
+    for aligned in (True, False):
+        um = _units(m, am, align) if aligned else 1
+        un = _units(n, bnc, align) if aligned else 1
+        uk = _units(k, k_chunk if (ak or bkc) else align, align) if aligned else 1
+        depths = _candidates(k, uk, min_tile)
+        shallow = max(max_bk, uk)
+        bks = [b for b in depths if b <= shallow] or [min(k, uk)]
+        found = []
+        for o in ((order,) if order else ORDERS):
+            for bm in _candidates(m, um, min_tile):
+                for bn in _candidates(n, un, min_tile):
+                    if not _fits(Plan(bm=bm, bn=bn, bk=bks[-1], order=o, **base)):
+                        continue
+                    for bk in bks:  # largest first: the first that fits is the best for (bm, bn)
+                        p = Plan(bm=bm, bn=bn, bk=bk, order=o, **base)
+                        if _fits(p):
+                            found.append(((_cost(p, step_bytes), p.n_steps, -p.bk,
+                                           ORDERS.index(o)), p))
+                            break
+        if found:
+            if rates is None:
+                return min(found, key=lambda x: x[0])[1]
+            return _fastest(found, rates, [b for b in depths if shallow < b <= 2 * shallow])
+    raise _too_small(Plan(bm=min(m, min_tile), bn=min(n, min_tile), bk=min(k, min_tile),
+                          order="stream", **base))
+
+
+def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = ()) -> Plan:
+    """The candidate with the shortest predicted makespan (ties: the byte score): the first
+    SIM_PLANS in order of ``StageTimes.guess`` and the SIM_LARGE with the fewest steps are
+    simulated (a candidate whose lower bound exceeds the best makespan found is not), and the
+    DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest first) that
+    fits (fewer C-tile updates and steps against a longer fill)."""
+    ranked = sorted(((stage_times(p, rates), score, p) for score, p in found),
+                    key=lambda x: (x[0].guess, x[1]))
+    timed: list[tuple[float, tuple, Plan]] = []
+    best = math.inf
+
+    def simulate_unless_bounded(st: StageTimes, score: tuple, p: Plan) -> None:
+        nonlocal best
+        if st.lower_bound <= best:
+            timed.append((p.predicted_seconds, score, p))
+            best = min(best, timed[-1][0])
+
+    rest = []
+    for i, candidate in enumerate(ranked):
+        if len(timed) == SIM_PLANS:
+            rest = ranked[i:]
+            break
+        simulate_unless_bounded(*candidate)
+    for candidate in sorted(rest, key=lambda x: (x[2].n_steps, x[0].guess, x[1]))[:SIM_LARGE]:
+        simulate_unless_bounded(*candidate)
+    timed.sort(key=lambda x: x[:2])
+    for _, score, p in timed[:DEEPEN]:
+        deeper = next((q for q in (replace(p, bk=bk) for bk in depths) if _fits(q)), None)
+        if deeper is not None:
+            timed.append((deeper.predicted_seconds, score, deeper))
+    return min(timed, key=lambda x: x[:2])[2]
+
+
+def _cost(p: Plan, step_bytes: int = STEP_COST_BYTES) -> int:
+    """What the planner minimises, in bytes moved: the traffic, plus the pipeline's fill (the
+    first panels, read before any compute) and drain (the last C tile, written after all
+    compute), which no overlap hides, plus a fixed cost per gemm step."""
+    w = p.itemsize
+    fill = w * (p.bm * p.bk + p.bk * p.bn)
+    drain = DRAIN_WEIGHT * w * p.bm * p.bn
+    return p.bytes_read + fill + drain + step_bytes * p.n_steps
+
+
+def cpu_step_bytes(threads: int) -> int:
+    """The fixed cost of one gemm step on a CPU whose BLAS runs ``threads`` threads: every
+    call starts and synchronises all of them and packs its panels anew, so the cost grows
+    with the threads (measured on 16 cores, 12288^3 float32 under a 256 MiB budget: 48 tiles
+    of 4096 x 768 in 384 gemms ran at 0.78 of in-core numpy.matmul, 9 tiles of 4096 x 4096 in
+    54 gemms at 0.845, reading 3.4 GiB instead of 2.3)."""
+    return STEP_COST_BYTES * max(1, int(threads))
+
+
+def _fits(plan: Plan) -> bool:
+    return plan.device_bytes <= plan.device_budget and plan.host_bytes <= plan.host_budget
+
+
+def _check_fits(plan: Plan) -> None:
+    if not _fits(plan):
+        raise BudgetError(
+            f"Expected budgets of at least {format_bytes(plan.device_bytes)} (device) and "
+            f"{format_bytes(plan.host_bytes)} (host) for tiles {plan.bm}x{plan.bn}x{plan.bk} "
+            f"in order {plan.order}. Got {format_bytes(plan.device_budget)} and "
+            f"{format_bytes(plan.host_budget)}.",
+            minimum=max(plan.device_bytes, plan.host_bytes))
+
+
+def _too_small(smallest: Plan) -> BudgetError:
+    need_dev, need_host = smallest.device_bytes, smallest.host_bytes
+    parts = []
+    if smallest.device_budget < need_dev:
+        parts.append(f"a device memory budget of at least {need_dev} bytes "
+                     f"({format_bytes(need_dev)}). Got {smallest.device_budget} bytes")
+    if smallest.host_budget < need_host:
+        parts.append(f"a host memory budget of at least {need_host} bytes "
+                     f"({format_bytes(need_host)}). Got {smallest.host_budget} bytes")
+    return BudgetError(
+        f"Expected {'; and '.join(parts)} (the smallest tiles, "
+        f"{smallest.bm}x{smallest.bn}x{smallest.bk}, need that much).",
+        minimum=max(need_dev, need_host))

@@ -1,0 +1,212 @@
+"""Shared cases of the executor's tests: a staging backend on threads, HDF5 operands, runs.
+
+``AsyncBackend`` behaves like a GPU backend as the executor sees it: device memory the host
+cannot touch, copies and gemms queued on streams that run later in their own threads (with
+random delays), events that complete only when the stream reaches them. Any missing event or
+slot reused too early then shows up as a wrong product.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+
+import h5py
+import numpy as np
+
+from bigmm import io
+from bigmm.backends.numpy import NumpyBackend
+from bigmm.executor import execute
+from bigmm.plan import make_plan
+from bigmm.testing import random_matrix, reference_gemm
+
+
+class _Dev:
+    """Device memory: only the streams may read or write it. Slices like an array."""
+
+    def __init__(self, arr):
+        self.arr = arr
+
+    def __getitem__(self, index):
+        return _Dev(self.arr[index])
+
+    @property
+    def shape(self):
+        return self.arr.shape
+
+
+class _Stream(threading.Thread):
+    def __init__(self, rng):
+        super().__init__(daemon=True)
+        self.q: queue.Queue = queue.Queue()
+        self.rng = rng
+        self.start()
+
+    def run(self):
+        while (op := self.q.get()) is not None:
+            time.sleep(self.rng.random() * 0.002)
+            op()
+
+
+class AsyncBackend:
+    name = "async-test"
+    staging = True
+
+    def __init__(self, seed=0):
+        self.rng = random.Random(seed)
+        self.streams: list[_Stream] = []
+        self.cpu = NumpyBackend()
+
+    def host_buffer(self, size, dtype):
+        return np.full(size, np.nan, dtype=dtype)
+
+    def device_buffer(self, size, dtype):
+        return _Dev(np.full(size, np.nan, dtype=dtype))
+
+    def view(self, buf, shape):
+        if isinstance(buf, _Dev):
+            return _Dev(self.cpu.view(buf.arr, shape))
+        return self.cpu.view(buf, shape)
+
+    def stream(self):
+        s = _Stream(random.Random(self.rng.random()))
+        self.streams.append(s)
+        return s
+
+    def copy_in(self, host, dev, stream):
+        assert isinstance(dev, _Dev) and isinstance(host, np.ndarray)
+        stream.q.put(lambda: np.copyto(dev.arr, host))
+
+    def copy_out(self, dev, host, stream):
+        assert isinstance(dev, _Dev) and isinstance(host, np.ndarray)
+        stream.q.put(lambda: np.copyto(host, dev.arr))
+
+    def host_pinned(self, arr):
+        return False
+
+    def gemm_launcher(self, a, b, c, alpha, beta, trans_a, trans_b):
+        return lambda stream: self.gemm(a, b, c, alpha, beta, trans_a, trans_b, stream)
+
+    def gemm(self, a, b, c, alpha, beta, trans_a, trans_b, stream):
+        assert all(isinstance(x, _Dev) for x in (a, b, c))
+        # the NumPy gemm takes C-contiguous operands; a K piece of a panel is a column range
+        stream.q.put(lambda: self.cpu.gemm(np.ascontiguousarray(a.arr),
+                                           np.ascontiguousarray(b.arr), c.arr, alpha, beta,
+                                           trans_a, trans_b, None))
+
+    def record(self, stream):
+        ev = threading.Event()
+        stream.q.put(ev.set)
+        return ev
+
+    def wait(self, stream, event):
+        stream.q.put(event.wait)
+
+    def synchronize(self, event):
+        event.wait()
+
+    def memory_available(self):
+        return 1 << 30
+
+    def close(self):
+        for s in self.streams:
+            s.q.put(None)
+
+
+class PinnedAsyncBackend(AsyncBackend):
+    """AsyncBackend that treats the arrays given to ``pin`` (and views into them) as page-locked
+    user memory; copies check that their host side is a staging buffer or such memory."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        self.pinned: list[tuple[int, int]] = []
+        self.staging_bytes = 0  # host staging allocated
+
+    def pin(self, x):
+        lo = x.ctypes.data
+        self.pinned.append((lo, lo + x.nbytes))
+        return x
+
+    def host_buffer(self, size, dtype):
+        self.staging_bytes += int(size) * np.dtype(dtype).itemsize
+        return self.pin(super().host_buffer(size, dtype))
+
+    def host_pinned(self, arr):
+        lo = arr.ctypes.data
+        hi = lo + sum((n - 1) * s for n, s in zip(arr.shape, arr.strides)) + arr.itemsize
+        return any(a <= lo and hi <= b for a, b in self.pinned)
+
+    def copy_in(self, host, dev, stream):
+        assert self.host_pinned(host), "a pageable host array reached copy_in"
+        super().copy_in(host, dev, stream)
+
+    def copy_out(self, dev, host, stream):
+        assert self.host_pinned(host), "a pageable host array reached copy_out"
+        super().copy_out(dev, host, stream)
+
+
+class RecordingAsyncBackend(PinnedAsyncBackend):
+    """PinnedAsyncBackend that records every gemm's shapes and beta, in issue order."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        self.gemms: list[tuple] = []
+
+    def gemm(self, a, b, c, alpha, beta, trans_a, trans_b, stream):
+        self.gemms.append((a.shape, b.shape, c.shape, beta))
+        super().gemm(a, b, c, alpha, beta, trans_a, trans_b, stream)
+
+
+# ----- helpers ------------------------------------------------------------------------------
+
+def h5(path, name, array, **kw) -> str:
+    with h5py.File(path, "a") as f:
+        f.create_dataset(name, data=array, **kw)
+    return f"{path}:/{name}"
+
+
+def job_record(plan, alpha, beta):
+    return {"plan": plan.key(), "alpha": alpha, "beta": beta}
+
+
+def run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alpha=1.0,
+         beta=0.0, order=None, budget_tiles=(16, 16, 24), layout=None, seed=0, **exec_kw):
+    """Write A, B (and C) to HDF5, run the executor, return (C read back, reference, stats)."""
+    a = random_matrix((k, m) if ta else (m, k), dtype, seed)
+    b = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
+    c0 = random_matrix((m, n), dtype, seed + 2)
+    kw = layout or {}
+    spec_a = h5(tmp_path / "a.h5", "A", a, **kw)
+    spec_b = h5(tmp_path / "b.h5", "B", b, **kw)
+    spec_c = h5(tmp_path / "c.h5", "C", c0) if beta else str(tmp_path / "c.h5") + ":/C"
+    bm, bn, bk = budget_tiles
+    w = np.dtype(dtype).itemsize
+    plan = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb, reads_c=beta != 0,
+                     device_budget=w * (2 * bm * bn + 2 * (bm + bn) * bk) * 4,
+                     staging=backend.staging, align=8, tile=(bm, bn, bk), order=order)
+    A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
+    sink = io.open_output(spec_c, shape=(m, n), dtype=dtype, inputs=[A, B],
+                          job=job_record(plan, alpha, beta), reads_c=beta != 0)
+    try:
+        stats = execute(plan, A, B, sink, backend, alpha=alpha, beta=beta, **exec_kw)
+    finally:
+        sink.close(), A.close(), B.close(), backend.close()
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        out = f["C"][...]
+    ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    return out, ref, stats, plan
+
+
+def array_run(backend, a, b, c, plan, alpha, beta):
+    A, B = io.open_input(a, name="A"), io.open_input(b, name="B")
+    sink = io.open_output(c, shape=(plan.m, plan.n), dtype=plan.dtype, inputs=[A, B],
+                          job={}, reads_c=beta != 0)
+    try:
+        return execute(plan, A, B, sink, backend, alpha=alpha, beta=beta, io_threads=3)
+    finally:
+        backend.close()
+
+
+BACKENDS = {"numpy": lambda: NumpyBackend(), "async": lambda: AsyncBackend(seed=1)}

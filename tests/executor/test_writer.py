@@ -1,0 +1,89 @@
+"""The writer: its errors surface in the run, and large tiles go into an array in row pieces
+on its own threads (the drain's pieces each written on its own)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from executor_cases import BACKENDS
+
+from bigmm import io
+from bigmm.errors import WriteError
+from bigmm.executor import execute
+from bigmm.executor.tuning import DRAIN, split_range
+from bigmm.io.sink import ArraySink
+from bigmm.plan import make_plan
+from bigmm.testing import random_matrix
+
+
+class _FailingSink:
+    """A real sink whose third write fails with a disk error."""
+
+    parallel_writes = False
+
+    def __init__(self, sink):
+        self.sink, self.writes = sink, 0
+        self.shape, self.dtype, self.label, self.done = sink.shape, sink.dtype, sink.label, sink.done
+
+    def write(self, r0, r1, c0, c1, src):
+        self.writes += 1
+        if self.writes == 3:
+            raise OSError(28, "No space left on device")
+        self.sink.write(r0, r1, c0, c1, src)
+
+    def commit(self, tiles):
+        self.sink.commit(tiles)
+
+    def finish(self):
+        self.sink.finish()
+
+
+@pytest.mark.parametrize("bname", list(BACKENDS))
+def test_writer_error_surfaces(tmp_path, bname):
+    m, n, k = 40, 40, 12
+    a, b = random_matrix((m, k), np.float64), random_matrix((k, n), np.float64, seed=1)
+    plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=bname == "async",
+                     tile=(8, 8, 12))
+    A, B = io.open_input(a), io.open_input(b)
+    sink = io.open_output(None, shape=(m, n), dtype=np.float64, inputs=[A, B], job={})
+    with pytest.raises(WriteError, match="rows"):
+        execute(plan, A, B, _FailingSink(sink), BACKENDS[bname]())
+
+
+@pytest.mark.parametrize("bname", list(BACKENDS))
+def test_large_tiles_into_an_array_are_written_in_pieces(bname):
+    """A tile of 8 MiB or more goes into a NumPy output in row pieces on several threads
+    (one thread copies at a few GB/s); with staging, the run's last tile is copied out and
+    written in the drain's row pieces, each as soon as its gemm is done. Every element lands
+    once, in the right place."""
+    class Recording(ArraySink):
+        def __init__(self, array):
+            super().__init__(array, "C")
+            self.calls, self.threads = [], {}
+
+        def write(self, r0, r1, c0, c1, src):
+            self.calls.append((r0, r1, c0, c1))
+            self.threads[r0] = threading.current_thread().name
+            super().write(r0, r1, c0, c1, src)
+
+    m, n, k = 2200, 1030, 40
+    a, b = random_matrix((m, k), np.float64, seed=3), random_matrix((k, n), np.float64, seed=4)
+    plan = make_plan(m, n, k, "float64", device_budget=64 << 20, staging=bname == "async",
+                     tile=(1100, 1030, 40), order="stream")  # two 8.6 MiB tiles
+    out = np.full((m, n), np.nan)
+    sink = Recording(out)
+    execute(plan, io.open_input(a), io.open_input(b), sink, BACKENDS[bname](), io_threads=4)
+    assert np.allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+    rows = sorted((r0, r1) for r0, r1, _, _ in sink.calls)
+    assert rows[0][0] == 0 and rows[-1][1] == m
+    assert all(x[1] == y[0] for x, y in zip(rows, rows[1:]))  # every row once
+    first = [r for r in rows if r[0] < 1100]
+    assert len(first) == 2  # 8.6 MiB: two pieces of at least 4 MiB
+    assert all(sink.threads[r0].startswith("bigmm-copy") for r0, _ in first)  # writer's pool
+    last = [(r0 - 1100, r1 - 1100) for r0, r1 in rows if r0 >= 1100]
+    if bname == "async":  # the drain's row pieces, each under 4 MiB: one write each
+        assert last == split_range(1100, DRAIN) and len(last) == 4
+    else:
+        assert len(last) == 2

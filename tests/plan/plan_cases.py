@@ -1,0 +1,58 @@
+"""Shared cases of the planner's tests: random problems (hypothesis), random rates, and the
+rates of the machines the planner's choices were measured on."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from bigmm.errors import BudgetError
+from bigmm.plan import Rates, make_plan
+
+dims = st.integers(min_value=1, max_value=700)
+
+
+@st.composite
+def problems(draw):
+    m, n, k = draw(dims), draw(dims), draw(dims)
+    dtype = draw(st.sampled_from(["float32", "float64"]))
+    w = 4 if dtype == "float32" else 8
+    total = w * (m * k + k * n + 2 * m * n)
+    budget = draw(st.integers(min_value=max(64, total // 200), max_value=max(128, 2 * total)))
+    staging = draw(st.booleans())
+    host = draw(st.sampled_from([None, budget, 3 * budget]))
+    chunk = st.one_of(st.none(), st.tuples(st.integers(1, 300), st.integers(1, 300)))
+    return dict(m=m, n=n, k=k, dtype=dtype, trans_a=draw(st.booleans()),
+                trans_b=draw(st.booleans()), reads_c=draw(st.booleans()),
+                device_budget=budget, host_budget=host, staging=staging,
+                a_chunks=draw(chunk), b_chunks=draw(chunk), align=draw(st.sampled_from([1, 16, 128])))
+
+
+def plan_or_none(kw):
+    try:
+        return make_plan(**kw)
+    except BudgetError as e:
+        assert e.minimum > min(kw["device_budget"], kw["host_budget"] or kw["device_budget"])
+        return None
+
+
+@st.composite
+def rates(draw):
+    rate = st.floats(min_value=1e6, max_value=1e12)
+    return Rates(flops=draw(st.floats(min_value=1e8, max_value=1e15)), read_bytes=draw(rate),
+                 write_bytes=draw(rate), h2d_bytes=draw(st.one_of(st.none(), rate)),
+                 memory_bytes=draw(st.one_of(st.none(), rate)),
+                 wave_flops=draw(st.one_of(st.none(), st.floats(min_value=1e3, max_value=1e9))))
+
+
+GiB = 2**30
+#: The H100 host with NumPy inputs and output: its gemm, memcpy into pinned staging, pinned
+#: copies to the device, and the single writer into the output array.
+H100_ARRAYS = Rates(flops=47e12, read_bytes=15e9, write_bytes=5e9, h2d_bytes=50e9)
+#: The same GPU reading HDF5 files from a cold disk and writing C to it.
+H100_DISK = Rates(flops=47e12, read_bytes=1.2e9, write_bytes=1.0e9, h2d_bytes=50e9)
+N32 = dict(m=32768, n=32768, k=32768, device_budget=8 * GiB, host_budget=32 * GiB)
+#: The H100 from pinned NumPy arrays copied in place (nothing read or written through staging),
+#: with what a gemm step adds: C tiles re-read and written at the device memory's speed, and
+#: half a wave of 264 blocks of 128 x 128 lost per gemm.
+H100_PINNED = Rates(flops=52e12, read_bytes=float("inf"), write_bytes=float("inf"),
+                    h2d_bytes=55e9, memory_bytes=2.9e12, wave_flops=2 * 128 * 128 * 264)

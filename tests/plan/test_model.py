@@ -1,0 +1,120 @@
+"""The pipeline model: the simulated makespan within the stage bounds, extrapolation, the
+costs a gemm step and the checks add, and the rates' grid."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from plan_cases import GiB, H100_ARRAYS, H100_PINNED, N32, plan_or_none, problems, rates
+
+from bigmm.plan import ORDERS, make_plan
+from bigmm.plan.model import (RATE_STEPS, SIM_STEPS, STEP_SECONDS, predict_seconds, simulate,
+                              snap_rate, stage_times)
+
+
+@settings(max_examples=120, deadline=None)
+@given(problems(), rates())
+def test_simulated_makespan_lies_between_the_stage_bounds(kw, r):
+    """No stage finishes its work sooner than alone, and the stages one after the other
+    bound the pipeline; the bounds the planner prunes with are true bounds."""
+    plan = plan_or_none(kw)
+    if plan is None or plan.n_tiles * plan.nk > 3000:
+        return
+    st_ = stage_times(plan, r)
+    end = simulate(plan, r).end
+    slack = 1e-9 * st_.upper_bound
+    assert max(st_.read, st_.copy_in, st_.compute, st_.copy_out, st_.write) <= end + slack
+    assert st_.lower_bound <= end + slack
+    assert end <= st_.upper_bound + slack
+    if plan.n_tiles * plan.nk <= SIM_STEPS:
+        assert predict_seconds(plan, r) == pytest.approx(end)
+
+
+@pytest.mark.parametrize("m, n, k, budget", [
+    (40000, 40000, 100000, 2 * GiB),   # resident rows of ~5000 steps: from whole tiles
+    (65536, 65536, 65536, 2 * GiB),    # resident rows of 400 steps: from whole rows
+    (20000, 20000, 300000, 8 * GiB),   # deep K: each row's first tile reads a long panel
+])
+def test_extrapolation_matches_the_whole_simulation(m, n, k, budget):
+    long = 0
+    for order in ORDERS:
+        plan = make_plan(m, n, k, device_budget=budget, host_budget=32 * GiB,
+                         rates=H100_ARRAYS, order=order)
+        long += plan.n_tiles * plan.nk > SIM_STEPS
+        whole = predict_seconds(plan, H100_ARRAYS, max_steps=10**9)
+        assert predict_seconds(plan, H100_ARRAYS) == pytest.approx(whole, rel=0.02)
+    assert long >= 2
+
+
+def test_checksum_costs_count_in_the_predicted_time():
+    # a fast disk, slow checks: the sums over every panel matter against the gemms
+    fast_io = replace(H100_ARRAYS, read_bytes=1e12, write_bytes=1e12, h2d_bytes=1e12)
+    checked = replace(fast_io, check_bytes=2e11, check_step=40e-6)
+    assert checked.step_seconds(256, 512, 1024, 4, last=False) == pytest.approx(
+        fast_io.step_seconds(256, 512, 1024, 4, last=False)
+        + 4 * (256 + 512) * 1024 / 2e11 + 40e-6)
+    # the tile's own sums after its last step
+    assert (checked.step_seconds(256, 512, 1024, 4, last=True)
+            - checked.step_seconds(256, 512, 1024, 4, last=False)) == pytest.approx(
+        4 * 2 * 256 * 512 / 2e11)
+    args = dict(device_budget=512 << 20, host_budget=GiB)
+    plain = make_plan(8192, 8192, 8192, rates=fast_io, **args)
+    with_checks = make_plan(8192, 8192, 8192, rates=checked, **args)
+    # the checks cost time in the model, and the chosen plan is no slower under them than
+    # the plan chosen without them
+    assert replace(plain, rates=checked).predicted_seconds > plain.predicted_seconds
+    assert with_checks.predicted_seconds <= replace(plain, rates=checked).predicted_seconds
+
+
+def test_fused_checks_cost_only_the_panels_as_they_land():
+    fast_io = replace(H100_ARRAYS, read_bytes=1e12, write_bytes=1e12, h2d_bytes=1e12)
+    checked = replace(fast_io, check_bytes=2e11, check_step=40e-6)
+    fused = replace(checked, check_fused=True)
+    plain = fast_io.step_seconds(256, 512, 1024, 4, last=False)
+    # the gemm does the step's updates: only the A panel this step loads is summed
+    assert fused.step_seconds(256, 512, 1024, 4, last=False, landed=256 * 1024) == \
+        pytest.approx(plain + 4 * 256 * 1024 / 2e11 + 40e-6)
+    # separate updates read both panels at every step, whatever it loads
+    assert checked.step_seconds(256, 512, 1024, 4, last=False, landed=0) == \
+        pytest.approx(plain + 4 * (256 + 512) * 1024 / 2e11 + 40e-6)
+    args = dict(device_budget=512 << 20, host_budget=GiB)
+    plan = make_plan(8192, 8192, 8192, rates=fast_io, **args)
+    t = {r: replace(plan, rates=r) for r in (fast_io, checked, fused)}
+    assert t[fast_io].predicted_seconds < t[fused].predicted_seconds \
+        < t[checked].predicted_seconds
+    for q in t.values():  # the model's bounds hold with the checks too
+        bounds = stage_times(q, q.rates)
+        assert bounds.lower_bound * (1 - 1e-9) <= simulate(q, q.rates).end \
+            <= bounds.upper_bound * (1 + 1e-9)
+
+
+def test_gemm_steps_cost_their_c_traffic_and_their_last_wave():
+    bare = replace(H100_PINNED, memory_bytes=None, wave_flops=None)
+    step = 2 * 4096 * 4096 * 1024
+    base = bare.step_seconds(4096, 4096, 1024, 4, last=False, accumulates=True)
+    assert base == pytest.approx(step / 52e12 + STEP_SECONDS)
+    # adding into the tile reads and writes it once more; half a wave is lost per gemm
+    assert H100_PINNED.step_seconds(4096, 4096, 1024, 4, last=False, accumulates=True) \
+        == pytest.approx(base + 2 * 4 * 4096 * 4096 / 2.9e12 + 0.5 * 1024 * 128 * 128 * 528 / 52e12)
+    assert H100_PINNED.step_seconds(4096, 4096, 1024, 4, last=False) == pytest.approx(
+        base + 0.5 * 1024 * 128 * 128 * 528 / 52e12)  # a tile's first step only writes it
+
+
+def test_calibrated_rates_snap_to_one_grid():
+    """Rates a few tenths of a per cent apart (two processes timing one machine) snap to the
+    same values, and so give the same plan; the grid's step is 2^(1/16), 4.4%."""
+    step = 2 ** (1 / RATE_STEPS)
+    centre = 2 ** (round(math.log2(52e12) * RATE_STEPS) / RATE_STEPS)
+    assert snap_rate(centre) == pytest.approx(centre, rel=1e-12)
+    for f in (0.995, 1.0, 1.004):  # within a fifth of a step of a grid point
+        assert snap_rate(centre * f) == snap_rate(centre)
+    assert snap_rate(centre * step) == pytest.approx(centre * step)  # the next point
+    assert snap_rate(None) is None and snap_rate(math.inf) == math.inf and snap_rate(0.0) == 0.0
+    r = replace(H100_PINNED, flops=centre * 1.003, h2d_bytes=55e9 * 0.998,
+                memory_bytes=2.9e12 * 1.002)
+    a, b = r.snapped(), replace(r, flops=centre * 0.997, h2d_bytes=55e9 * 1.001).snapped()
+    assert a == b and a.read_bytes == r.read_bytes and a.wave_flops == r.wave_flops
+    assert make_plan(**N32, rates=a).key() == make_plan(**N32, rates=b).key()

@@ -1,0 +1,130 @@
+"""The schedule: every C element written once, K covered once, panels loaded into free slots,
+the plan printed and serialised, its predicted time taken from the rates it holds."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from plan_cases import plan_or_none, problems
+
+from bigmm.plan import make_plan
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems())
+def test_every_c_element_is_written_by_exactly_one_tile(kw):
+    plan = plan_or_none(kw)
+    if plan is None:
+        return
+    rows = [0] * plan.m
+    cover = {}
+    for t in plan.tiles():
+        assert 0 <= t.r0 < t.r1 <= plan.m and 0 <= t.c0 < t.c1 <= plan.n
+        cover[t.index] = cover.get(t.index, 0) + 1
+        if t.j == 0:
+            for r in range(t.r0, t.r1):
+                rows[r] += 1
+    assert all(v == 1 for v in cover.values()) and len(cover) == plan.n_tiles
+    assert rows == [1] * plan.m
+    cols = sorted((t.c0, t.c1) for t in plan.tiles() if t.i == 0)
+    assert cols[0][0] == 0 and cols[-1][1] == plan.n
+    assert all(a[1] == b[0] for a, b in zip(cols, cols[1:]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems())
+def test_k_panels_cover_k_once_and_budgets_hold(kw):
+    plan = plan_or_none(kw)
+    if plan is None:
+        return
+    panels = plan.k_panels()
+    assert panels[0][0] == 0 and panels[-1][1] == plan.k
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(panels, panels[1:]))
+    assert plan.device_bytes <= plan.device_budget
+    assert plan.host_bytes <= plan.host_budget
+
+
+@settings(max_examples=120, deadline=None)
+@given(problems(), st.data())
+def test_steps_load_every_panel_into_a_free_slot(kw, data):
+    """Simulate the slots: every gemm finds its panels in place; loads match the traffic."""
+    plan = plan_or_none(kw)
+    if plan is None or plan.n_tiles * plan.nk > 4000:
+        return
+    tiles = list(plan.tiles())
+    done = set(data.draw(st.sets(st.sampled_from([t.index for t in tiles]), max_size=3)))
+    a_slot, b_slot = {}, {}
+    last_use_a, last_use_b = {}, {}
+    loads_a = loads_b = 0
+    seen = []
+    for s, step in enumerate(plan.steps(done=done)):
+        assert step.tile.index not in done
+        a_key, b_key = (step.tile.i, step.kp), (step.tile.j, step.kp)
+        assert 0 <= step.a_slot < plan.a_slots and 0 <= step.b_slot < plan.b_slots
+        if step.load_a:
+            loads_a += (step.tile.r1 - step.tile.r0) * (step.k1 - step.k0)
+            # the slot being refilled is not the one the previous gemm reads
+            assert last_use_a.get(step.a_slot, -2) <= s - 2 or s == 0 or plan.a_slots == 1
+            a_slot[step.a_slot] = a_key
+        if step.load_b:
+            loads_b += (step.tile.c1 - step.tile.c0) * (step.k1 - step.k0)
+            assert last_use_b.get(step.b_slot, -2) <= s - 2 or s == 0
+            b_slot[step.b_slot] = b_key
+        assert a_slot[step.a_slot] == a_key and b_slot[step.b_slot] == b_key
+        last_use_a[step.a_slot] = last_use_b[step.b_slot] = s
+        seen.append((step.tile.index, step.kp, step.first, step.last))
+    expected = [(t.index, kp, kp == 0, kp == plan.nk - 1)
+                for t in tiles if t.index not in done for kp in range(plan.nk)]
+    assert seen == expected
+    if not done:
+        assert loads_a == plan.a_reads * plan.m * plan.k
+        assert loads_b == plan.b_reads * plan.k * plan.n
+
+
+def test_plan_prints_a_table_and_serialises():
+    plan = make_plan(10007, 9001, 8191, device_budget=256 * 2**20)
+    text = str(plan)
+    for word in ("loop order", "C tiles", "K panels", "device memory", "lower bound"):
+        assert word in text
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert d["n_tiles"] == plan.n_tiles and d["bound_ratio"] == pytest.approx(plan.bound_ratio)
+
+
+@pytest.mark.parametrize("order", [
+    "stream",      # every tile streams its panels
+    "resident-a",  # a row panel of A stays for its row of tiles
+    "resident-b",  # a column panel of B stays for its column of tiles
+])
+def test_each_order_is_valid_when_forced(order):
+    # small budget, odd shape: every forced order still covers C within budget
+    plan = make_plan(301, 257, 129, device_budget=600_000, order=order, align=16)
+    assert plan.order == order and plan.device_bytes <= 600_000
+    assert sum(1 for _ in plan.tiles()) == plan.n_tiles
+
+
+class _Clock:
+    """A model of time that counts the plans it times (any object with ``makespan``)."""
+
+    def __init__(self, seconds):
+        self.seconds, self.timed = seconds, 0
+
+    def makespan(self, plan):
+        self.timed += 1
+        return self.seconds
+
+
+def test_the_predicted_time_comes_from_the_rates_the_plan_holds():
+    plan = make_plan(300, 200, 500, device_budget=2**20)
+    assert plan.rates is None and plan.predicted_seconds is None
+    clock = _Clock(1.5)
+    timed = replace(plan, rates=clock)
+    # asked once, kept beside the frozen fields
+    assert timed.predicted_seconds == timed.predicted_seconds == 1.5 and clock.timed == 1
+    # a plan given other rates is timed by them; rates do not make another schedule
+    assert replace(timed, rates=_Clock(2.0)).predicted_seconds == 2.0
+    assert timed == plan and timed.key() == plan.key()
+    assert "predicted time" in str(timed) and "predicted time" not in str(plan)

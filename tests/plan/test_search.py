@@ -1,0 +1,217 @@
+"""The search: plans within the budgets, errors that state the minimum, resumed schedules,
+traffic and chunk alignment, and the choice by predicted time."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from plan_cases import (GiB, H100_ARRAYS, H100_DISK, H100_PINNED, N32, plan_or_none, problems,
+                        rates)
+
+from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
+from bigmm.plan import make_plan
+from bigmm.plan.model import predict_seconds, stage_times
+from bigmm.plan.search import STEP_COST_BYTES, cpu_step_bytes, even_edge
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems())
+def test_budget_below_minimum_states_the_minimum_and_the_minimum_works(kw):
+    kw = dict(kw, device_budget=8, host_budget=None)
+    with pytest.raises(BudgetError) as exc:
+        make_plan(**kw)
+    minimum = exc.value.minimum
+    assert str(minimum) in str(exc.value)
+    plan = make_plan(**dict(kw, device_budget=minimum))
+    assert plan.device_bytes <= minimum
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems())
+def test_explicit_tile_reproduces_the_plan(kw):
+    plan = plan_or_none(kw)
+    if plan is None:
+        return
+    again = make_plan(**dict(kw, tile=(plan.bm, plan.bn, plan.bk), order=plan.order))
+    assert again == plan
+    assert list(again.steps()) == list(plan.steps())
+
+
+def test_resident_panel_is_read_once_when_it_fits():
+    # 4096^2 operands, budget fits a whole row panel of A: A read once
+    plan = make_plan(4096, 4096, 4096, device_budget=200 * 2**20, host_budget=2**30)
+    assert plan.a_reads == 1 or plan.b_reads == 1
+    assert plan.n_tiles > 1
+
+
+def test_everything_fits_reads_each_input_once():
+    plan = make_plan(300, 200, 500, device_budget=2**30)
+    assert (plan.a_reads, plan.b_reads) == (1, 1)
+    assert plan.bound_ratio == pytest.approx(1.0)
+
+
+def test_large_c_tiles_are_split_to_shorten_the_drain():
+    # n = 32768 with 8 GiB: each input is read once either way, so the last C tile (written
+    # after all compute) should be small, not a third of C
+    plan = make_plan(32768, 32768, 32768, device_budget=8 * 2**30, host_budget=32 * 2**30)
+    assert (plan.a_reads, plan.b_reads) == (1, 1)
+    assert plan.bm * plan.bn * plan.itemsize <= 256 * 2**20
+
+
+def test_stream_order_moves_more_than_resident():
+    resident = make_plan(2048, 2048, 2048, device_budget=48 * 2**20)
+    stream = make_plan(2048, 2048, 2048, device_budget=48 * 2**20, order="stream")
+    assert resident.bytes_read <= stream.bytes_read
+
+
+@pytest.mark.parametrize("a_chunks, b_chunks, trans_a, unit_m, unit_k", [
+    ((256, 512), (512, 384), False, 256, 512),   # row chunks of A set bm, A's column chunks set bk
+    ((512, 256), (512, 384), True, 256, 512),    # transposed A: its column chunks set bm
+    (None, (320, 384), False, 256, 320),          # unchunked A: bm aligns to 256, bk to B's chunks
+])
+def test_tiles_align_to_chunks(a_chunks, b_chunks, trans_a, unit_m, unit_k):
+    plan = make_plan(5000, 4000, 6000, trans_a=trans_a, device_budget=64 * 2**20,
+                     a_chunks=a_chunks, b_chunks=b_chunks)
+    assert plan.bm % unit_m == 0 or plan.bm == plan.m
+    assert plan.bk % unit_k == 0 or plan.bk == plan.k
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(m=0, n=3, k=3), ShapeError, ["M", "0"]),                       # empty dimension
+    (dict(m=3, n=3, k=3, dtype="int32"), DtypeError, ["float32", "int32"]),  # wrong dtype
+    (dict(m=3, n=3, k=3, order="diagonal"), PlanError, ["diagonal"]),     # unknown order
+    (dict(m=3, n=3, k=3, tile=(0, 1, 1)), PlanError, ["bm", "0"]),        # zero tile
+    (dict(m=300, n=300, k=300, tile=(300, 300, 300), device_budget=1000),
+     BudgetError, ["at least"]),                                          # explicit tile too big
+])
+def test_bad_arguments_name_the_value(kwargs, error, words):
+    kwargs.setdefault("device_budget", 2**20)
+    with pytest.raises(error) as exc:
+        make_plan(**kwargs)
+    for w in words:
+        assert w in str(exc.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), rates())
+def test_the_rates_choose_among_the_same_plans(kw, r):
+    """With rates the planner still returns a plan within the budgets; the schedule's
+    invariants are those of every plan (checked above), its predicted time is the model's."""
+    plan = plan_or_none(dict(kw, rates=r))
+    if plan is None:
+        return
+    assert plan.device_bytes <= plan.device_budget and plan.host_bytes <= plan.host_budget
+    assert plan.predicted_seconds == pytest.approx(predict_seconds(plan, r))
+    assert plan.predicted_seconds >= stage_times(plan, r).lower_bound * (1 - 1e-9)
+
+
+def test_host_arrays_no_longer_wait_for_all_of_a():
+    # n = 32768 from NumPy arrays: the fewest bytes (32768 x 1024 tiles, all of A resident)
+    # make the first tile wait ~0.3 s for all of A; by time the planner reads more but hides
+    # the reads under the gemms
+    by_bytes = make_plan(**N32)
+    assert (by_bytes.order, by_bytes.bm, by_bytes.bn) == ("resident-a", 32768, 1024)
+    plan = make_plan(**N32, rates=H100_ARRAYS)
+    assert plan.bm < plan.m and plan.ni > 1
+    compute = plan.flops / H100_ARRAYS.flops
+    old = make_plan(**N32, rates=H100_ARRAYS, tile=(32768, 1024, 4096), order="resident-a")
+    assert plan.predicted_seconds < 0.93 * old.predicted_seconds
+    # what is left: the last 0.5 GiB tile written at 5 GB/s, and each row's first tile
+    # reading its new A row panel with B faster than its gemms can use them
+    assert plan.predicted_seconds < 1.12 * compute
+
+
+def test_disk_bound_plans_stay_low_traffic():
+    # HDF5 inputs chunked 4096 x 4096 on a disk read at 1.2 GB/s: reading dominates, so the
+    # time objective keeps each input read once, as the byte objective does
+    chunks = dict(a_chunks=(4096, 4096), b_chunks=(4096, 4096))
+    by_bytes = make_plan(**N32, **chunks)
+    plan = make_plan(**N32, **chunks, rates=H100_DISK)
+    assert (plan.a_reads, plan.b_reads) == (1, 1)
+    old = make_plan(**N32, **chunks, rates=H100_DISK, tile=(by_bytes.bm, by_bytes.bn,
+                                                            by_bytes.bk), order=by_bytes.order)
+    assert plan.predicted_seconds <= old.predicted_seconds
+
+
+def test_without_rates_the_byte_objective_is_kept():
+    plan = make_plan(**N32)
+    assert plan.predicted_seconds is None
+    assert make_plan(**N32, rates=H100_ARRAYS, tile=(plan.bm, plan.bn, plan.bk),
+                     order=plan.order).key() == plan.key()  # resume: the recorded schedule
+
+
+@pytest.mark.parametrize("n", [
+    2**15,  # 32768: the benchmarks' size
+    2**18,  # a quarter million: thousands of candidate tiles, schedules extrapolated
+    2**20,  # a million: the largest square job planned
+])
+def test_planning_by_time_is_fast(n):
+    t0 = time.perf_counter()
+    plan = make_plan(n, n, n, device_budget=8 * GiB, host_budget=32 * GiB, rates=H100_ARRAYS)
+    assert time.perf_counter() - t0 < 1.0
+    assert plan.predicted_seconds >= plan.flops / H100_ARRAYS.flops
+
+
+def test_plans_are_cached_by_their_arguments():
+    args = dict(device_budget=64 << 20, host_budget=128 << 20, rates=H100_ARRAYS)
+    first = make_plan(3001, 2003, 1009, a_chunks=[64, 64], **args)
+    # the same arguments (chunks as a list or a tuple) give the very same frozen plan
+    assert make_plan(3001, 2003, 1009, a_chunks=(64, 64), **args) is first
+    # any argument changed plans again
+    other = make_plan(3001, 2003, 1009, a_chunks=(64, 64), trans_a=True, **args)
+    assert other is not first and other.trans_a
+    # errors are raised every time, never cached
+    for _ in range(2):
+        with pytest.raises(BudgetError):
+            make_plan(3001, 2003, 1009, device_budget=64, host_budget=64)
+
+
+def test_a_costlier_gemm_step_chooses_fewer_larger_gemms():
+    # the CPU benchmark's job: 12288^3 float32 under 256 MiB, by bytes
+    args = dict(device_budget=256 << 20, staging=False)
+    two = make_plan(12288, 12288, 12288, step_bytes=cpu_step_bytes(2), **args)
+    many = make_plan(12288, 12288, 12288, step_bytes=cpu_step_bytes(14), **args)
+    # with 14 BLAS threads each call costs more: fewer gemms, each larger, more bytes read
+    assert many.n_tiles * many.nk < two.n_tiles * two.nk
+    assert many.bm * many.bn * many.bk > two.bm * two.bn * two.bk
+    assert many.bytes_read >= two.bytes_read
+    # one thread (or none reported) costs what the byte objective charges by default
+    assert cpu_step_bytes(1) == cpu_step_bytes(0) == STEP_COST_BYTES
+
+
+def test_deeper_k_panels_where_the_c_updates_cost():
+    # n = 32768 from pinned arrays: deeper panels halve the updates of 11008 x 11008 tiles
+    # (a cuBLAS run measured 1.387 s with 8192-deep panels against 1.420 s with 4096)
+    plan = make_plan(**N32, rates=H100_PINNED)
+    assert plan.bk > 4096
+    shallow = make_plan(**N32, rates=H100_PINNED, tile=(plan.bm, plan.bn, 4096), order=plan.order)
+    assert plan.predicted_seconds < shallow.predicted_seconds
+    # the memory traffic not counted, the fill of deeper panels is all they change
+    assert make_plan(**N32, rates=replace(H100_PINNED, memory_bytes=None)).bk <= 4096
+
+
+def test_the_last_waves_keep_tiles_large():
+    # without the waves, 4864 x 4864 tiles look as fast as 11008 x 11008 ones (they ran 2% and
+    # 20% slower with cuBLAS and bigmm's kernel); with them the planner keeps large tiles
+    plan = make_plan(**N32, rates=H100_PINNED)
+    assert min(plan.bm, plan.bn) >= 8192
+    small = make_plan(**N32, rates=H100_PINNED, tile=(4864, 4864, 8192), order="resident-a")
+    assert small.predicted_seconds > 1.03 * plan.predicted_seconds
+    no_waves = replace(H100_PINNED, wave_flops=None)
+    assert replace(small, rates=no_waves).predicted_seconds < 1.01 * replace(
+        plan, rates=no_waves).predicted_seconds
+
+
+@pytest.mark.parametrize("dim, parts, unit, edge", [
+    (1000, 4, 1, 250),      # even pieces
+    (1000, 3, 1, 334),      # rounded up: three pieces still cover dim
+    (1000, 3, 256, 512),    # then to whole units: two pieces cover dim
+    (100, 1, 256, 100),     # never more than dim
+    (5, 8, 1, 1),           # more parts than elements: one each
+])
+def test_even_edges_cover_the_dimension_in_whole_units(dim, parts, unit, edge):
+    assert even_edge(dim, parts, unit) == edge
+    assert -(-dim // edge) <= parts and (edge % unit == 0 or edge == dim)
