@@ -192,13 +192,3 @@ class TileChecksums:
             return None
         return Mismatch(tile.index, (tile.r0, tile.r1), (tile.c0, tile.c1), r[0], int(r[1]),
                         r[2], int(r[3]))
-
-
-def __getattr__(name: str):
-    """``Faults`` and ``flip_exponent`` moved to :mod:`bigmm.testing` (fault injection is a
-    test seam); still found here for callers that import them from this module."""
-    if name in ("Faults", "flip_exponent"):
-        from . import testing
-
-        return getattr(testing, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,6 +18,7 @@ import pytest
 
 import bigmm
 from bigmm import api, errors, job
+from bigmm.backends.numpy import NumpyBackend
 from bigmm.executor import RunStats
 from bigmm.plan import Plan, Rates, make_plan
 from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
@@ -403,7 +404,7 @@ def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, 
     False,  # separate passes over the panels: the tiles are chosen with them counted
 ])
 def test_checked_runs_plan_with_the_checks_costs(fuses):
-    class Checking(_StagingBackend):
+    class Checking(_StagingBackend, NumpyBackend):  # NumPy's checksums, GPU-like planning
         checksum_rate, checksum_step, fuses_checks = 1e10, 1e-4, fuses
 
     a, b = random_matrix((3000, 2500), np.float32), random_matrix((2500, 2000), np.float32, 1)
@@ -473,7 +474,10 @@ def test_inputs_are_read_with_the_backends_reader_threads_and_map_step(tmp_path)
             x.close()
 
     class Wide:  # a backend that names wider blocks for copies out of the maps (as the GPU's)
-        map_step = mapped.WIDE_STEP_BYTES
+        reader_threads, map_step = None, mapped.WIDE_STEP_BYTES
+
+        def gemm_threads(self):
+            return None
 
     closing = []
     A, B = job.open_inputs(a, b, closing, Wide())

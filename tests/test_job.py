@@ -36,11 +36,11 @@ ALPHA, BETA = 1.5, -0.5
 #: records (0: never), and sleep PAUSE seconds after each tile write (to overlap two runs).
 CLI = textwrap.dedent("""
     import os, signal, sys, time
-    from bigmm import executor
+    import bigmm.executor.tuning as tuning
     from bigmm.cli import main
     from bigmm.io import filesink, journal
 
-    executor.COMMIT_INTERVAL = 0  # one journal record per tile
+    tuning.COMMIT_INTERVAL = 0  # one journal record per tile
     kill_at, pause = int(sys.argv[1]), float(sys.argv[2])
     append, seen = journal.Journal.append, [0]
     def counted(self, record):

@@ -29,7 +29,6 @@ itself, and the whole command, whose plan first calibrates the backend within th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

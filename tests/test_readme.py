@@ -29,7 +29,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 #: Subcommands that take --backend (the test runs them on the NumPy backend).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
+from ..units import DTYPES
 from ._common import EXIT_ERROR
 
 BACKENDS = ("auto", "numpy", "cupy")
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("spec", help="output spec file.h5:/A")
     g.add_argument("--shape", nargs=2, type=int, required=True, metavar=("M", "N"),
                    help="rows and columns")
-    g.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+    g.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
                    help="element type (default: %(default)s)")
     g.add_argument("--layout", default=None, choices=("contiguous", "chunked", "compressed"),
                    help="storage (default: compressed with --compression, chunked with "
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "bigmm product is verified.")
     b.add_argument("--size", type=int, default=4000,
                    help="n for n x n operands (default: %(default)s)")
-    b.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    b.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
+                   help="element type (default: %(default)s)")
     b.add_argument("--memory", default=None, help="device budget (default: a quarter of the inputs)")
     b.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="auto: cupy where a GPU is usable (default: %(default)s)")

@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..units import format_bytes, format_seconds, parse_size
+from ..units import DTYPES, format_bytes, format_seconds, parse_size
 from ._common import EXIT_FAIL
 from .report import format_summary, progress_reporter, run_summary
 from .run import backend_info, backend_name
@@ -23,7 +23,7 @@ def cmd_generate(args) -> int:
                     overwrite=args.overwrite)
     m, n = parse_shape(args.shape)
     lay = describe_layout(parse_layout(args.layout, chunks, args.compression, (m, n)))
-    size = m * n * (4 if args.dtype == "float32" else 8)
+    size = m * n * DTYPES[args.dtype]
     print(f"wrote {spec}: {m} x {n} {args.dtype}, {lay}, {format_bytes(size)}, "
           f"seed {args.seed}, in {format_seconds(time.perf_counter() - t0)}")
     return 0
@@ -79,7 +79,7 @@ def cmd_bench(args) -> int:
     from ..verify import verify
 
     n = _positive(args.size, "--size")
-    w = 4 if args.dtype == "float32" else 8
+    w = DTYPES[args.dtype]
     name = backend_name(args.backend)
     with _workdir(args.dir) as d:
         a, b, c = (f"{d / 'bench.h5'}:/{x}" for x in "ABC")

@@ -10,11 +10,11 @@ from ..job import parse_scalar
 from ..backends import BACKENDS
 from ..errors import BackendUnavailable, DtypeError, ShapeError
 from ..plan import make_plan
-from ..units import parse_size
+from ..units import DTYPES, parse_size
 from ._common import backend as _backend
 from ._common import dask_array as _dask_array
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOATS = tuple(np.dtype(name) for name in DTYPES)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from ..checksum import parse_verify
 from ..errors import BudgetError, Interrupted, OptionError
 from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
 from ..io.region import RawRegion, RegionSink
-from ..plan import Plan, Tile, make_plan
+from ..plan import Plan, Tile, even_edge, make_plan
 from ._common import RESOURCE
 from ._common import distributed as _distributed
 
@@ -91,10 +91,9 @@ class _Region(io.Source):
 
 
 def _split(dim: int, parts: int, unit: int) -> int:
-    """The sub-tile edge that splits ``dim`` into about ``parts``: ceil(dim / parts) rounded up
-    to a multiple of ``unit``, or of dim // parts where ``dim`` is shorter than parts units."""
-    unit = max(1, min(unit, dim // parts))
-    return min(dim, -(-(-(-dim // parts)) // unit) * unit)
+    """The sub-tile edge that splits ``dim`` into about ``parts``: the planner's even edge in
+    whole ``unit``s, or in dim // parts where ``dim`` is shorter than parts units."""
+    return even_edge(dim, parts, max(1, min(unit, dim // parts)))
 
 
 def _edge(chunks, axis: int, trans: bool) -> int:

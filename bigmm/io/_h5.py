@@ -15,6 +15,7 @@ except ImportError:  # pragma: no cover
     pass
 
 from ..errors import DtypeError, ShapeError
+from ..units import DTYPES
 
 #: Serialises every h5py call made by bigmm's I/O threads (h5py is not parallel anyway; the lock
 #: keeps multi-call sequences such as select + read atomic).
@@ -26,7 +27,7 @@ COMPLETE_ATTR = "bigmm_complete"
 #: (JSON), so that resuming it again knows it is complete.
 JOB_ATTR = "bigmm_job"
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+FLOAT_DTYPES = tuple(np.dtype(name) for name in DTYPES)
 
 
 def dtype_name(dtype: np.dtype) -> str:

@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 
 from ..errors import DtypeError, OptionError, OutputExistsError, OutputNotWritable, ShapeError
+from ..units import DTYPES
 from ._h5 import COMPLETE_ATTR
 from .spec import parse_spec
 
@@ -28,7 +29,6 @@ UNIT = 1 << 16
 BLOCK_ELEMENTS = 1 << 23
 LAYOUTS = ("contiguous", "chunked", "compressed")
 COMPRESSIONS = ("gzip", "zstd", "lz4")
-DTYPES = ("float32", "float64")
 #: Default chunk edge for chunked and compressed layouts.
 CHUNK_EDGE = 512
 

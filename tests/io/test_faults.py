@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ import bigmm
 from bigmm import api, executor, io
 from bigmm.cli import main
 from bigmm.errors import DiskFullError, IncompleteOutputError, OutputExistsError, ReadError
-from bigmm.io import journal, mapped, rawio, source
+from bigmm.io import journal, mapped, rawio
 from bigmm.testing import (Unavailable, fail_after, mount_prefix, random_matrix, sha256,
                            small_filesystem)
 
