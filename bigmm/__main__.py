@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from ._command import run
 
-sys.exit(main())
+sys.exit(run())

@@ -21,7 +21,7 @@ from .errors import OptionError, OutputTooLarge
 from .executor import STAGES, Progress, RunStats, execute
 from .job import (complete_stats, open_inputs, open_output, parse_io_threads, parse_scalar,
                   plan_job, resolve_backend)
-from .plan import Plan
+from .planner import Plan
 from .profile import Profile
 from .units import format_bytes
 

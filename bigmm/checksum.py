@@ -42,7 +42,7 @@ import numpy as np
 
 from .backends.base import Checksums, GemmChecks
 from .errors import OptionError
-from .plan import C_SLOTS, Plan, Step, Tile
+from .planner import C_SLOTS, Plan, Step, Tile
 from .runstats import Mismatch
 
 #: Values ``verify=`` takes (None: no checks).

@@ -14,7 +14,7 @@ from .backends import Calibrates, Checksums, HostHints, get_backend
 from .backends.numpy import memory_available as host_memory_available
 from .errors import DtypeError, OptionError, ResumeError, ShapeError
 from .executor import RunStats, in_place
-from .plan import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
+from .planner import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
 from .units import parse_size
 
 #: Without a budget, the compute side may use this share of the memory the backend reports.

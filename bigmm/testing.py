@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OptionError
-from .plan import Plan, Step
+from .planner import Plan, Step
 
 
 @functools.lru_cache(maxsize=1)

@@ -39,7 +39,7 @@ import bigmm  # noqa: E402
 from bigmm.backends import get_backend  # noqa: E402
 from bigmm.executor import execute  # noqa: E402
 from bigmm import io  # noqa: E402
-from bigmm.plan import make_plan  # noqa: E402
+from bigmm.planner import make_plan  # noqa: E402
 
 
 def _variant(spec: str, arrays: dict, memory: str):

@@ -29,7 +29,7 @@ import sys
 import time
 
 from bigmm.errors import BigmmError
-from bigmm.plan import Rates, cpu_step_bytes, make_plan
+from bigmm.planner import Rates, cpu_step_bytes, make_plan
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

@@ -20,7 +20,7 @@ import bigmm
 from bigmm import api, errors, job
 from bigmm.backends.numpy import NumpyBackend
 from bigmm.executor import RunStats
-from bigmm.plan import Plan, Rates, make_plan
+from bigmm.planner import Plan, Rates, make_plan
 from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
                             wait_for_journaled_tiles)
 
@@ -433,7 +433,7 @@ def test_cpu_matmul_plans_by_bytes_as_plan_does(tmp_path):
     # on the CPU plan() calibrates for its predicted time only: the tiles are matmul's
     a, b = random_matrix((300, 200), np.float32), random_matrix((200, 250), np.float32, 1)
     from bigmm.backends.numpy import NumpyBackend
-    from bigmm.plan import cpu_step_bytes
+    from bigmm.planner import cpu_step_bytes
 
     p = bigmm.plan(a, b, memory="200KiB", backend="numpy")
     fresh = make_plan(300, 250, 200, device_budget=200 * 1024, host_budget=200 * 1024,
@@ -487,3 +487,24 @@ def test_inputs_are_read_with_the_backends_reader_threads_and_map_step(tmp_path)
     finally:
         for x in closing:
             x.close()
+
+
+def test_import_bigmm_reaches_what_the_readme_names():
+    # in a fresh interpreter: the package is quick to import, and its parts are reachable
+    code = textwrap.dedent("""
+        import sys, time
+        t0 = time.perf_counter()
+        import bigmm
+        quick = time.perf_counter() - t0
+        assert "numpy" not in sys.modules and "h5py" not in sys.modules, sorted(sys.modules)
+        assert callable(bigmm.matmul) and callable(bigmm.plan)
+        import bigmm.planner  # the planner package does not hide the API's plan()
+        assert callable(bigmm.plan) and bigmm.plan.__module__ == "bigmm.api"
+        assert callable(bigmm.verify.verify) and callable(bigmm.io.generate.generate)
+        assert callable(bigmm.dask.matmul) and issubclass(bigmm.errors.ShapeError, ValueError)
+        print(quick)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) < 0.1

@@ -18,7 +18,7 @@ from bigmm.checksum import FUSED_ROUNDINGS, Mismatch, bounds, parse_verify
 from bigmm.cli import main
 from bigmm.errors import ChecksumError, OptionError
 from bigmm.executor import execute
-from bigmm.plan import make_plan
+from bigmm.planner import make_plan
 from bigmm.testing import (Faults, flip_exponent, random_matrix, reference_gemm, relative_error,
                            tolerance)
 

@@ -292,3 +292,38 @@ def test_profile_without_matplotlib_says_so(tmp_path, capsys, operands):
                        "numpy", "--profile", tmp_path / "prof")
     assert rc == 0 and "no timeline PNG" in err and "matplotlib" in err, err
     assert (tmp_path / "prof.trace.json").exists() and not (tmp_path / "prof.png").exists()
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.15, 0.3, 0.6])
+def test_ctrl_c_while_starting_prints_no_traceback(tmp_path, delay):
+    # SIGINT while Python loads bigmm, opens the inputs and plans: one line, exit 130
+    a, b = (f"{tmp_path / 's.h5'}:/{x}" for x in "AB")
+    for spec, seed in ((a, 1), (b, 2)):
+        assert _bigmm("generate", spec, "--shape", 300, 300, "--seed", seed).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "bigmm", "multiply", a, b, "-o",
+                             f"{tmp_path / 'c.h5'}:/C", "--backend", "numpy"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode in (0, 130), err  # 0: it had finished
+    if proc.returncode == 130:
+        assert err.strip().splitlines()[-1].startswith("bigmm: error: interrupted"), err
+
+
+def test_a_second_ctrl_c_still_exits_130(tmp_path):
+    a, b = (f"{tmp_path / 'd.h5'}:/{x}" for x in "AB")
+    for spec, seed in ((a, 1), (b, 2)):
+        assert _bigmm("generate", spec, "--shape", 1200, 1200, "--seed", seed).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "bigmm", "multiply", a, b, "-o",
+                             f"{tmp_path / 'c.h5'}:/C", "--backend", "numpy", "--memory",
+                             "200KB"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(tmp_path.glob("*.bigmm-journal")):
+        time.sleep(0.02)
+    for _ in range(2):  # twice, 30 ms apart: the second lands while the first is handled
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.03)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err

@@ -30,7 +30,7 @@ from bigmm.errors import (BackendUnavailable, BudgetError, DtypeError, Interrupt
                           OptionError, OutputExistsError, ShapeError)
 from bigmm.io.journal import journal_path, parse_journal  # noqa: E402
 from bigmm.io.spec import parse_spec  # noqa: E402
-from bigmm.plan import make_plan  # noqa: E402
+from bigmm.planner import make_plan  # noqa: E402
 from bigmm.testing import (gpu_available, random_matrix, reference_gemm,  # noqa: E402
                            relative_error, tolerance)
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import bigmm
 from bigmm.errors import BudgetError
-from bigmm.plan import make_plan
+from bigmm.planner import make_plan
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
 
 FUZZ = settings(max_examples=50, deadline=None,

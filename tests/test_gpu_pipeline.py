@@ -19,7 +19,7 @@ import pytest
 
 import bigmm
 from bigmm.errors import OptionError
-from bigmm.plan import make_plan
+from bigmm.planner import make_plan
 from bigmm.profile import Profile
 from bigmm.testing import (pinned_array, random_matrix, reference_gemm, relative_error, tolerance,
                             wait_for_journaled_tiles)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import DtypeError, ShapeError
-from ..plan.model import Rates
+from ..planner.model import Rates
 from ..units import DTYPES
 
 #: The dtypes every backend's gemm takes.

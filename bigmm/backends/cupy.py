@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import KernelError, OptionError, ShapeError
 from ..io.mapped import WIDE_STEP_BYTES
-from ..plan.model import READ_RATE, WRITE_RATE, Rates
+from ..planner.model import READ_RATE, WRITE_RATE, Rates
 from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
 
 #: Names ``kernel=`` accepts.

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import BackendUnavailable, OptionError, ShapeError
-from ..plan.model import READ_RATE, WRITE_RATE, Rates
+from ..planner.model import READ_RATE, WRITE_RATE, Rates
 from .base import check_gemm_dtypes, flat_view, gemm_shape
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112

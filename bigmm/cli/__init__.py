@@ -23,7 +23,8 @@ def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     try:
         return _main(argv)
-    except KeyboardInterrupt:  # a second Ctrl-C while the first one was being handled
+    except KeyboardInterrupt:  # outside a command's own handling (parsing), or a second one
+        err("interrupted")
         return EXIT_INTERRUPTED
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from ..job import parse_scalar
 from ..backends import BACKENDS
 from ..errors import BackendUnavailable, DtypeError, ShapeError
-from ..plan import make_plan
+from ..planner import make_plan
 from ..units import DTYPES, parse_size
 from ._common import backend as _backend
 from ._common import dask_array as _dask_array

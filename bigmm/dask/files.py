@@ -30,7 +30,7 @@ from ..checksum import parse_verify
 from ..errors import BudgetError, Interrupted, OptionError
 from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
 from ..io.region import RawRegion, RegionSink
-from ..plan import Plan, Tile, even_edge, make_plan
+from ..planner import Plan, Tile, even_edge, make_plan
 from ._common import RESOURCE
 from ._common import distributed as _distributed
 

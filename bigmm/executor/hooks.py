@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol
 from ..backends.base import GemmChecks
 from ..checksum import Mismatch, TileChecksums
 from ..errors import ChecksumError
-from ..plan import Plan, Step, Tile
+from ..planner import Plan, Step, Tile
 
 
 class Hook(Protocol):

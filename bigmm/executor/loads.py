@@ -26,8 +26,8 @@ from ..backends.base import rows_contiguous
 from ..errors import BigmmError, ReadError
 from ..io.sink import ArraySink
 from ..io.source import ArraySource
-from ..plan import Plan, Step
-from ..plan.schedule import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD
+from ..planner import Plan, Step
+from ..planner.schedule import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD
 from ..runstats import Tally
 from .tuning import RAMP, io_pieces, split_range
 

@@ -31,7 +31,7 @@ import numpy as np
 from ..backends.base import Checksums
 from ..checksum import parse_verify
 from ..errors import DtypeError, Interrupted, OptionError, ShapeError
-from ..plan import Plan, Step
+from ..planner import Plan, Step
 from ..runstats import STAGES, Progress, RunStats, StageClock, Tally
 from .hooks import Checks, Hook
 from .loads import Entry, Loader, Slots, direct_arrays, k_axis, k_slice

@@ -1,7 +1,7 @@
 """The pipeline's tuning: how the executor cuts its work into pieces, and how often it commits.
 
 The pipeline's slots and its look-ahead window are part of the schedule
-(:mod:`bigmm.plan.schedule`), which sizes the plan's memory by them and whose model simulates
+(:mod:`bigmm.planner.schedule`), which sizes the plan's memory by them and whose model simulates
 them; what is here the model does not count.
 """
 

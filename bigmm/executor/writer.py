@@ -9,7 +9,7 @@ import threading
 import time
 
 from ..errors import BigmmError, WriteError
-from ..plan import Tile
+from ..planner import Tile
 from ..runstats import Tally
 from . import tuning
 from .tuning import io_pieces

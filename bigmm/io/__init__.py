@@ -4,15 +4,17 @@
 * :func:`open_input` -> :class:`Source`: thread-safe ``read(r0, r1, c0, c1, out)``.
 * :func:`open_output` -> :class:`Sink`: ``write``/``commit``/``finish`` with a resume journal.
 * :func:`read_journal`: the job recorded for an interrupted output.
+* :mod:`.generate`: seeded random operands (``bigmm.io.generate.generate``).
 """
 
 from __future__ import annotations
 
+from . import generate
 from .layout import Layout, probe_layout
 from .output import open_output, read_journal
 from .sink import Sink
 from .source import Source, open_input
 from .spec import Spec, parse_spec
 
-__all__ = ["Layout", "Sink", "Source", "Spec", "open_input", "open_output", "parse_spec",
-           "probe_layout", "read_journal"]
+__all__ = ["Layout", "Sink", "Source", "Spec", "generate", "open_input", "open_output",
+           "parse_spec", "probe_layout", "read_journal"]

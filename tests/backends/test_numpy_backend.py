@@ -11,7 +11,7 @@ from bigmm.backends import BACKENDS, get_backend, probe_cuda
 from bigmm.backends.base import Backend, Calibrates, Checksums, HostHints, Profiles
 from bigmm.backends.numpy import NumpyBackend, memory_available
 from bigmm.errors import BackendUnavailable, DtypeError, ShapeError
-from bigmm.plan import READ_RATE, WRITE_RATE
+from bigmm.planner import READ_RATE, WRITE_RATE
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
 
 TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]

@@ -19,7 +19,7 @@ import numpy as np
 from bigmm import io
 from bigmm.backends.numpy import NumpyBackend
 from bigmm.executor import execute
-from bigmm.plan import make_plan
+from bigmm.planner import make_plan
 from bigmm.testing import random_matrix, reference_gemm
 
 

@@ -19,8 +19,8 @@ from bigmm.errors import Interrupted, ReadError, ShapeError
 from bigmm.executor import STAGES, Progress, RunStats, execute
 from bigmm.executor import loads
 from bigmm.executor.tuning import DRAIN, RAMP, split_range
-from bigmm.plan import make_plan
-from bigmm.plan.schedule import MAX_LOOKAHEAD
+from bigmm.planner import make_plan
+from bigmm.planner.schedule import MAX_LOOKAHEAD
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
 
 

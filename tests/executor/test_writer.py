@@ -14,7 +14,7 @@ from bigmm.errors import WriteError
 from bigmm.executor import execute
 from bigmm.executor.tuning import DRAIN, split_range
 from bigmm.io.sink import ArraySink
-from bigmm.plan import make_plan
+from bigmm.planner import make_plan
 from bigmm.testing import random_matrix
 
 

@@ -5,10 +5,10 @@ Without rates it picks the fewest bytes moved, counting as moved the pipeline's 
 first panels) and drain (the last C tile), which no overlap hides, and a fixed cost per gemm;
 ties go to fewer tiles, then larger K panels.
 
-With :class:`~bigmm.plan.model.Rates` it picks the shortest predicted time (ties: the byte
+With :class:`~bigmm.planner.model.Rates` it picks the shortest predicted time (ties: the byte
 order above), the makespan of the pipeline model. Candidates are simulated in order of a
 quick estimate, at most SIM_PLANS of them, skipping any whose lower bound
-(:class:`~bigmm.plan.model.StageTimes`) exceeds the best time found. The byte objective cannot
+(:class:`~bigmm.planner.model.StageTimes`) exceeds the best time found. The byte objective cannot
 see that a plan reading all of A before its first tile can compute waits for it; the time
 does. The plan chosen holds its rates, and its predicted time was computed while choosing.
 """

@@ -4,7 +4,7 @@ A plan's predicted time is the makespan of a step-level model of the executor's 
 (:func:`simulate`): read -> copy in -> gemm -> copy out -> write, each stage one server taking
 its work in schedule order, a load waiting for its slot's previous user (host staging slots,
 the order's device slots, the C slots) and for the executor's look-ahead window (the slots
-and the window are the schedule's: :mod:`bigmm.plan.schedule`). Schedules longer than
+and the window are the schedule's: :mod:`bigmm.planner.schedule`). Schedules longer than
 SIM_STEPS steps are simulated over a prefix of whole rows or tiles and extrapolated
 (:func:`predict_seconds`). :class:`StageTimes` gives each stage's busy time, bounds on the
 makespan and a quick guess of it, by which the search orders the candidates it simulates.

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from plan_cases import plan_or_none, problems
 
-from bigmm.plan import make_plan
+from bigmm.planner import make_plan
 
 
 @settings(max_examples=150, deadline=None)

@@ -12,9 +12,9 @@ from plan_cases import (GiB, H100_ARRAYS, H100_DISK, H100_PINNED, N32, plan_or_n
                         rates)
 
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
-from bigmm.plan import make_plan
-from bigmm.plan.model import predict_seconds, stage_times
-from bigmm.plan.search import STEP_COST_BYTES, cpu_step_bytes, even_edge
+from bigmm.planner import make_plan
+from bigmm.planner.model import predict_seconds, stage_times
+from bigmm.planner.search import STEP_COST_BYTES, cpu_step_bytes, even_edge
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,7 +1,7 @@
 """The schedule: a frozen, printable Plan for C = alpha * op(A) @ op(B) + beta * C.
 
 Pure and shape-only: no h5py, no cupy, no I/O, and no model of time (a plan's predicted time
-comes from the rates it holds: see :mod:`bigmm.plan.model`). The executor runs a Plan step by
+comes from the rates it holds: see :mod:`bigmm.planner.model`). The executor runs a Plan step by
 step; every step names the C tile, the K panel, and the device slots its A and B panels live
 in, and whether each panel must be loaded or is already resident. Slot assignment is decided
 here, so the executor never decides what fits: the bytes resident are those the Plan printed.
@@ -41,7 +41,7 @@ MAX_LOOKAHEAD = 64
 
 
 class Timing(Protocol):
-    """What a plan's predicted time comes from: :class:`bigmm.plan.model.Rates`."""
+    """What a plan's predicted time comes from: :class:`bigmm.planner.model.Rates`."""
 
     def makespan(self, plan: Plan) -> float:
         """Seconds the pipeline takes to run ``plan``."""
@@ -294,7 +294,7 @@ class Plan:
     @property
     def predicted_seconds(self) -> float | None:
         """The makespan its ``rates`` predict (the pipeline model:
-        :func:`bigmm.plan.model.predict_seconds`); None without rates."""
+        :func:`bigmm.planner.model.predict_seconds`); None without rates."""
         if self.rates is None:
             return None
         if "_predicted" not in self.__dict__:  # frozen: cache beside the fields

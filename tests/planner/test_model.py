@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from plan_cases import GiB, H100_ARRAYS, H100_PINNED, N32, plan_or_none, problems, rates
 
-from bigmm.plan import ORDERS, make_plan
-from bigmm.plan.model import (RATE_STEPS, SIM_STEPS, STEP_SECONDS, predict_seconds, simulate,
+from bigmm.planner import ORDERS, make_plan
+from bigmm.planner.model import (RATE_STEPS, SIM_STEPS, STEP_SECONDS, predict_seconds, simulate,
                               snap_rate, stage_times)
 
 

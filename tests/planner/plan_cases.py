@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from bigmm.errors import BudgetError
-from bigmm.plan import Rates, make_plan
+from bigmm.planner import Rates, make_plan
 
 dims = st.integers(min_value=1, max_value=700)
 

@@ -1,0 +1,35 @@
+"""The ``bigmm`` command's entry point: imports the command line inside its own guard, so that
+Ctrl-C while Python is still loading it ends quietly (exit 130), like Ctrl-C anywhere later;
+once the command has returned, a further Ctrl-C ends the process at once with its status
+(the output is already journaled or complete: nothing is left to clean up but threads)."""
+
+import atexit
+import os
+import signal
+import sys
+
+
+def _unraisable(info) -> None:
+    """Ctrl-C landing in a callback that cannot raise (a weakref's, during an import) is the
+    same interruption, already on its way: nothing to print."""
+    if not isinstance(info.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(info)
+
+
+def run() -> int:
+    sys.unraisablehook = _unraisable
+    code = 130
+    try:
+        from .cli import main
+
+        code = main()
+    except KeyboardInterrupt:  # while loading, or between main's own handlers
+        try:
+            print("bigmm: error: interrupted", file=sys.stderr)
+        except KeyboardInterrupt:
+            pass
+    # ending: a Ctrl-C while threads are joined exits at once; after that, Python restores the
+    # default action for SIGINT (death by the signal) unless it is ignored
+    signal.signal(signal.SIGINT, lambda *_: os._exit(code))
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+    return code
