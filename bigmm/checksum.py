@@ -173,9 +173,11 @@ class TileChecksums:
             k, dt = self.plan.k, np.dtype(self.plan.dtype)
             return [be.sums_launcher(c, act_col), be.sums_launcher(c.T, act_row),
                     be.compare_launcher(col, col_abs, act_col,
-                                        *bounds(self.eps, dt, k, self.panels, rows), res[0:2]),
+                                        *bounds(self.eps, dt, k, self.panels, rows), res[0:2],
+                                        limit=float(np.finfo(dt).max)),
                     be.compare_launcher(row, row_abs, act_row,
-                                        *bounds(self.eps, dt, k, self.panels, cols), res[2:4])]
+                                        *bounds(self.eps, dt, k, self.panels, cols), res[2:4],
+                                        limit=float(np.finfo(dt).max))]
 
         self._issue(("finish", st.c_slot, st.tile.shape), make, stream)
 

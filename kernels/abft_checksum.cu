@@ -28,7 +28,8 @@
 // abft_compare: one block; result[0] = max_j |expected_j - actual_j| / (rel_tol *
 // magnitude_j + floor), result[1] = its j (-1 when n == 0). A non-finite expected or
 // magnitude (Inf or NaN in the inputs) cannot be checked and counts 0; a non-finite actual
-// against a finite expected counts +Inf.
+// against a finite expected counts +Inf, unless magnitude_j * (1 + rel_tol) reaches limit
+// (the dtype's largest finite value): an element of C may then truly have overflowed.
 #include "common.cuh"
 
 namespace {
@@ -287,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(TILE * ROWS, MIN_BLOCKS)
 extern "C" __global__ void __launch_bounds__(256)
     abft_compare(int n, const double* __restrict__ expected,
                  const double* __restrict__ magnitude, const double* __restrict__ actual,
-                 double rel_tol, double floor, double* __restrict__ result) {
+                 double rel_tol, double floor, double limit, double* __restrict__ result) {
     __shared__ double worst[256];
     __shared__ int where[256];
     double best = -1.0;
@@ -298,7 +299,8 @@ extern "C" __global__ void __launch_bounds__(256)
         if (!(fabs(e) <= MAX_FINITE && fabs(m) <= MAX_FINITE)) {
             ratio = 0.0;  // Inf or NaN in the inputs: nothing to check against
         } else if (!(fabs(a) <= MAX_FINITE)) {
-            ratio = __longlong_as_double(0x7ff0000000000000LL);  // +Inf
+            ratio = m * (1.0 + rel_tol) >= limit ? 0.0  // a true overflow may be in it
+                                                 : __longlong_as_double(0x7ff0000000000000LL);
         } else {
             ratio = fabs(e - a) / (rel_tol * m + floor);
         }

@@ -209,6 +209,53 @@ def test_compare_sums_non_finite():
     assert tuple(res) == (0.0, 0.0)
 
 
+def test_compare_sums_where_c_may_truly_overflow():
+    be = NumpyBackend()
+    res = np.zeros(2)
+    lim = float(np.finfo(F32).max)
+    expected = np.array([1.0, 5e38, 3.0])
+    actual = np.array([1.0, np.inf, 3.0])
+    # column 1's magnitude reaches float32's limit: its Inf may be true, not a fault
+    be.compare_sums(expected, np.array([1.0, 5e38, 3.0]), actual, 1e-6, 0.0, res, limit=lim)
+    assert tuple(res) == (0.0, 0.0)
+    # the same Inf where the magnitude could not overflow: a fault
+    be.compare_sums(expected, np.array([1.0, 3e38, 3.0]), actual, 1e-6, 0.0, res, limit=lim)
+    assert res[0] == np.inf and res[1] == 1
+
+
+@pytest.mark.parametrize("backend", [
+    "numpy",                                                             # the CPU
+    pytest.param("cupy", marks=pytest.mark.gpu),                         # the GPU's kernels
+])
+def test_a_true_overflow_passes_and_a_fault_is_still_caught(backend):
+    m, n, k = 130, 110, 96
+    a, b = random_matrix((m, k), F32, 1), random_matrix((k, n), F32, 2)
+    a[3, :], b[:, 5] = 3e19, 3e19  # C[3, 5] = 96 * 9e38: +Inf in float32, for real
+    be = get_backend(backend)
+    try:
+        p = make_plan(m, n, k, "float32", device_budget=60_000, host_budget=60_000,
+                      staging=be.staging)
+        outs = []
+        for faults in (None, Faults(where="C", tile=(p.ni - 1, p.nj - 1), element=(1, 1))):
+            c = np.full((m, n), np.nan, F32)
+            A, B = io.open_input(a, name="A"), io.open_input(b, name="B")
+            sink = io.open_output(c, shape=(m, n), dtype=np.dtype(F32), inputs=[A, B], job={})
+            stats = execute(p, A, B, sink, be, verify="checksum", faults=faults)
+            outs.append((stats, c))
+    finally:
+        be.close()
+    (clean, c), (faulty, c2) = outs
+    assert p.n_tiles > 4 and clean.tiles_checked == p.n_tiles
+    assert clean.checksum_mismatches == 0 and clean.tiles_recomputed == 0  # no cry of wolf
+    assert np.isposinf(c[3, 5]) and np.isfinite(np.delete(c.ravel(), 3 * n + 5)).all()
+    ref = reference_gemm(a, b)
+    mask = np.abs(ref) < np.finfo(F32).max
+    assert relative_error(c[mask], ref[mask]) < tolerance(F32, k)
+    # a flipped exponent in a tile without a true overflow is caught and recomputed
+    assert faulty.checksum_mismatches == 1 and faulty.tiles_recomputed == 1
+    np.testing.assert_array_equal(c2, c)
+
+
 def test_bounds_scale_with_k_eps_and_the_summed_dimension():
     r32, f32 = bounds(np.finfo(F32).eps, np.dtype(F32), 1000, 4, 256)
     r64, _ = bounds(np.finfo(F64).eps, np.dtype(F64), 1000, 4, 256)

@@ -147,15 +147,18 @@ class Checksums(Protocol):
         step do)."""
 
     def compare_launcher(self, expected: Any, magnitude: Any, actual: Any, rel_tol: float,
-                         floor: float, result: Any) -> Callable[[Any], None]:
+                         floor: float, result: Any,
+                         limit: float = float("inf")) -> Callable[[Any], None]:
         """``compare_sums`` set up once, like :meth:`sums_launcher`."""
 
     def compare_sums(self, expected: Any, magnitude: Any, actual: Any, rel_tol: float,
-                     floor: float, result: Any, stream: Any) -> None:
+                     floor: float, result: Any, stream: Any,
+                     limit: float = float("inf")) -> None:
         """``result[0] = max_j |expected_j - actual_j| / (rel_tol * magnitude_j + floor)``,
         ``result[1]`` = that j (-1 for empty vectors), on ``stream``. Non-finite expected or
-        magnitude counts 0 (nothing to check against); non-finite actual against a finite
-        expected counts +inf."""
+        magnitude counts 0 (nothing to check against). Non-finite actual counts +inf, unless
+        ``magnitude_j * (1 + rel_tol)`` reaches ``limit`` (the dtype's largest finite value):
+        then an element of C may truly have overflowed, and it counts 0."""
 
     def epsilon(self, dtype: np.dtype) -> float:
         """Relative rounding unit of one product term of ``gemm`` (the dtype's machine

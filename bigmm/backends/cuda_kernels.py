@@ -893,7 +893,8 @@ def compare_sums(expected, magnitude, actual, rel_tol: float, floor: float, resu
         stream if stream is not None else cupy.cuda.get_current_stream())
 
 
-def prepare_compare(expected, magnitude, actual, rel_tol: float, floor: float, result):
+def prepare_compare(expected, magnitude, actual, rel_tol: float, floor: float, result,
+                    limit: float = float("inf")):
     """:func:`compare_sums` checked and set up once: ``launch(stream)`` issues it."""
     import numpy as np
 
@@ -902,7 +903,8 @@ def prepare_compare(expected, magnitude, actual, rel_tol: float, floor: float, r
                                                 (actual, "actual"))]
     res = _vector(result, 2, "result")
     kern = raw_kernel(_CHECKSUM_SOURCE, "abft_compare")
-    kargs = (np.int32(n), *args, np.float64(rel_tol), np.float64(floor), res)
+    kargs = (np.int32(n), *args, np.float64(rel_tol), np.float64(floor), np.float64(limit),
+             res)
 
     def launch(stream) -> None:
         with stream:

@@ -344,16 +344,17 @@ class CupyBackend:
         return self._launcher(launch, f"checksum {x.shape[0]}x{x.shape[1]}")
 
     def compare_sums(self, expected, magnitude, actual, rel_tol: float, floor: float, result,
-                     stream=None) -> None:
-        self.compare_launcher(expected, magnitude, actual, rel_tol, floor, result)(stream)
+                     stream=None, limit: float = float("inf")) -> None:
+        self.compare_launcher(expected, magnitude, actual, rel_tol, floor, result,
+                              limit)(stream)
 
     def compare_launcher(self, expected, magnitude, actual, rel_tol: float, floor: float,
-                         result):
+                         result, limit: float = float("inf")):
         from . import cuda_kernels
 
         with self._device:
             launch = cuda_kernels.prepare_compare(expected, magnitude, actual, rel_tol, floor,
-                                                  result)
+                                                  result, limit)
         return self._launcher(launch, "checksum compare")
 
     def _launcher(self, launch, label: str, flops: int = 0):

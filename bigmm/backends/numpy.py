@@ -199,15 +199,16 @@ class NumpyBackend:
         return lambda stream=None: self.weighted_sums(x, out, out_abs, **options)
 
     def compare_launcher(self, expected, magnitude, actual, rel_tol: float, floor: float,
-                         result) -> Callable:
+                         result, limit: float = float("inf")) -> Callable:
         return lambda stream=None: self.compare_sums(expected, magnitude, actual, rel_tol,
-                                                     floor, result)
+                                                     floor, result, limit=limit)
 
     def compare_sums(self, expected, magnitude, actual, rel_tol: float, floor: float, result,
-                     stream: Any = None) -> None:
+                     stream: Any = None, limit: float = float("inf")) -> None:
         with np.errstate(invalid="ignore", over="ignore"):
             ratio = np.abs(expected - actual) / (rel_tol * magnitude + floor)
-        ratio[~np.isfinite(actual)] = np.inf
+            may_overflow = magnitude * (1.0 + rel_tol) >= limit
+        ratio[~np.isfinite(actual)] = np.where(may_overflow, 0.0, np.inf)[~np.isfinite(actual)]
         ratio[~(np.isfinite(expected) & np.isfinite(magnitude))] = 0.0
         at = int(np.argmax(ratio)) if ratio.size else -1
         result[0] = ratio[at] if ratio.size else 0.0
