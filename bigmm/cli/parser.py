@@ -54,8 +54,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "(one per GPU where GPUs are usable)")
     m.set_defaults(func=cmd_multiply)
 
-    pl = sub.add_parser("plan", parents=[common], help="dry run: print the plan, write nothing",
-                        description="Print the schedule and the predicted time; write nothing.")
+    pl = sub.add_parser(
+        "plan", parents=[common], help="dry run: print the plan, write nothing",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print the schedule and the predicted time; write nothing.",
+        epilog="How to read it:\n"
+               "  C tiles       C is computed in tiles of bm x bn, each kept on the device while\n"
+               "                it accumulates over K\n"
+               "  K panels      each tile's depth K in panels of bk: a panel of A (bm x bk) and of\n"
+               "                B (bk x bn) per step\n"
+               "  loop order    stream: A and B panels read for every tile; resident-a/-b: a row\n"
+               "                panel of A (column panel of B) stays on the device while the other\n"
+               "                operand's panels stream past it\n"
+               "  slots         buffers on the device (and in pinned host memory) per operand:\n"
+               "                two or more let the next panel load while one computes\n"
+               "  read          bytes read from A and B (x2: each read twice)\n"
+               "  lower bound   the fewest bytes any schedule under this budget must read\n"
+               "                (Hong & Kung), or reading each input once if that is more")
     _operands(pl)
     pl.add_argument("-o", "--out", default=None, metavar="C", help="output spec (optional)")
     _job_options(pl)

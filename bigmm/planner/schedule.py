@@ -335,7 +335,10 @@ class Plan:
             ("flops", f"{self.flops:.3e}"),
         ]
         if self.a_chunks or self.b_chunks:
-            rows.append(("input chunks", f"A {self.a_chunks}, B {self.b_chunks}"))
+            def chunks(c) -> str:
+                return f"{c[0]} x {c[1]}" if c else "none (contiguous)"
+
+            rows.append(("input chunks", f"A {chunks(self.a_chunks)}, B {chunks(self.b_chunks)}"))
         t = self.predicted_seconds
         if t is not None:
             rows.append(("predicted time", format_seconds(t)))
