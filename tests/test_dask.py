@@ -554,8 +554,13 @@ def test_cli_scheduler_and_workers(client, tmp_path, capsys):
         rc = cli.main(["multiply", sa, sb, "-o", sc, "--memory", "64KiB", "--backend", "numpy",
                        "--json", *where])
         assert rc == 0
-        summary = json.loads(capsys.readouterr().out)
+        out, err = capsys.readouterr()
+        summary = json.loads(out)
         assert summary["workers"] == (2 if i == 0 else 1)
+        # a log without a terminal: the dashboard's address, then progress lines
+        lines = err.strip().splitlines()
+        assert lines[0].startswith("bigmm: dask dashboard at http"), err
+        assert lines[-1].startswith("bigmm: 100% ("), err
         assert summary["backend"] == "numpy" and summary["tiles_done"] == summary["tiles_total"]
         assert relative_error(_read(sc)[0], ref) <= tolerance(np.float32, 90)
 
