@@ -350,14 +350,16 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
     // Fragments stay in registers while their wgmmas run: 3xTF32 alternates two sets over the
     // k-steps, pipelined TF32 keeps one set per k-step.
     unsigned fb[KSTEPS][4], fs[KSTEPS][4];
-    if (PIPE && PASSES == 3 && KT > 0) {
-        // The first k-tile's first corrections, as every k-tile's come at the end of the one
-        // before (below); they start cor.
-        load_frag(raw, 0, fb[0], fs[0]);
-        wgmma_fence();
-        wgmma_tf32<BN>(cor, fs[0], desc_at(0, 0, 0), 0);
-        wgmma_tf32<BN>(cor, fb[0], desc_at(0, 1, 0), 1);
-        wgmma_commit();
+    if constexpr (PIPE && PASSES == 3) {
+        if (KT > 0) {
+            // The first k-tile's first corrections, as every k-tile's come at the end of the one
+            // before (below); they start cor.
+            load_frag(raw, 0, fb[0], fs[0]);
+            wgmma_fence();
+            wgmma_tf32<BN>(cor, fs[0], desc_at(0, 0, 0), 0);
+            wgmma_tf32<BN>(cor, fb[0], desc_at(0, 1, 0), 1);
+            wgmma_commit();
+        }
     }
     for (int kt = 0; kt < KT; ++kt) {
         // Raw stage (kt - 1) % STAGES held k-tile kt - 1: its fragments were read in period
@@ -382,7 +384,7 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
 
         // The split of k-tile kt + 1 runs while this k-tile's wgmmas do (after the last k-tile it
         // splits a stale raw stage into an idle buffer: harmless, and no branch around wgmma).
-        if (PASSES == 1 && !PIPE) {
+        if constexpr (PASSES == 1 && !PIPE) {
 #pragma unroll
             for (int s = 0; s < KSTEPS; ++s) load_frag(frag_stage, s, fb[s], fs[s]);
             wgmma_fence();
@@ -392,7 +394,7 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
 #pragma unroll
             for (int s = 0; s < KSTEPS; ++s) split(s);
             wgmma_wait<0>();
-        } else if (PASSES == 1) {
+        } else if constexpr (PASSES == 1) {
             // One group per k-step; up to three more stay in flight (fragment set s is free
             // once k-step s of the previous k-tile is done), across the barrier that ends the
             // period.  The split buffer the split of k-tile kt + 1 writes was read by the
@@ -413,7 +415,7 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
 #pragma unroll
                 for (int s = 0; s < KSTEPS; ++s) split(s);
             }
-        } else if (!PIPE) {
+        } else if constexpr (!PIPE) {
             // Per k-step: the corrections into cor (over all of K), big*big into tmp (a fresh
             // sum per k-tile, added to acc at its end).  Fragments alternate between two
             // register sets: k-step s waits for the wgmmas of k-step s - 2 before it overwrites
@@ -464,7 +466,7 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
         // own, it waits for its raw tile there: kt + 1, a period later).
         if (!(PIPE && SPLITS == 2)) cp_async_wait<STAGES - 3>();
         __syncthreads();
-        if (PIPE && PASSES == 3) {
+        if constexpr (PIPE && PASSES == 3) {
             // The next k-tile's first corrections (C0) keep the tensor cores busy while this
             // k-tile's big*big sum completes and joins acc: set 0 is free once G2 is done, the
             // sum once G3 is.  After the last k-tile they multiply zeros by this k-tile's split
