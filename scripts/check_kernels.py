@@ -11,7 +11,11 @@ only, in place of sm_90) and fails when any kernel:
   one block of its threads), counting registers (64K per SM, allocated per warp in units of
   256) and shared memory (dynamic + static + 1 KB reserved per block, against the SM's limit), or
 * (sm_90a) has its wgmma serialized by ptxas (warnings C7510-C7520 "Potential Performance
-  Loss") or shows no HGMMA in its SASS (when cuobjdump is found).
+  Loss") or shows no HGMMA in its SASS (when cuobjdump is found), or
+* (arch-specific configs, when libnvrtc is found) does not compile through NVRTC with the
+  launcher's own options (bigmm/backends/cuda_kernels.py): NVRTC rejects some code that nvcc
+  accepts, such as a declared-only template referenced from a branch that is dead for one
+  instantiation.
 
 Exit status: 0 pass, 1 a kernel failed, 2 nvcc missing or a compile error.
 Usage: scripts/check_kernels.py [--arch sm_80 sm_90] [--jobs N] [--json FILE]
@@ -156,6 +160,51 @@ def compile_job(nvcc: str, job: dict, arch: str, cuobjdump: str | None = None) -
     return result
 
 
+def find_nvrtc(nvcc: str | None) -> str | None:
+    """libnvrtc: $BIGMM_NVRTC, beside nvcc's toolkit, or on the loader's path."""
+    import ctypes.util
+
+    if os.environ.get("BIGMM_NVRTC"):
+        return os.environ["BIGMM_NVRTC"]
+    homes = [Path(nvcc).resolve().parent.parent] if nvcc else []
+    homes += [Path(h) for h in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if h]
+    for home in homes:
+        for sub in ("lib64", "lib", "targets/x86_64-linux/lib"):
+            found = sorted((home / sub).glob("libnvrtc.so*")) if (home / sub).is_dir() else []
+            if found:
+                return str(found[0])
+    return ctypes.util.find_library("nvrtc")
+
+
+def nvrtc_compile(lib_path: str, job: dict, entry: str) -> str | None:
+    """Compile one entry of an arch-specific job as cuda_kernels does (the source with the header
+    inlined, its options); None when it compiles, else NVRTC's log."""
+    import ctypes
+
+    from bigmm.backends import cuda_kernels as ck
+
+    lib = ctypes.CDLL(lib_path)
+    src = ck.kernel_source(job["file"]).encode()
+    modes = entry[len("gemm_"):]
+    opts = [*ck._COMPILE_OPTIONS, *job["defines"], f"-arch={job['arch']}", "-DBIGMM_ONLY=1",
+            f"-DBIGMM_ONLY_NAME={entry}", f"-DBIGMM_ONLY_A={ck._LOADERS[modes[0]]}",
+            f"-DBIGMM_ONLY_B={ck._LOADERS[modes[1]]}", "-ftz=true"]
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"bigmm_kernel.cu", 0, None, None):
+        return "nvrtcCreateProgram failed"
+    try:
+        argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        if lib.nvrtcCompileProgram(prog, len(opts), argv) == 0:
+            return None
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        return log.value.decode(errors="replace")
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
 def judge(job: dict, res: dict) -> list[str]:
     problems = []
     if not res["ok"]:
@@ -202,6 +251,17 @@ def main(argv=None) -> int:
         results = list(pool.map(lambda ja: compile_job(nvcc, *ja, cuobjdump), work))
 
     problems, compile_failed = [], False
+    nvrtc = find_nvrtc(nvcc)
+    nvrtc_work = [(job, e) for job in jobs if nvrtc and job.get("arch")
+                  and job["arch"].rstrip("a") in args.arch for e in job["entries"]]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        logs = list(pool.map(lambda je: nvrtc_compile(nvrtc, *je), nvrtc_work))
+    for (job, entry), log in zip(nvrtc_work, logs):
+        if log is not None:
+            compile_failed = True
+            problems.append(f"{job['name']}:{entry} [NVRTC {job['arch']}]: compile failed:\n{log}")
+    print(f"NVRTC: {len(nvrtc_work)} entries of arch-specific configs" if nvrtc
+          else "NVRTC: libnvrtc not found (set BIGMM_NVRTC), not checked")
     print(f"{'kernel':42s} {'arch':6s} {'regs':>4s} {'smem':>7s} {'blk/SM':>6s} {'target':>6s}  spills")
     for (job, _arch), res in zip(work, results):
         found = judge(job, res)

@@ -79,7 +79,8 @@ class TileConfig:
     tf32: int = 0  # TF32 tensor-core passes (gemm_tf32.cu; tm, tn unused): 3 = 3xTF32, 1 = TF32
     tf32_fadd: bool = True  # 3xTF32: each k-step's products onto zero, added with FADD
     wgmma: bool = False  # TF32 on Hopper's warpgroup tensor cores (gemm_wgmma.cu, sm_90a only)
-    acc_tiles: int = 2  # wgmma 3xTF32: register tiles per warpgroup (2: acc, tmp; 3: + cor)
+    pipe: bool = False  # wgmma: groups stay in flight across k-tiles (False: drained at each end)
+    split_bufs: int = 2  # wgmma: shared-memory buffers of split B tiles (3: one barrier a k-tile)
 
     @property
     def source(self) -> str:
@@ -94,12 +95,8 @@ class TileConfig:
 
     @property
     def entries(self) -> tuple[str, ...]:
-        """The entry points (A and B load modes) the config compiles.  wgmma 3xTF32 with three
-        register tiles leaves wk out (it spills: its NT products use kk)."""
-        if not self.wgmma:
-            return _ENTRIES
-        return _ENTRIES + tuple(e for e in _W_ENTRIES if not (self.acc_tiles == 3 and self.tf32 == 3
-                                                             and e == "wk"))
+        """The entry points (A and B load modes) the config compiles."""
+        return _ENTRIES + _W_ENTRIES if self.wgmma else _ENTRIES
 
     def compile_options(self) -> tuple[str, ...]:
         """NVRTC options beyond the tile macros: the target of an arch-specific config."""
@@ -125,9 +122,10 @@ class TileConfig:
         pad = self.pad_bytes // self.itemsize
         raw = self.stages * self.bk * (self.bm + self.bn + 2 * pad) * self.itemsize
         if self.wgmma:  # raw A tiles of either layout (S[k][m] or S[m][k], rows of bk + 4), plus
-            # two split B tiles (tf32 and, for 3xTF32, small parts) at a 1 KB boundary
+            # split_bufs split B tiles (tf32 and, for 3xTF32, small parts) at a 1 KB boundary
             raw = self.stages * (self.bm * (self.bk + 4) + self.bk * (self.bn + pad)) * 4
-            return raw + 2 * (2 if self.tf32 == 3 else 1) * self.bn * self.bk * 4 + 1024
+            parts = 2 if self.tf32 == 3 else 1
+            return raw + self.split_bufs * parts * self.bn * self.bk * 4 + 1024
         return raw
 
     def defines(self) -> tuple[str, ...]:
@@ -141,9 +139,10 @@ class TileConfig:
             values["TF32_PASSES"] = self.tf32
             values["TF32_ACC"] = int(self.tf32_fadd)
         if self.wgmma:  # the warpgroup tile is fixed by the kernel: no warp or thread tiles
-            for key in ("WM", "WN", "TM", "TN", "DMMA"):
+            for key in ("WM", "WN", "TM", "TN", "DMMA", "TF32_ACC"):
                 values.pop(key, None)
-            values["TF32_ACC"] = self.acc_tiles
+            values["WG_PIPE"] = int(self.pipe)
+            values["WG_SPLITS"] = self.split_bufs
         return tuple(f"-DBIGMM_{k}={v}" for k, v in values.items())
 
     def check(self) -> None:
@@ -165,10 +164,13 @@ class TileConfig:
             rules += [
                 (self.dtype == "float32" and self.tf32 in (1, 3) and not self.dmma,
                  "wgmma is TF32 or 3xTF32 on float32"),
-                ((self.bm, self.bn, self.bk, self.wm, self.wn) == (128, 128, 32, 64, 128),
-                 "wgmma tile 128x128x32 of two 64x128 warpgroup tiles"),
+                ((self.bm, self.bk, self.wm, self.wn) == (128, 32, 64, self.bn)
+                 and self.bn in ((128,) if self.tf32 == 3 else (128, 256)),
+                 "wgmma tile 128x128x32 (TF32 also 128x256x32) of two 64-row warpgroup tiles"),
                 (self.stages >= 3, "stages >= 3"),
-                (self.acc_tiles in (2, 3), "2 or 3 register tiles per warpgroup"),
+                (self.split_bufs in ((2, 3) if self.pipe else (2,)),
+                 "2 split buffers, or 3 with pipe"),
+                (self.smem_bytes <= 232448, "shared memory within a block's 227 KB"),
                 (self.pad_bytes % 16 == 0 and (self.bm + pad) % 16 == 8, "A row stride 8 mod 16"),
             ]
         elif self.tf32:

@@ -50,9 +50,11 @@ def test_without_a_gpu_select_uses_the_plain_rules():
 
 
 @pytest.mark.parametrize("change, rule", [
-    (dict(bn=256), "wgmma tile"),
+    (dict(bn=64, wn=64), "wgmma tile"),
+    (dict(bk=16), "wgmma tile"),
     (dict(stages=2), "stages >= 3"),
-    (dict(acc_tiles=4), "register tiles"),
+    (dict(split_bufs=4, pipe=True), "split buffers"),
+    (dict(split_bufs=3, pipe=False), "split buffers"),
     (dict(tf32=0), "TF32 or 3xTF32"),
 ])
 def test_wgmma_config_rules(change, rule):
@@ -63,6 +65,27 @@ def test_wgmma_config_rules(change, rule):
         cfg.check()
 
 
-def test_three_tile_config_leaves_out_the_spilling_entry():
-    cfgs = [c for c in _wgmma_configs().values() if c.tf32 == 3 and c.acc_tiles == 3]
-    assert cfgs and all("wk" not in c.entries for c in cfgs)
+def test_wide_tile_is_plain_tf32_only():
+    import dataclasses
+
+    wide = [c for c in _wgmma_configs().values() if c.bn == 256]
+    assert wide and all(c.tf32 == 1 for c in wide)
+    with pytest.raises(KernelError, match="wgmma tile"):
+        dataclasses.replace(wide[0], tf32=3).check()
+
+
+def test_shared_memory_rule():
+    import dataclasses
+
+    cfg = next(c for c in _wgmma_configs().values() if c.bn == 256)
+    with pytest.raises(KernelError, match="227 KB"):
+        dataclasses.replace(cfg, stages=4).check()  # 4 stages of 128x256 raw tiles do not fit
+
+
+@pytest.mark.parametrize("name", sorted(_wgmma_configs()))
+def test_wgmma_configs_compile_every_entry(name):
+    cfg = ck.tile_configs()[name]
+    assert set(cfg.entries) == set(ck._ENTRIES) | set(ck._W_ENTRIES)
+    if cfg.pipe:
+        assert "-DBIGMM_WG_PIPE=1" in cfg.defines()
+        assert f"-DBIGMM_WG_SPLITS={cfg.split_bufs}" in cfg.defines()
