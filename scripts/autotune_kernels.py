@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels import device_info, operands, rel_diff, reps_for, time_interleaved  # noqa: E402
 
 from bigmm.backends import cuda_kernels as ck  # noqa: E402
+from bigmm.backends import kernel_configs as kc  # noqa: E402
 
 SIZES = (256, 512, 1024, 2048, 4096, 8192)
 
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
                          "the source table's rules")
     args = ap.parse_args(argv)
 
-    src = json.loads(Path(args.table or ck._TABLE_PATH).read_text())
+    src = json.loads(Path(args.table or kc._TABLE_PATH).read_text())
     dev = device_info()
     new = {"about": src["about"], "device": dev["name"],
            "command": "CUPY_TF32=0 PYTHONPATH=. python scripts/autotune_kernels.py " + " ".join(argv or sys.argv[1:]),

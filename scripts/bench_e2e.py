@@ -551,7 +551,7 @@ def checksum_kernels(a, b, memory, repeat, res) -> None:
     from it when timed back to back."""
     import cupy
 
-    from bigmm.backends import cuda_kernels
+    from bigmm.backends import cuda_checksums
 
     p = bigmm.plan(a, b, memory=memory, backend="cupy")
     s = cupy.cuda.Stream(non_blocking=True)
@@ -576,7 +576,7 @@ def checksum_kernels(a, b, memory, repeat, res) -> None:
                 for force in (None, "generic"):
                     o, o_abs = cupy.empty(v.shape[1]), cupy.empty(v.shape[1])
                     run = lambda v=v, w=w, wa=wa, o=o, o_abs=o_abs, force=force: (  # noqa: E731
-                        cuda_kernels.weighted_sums(v, o, o_abs, weights=w, abs_weights=wa,
+                        cuda_checksums.weighted_sums(v, o, o_abs, weights=w, abs_weights=wa,
                                                    stream=s, path=force))
                     path = run()
                     s.synchronize()

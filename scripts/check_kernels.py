@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
 sys.path.insert(0, str(ROOT))
-from bigmm.backends.cuda_kernels import TileConfig  # noqa: E402  (no GPU needed to import)
+from bigmm.backends.kernel_configs import TileConfig  # noqa: E402  (no GPU needed to import)
 
 TABLE = ROOT / "bigmm" / "backends" / "kernel_table.json"
 

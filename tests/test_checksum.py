@@ -384,7 +384,7 @@ SUMS_PATHS = [
 
 @pytest.mark.parametrize("rows, cols, sr, sc, itemsize, ptr, kernel", SUMS_PATHS)
 def test_checksum_kernel_choice(rows, cols, sr, sc, itemsize, ptr, kernel):
-    from bigmm.backends.cuda_kernels import sums_path
+    from bigmm.backends.cuda_checksums import sums_path
 
     assert sums_path(rows, cols, sr, sc, itemsize, ptr) == kernel
 

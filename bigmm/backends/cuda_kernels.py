@@ -1,4 +1,5 @@
-"""bigmm's own CUDA GEMM kernels: loading, compiling, choosing a tile shape and launching.
+"""bigmm's own CUDA GEMM kernels: loading, compiling and launching (the tile configs and their
+table: :mod:`.kernel_configs`; the checksum kernels: :mod:`.cuda_checksums`).
 
 The sources live in the top-level ``kernels/`` folder (shipped in the wheel as
 ``bigmm/kernels``).  Each (dtype, tile shape) is one ``cupy.RawModule`` compiled by NVRTC with
@@ -24,184 +25,18 @@ cupy is imported inside functions only: importing this module needs no GPU.
 from __future__ import annotations
 
 import functools
-import json
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DtypeError, KernelError, ShapeError
-from ..units import DTYPES
+from ..units import DTYPES as _DTYPES
+from .kernel_configs import (_FAMILY_SOURCE, _LOADERS, TF32X3_MIN_K, TF32X3_WGMMA_MIN_K,
+                             TileConfig, device_arch, load_table, parse_precision, select_config,
+                             tile_configs)
 
-_TABLE_PATH = Path(__file__).with_name("kernel_table.json")
-_FAMILY_SOURCE = "gemm_regblock.cu"
-_TF32_SOURCE = "gemm_tf32.cu"
-_WGMMA_SOURCE = "gemm_wgmma.cu"
 _HEADER = "common.cuh"
 _COMPILE_OPTIONS = ("-std=c++17",)
-_DTYPES = DTYPES
 _INT32_MAX = 2**31 - 1
-#: "tf32x3" products with K below this run on the CUDA cores in float32: a sum of fewer terms has
-#: too little float32 rounding for the 3xTF32 split's own error (up to 2^-23 per operand, the
-#: dropped small*small) to stay within 2x of it (tests/backends/test_tf32_split.py).
-TF32X3_MIN_K = 16
-#: "tf32x3" products with K below this run on mma.sync (gemm_tf32.cu) on Hopper too: the wgmma
-#: kernel's k-tile sums of 32 products (truncated once more than mma.sync's k-steps of 8) measured
-#: 2.6x SGEMM's error at K = 16 on the contract's "wide" operands; short sums are memory-bound.
-TF32X3_WGMMA_MIN_K = 64
-#: Precisions of :func:`gemm` per dtype (None = the dtype's own: "float32" or "float64").
-PRECISIONS = {"float32": ("float32", "tf32x3", "tf32"), "float64": ("float64",)}
-
-# (A mode, B mode) -> entry point.  Modes: k = A/B contiguous along K (transposed on load),
-# v = contiguous along M/N and 16-byte aligned, s = contiguous along M/N, unaligned; w = A
-# contiguous along K, 16-byte aligned rows and K % 4 == 0, kept K-major (wgmma configs only).
-_ENTRIES = ("kv", "ks", "kk", "vv", "vs", "sv", "ss", "vk", "sk")
-_W_ENTRIES = ("wv", "ws", "wk")
-_LOADERS = {"k": "LOAD_K", "v": "LOAD_V", "s": "LOAD_S", "w": "LOAD_W"}
-
-
-@dataclass(frozen=True)
-class TileConfig:
-    """One instantiation of the register-blocked family (see kernels/gemm_regblock.cu)."""
-
-    name: str
-    dtype: str
-    bm: int
-    bn: int
-    bk: int
-    wm: int
-    wn: int
-    tm: int
-    tn: int
-    stages: int
-    min_blocks: int = 1
-    pad_bytes: int = 16
-    dmma: bool = False  # float64 on the FP64 tensor cores (tm, tn unused)
-    tf32: int = 0  # TF32 tensor-core passes (gemm_tf32.cu; tm, tn unused): 3 = 3xTF32, 1 = TF32
-    tf32_fadd: bool = True  # 3xTF32: each k-step's products onto zero, added with FADD
-    wgmma: bool = False  # TF32 on Hopper's warpgroup tensor cores (gemm_wgmma.cu, sm_90a only)
-    pipe: bool = False  # wgmma: groups stay in flight across k-tiles (False: drained at each end)
-    split_bufs: int = 2  # wgmma: shared-memory buffers of split B tiles (3: one barrier a k-tile)
-
-    @property
-    def source(self) -> str:
-        if self.wgmma:
-            return _WGMMA_SOURCE
-        return _TF32_SOURCE if self.tf32 else _FAMILY_SOURCE
-
-    @property
-    def arch(self) -> str | None:
-        """The GPU target the config needs ("sm_90a": compute capability 9.0), None for any."""
-        return "sm_90a" if self.wgmma else None
-
-    @property
-    def entries(self) -> tuple[str, ...]:
-        """The entry points (A and B load modes) the config compiles."""
-        return _ENTRIES + _W_ENTRIES if self.wgmma else _ENTRIES
-
-    def compile_options(self) -> tuple[str, ...]:
-        """NVRTC options beyond the tile macros: the target of an arch-specific config."""
-        return (f"-arch={self.arch}",) if self.arch else ()
-
-    @property
-    def precision(self) -> str:
-        """The precision this config computes: its dtype's own, "tf32x3" or "tf32"."""
-        return {0: self.dtype, 1: "tf32", 3: "tf32x3"}.get(self.tf32, f"tf32 x{self.tf32}")
-
-    @property
-    def itemsize(self) -> int:
-        return _DTYPES[self.dtype]
-
-    @property
-    def threads(self) -> int:
-        if self.wgmma:  # one warpgroup (128 threads) per wm x wn tile
-            return (self.bm // self.wm) * (self.bn // self.wn) * 128
-        return (self.bm // self.wm) * (self.bn // self.wn) * 32
-
-    @property
-    def smem_bytes(self) -> int:
-        pad = self.pad_bytes // self.itemsize
-        raw = self.stages * self.bk * (self.bm + self.bn + 2 * pad) * self.itemsize
-        if self.wgmma:  # raw A tiles of either layout (S[k][m] or S[m][k], rows of bk + 4), plus
-            # split_bufs split B tiles (tf32 and, for 3xTF32, small parts) at a 1 KB boundary
-            raw = self.stages * (self.bm * (self.bk + 4) + self.bk * (self.bn + pad)) * 4
-            parts = 2 if self.tf32 == 3 else 1
-            return raw + self.split_bufs * parts * self.bn * self.bk * 4 + 1024
-        return raw
-
-    def defines(self) -> tuple[str, ...]:
-        ctype = "float" if self.dtype == "float32" else "double"
-        values = {
-            "DTYPE": ctype, "BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm,
-            "WN": self.wn, "TM": self.tm, "TN": self.tn, "STAGES": self.stages,
-            "PAD_BYTES": self.pad_bytes, "MIN_BLOCKS": self.min_blocks, "DMMA": int(self.dmma),
-        }
-        if self.tf32:
-            values["TF32_PASSES"] = self.tf32
-            values["TF32_ACC"] = int(self.tf32_fadd)
-        if self.wgmma:  # the warpgroup tile is fixed by the kernel: no warp or thread tiles
-            for key in ("WM", "WN", "TM", "TN", "DMMA", "TF32_ACC"):
-                values.pop(key, None)
-            values["WG_PIPE"] = int(self.pipe)
-            values["WG_SPLITS"] = self.split_bufs
-        return tuple(f"-DBIGMM_{k}={v}" for k, v in values.items())
-
-    def check(self) -> None:
-        """Raise KernelError when the parameters break the family's static rules."""
-        if self.dtype not in _DTYPES:
-            raise KernelError(f"Expected dtype float32 or float64 in tile config {self.name}. Got {self.dtype}.")
-        vw = 16 // self.itemsize
-        nt = self.threads
-        rules = [
-            (self.bm % self.wm == 0 and self.bn % self.wn == 0, "warp tile divides block tile"),
-            (self.stages >= 2 and self.bk % 8 == 0, "stages >= 2 and bk % 8 == 0"),
-            (all(r % (nt // 8) == 0 for r in (self.bm, self.bn)), "rows divisible by threads/8"),
-            (all(nt % (r // vw) == 0 and self.bk % (nt // (r // vw)) == 0
-                 for r in (self.bm, self.bn)), "16-byte copies tile the block"),
-            (self.pad_bytes % 16 == 0, "pad keeps rows 16-byte aligned"),
-        ]
-        pad = self.pad_bytes // self.itemsize
-        if self.wgmma:
-            rules += [
-                (self.dtype == "float32" and self.tf32 in (1, 3) and not self.dmma,
-                 "wgmma is TF32 or 3xTF32 on float32"),
-                ((self.bm, self.bk, self.wm, self.wn) == (128, 32, 64, self.bn)
-                 and self.bn in ((128,) if self.tf32 == 3 else (128, 256)),
-                 "wgmma tile 128x128x32 (TF32 also 128x256x32) of two 64-row warpgroup tiles"),
-                (self.stages >= 3, "stages >= 3"),
-                (self.split_bufs in ((2, 3) if self.pipe else (2,)),
-                 "2 split buffers, or 3 with pipe"),
-                (self.smem_bytes <= 232448, "shared memory within a block's 227 KB"),
-                (self.pad_bytes % 16 == 0 and (self.bm + pad) % 16 == 8, "A row stride 8 mod 16"),
-            ]
-        elif self.tf32:
-            rules += [
-                (self.dtype == "float32" and not self.dmma, "TF32 is float32"),
-                (self.tf32 in (1, 3), "1 (TF32) or 3 (3xTF32) passes"),
-                (self.wm % 16 == 0 and self.wn % 16 == 0, "warp tile of whole 16x16 mma pairs"),
-                (self.bk % 16 == 0, "bk of whole pairs of 8-deep k-steps"),
-                (all((r + pad) % 16 == 8 for r in (self.bm, self.bn)), "TF32 row stride 8 mod 16"),
-            ]
-        elif self.dmma:
-            rules += [
-                (self.dtype == "float64", "DMMA is float64"),
-                (self.wm % 16 == 0 and self.wn % 8 == 0, "warp tile of whole 16x8 DMMA tiles"),
-                (all((r + pad) % 16 == 4 for r in (self.bm, self.bn)), "DMMA row stride 4 mod 16"),
-            ]
-        else:
-            rules += [
-                ((self.wm // self.tm) * (self.wn // self.tn) == 32, "32 threads per warp tile"),
-                (self.tm % vw == 0 and self.tn % vw == 0, "thread tile in 16-byte vectors"),
-            ]
-        for ok, rule in rules:
-            if not ok:
-                raise KernelError(f"Expected tile config {self.name} to satisfy '{rule}'. Got {self}.")
-
-    @classmethod
-    def from_dict(cls, name: str, d: dict) -> "TileConfig":
-        return cls(name=name, **{k: d[k] for k in d if k in cls.__dataclass_fields__ and k != "name"})
-
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "name"}
 
 
 def kernel_dir() -> Path:
@@ -225,84 +60,6 @@ def kernel_source(filename: str) -> str:
     except OSError as exc:
         raise KernelError(f"Expected a readable kernel source {folder / filename}. Got {exc}.") from exc
     return text.replace(f'#include "{_HEADER}"', header)
-
-
-# ---- the tile table ---------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=4)
-def load_table(path: str | None = None) -> dict:
-    """The parsed kernel table (``kernel_table.json`` unless ``path`` names another)."""
-    p = Path(path) if path else _TABLE_PATH
-    try:
-        table = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
-        raise KernelError(f"Expected a readable JSON kernel table at {p}. Got {exc}.") from exc
-    configs = {n: TileConfig.from_dict(n, d) for n, d in table["configs"].items()}
-    for cfg in configs.values():
-        cfg.check()
-    table = dict(table)
-    table["configs"] = configs
-    return table
-
-
-def tile_configs(dtype: str | None = None, table: str | None = None, *,
-                 precision: str | None = None) -> dict[str, TileConfig]:
-    """Every tile config in the table (optionally of one dtype, or of the configs that compute
-    one precision: "float32", "tf32x3", "tf32", "float64"), by name."""
-    configs = load_table(table)["configs"]
-    return {n: c for n, c in configs.items() if (dtype is None or c.dtype == dtype)
-            and (precision is None or c.precision == precision)}
-
-
-def parse_precision(dtype: str, precision: str | None) -> str:
-    """The precision a product of ``dtype`` runs in: ``precision``, or the dtype's own."""
-    allowed = PRECISIONS.get(dtype)
-    if allowed is None:
-        raise DtypeError(f"Expected a dtype with kernels (float32, float64). Got {dtype}.")
-    if precision is None:
-        return dtype
-    if precision not in allowed:
-        raise KernelError(f"Expected precision None or one of {allowed} for {dtype}. Got {precision!r}.")
-    return precision
-
-
-def device_arch(device: int | None = None) -> str | None:
-    """The architecture-specific target of the current (or given) GPU that kernels may need:
-    "sm_90a" on compute capability 9.0 (Hopper: wgmma), None elsewhere or without a GPU."""
-    try:
-        return _device_arch(_device_id() if device is None else device)
-    except Exception:  # no cupy, no driver, no device
-        return None
-
-
-@functools.lru_cache(maxsize=None)
-def _device_arch(device: int) -> str | None:
-    import cupy
-
-    cc = cupy.cuda.Device(device).compute_capability
-    return "sm_90a" if cc == "90" else None
-
-
-def select_config(dtype: str, m: int, n: int, k: int, table: str | None = None, *,
-                  precision: str | None = None, arch: str | None = "auto") -> TileConfig:
-    """The table's tile config for a product of this dtype, precision and shape: the first rule
-    whose ``max_mn`` bounds m * n (a rule without one matches everything).  ``table``: another
-    table file (the autotuner's output) instead of the packaged one.  ``arch``: the GPU target
-    ("sm_90a", None; "auto" = the current device's, :func:`device_arch`): its rules
-    ("<precision>@<arch>") come first where the table has them."""
-    precision = parse_precision(dtype, precision)
-    table = load_table(table)
-    if arch == "auto":
-        arch = device_arch()
-    rules = (table["select"].get(f"{precision}@{arch}") if arch else None) or \
-        table["select"].get(precision)
-    if not rules:
-        raise KernelError(f"Expected rules for precision {precision} in the kernel table. Got none.")
-    for rule in rules:
-        if rule.get("max_mn") is None or m * n <= rule["max_mn"]:
-            return table["configs"][rule["config"]]
-    return table["configs"][rules[-1]["config"]]
 
 
 # ---- compiling ----------------------------------------------------------------------------
@@ -484,6 +241,23 @@ def _operand(x, what: str):
     else:
         ld = max(cols, 1)
     return rows, cols, ld, x.data.ptr
+
+
+def _vector(x, n: int, what: str):
+    """``x`` as a pointer argument: a contiguous float64 cupy vector of ``n`` elements, or the
+    null pointer for None."""
+    import cupy
+    import numpy as np
+
+    if x is None:
+        return np.uint64(0)
+    if not isinstance(x, cupy.ndarray) or x.dtype != np.float64 or x.ndim != 1:
+        raise KernelError(f"Expected {what} as a 1-D float64 cupy array. Got "
+                          f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}.")
+    if x.size != n or (n > 1 and x.strides[0] != 8):
+        raise ShapeError(f"Expected {what} of {n} contiguous elements. Got shape {x.shape}, "
+                         f"strides {x.strides}.")
+    return x
 
 
 def _span(ptr: int, rows: int, cols: int, ld: int, item: int) -> tuple[int, int]:
@@ -749,167 +523,3 @@ def baseline_gemm(a, b, c, alpha=1.0, beta=0.0, stream=None):
     with (stream if stream is not None else cupy.cuda.get_current_stream()):
         kern(((n + 15) // 16, (m + 15) // 16), (16, 16), args)
     return c
-
-
-
-# ---- checksums (ABFT) ---------------------------------------------------------------------
-
-_CHECKSUM_SOURCE = "abft_checksum.cu"
-_SUMS_TILE = 32  # columns per block and rows per shared-memory tile (kernels/abft_checksum.cu)
-_SUMS_ROWS = 8  # thread rows per block (generic, strided), warps per block (contig)
-_SUMS_OUTS = 4  # columns per warp (contig)
-_SUMS_UNROLL = 4  # row loads in flight per thread (strided)
-_SUMS_BLOCKS_PER_SM = 4  # the fast kernels' __launch_bounds__ minimum
-#: Kernels of weighted_sums: "contig" (summed axis contiguous, 16-byte vectors along it),
-#: "strided" (columns contiguous, 16-byte vectors across them), "generic" (any strides).
-SUMS_PATHS = ("contig", "strided", "generic")
-
-
-def sums_path(rows: int, cols: int, sr: int, sc: int, itemsize: int, ptr: int) -> str:
-    """The kernel weighted_sums uses for a rows x cols view with element strides (sr, sc) at
-    address ``ptr``: a fast path when the 16-byte vectors it reads are aligned, else
-    "generic"."""
-    def aligned(stride: int, count: int) -> bool:  # every line of the view starts aligned
-        return count <= 1 or (stride * itemsize) % 16 == 0
-
-    if ptr % 16:
-        return "generic"
-    if sr == 1 and (sc != 1 or cols == 1) and aligned(sc, cols):
-        return "contig"
-    if sc == 1 and aligned(sr, rows):
-        return "strided"
-    return "generic"
-
-
-def _sums_launch(path: str, rows: int, cols: int, itemsize: int) -> tuple[tuple, tuple, int]:
-    """(grid, block, rows_per_block) of one weighted_sums kernel. The fast paths fill the
-    GPU in one wave (their __launch_bounds__ blocks per SM): blocks over the columns first,
-    then over the rows while there are SMs left."""
-    target = _SUMS_BLOCKS_PER_SM * _sm_count()
-    vec = 16 // itemsize
-    if path == "contig":  # rows_per_block a multiple of the vector: every chunk aligned
-        gx = min(-(-cols // (_SUMS_ROWS * _SUMS_OUTS)), target)  # warps stride over columns
-        line = 32 * vec  # one vector per lane
-        gy = max(1, min(target // gx, -(-rows // line)))
-        per_block = -(-rows // (gy * line)) * line
-        return (gx, -(-rows // per_block), 1), (32 * _SUMS_ROWS, 1, 1), per_block
-    if path == "strided":
-        gx = -(-cols // (_SUMS_TILE * vec))
-        gy = max(1, min(target // gx, -(-rows // (_SUMS_ROWS * _SUMS_UNROLL))))
-        per_block = -(-rows // gy)
-        return (gx, -(-rows // per_block), 1), (_SUMS_TILE, _SUMS_ROWS, 1), per_block
-    gx = -(-cols // _SUMS_TILE)
-    tiles_i = -(-rows // _SUMS_TILE)
-    gy = max(1, min(tiles_i, (8 * _sm_count()) // gx))  # about 8 blocks per SM in all
-    per_block = -(-tiles_i // gy) * _SUMS_TILE
-    return (gx, -(-rows // per_block), 1), (_SUMS_TILE, _SUMS_ROWS, 1), per_block
-
-
-def _vector(x, n: int, what: str):
-    """``x`` as a pointer argument: a contiguous float64 cupy vector of ``n`` elements, or the
-    null pointer for None."""
-    import cupy
-    import numpy as np
-
-    if x is None:
-        return np.uint64(0)
-    if not isinstance(x, cupy.ndarray) or x.dtype != np.float64 or x.ndim != 1:
-        raise KernelError(f"Expected {what} as a 1-D float64 cupy array. Got "
-                          f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}.")
-    if x.size != n or (n > 1 and x.strides[0] != 8):
-        raise ShapeError(f"Expected {what} of {n} contiguous elements. Got shape {x.shape}, "
-                         f"strides {x.strides}.")
-    return x
-
-
-def weighted_sums(x, out, out_abs=None, *, weights=None, abs_weights=None, scale=1.0,
-                  accumulate=False, stream=None, path: str | None = None) -> str:
-    """Sums along axis 0 of the 2-D cupy view ``x`` (float32 or float64, any strides: pass
-    ``x.T`` for row sums), accumulated in float64 on ``stream``:
-    ``out[j] (+)= scale * sum_i w[i] x[i, j]`` and ``out_abs[j] (+)= |scale| * sum_i wa[i]
-    |x[i, j]|``. ``weights`` (w) default to ones, ``abs_weights`` (wa) to ``|w|``; without
-    ``accumulate`` the outputs are overwritten. Not synchronised. ``path`` forces a kernel
-    (:data:`SUMS_PATHS`; a fast one only where :func:`sums_path` allows it, "generic"
-    always); returns the one used."""
-    import cupy
-
-    launch, chosen = prepare_sums(x, out, out_abs, weights=weights, abs_weights=abs_weights,
-                                  scale=scale, accumulate=accumulate, path=path)
-    launch(stream if stream is not None else cupy.cuda.get_current_stream())
-    return chosen
-
-
-def prepare_sums(x, out, out_abs=None, *, weights=None, abs_weights=None, scale=1.0,
-                 accumulate=False, path: str | None = None):
-    """(launch, path): :func:`weighted_sums` checked and set up once, ``launch(stream)``
-    issuing it. The launch holds the views, so a caller issuing the same sums over the same
-    buffers again and again (the checks of every step of a run) pays the checks and the
-    kernel choice once."""
-    import cupy
-    import numpy as np
-
-    if not isinstance(x, cupy.ndarray) or x.ndim != 2 or str(x.dtype) not in _DTYPES:
-        raise KernelError(f"Expected x as a 2-D float32 or float64 cupy array. Got "
-                          f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}.")
-    rows, cols = x.shape
-    if any(s % x.itemsize for s in x.strides):
-        raise ShapeError(f"Expected x's strides in whole elements. Got {x.strides}.")
-    sr, sc = (s // x.itemsize for s in x.strides)
-    chosen = sums_path(rows, cols, sr, sc, x.itemsize, x.data.ptr)
-    if path is not None:
-        if path not in SUMS_PATHS or path not in (chosen, "generic"):
-            raise KernelError(f"Expected path to be None, 'generic' or {chosen!r} for this view "
-                              f"(strides {x.strides}). Got {path!r}.")
-        chosen = path
-    args = [_vector(out, cols, "out"), _vector(out_abs, cols, "out_abs"),
-            _vector(weights, rows, "weights"), _vector(abs_weights, rows, "abs_weights")]
-    zero = [(v.data.ptr, v.nbytes) for v in (out, out_abs)
-            if not accumulate and v is not None and v.size]
-    memset = cupy.cuda.runtime.memsetAsync
-    kern = None
-    if rows and cols:
-        suffix = "f32" if x.itemsize == 4 else "f64"
-        name = "abft_sums_" + (suffix if chosen == "generic" else f"{chosen}_{suffix}")
-        grid, block, per_block = _sums_launch(chosen, rows, cols, x.itemsize)
-        kern = raw_kernel(_CHECKSUM_SOURCE, name)
-        kargs = (np.int32(rows), np.int32(cols), x, np.int64(sr), np.int64(sc), args[2],
-                 args[3], np.float64(scale), np.int32(per_block), args[0], args[1])
-
-    def launch(stream) -> None:
-        with stream:
-            for ptr, nbytes in zero:
-                memset(ptr, 0, nbytes, stream.ptr)
-            if kern is not None:
-                kern(grid, block, kargs)
-
-    return launch, chosen
-
-
-def compare_sums(expected, magnitude, actual, rel_tol: float, floor: float, result,
-                 stream=None) -> None:
-    """``result[0] = max_j |expected_j - actual_j| / (rel_tol * magnitude_j + floor)`` and
-    ``result[1]`` = that j, on ``stream`` (float64 cupy vectors; ``result`` holds 2)."""
-    import cupy
-
-    prepare_compare(expected, magnitude, actual, rel_tol, floor, result)(
-        stream if stream is not None else cupy.cuda.get_current_stream())
-
-
-def prepare_compare(expected, magnitude, actual, rel_tol: float, floor: float, result,
-                    limit: float = float("inf")):
-    """:func:`compare_sums` checked and set up once: ``launch(stream)`` issues it."""
-    import numpy as np
-
-    n = expected.size
-    args = [_vector(v, n, what) for v, what in ((expected, "expected"), (magnitude, "magnitude"),
-                                                (actual, "actual"))]
-    res = _vector(result, 2, "result")
-    kern = raw_kernel(_CHECKSUM_SOURCE, "abft_compare")
-    kargs = (np.int32(n), *args, np.float64(rel_tol), np.float64(floor), np.float64(limit),
-             res)
-
-    def launch(stream) -> None:
-        with stream:
-            kern((1,), (256,), kargs)
-
-    return launch

@@ -335,10 +335,10 @@ class CupyBackend:
     def sums_launcher(self, x, out, out_abs=None, *, weights=None, abs_weights=None,
                       scale: float = 1.0, accumulate: bool = False):
         """See :meth:`bigmm.backends.base.Backend.sums_launcher`."""
-        from . import cuda_kernels
+        from . import cuda_checksums
 
         with self._device:
-            launch, _ = cuda_kernels.prepare_sums(x, out, out_abs, weights=weights,
+            launch, _ = cuda_checksums.prepare_sums(x, out, out_abs, weights=weights,
                                                   abs_weights=abs_weights, scale=scale,
                                                   accumulate=accumulate)
         return self._launcher(launch, f"checksum {x.shape[0]}x{x.shape[1]}")
@@ -350,10 +350,10 @@ class CupyBackend:
 
     def compare_launcher(self, expected, magnitude, actual, rel_tol: float, floor: float,
                          result, limit: float = float("inf")):
-        from . import cuda_kernels
+        from . import cuda_checksums
 
         with self._device:
-            launch = cuda_kernels.prepare_compare(expected, magnitude, actual, rel_tol, floor,
+            launch = cuda_checksums.prepare_compare(expected, magnitude, actual, rel_tol, floor,
                                                   result, limit)
         return self._launcher(launch, "checksum compare")
 

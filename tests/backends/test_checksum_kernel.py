@@ -110,7 +110,7 @@ PATHS = [
 def test_each_sums_kernel_matches_numpy(shape, view, dtype, weighted, path, force_generic):
     import cupy
 
-    from bigmm.backends import cuda_kernels
+    from bigmm.backends import cuda_checksums
 
     x_h, x_d, w, wa, start = _operands(cupy, shape, view, dtype, weighted, sum(shape) + 1,
                                        big=1e3)  # magnitudes of different scale
@@ -118,7 +118,7 @@ def test_each_sums_kernel_matches_numpy(shape, view, dtype, weighted, path, forc
     NumpyBackend().weighted_sums(x_h, *ref, weights=w, abs_weights=wa, scale=0.5,
                                  accumulate=True)
     out = [cupy.asarray(v) for v in start]
-    used = cuda_kernels.weighted_sums(
+    used = cuda_checksums.weighted_sums(
         x_d, *out, weights=None if w is None else cupy.asarray(w),
         abs_weights=None if wa is None else cupy.asarray(wa), scale=0.5, accumulate=True,
         path="generic" if force_generic else None)
@@ -131,15 +131,15 @@ def test_each_sums_kernel_matches_numpy(shape, view, dtype, weighted, path, forc
 def test_fast_path_refused_where_the_layout_forbids_it():
     import cupy
 
-    from bigmm.backends import cuda_kernels
+    from bigmm.backends import cuda_checksums
     from bigmm.errors import KernelError
 
     x = cupy.ones((64, 64), dtype=cupy.float32)[:, 1:]  # 4 bytes in: generic only
     out = cupy.zeros(63)
     for path in ("contig", "strided", "fast"):
         with pytest.raises(KernelError):
-            cuda_kernels.weighted_sums(x, out, path=path)
-    assert cuda_kernels.weighted_sums(x, out) == "generic"
+            cuda_checksums.weighted_sums(x, out, path=path)
+    assert cuda_checksums.weighted_sums(x, out) == "generic"
     assert out.get().tolist() == [64.0] * 63
 
 

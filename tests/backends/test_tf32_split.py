@@ -107,7 +107,7 @@ def test_one_pass_tf32_error_is_tf32s():
 def test_small_k_is_why_tf32x3_starts_at_16():
     # At K = 1 the split's own error (its small parts' rounding, the dropped small*small) is
     # about 3x one float32 rounding: the launcher runs K < TF32X3_MIN_K in float32.
-    from bigmm.backends.cuda_kernels import TF32X3_MIN_K
+    from bigmm.backends.kernel_configs import TF32X3_MIN_K
 
     a, b = operands("normal", 256, 256, 1, seed=5)
     ref = a.astype(np.float64) @ b.astype(np.float64)
@@ -126,7 +126,7 @@ WGMMA_CONTRACT = [(d, k) for d in DISTRIBUTIONS if d != "wide_k" for k in (64, 1
 
 @pytest.mark.parametrize("dist, k", WGMMA_CONTRACT)
 def test_wgmma_k_tiles_within_twice_float32(dist, k):
-    from bigmm.backends.cuda_kernels import TF32X3_WGMMA_MIN_K
+    from bigmm.backends.kernel_configs import TF32X3_WGMMA_MIN_K
 
     assert k >= TF32X3_WGMMA_MIN_K
     a, b = operands(dist, 160, 144, k, seed=k + 1)

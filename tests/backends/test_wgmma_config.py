@@ -1,4 +1,4 @@
-"""CPU tests of the wgmma (sm_90a) tile configs and their selection (bigmm/backends/cuda_kernels.py,
+"""CPU tests of the wgmma (sm_90a) tile configs and their selection (bigmm/backends/kernel_configs.py,
 kernels/gemm_wgmma.cu): no GPU needed."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bigmm.backends import cuda_kernels as ck
+from bigmm.backends import kernel_configs as kc
 from bigmm.errors import KernelError
 
 
@@ -25,7 +26,7 @@ def test_wgmma_config_shape(name):
     assert cfg.source == "gemm_wgmma.cu" and cfg.arch == "sm_90a"
     assert cfg.threads == 256  # two warpgroups
     assert "-arch=sm_90a" in cfg.compile_options()
-    assert {"wv", "ws"} <= set(cfg.entries) and set(ck._ENTRIES) <= set(cfg.entries)
+    assert {"wv", "ws"} <= set(cfg.entries) and set(kc._ENTRIES) <= set(cfg.entries)
     assert cfg.smem_bytes <= 232448  # an H100 block's shared-memory limit
     assert not any(d.startswith(("-DBIGMM_WM", "-DBIGMM_TM")) for d in cfg.defines())
 
@@ -85,7 +86,7 @@ def test_shared_memory_rule():
 @pytest.mark.parametrize("name", sorted(_wgmma_configs()))
 def test_wgmma_configs_compile_every_entry(name):
     cfg = ck.tile_configs()[name]
-    assert set(cfg.entries) == set(ck._ENTRIES) | set(ck._W_ENTRIES)
+    assert set(cfg.entries) == set(kc._ENTRIES) | set(kc._W_ENTRIES)
     if cfg.pipe:
         assert "-DBIGMM_WG_PIPE=1" in cfg.defines()
         assert f"-DBIGMM_WG_SPLITS={cfg.split_bufs}" in cfg.defines()
