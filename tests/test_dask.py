@@ -176,7 +176,9 @@ ARRAY_ERRORS = [
     # 1-D operand
     (np.ones(4), np.ones((4, 2)), {}, ShapeError, "2-D"),
     # integer dtype
-    (np.ones((3, 4), int), np.ones((4, 2)), {}, DtypeError, "float32 or float64"),
+    (np.ones((3, 4), int), np.ones((4, 2)), {}, DtypeError, "bfloat16, float32, float64"),
+    # out_dtype not among those of float64 operands
+    (np.ones((3, 4)), np.ones((4, 2)), {"out_dtype": "float16"}, OptionError, "out_dtype"),
     # cupy backend for NumPy chunks
     (np.ones((3, 4)), np.ones((4, 2)), {"backend": "cupy"}, BackendUnavailable, "CuPy chunks"),
     # unknown backend name

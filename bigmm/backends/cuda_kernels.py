@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DtypeError, KernelError, ShapeError
-from ..units import DTYPES
+from ..units import DTYPES, WIDE_DTYPES
 
 _TABLE_PATH = Path(__file__).with_name("kernel_table.json")
 _FAMILY_SOURCE = "gemm_regblock.cu"
@@ -38,7 +38,7 @@ _TF32_SOURCE = "gemm_tf32.cu"
 _WGMMA_SOURCE = "gemm_wgmma.cu"
 _HEADER = "common.cuh"
 _COMPILE_OPTIONS = ("-std=c++17",)
-_DTYPES = DTYPES
+_DTYPES = {name: DTYPES[name] for name in WIDE_DTYPES}  # the kernels' dtypes
 _INT32_MAX = 2**31 - 1
 #: "tf32x3" products with K below this run on the CUDA cores in float32: a sum of fewer terms has
 #: too little float32 rounding for the 3xTF32 split's own error (up to 2^-23 per operand, the
