@@ -10,16 +10,20 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bigmm
 from bigmm import io
 from bigmm.cli import main
-from bigmm.errors import DtypeError, OptionError, ResumeError
+from bigmm.backends.numpy import NumpyBackend
+from bigmm.errors import BudgetError, DtypeError, OptionError, ResumeError
+from bigmm.executor.loads import Slots
 from bigmm.io._h5 import BF16_BE, BF16_LE
 from bigmm.io.generate import block, generate
 from bigmm.planner import make_plan
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
-from bigmm.units import common_dtype, numpy_dtype, parse_out_dtype
+from bigmm.units import DTYPES, accumulate_dtype, common_dtype, numpy_dtype, parse_out_dtype
 from bigmm.verify import verify
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -339,6 +343,27 @@ def test_half_plan_moves_two_byte_panels_and_four_byte_tiles():
     inputs = half.a_reads * 2000 * 1000 + half.b_reads * 1000 * 1500
     assert half.bytes_read == 2 * inputs and single.bytes_read == 4 * inputs
     assert "bfloat16 (C in float32)" in str(half)
+
+
+@settings(max_examples=80, deadline=None)
+@given(m=st.integers(1, 3000), n=st.integers(1, 3000), k=st.integers(1, 3000),
+       dtype=st.sampled_from(list(DTYPES)), budget=st.integers(1 << 12, 1 << 26),
+       staging=st.booleans())
+def test_plans_of_every_dtype_fit_and_the_buffers_are_what_they_count(m, n, k, dtype, budget,
+                                                                      staging):
+    """The budgets hold with each operand's element size and C's, and the buffers the executor
+    allocates for a plan are exactly the bytes the plan counts (CPU: device == host)."""
+    try:
+        p = make_plan(m, n, k, dtype, device_budget=budget, host_budget=2 * budget,
+                      staging=staging)
+    except BudgetError:
+        return
+    assert p.device_bytes <= p.device_budget and p.host_bytes <= p.host_budget
+    assert p.c_itemsize == DTYPES[accumulate_dtype(dtype)]
+    if not staging:
+        slots = Slots.allocate(NumpyBackend(), p, {"A": None, "B": None, "C": None})
+        held = sum(buf.nbytes for bufs in slots.dev.values() for buf in bufs)
+        assert held == p.device_bytes and not slots.host
 
 
 # ----- command line and dask ------------------------------------------------------------------
