@@ -19,8 +19,8 @@ from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import OptionError, OutputTooLarge
 from .executor import STAGES, Progress, RunStats, execute
-from .job import (complete_stats, open_inputs, open_output, parse_io_threads, parse_scalar,
-                  plan_job, resolve_backend)
+from .job import (complete_stats, open_inputs, open_output, output_dtype, parse_io_threads,
+                  parse_scalar, plan_job, resolve_backend)
 from .planner import Plan
 from .profile import Profile
 from .units import format_bytes
@@ -41,7 +41,7 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
            progress: Callable[[Progress], None] | None = None, resume: bool = False,
            overwrite: bool = False, io_threads: int | None = None, stats: bool = False,
            kernel: str | None = None, profile: bool | str | os.PathLike | Profile | None = None,
-           verify: str | None = None):
+           verify: str | None = None, out_dtype=None):
     """C = alpha * op(A) @ op(B) + beta * C, out of core.
 
     ``a``, ``b``: "file.h5:/dataset" specs, h5py Datasets or NumPy arrays (stored matrices;
@@ -50,6 +50,13 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
     ``host_memory``: budgets such as "8GiB", "512MB" or bytes (default: a share of what is
     free). ``resume``: continue an interrupted run into ``out`` without redoing its finished
     tiles. Returns the output, or (output, RunStats) with ``stats=True``.
+
+    Dtypes (float16, bfloat16, float32, float64) follow NumPy: A and B of different dtypes are
+    multiplied in ``numpy.result_type`` of the two (float32 @ float64 in float64), the other
+    converted as its panels load. float16 and bfloat16 are multiplied with float32
+    accumulation (tensor cores on a GPU) into a float32 C, or one in the operands' dtype with
+    ``out_dtype`` ("bfloat16"); ``out_dtype`` names the dtype of a new C. An existing output
+    (an array, a Dataset, or a spec resumed or holding old C) decides its own dtype.
 
     ``kernel`` (GPU backend): "bigmm" (its own kernel, the default), "cublas", or
     "cublas-tf32" (cuBLAS on TF32 tensor cores). ``profile``: record each stage's busy
@@ -70,10 +77,12 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
     with _opened(a, b, backend, kernel) as (be, A, B, closing):
         p, job = plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                           trans_b=trans_b, memory=memory, host_memory=host_memory,
-                          resume=resume, calibrate=be.staging, verify=verify)
+                          resume=resume, calibrate=be.staging, verify=verify,
+                          out_dtype=out_dtype)
         if out is None:
-            _check_array_result(p)
-        sink = open_output(out, p, job, A, B, overwrite=overwrite, resume=resume)
+            _check_array_result(p, output_dtype(None, p.dtype, out_dtype).itemsize)
+        sink = open_output(out, p, job, A, B, overwrite=overwrite, resume=resume,
+                           out_dtype=out_dtype)
         closing.append(sink)
         if sink.complete:  # resumed after it had finished: nothing to do
             result = sink.result
@@ -92,14 +101,15 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
 def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1.0,
          beta: float = 0.0, trans_a: bool = False, trans_b: bool = False, memory: Size = None,
          host_memory: Size = None, backend: str = "auto",
-         resume: bool = False, kernel: str | None = None, verify: str | None = None) -> Plan:
+         resume: bool = False, kernel: str | None = None, verify: str | None = None,
+         out_dtype=None) -> Plan:
     """The Plan ``matmul`` would run with the same arguments (opens inputs read-only, writes
-    nothing)."""
+    nothing; ``out_dtype`` is checked as ``matmul`` checks it)."""
     verify = parse_verify(verify)
     with _opened(a, b, backend, kernel) as (be, A, B, _):
         p, _ = plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                         trans_b=trans_b, memory=memory, host_memory=host_memory,
-                        resume=resume, calibrate=True, verify=verify)
+                        resume=resume, calibrate=True, verify=verify, out_dtype=out_dtype)
     return p
 
 
@@ -116,9 +126,10 @@ def _opened(a, b, backend: str, kernel: str | None):
         _close_quietly(closing, be)
 
 
-def _check_array_result(p: Plan) -> None:
-    """out=None returns C as a NumPy array: it must fit in the memory available now."""
-    need, free = p.m * p.n * p.itemsize, host_memory_available()
+def _check_array_result(p: Plan, itemsize: int) -> None:
+    """out=None returns C as a NumPy array (``itemsize`` bytes an element): it must fit in the
+    memory available now."""
+    need, free = p.m * p.n * itemsize, host_memory_available()
     if need > free:
         raise OutputTooLarge(f"Expected C to fit in memory for out=None (the result is a NumPy "
                              f"array). Got C of {format_bytes(need)} with {format_bytes(free)} "

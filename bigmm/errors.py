@@ -17,7 +17,8 @@ class ShapeError(BigmmError, ValueError):
 
 
 class DtypeError(BigmmError, TypeError):
-    """An operand's dtype is not float32 or float64, or operands disagree."""
+    """An operand or output of a dtype bigmm does not take (float16, bfloat16, float32 and
+    float64 it does), or an ``out_dtype`` that disagrees with an existing output."""
 
 
 class SizeParseError(BigmmError, ValueError):

@@ -15,7 +15,8 @@ from .backends.numpy import memory_available as host_memory_available
 from .errors import DtypeError, OptionError, ResumeError, ShapeError
 from .executor import RunStats, in_place
 from .planner import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
-from .units import parse_size
+from .units import (DTYPES, HALF_DTYPES, accumulate_dtype, common_dtype, dtype_name, numpy_dtype,
+                    parse_out_dtype, parse_size)
 
 #: Without a budget, the compute side may use this share of the memory the backend reports.
 DEVICE_SHARE = {False: 0.25, True: 0.85}
@@ -59,21 +60,27 @@ def open_inputs(a, b, closing: list, be=None):
 
 
 def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memory, resume,
-              calibrate: bool, verify: str | None = None) -> tuple[Plan, dict]:
+              calibrate: bool, verify: str | None = None,
+              out_dtype=None) -> tuple[Plan, dict]:
     """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
     (and the operands' read and write speeds, and with ``verify`` its checksum costs) give
     the predicted time, and on a staging (GPU) backend the planner chooses the tiles by it
     (by the checks' costs too only where they are separate passes, not ``fuses_checks``);
     ``matmul`` calibrates on staging backends only, so that on the CPU both plan by bytes
-    moved."""
+    moved. ``out_dtype``: C's dtype where C is new (checked here against the operands and an
+    existing output: :func:`output_dtype`)."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
     alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
     if beta != 0 and out is None:
         raise ShapeError(f"Expected an existing C as out when beta != 0. Got out=None with "
                          f"beta={beta}.")
+    output_dtype(out, dtype, out_dtype, resume=resume, reads_c=beta != 0)
+    if verify is not None and dtype in HALF_DTYPES:
+        raise OptionError(f"Expected verify=None for {dtype} operands (checksums cover float32 "
+                          f"and float64). Got verify={verify!r}.")
     device, host = resolve_budgets(be, memory, host_memory)
-    rates = (_io_rates(_rates(be, dtype, min(device, host)), A, B, out, be, verify) if calibrate
-             else None)
+    rates = (_io_rates(_rates(be, dtype, min(device, host)), A, B, out, be, verify, dtype)
+             if calibrate else None)
     checked = None
     if rates is not None and verify is not None:
         fused = isinstance(be, Checksums) and bool(be.fuses_checks)
@@ -104,8 +111,10 @@ def job_record(p: Plan, alpha: float, beta: float) -> dict:
 
 
 def check_operands(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int, str]:
-    """(m, k, n, dtype name) of op(A) @ op(B) for opened inputs; ShapeError or DtypeError
-    naming the stored operands when they do not fit together."""
+    """(m, k, n, dtype name) of op(A) @ op(B) for opened inputs, the dtype the one A and B
+    are multiplied in (:func:`bigmm.units.common_dtype`: NumPy's ``result_type``; an operand
+    of another dtype is converted as its panels load); ShapeError naming the stored operands
+    when they do not fit together."""
     m, k = A.shape[::-1] if trans_a else A.shape
     kb, n = B.shape[::-1] if trans_b else B.shape
     if k != kb:
@@ -115,10 +124,29 @@ def check_operands(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int, s
             f"Expected the inner dimensions to match: columns of {opa} == rows of {opb}. Got "
             f"{opa} {m}x{k} ({A.label}, stored {A.shape[0]}x{A.shape[1]}) and {opb} {kb}x{n} "
             f"({B.label}, stored {B.shape[0]}x{B.shape[1]}): {k} != {kb}.")
-    if np.dtype(A.dtype) != np.dtype(B.dtype):
-        raise DtypeError(f"Expected A and B of one dtype. Got {np.dtype(A.dtype)} for "
-                         f"{A.label} and {np.dtype(B.dtype)} for {B.label}.")
-    return m, k, n, np.dtype(A.dtype).name
+    return m, k, n, common_dtype(dtype_name(A.dtype), dtype_name(B.dtype))
+
+
+def output_dtype(out, operands: str, out_dtype=None, *, resume: bool = False,
+                 reads_c: bool = False) -> np.dtype:
+    """C's dtype for operands multiplied in ``operands``: an existing output that is kept (an
+    array or h5py.Dataset, a spec resumed or holding old C: :func:`bigmm.io.existing_dtype`)
+    decides its own (any of DTYPES: the result is rounded to it as it is written; DtypeError
+    for others, and where ``out_dtype`` names another); a new C is in ``out_dtype``
+    (:func:`bigmm.units.parse_out_dtype`: by default float32 for half-precision operands,
+    else their dtype)."""
+    have = io.existing_dtype(out, resume=resume, reads_c=reads_c)
+    if have is None:
+        return numpy_dtype(parse_out_dtype(out_dtype, operands))
+    name = dtype_name(have)
+    if name is None:
+        raise DtypeError(f"Expected an output C of a dtype the result can be written to "
+                         f"({', '.join(DTYPES)}). Got {output_label(out)} of "
+                         f"{io.describe_dtype(have)}.")
+    if out_dtype is not None and dtype_name(out_dtype) != name:
+        raise DtypeError(f"Expected out_dtype={name} (or none) for the existing output "
+                         f"{output_label(out)}, whose dtype decides C's. Got {out_dtype!r}.")
+    return numpy_dtype(name)  # (a byte-swapped output is refused by the io layer, as before)
 
 
 def parse_scalar(x, name: str) -> float:
@@ -194,10 +222,13 @@ def output_label(out) -> str:
     return f"C ({file}:{name})" if name and file else f"C ({type(out).__name__})"
 
 
-def open_output(out, p: Plan, job: dict, A, B, *, overwrite: bool, resume: bool):
-    """The output Sink of job ``job`` (io.open_output with the plan's shape and tiles);
-    a fresh run refuses an output that holds finished tiles of another."""
-    sink = io.open_output(out, shape=(p.m, p.n), dtype=np.dtype(p.dtype), inputs=[A, B],
+def open_output(out, p: Plan, job: dict, A, B, *, overwrite: bool, resume: bool,
+                out_dtype=None):
+    """The output Sink of job ``job`` (io.open_output with the plan's shape and tiles, in
+    :func:`output_dtype`); a fresh run refuses an output that holds finished tiles of
+    another."""
+    dtype = output_dtype(out, p.dtype, out_dtype, resume=resume, reads_c=p.reads_c)
+    sink = io.open_output(out, shape=(p.m, p.n), dtype=dtype, inputs=[A, B],
                           job=job, overwrite=overwrite, resume=resume, reads_c=p.reads_c,
                           tile=(p.bm, p.bn))
     if not resume and sink.done:
@@ -219,25 +250,29 @@ def _rates(be, dtype: str, limit: int) -> Rates | None:
     return be.rates(dtype, limit).snapped() if isinstance(be, Calibrates) else None
 
 
-def _io_rates(rates: Rates | None, A, B, out, be, verify=None) -> Rates | None:
+def _io_rates(rates: Rates | None, A, B, out, be, verify=None,
+              dtype: str | None = None) -> Rates | None:
     """``rates`` with the read and write speeds of these operands: none at all (infinite)
     for pinned arrays that the copies use in place (:func:`bigmm.executor.in_place`; for C
     not under ``verify``), else a source's own ``read_rate`` attribute (bytes per second)
     where it has one, else ARRAY_READ_RATE for NumPy arrays and READ_RATE for files (the
     slower of A and B); ARRAY_WRITE_RATE when C is a NumPy array (or a new one), else
-    WRITE_RATE."""
+    WRITE_RATE. ``dtype``: the plan's (arrays of another are converted, not used in place;
+    default: A's)."""
     if rates is None:
         return None
+    panels = numpy_dtype(dtype or dtype_name(A.dtype))
+    tiles = numpy_dtype(accumulate_dtype(panels.name))
 
     def read_rate(src) -> float:
-        if getattr(src, "layout", None) == "array" and in_place(be, src.array, src.dtype):
+        if getattr(src, "layout", None) == "array" and in_place(be, src.array, panels):
             return math.inf
         own = getattr(src, "read_rate", None)
         if own:
             return float(own)
         return ARRAY_READ_RATE if getattr(src, "layout", None) == "array" else READ_RATE
 
-    if out is not None and verify is None and in_place(be, out, A.dtype, write=True):
+    if out is not None and verify is None and in_place(be, out, tiles, write=True):
         write = math.inf
     else:
         write = ARRAY_WRITE_RATE if out is None or isinstance(out, np.ndarray) else WRITE_RATE

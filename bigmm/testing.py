@@ -20,6 +20,7 @@ import numpy as np
 
 from .errors import OptionError
 from .planner import Plan, Step
+from .units import HALF_DTYPES, accumulate_dtype, dtype_name
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,10 +80,23 @@ def relative_error(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / (denom if denom else 1.0))
 
 
-def tolerance(dtype, k: int) -> float:
-    """Relative-error bound for a float product of depth k."""
-    eps = np.finfo(dtype).eps
-    return float(eps * 8 * max(1.0, np.sqrt(k)))
+def tolerance(dtype, k: int, out=None) -> float:
+    """Relative-error bound (Frobenius norm, against a float64 reference computed from the
+    operands as stored) for a product of depth k of ``dtype`` operands, with C in ``out``
+    (default: the dtype the products accumulate in).
+
+    float32 and float64: 8 sqrt(k) eps. float16 and bfloat16 accumulate in float32 (their
+    products are exact in it), so float32's eps, and k/16 eps more: tensor cores add each
+    16-deep block of exact products to the float32 accumulator with truncation rather than
+    rounding (Fasi et al. 2021), an error that grows with k, not sqrt(k). A C in a 16-bit dtype
+    adds its own rounding, eps_C."""
+    name = dtype_name(dtype)
+    eps = float(np.finfo(accumulate_dtype(name)).eps)
+    bound = eps * 8 * max(1.0, np.sqrt(k)) + (eps * k / 16 if name in HALF_DTYPES else 0.0)
+    out = dtype_name(out) if out is not None else accumulate_dtype(name)
+    if out != accumulate_dtype(name):
+        bound += 2.0 ** -7 if out == "bfloat16" else float(np.finfo(out).eps)
+    return float(bound)
 
 
 def wait_for_journaled_tiles(folder, proc, timeout: float, output: str = "c.h5") -> str:

@@ -1,13 +1,91 @@
-"""Element types, and parsing and formatting of sizes, rates and durations (pure helpers, no I/O)."""
+"""Element types and their rules, and parsing and formatting of sizes, rates and durations (pure
+helpers, no I/O; NumPy is imported only by :func:`numpy_dtype`)."""
 
 from __future__ import annotations
 
 import re
 
-from .errors import SizeParseError
+from .errors import DtypeError, OptionError, SizeParseError
 
-#: The element types bigmm computes in, by name, with their sizes in bytes.
-DTYPES = {"float32": 4, "float64": 8}
+#: The element types bigmm reads, moves, multiplies and writes, by name, with their sizes in
+#: bytes (bfloat16 is ml_dtypes' type on the NumPy side; see the README for HDF5).
+DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+#: Half-precision operands: multiplied with float32 accumulation (tensor cores on a GPU, float32
+#: on the CPU); C in float32 unless asked for in the operands' dtype.
+HALF_DTYPES = ("float16", "bfloat16")
+#: Operands multiplied in their own dtype (bigmm's own kernels, cuBLAS S/DGEMM, BLAS).
+WIDE_DTYPES = ("float32", "float64")
+
+
+def accumulate_dtype(name: str) -> str:
+    """The dtype products of ``name`` operands accumulate in (and C has on the compute side):
+    float32 for half precision, else the dtype itself."""
+    return "float32" if name in HALF_DTYPES else name
+
+
+def common_dtype(a: str, b: str) -> str:
+    """The dtype A and B are multiplied in: NumPy's ``result_type`` of the two (float32 @
+    float64 is float64, float16 @ float32 is float32), and float32 for float16 with bfloat16,
+    which have no common 16-bit type. Panels of the other dtype are converted as they load."""
+    for name in (a, b):
+        if name not in DTYPES:
+            raise DtypeError(f"Expected dtypes among {', '.join(DTYPES)}. Got {name!r}.")
+    if a == b:
+        return a
+    if a in HALF_DTYPES and b in HALF_DTYPES:
+        return "float32"
+    return max(a, b, key=lambda name: DTYPES[name])
+
+
+def out_dtypes(operands: str) -> tuple[str, ...]:
+    """The dtypes C may be asked for (``out_dtype=``) for operands multiplied in ``operands``:
+    the accumulation dtype (the default), and for half precision the operands' dtype too."""
+    acc = accumulate_dtype(operands)
+    return (acc,) if acc == operands else (acc, operands)
+
+
+def parse_out_dtype(out_dtype, operands: str) -> str:
+    """C's dtype for a new output: ``out_dtype`` (a name or NumPy dtype; None: the default,
+    float32 for half-precision operands, else their dtype), one of :func:`out_dtypes`."""
+    allowed = out_dtypes(operands)
+    if out_dtype is None:
+        return allowed[0]
+    name = dtype_name(out_dtype)
+    if name not in allowed:
+        raise OptionError(f"Expected {' or '.join(f'out_dtype={d}' for d in allowed)} for "
+                          f"{operands} operands. Got {out_dtype!r}.")
+    return name
+
+
+def numpy_dtype(name: str):
+    """The NumPy dtype of a :data:`DTYPES` name (bfloat16: ml_dtypes'), native byte order."""
+    import numpy as np
+
+    if name not in DTYPES:
+        raise DtypeError(f"Expected a dtype among {', '.join(DTYPES)}. Got {name!r}.")
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def dtype_name(dtype) -> str | None:
+    """The :data:`DTYPES` name of a NumPy dtype (or its name) in either byte order, or None."""
+    import numpy as np
+
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return dtype
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return None
+    if dt.names or dt.subdtype:
+        return None
+    if dt.kind == "f":
+        name = dt.newbyteorder("=").name
+        return name if name in DTYPES else None
+    return "bfloat16" if dt.name == "bfloat16" else None
 
 _UNITS = {
     "": 1, "b": 1,

@@ -15,12 +15,15 @@ Two methods, chosen by size (``exact_limit`` bounds M*N*K):
 
 Tolerance. Element (i, j) may differ from the float64 reference by about
 ``eps * sqrt(K + 2) * s_ij`` with ``s_ij = |alpha| |a_i| |b_j| + |beta| |c0_ij|`` (``a_i`` a row of
-op(A), ``b_j`` a column of op(B), ``eps`` the dtype's machine epsilon): the probabilistic rounding
-error bound of a K-term dot product (Higham & Mary 2019) plus the final rounding to the dtype,
-with ``|a_i . b_j| <= |a_i| |b_j|`` standing in for the magnitudes. ``max_rel_error`` is the
-largest ``|c_ij - ref_ij| / s_ij`` (for a Freivalds probe, the error of (C @ x)_i over
-``sqrt(sum_j s_ij^2 x_j^2)``, the same bound carried through the sum); the check passes when it
-is at most ``tolerance = SAFETY * eps * sqrt(K + 2)``.
+op(A), ``b_j`` a column of op(B), ``eps`` the machine epsilon of the dtype the products
+accumulate in: float32 for float16 and bfloat16 operands, else NumPy's ``result_type`` of A
+and B): the probabilistic rounding error bound of a K-term dot product (Higham & Mary 2019),
+with ``|a_i . b_j| <= |a_i| |b_j|`` standing in for the magnitudes, plus the final rounding of
+C to its own dtype (``eps_C``, which exceeds the first for a bfloat16 or float16 C). The
+reference is computed from the operands as stored (already rounded to their dtypes).
+``max_rel_error`` is the largest ``|c_ij - ref_ij| / s_ij`` (for a Freivalds probe, the error
+of (C @ x)_i over ``sqrt(sum_j s_ij^2 x_j^2)``, the same bound carried through the sum); the
+check passes when it is at most ``tolerance = SAFETY * eps * sqrt(K + 2) + eps_C``.
 
 This checks a finished product after the fact; ``bigmm.matmul(..., verify="checksum")``
 checks each C tile while it is computed (:mod:`bigmm.checksum`).
@@ -35,6 +38,7 @@ import numpy as np
 
 from .errors import OptionError, ShapeError
 from .io import Source, open_input
+from .units import accumulate_dtype, common_dtype, dtype_name
 
 #: Default M*N*K up to which every element is checked (about 2 GFLOP in float64).
 EXACT_LIMIT = 1_000_000_000
@@ -123,8 +127,7 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
         opc = _Op(sources[2], False)
         opc0 = _Op(sources[3], False) if beta != 0 else None
         m, k, n = _check_shapes(opa, opb, opc, opc0)
-        dtype = np.result_type(*(s.dtype for s in sources))
-        tol = SAFETY * float(np.finfo(dtype).eps) * math.sqrt(k + 2)
+        tol = tolerance(sources[0].dtype, sources[1].dtype, sources[2].dtype, k)
         job = _Job(opa, opb, opc, opc0, float(alpha), float(beta), block_elements)
         if m * n * k <= exact_limit:
             err, worst = job.exact()
@@ -138,6 +141,19 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
     finally:
         for s in owned:
             s.close()
+
+
+def tolerance(a_dtype, b_dtype, c_dtype, k: int) -> float:
+    """The check's tolerance for A, B and C of these dtypes and depth ``k`` (module
+    docstring): SAFETY * eps * sqrt(k + 2) of the dtype the products accumulate in, plus the
+    epsilon of C's dtype."""
+    acc = accumulate_dtype(common_dtype(dtype_name(a_dtype), dtype_name(b_dtype)))
+    return SAFETY * _eps(acc) * math.sqrt(k + 2) + _eps(dtype_name(c_dtype))
+
+
+def _eps(name: str) -> float:
+    """Machine epsilon of a DTYPES name (bfloat16: 2**-7, 8 bits of precision)."""
+    return 2.0 ** -7 if name == "bfloat16" else float(np.finfo(name).eps)
 
 
 def _result(err: float, worst, tol: float, method: str, checked: int) -> VerifyResult:

@@ -175,7 +175,10 @@ BAD = [
     ("integer dtype", "{A}", "{in}:/i", None, {}, errors.DtypeError, ["int64", "float32"]),
     ("complex dtype", "{A}", "{in}:/z", None, {}, errors.DtypeError, ["complex128"]),
     ("string dtype", "{in}:/s", "{B}", None, {}, errors.DtypeError, ["Expected", "/s"]),
-    ("dtypes differ", "{A}", "{in}:/B32", None, {}, errors.DtypeError, ["float64", "float32"]),
+    ("out_dtype narrower than float64 operands", "{A}", "{in}:/B32", None,
+     {"out_dtype": "float32"}, errors.OptionError, ["out_dtype=float64", "float32"]),
+    ("out_dtype against an existing array", "{A}", "{B}", "array", {"out_dtype": "float32"},
+     errors.DtypeError, ["existing output", "float64"]),
     ("missing file", "{dir}/nope.h5:/A", "{B}", None, {},
      errors.OperandNotFound, ["nope.h5"]),
     ("missing dataset", "{in}:/nothing", "{B}", None, {},
@@ -219,6 +222,17 @@ def test_bad_input_gives_one_clear_error(files, what, a, b, out, kw, err, words)
     assert "Expected" in msg and all(w in msg for w in words), msg
     assert _digest([tmp / "in.h5", tmp / "c.h5"]) == before  # inputs and old C untouched
     assert not glob.glob(str(tmp / "new.h5*"))  # nothing created
+
+
+def test_mixed_dtypes_follow_numpy(files):
+    """float64 A with float32 B: multiplied in float64 (numpy.result_type), B converted as its
+    panels load, as NumPy's own matmul does."""
+    tmp, spec_a, _, _ = files
+    with h5py.File(tmp / "in.h5", "r") as f:
+        a, b32 = f["A"][...], f["B32"][...]
+    got = bigmm.matmul(spec_a, f"{tmp / 'in.h5'}:/B32", memory="8KiB", backend="numpy")
+    assert got.dtype == (a @ b32).dtype == np.float64
+    assert relative_error(got, reference_gemm(a, b32)) <= tolerance(np.float64, a.shape[1])
 
 
 def test_budget_error_states_the_minimum(files):

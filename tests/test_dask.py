@@ -176,7 +176,9 @@ ARRAY_ERRORS = [
     # 1-D operand
     (np.ones(4), np.ones((4, 2)), {}, ShapeError, "2-D"),
     # integer dtype
-    (np.ones((3, 4), int), np.ones((4, 2)), {}, DtypeError, "float32 or float64"),
+    (np.ones((3, 4), int), np.ones((4, 2)), {}, DtypeError, "bfloat16, float32, float64"),
+    # out_dtype not among those of float64 operands
+    (np.ones((3, 4)), np.ones((4, 2)), {"out_dtype": "float16"}, OptionError, "out_dtype"),
     # cupy backend for NumPy chunks
     (np.ones((3, 4)), np.ones((4, 2)), {"backend": "cupy"}, BackendUnavailable, "CuPy chunks"),
     # unknown backend name
@@ -312,6 +314,30 @@ OUTPUT_CASES = [
     ("contiguous", 2.0, "compressed", False, True),
     ("tile-chunked", 1.0, "compressed", False, False),
 ]
+
+
+HALF_FILE_CASES = [
+    # (A dtype, B dtype, out_dtype, C's dtype): the rules of bigmm.matmul on a cluster
+    ("bfloat16", "bfloat16", None, "float32"),        # float32 accumulation, float32 C
+    ("bfloat16", "bfloat16", "bfloat16", "bfloat16"),  # C in the operands' dtype when asked
+    ("float32", "float64", None, "float64"),          # NumPy's result type
+]
+
+
+@pytest.mark.parametrize("da_,db_,out_dtype,dc", HALF_FILE_CASES)
+def test_files_half_and_mixed_dtypes(client, tmp_path, da_, db_, out_dtype, dc):
+    from bigmm.io.generate import generate
+    from bigmm.verify import verify
+
+    sa = generate(f"{tmp_path / 'a.h5'}:/A", (70, 90), dtype=da_, seed=1)
+    sb = generate(f"{tmp_path / 'b.h5'}:/B", (90, 60), dtype=db_, layout="chunked",
+                  chunks=(32, 32), seed=2)
+    sc = f"{tmp_path / 'c.h5'}:/C"
+    out = bd.matmul_files(sa, sb, sc, client=client, memory="48KiB", backend="numpy",
+                          out_dtype=out_dtype)
+    assert verify(sa, sb, out).passed
+    with bigmm.io.open_input(out) as C:
+        assert C.dtype.name == dc
 
 
 @pytest.mark.parametrize("out_layout,beta,old_layout,ta,tb", OUTPUT_CASES)

@@ -29,10 +29,11 @@ import numpy as np
 
 from ..errors import DtypeError, ShapeError
 from ..planner.model import Rates
-from ..units import DTYPES
+from ..units import DTYPES, accumulate_dtype, dtype_name, numpy_dtype
 
-#: The dtypes every backend's gemm takes.
-GEMM_DTYPES = tuple(np.dtype(name) for name in DTYPES)
+#: The operand dtypes every backend's gemm takes (a and b of one of them); c is in the dtype
+#: they accumulate in (:func:`bigmm.units.accumulate_dtype`: float32 for float16 and bfloat16).
+GEMM_DTYPES = tuple(numpy_dtype(name) for name in DTYPES)
 
 
 @dataclass(frozen=True)
@@ -215,11 +216,16 @@ def rows_contiguous(x) -> bool:
             and (rows <= 1 or x.strides[0] >= cols * x.itemsize))
 
 
-def check_gemm_dtypes(a, b, c) -> None:
-    """DtypeError unless a, b and c share one dtype of GEMM_DTYPES."""
-    if c.dtype not in GEMM_DTYPES or a.dtype != c.dtype or b.dtype != c.dtype:
-        raise DtypeError(f"Expected a, b and c of one dtype, float32 or float64. "
-                         f"Got {a.dtype}, {b.dtype} and {c.dtype}.")
+def check_gemm_dtypes(a, b, c) -> str:
+    """The name of the operands' dtype, given the dtypes of a, b and c: DtypeError unless a
+    and b share one of GEMM_DTYPES and c is in the dtype it accumulates in."""
+    name = dtype_name(a) if np.dtype(a).isnative else None
+    if (name is None or np.dtype(b) != np.dtype(a) or not np.dtype(c).isnative
+            or dtype_name(c) != accumulate_dtype(name)):
+        raise DtypeError(f"Expected a and b of one dtype ({', '.join(DTYPES)}) and c in the "
+                         f"dtype it accumulates in (float32 for float16 and bfloat16, else "
+                         f"the same). Got {np.dtype(a)}, {np.dtype(b)} and {np.dtype(c)}.")
+    return name
 
 
 def gemm_shape(a, b, c, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:

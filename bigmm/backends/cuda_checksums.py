@@ -5,8 +5,8 @@ sums under a rounding bound. cupy is imported inside functions only."""
 from __future__ import annotations
 
 from ..errors import KernelError, ShapeError
-from ..units import DTYPES as _DTYPES
 from .cuda_kernels import _sm_count, _vector, raw_kernel
+from .kernel_configs import _DTYPES
 
 _CHECKSUM_SOURCE = "abft_checksum.cu"
 _SUMS_TILE = 32  # columns per block and rows per shared-memory tile (kernels/abft_checksum.cu)

@@ -29,10 +29,9 @@ import threading
 from pathlib import Path
 
 from ..errors import DtypeError, KernelError, ShapeError
-from ..units import DTYPES as _DTYPES
-from .kernel_configs import (_FAMILY_SOURCE, _LOADERS, TF32X3_MIN_K, TF32X3_WGMMA_MIN_K,
-                             TileConfig, device_arch, load_table, parse_precision, select_config,
-                             tile_configs)
+from .kernel_configs import (_DTYPES, _FAMILY_SOURCE, _LOADERS, TF32X3_MIN_K,
+                             TF32X3_WGMMA_MIN_K, TileConfig, device_arch, load_table,
+                             parse_precision, select_config, tile_configs)
 
 _HEADER = "common.cuh"
 _COMPILE_OPTIONS = ("-std=c++17",)

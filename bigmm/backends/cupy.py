@@ -18,6 +18,13 @@ waiting for a buffer to be free or full).
   come from cupy's memory pool, outside the budget), "cublas" (cuBLAS SGEMM/DGEMM on this
   backend's own handle) or "cublas-tf32" (the same with TF32 tensor cores for float32: about
   10 bits of mantissa in the products, relative errors near 1e-3 instead of 1e-6).
+* float16 and bfloat16 operands are multiplied by ``cublasGemmEx`` whatever the kernel: A and
+  B in their 16-bit type on tensor cores, products accumulated in float32
+  (``CUBLAS_COMPUTE_32F``), C in float32. CuPy has no bfloat16 dtype: bfloat16 device arrays
+  are uint16 arrays holding the bits (:func:`device_dtype`), copied to and from ml_dtypes'
+  bfloat16 host arrays as they are; the gemm takes uint16 a and b as bfloat16
+  (``CUDA_R_16BF``). Half-precision panels are copied in as they are stored (2 bytes an
+  element) and never converted on the host.
 * Profiling (:meth:`start_profile`/:meth:`stop_profile`): every copy and kernel is bracketed by
   timing events; after the run their times are converted to host ``perf_counter`` seconds
   through an anchor event and added to the :class:`~bigmm.profile.Profile`.
@@ -43,6 +50,7 @@ import numpy as np
 from ..errors import KernelError, OptionError, ShapeError
 from ..io.mapped import WIDE_STEP_BYTES
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
+from ..units import HALF_DTYPES, accumulate_dtype, numpy_dtype
 from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
 
 #: Names ``kernel=`` accepts.
@@ -51,6 +59,10 @@ _H2D, _D2H, _D2D = 1, 2, 3  # cudaMemcpyHostToDevice, DeviceToHost, DeviceToDevi
 _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory known to CUDA
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
+#: cudaDataType_t of GemmEx's operands, CUBLAS_COMPUTE_32F and CUBLAS_GEMM_DEFAULT.
+_CUDA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0}
+_COMPUTE_32F, _GEMM_DEFAULT = 68, -1
+_BF16 = numpy_dtype("bfloat16")
 _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
 _LANES = {"copy_in": "GPU copy-in stream", "compute": "GPU compute stream",
           "copy_out": "GPU copy-out stream"}
@@ -167,8 +179,8 @@ class CupyBackend:
 
     def device_buffer(self, size: int, dtype) -> cupy.ndarray:
         """A flat device array from its own cudaMalloc (not the memory pool), freed by
-        :meth:`close` (views of it must not be used after that)."""
-        dtype = np.dtype(dtype)
+        :meth:`close` (views of it must not be used after that); bfloat16 as uint16 bits."""
+        dtype = device_dtype(dtype)
         nbytes = int(size) * dtype.itemsize
         with self._device:
             ptr = cupy.cuda.runtime.malloc(nbytes)
@@ -243,7 +255,7 @@ class CupyBackend:
         if not isinstance(host, np.ndarray) or not isinstance(dev, cupy.ndarray):
             raise ShapeError(f"Expected a NumPy host array and a cupy device array for {what}. "
                              f"Got {type(host).__name__} and {type(dev).__name__}.")
-        if host.shape != dev.shape or host.dtype != dev.dtype or host.ndim != 2:
+        if host.shape != dev.shape or device_dtype(host.dtype) != dev.dtype or host.ndim != 2:
             raise ShapeError(f"Expected 2-D host and device arrays of one shape and dtype for "
                              f"{what}. Got {host.dtype} {host.shape} and {dev.dtype} {dev.shape}.")
         if not (rows_contiguous(host) and rows_contiguous(dev)):
@@ -283,12 +295,16 @@ class CupyBackend:
         """See :meth:`bigmm.backends.base.Backend.gemm_launcher`: bigmm's kernel checked and
         its arguments packed once (:func:`.cuda_kernels.prepare_gemm`); cuBLAS's call as it
         is."""
-        m, k, n = _check_gemm(a, b, c, trans_a, trans_b)
-        if checks is not None and not self.fuses_checks:
-            raise OptionError(f"Expected checks= only with kernel='bigmm'. Got kernel="
-                              f"{self.kernel!r}.")
+        name, (m, k, n) = _check_gemm(a, b, c, trans_a, trans_b)
+        half = name in HALF_DTYPES
+        if checks is not None and (half or not self.fuses_checks):
+            raise OptionError(f"Expected checks= only with kernel='bigmm' and float32 or "
+                              f"float64. Got kernel={self.kernel!r}, {name}.")
         alpha, beta, trans_a, trans_b = float(alpha), float(beta), bool(trans_a), bool(trans_b)
-        if self.kernel == "bigmm":
+        if half:
+            def launch(stream) -> None:
+                self._gemm_ex(name, a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream)
+        elif self.kernel == "bigmm":
             with self._device:
                 launch = self._kernels.prepare_gemm(a, b, c, alpha, beta, trans_a, trans_b,
                                                     split_k=1, checks=checks)
@@ -315,6 +331,24 @@ class CupyBackend:
         with stream:  # cupy's wrappers re-set the handle's stream to the current one
             fn(h, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k, al,
                b.data.ptr, _ld(b), a.data.ptr, _ld(a), be, c.data.ptr, _ld(c))
+
+    def _gemm_ex(self, name, a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream) -> None:
+        """``cublasGemmEx``: row-major C (float32) = op(A) op(B) of half-precision A and B
+        (``name``) on tensor cores, accumulated in float32, as column-major C^T = op(B)^T
+        op(A)^T."""
+        from cupy_backends.cuda.libs import cublas
+
+        if m == 0 or n == 0:
+            return
+        h = self._cublas_handle()
+        scalars = np.array([alpha, beta], dtype=np.float32)  # read during the call (host mode)
+        ab, c32 = _CUDA_TYPES[name], _CUDA_TYPES["float32"]
+        cublas.setStream(h, stream.ptr)
+        with stream:  # cupy's wrappers re-set the handle's stream to the current one
+            cublas.gemmEx(h, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k,
+                          scalars.ctypes.data, b.data.ptr, ab, _ld(b), a.data.ptr, ab, _ld(a),
+                          scalars.ctypes.data + scalars.itemsize, c.data.ptr, c32, _ld(c),
+                          _COMPUTE_32F, _GEMM_DEFAULT)
 
     def _cublas_handle(self) -> int:
         if self._handle is None:
@@ -371,9 +405,12 @@ class CupyBackend:
 
     def epsilon(self, dtype) -> float:
         """The dtype's machine epsilon; 2**-10 for float32 products on TF32 tensor cores
-        (inputs rounded to 10 mantissa bits)."""
+        (inputs rounded to 10 mantissa bits); float32's for half-precision operands (their
+        products are exact in float32, and accumulate in it)."""
         if self.kernel == "cublas-tf32" and np.dtype(dtype) == np.float32:
             return 2.0 ** -10
+        if str(np.dtype(dtype)) in HALF_DTYPES:
+            return float(np.finfo(np.float32).eps)
         return float(np.finfo(dtype).eps)
 
     def run_on(self, stream):
@@ -437,12 +474,12 @@ class CupyBackend:
         device, timed with events; smaller when ``limit``, the bytes the run may hold on the
         device and in pinned memory, is less, so that planning stays within the run's
         budgets)."""
-        item = np.dtype(dtype).itemsize
+        item = numpy_dtype(str(dtype)).itemsize
         nbytes = 256 << 20 if limit is None else max(1 << 20, min(256 << 20, int(limit) // 2))
         n = min(4096, math.isqrt(nbytes // item))  # an n^2 operand fits in the copied buffer
         key = (self._device.id, self.kernel, str(dtype), nbytes, n)
         if key not in _RATES:
-            _RATES[key] = self._calibrate(np.dtype(dtype), nbytes, n)
+            _RATES[key] = self._calibrate(numpy_dtype(str(dtype)), nbytes, n)
         return _RATES[key]
 
     def _calibrate(self, dtype: np.dtype, nbytes: int, n: int) -> Rates:
@@ -455,7 +492,7 @@ class CupyBackend:
             host[: host.size - host.size % block.size].reshape(-1, block.size)[:] = block
             host[host.size - host.size % block.size:] = 1.0
             dev = _direct(host.size, dtype)
-            c = _direct(n * n, dtype).reshape(n, n)
+            c = _direct(n * n, numpy_dtype(accumulate_dtype(str(dtype)))).reshape(n, n)
             t_copy = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
                 dev.data.ptr, host.ctypes.data, nbytes, _H2D, s.ptr), s)
             half = nbytes // 2
@@ -469,7 +506,8 @@ class CupyBackend:
         return Rates(flops=2 * n**3 / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
                      h2d_bytes=nbytes / t_copy,
                      memory_bytes=2 * half / t_move if full else None,
-                     wave_flops=self._wave_flops(dtype) if full else None)
+                     wave_flops=(self._wave_flops(dtype)
+                                 if full and str(dtype) not in HALF_DTYPES else None))
 
     def _wave_flops(self, dtype: np.dtype) -> float:
         """Flops per unit of depth of one wave of thread blocks of the own kernel on large
@@ -537,8 +575,22 @@ class _OnStream:
         return False
 
 
+def device_dtype(dtype) -> np.dtype:
+    """The dtype of device arrays holding elements of ``dtype``: uint16 for bfloat16 (its
+    bits; cupy has no bfloat16), else ``dtype``."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.uint16) if dtype == _BF16 else dtype
+
+
+def _logical(dtype) -> np.dtype:
+    """The element dtype a device array of ``dtype`` holds: bfloat16 for uint16."""
+    dtype = np.dtype(dtype)
+    return _BF16 if dtype == np.uint16 else dtype
+
+
 def _direct(size: int, dtype: np.dtype) -> cupy.ndarray:
     """A flat device array with its own cudaMalloc, freed when the last view of it goes."""
+    dtype = device_dtype(dtype)
     mem = cupy.cuda.Memory(size * dtype.itemsize)
     return cupy.ndarray((size,), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
@@ -582,9 +634,10 @@ def _ld(x) -> int:
     return max(x.strides[0] // x.itemsize if rows > 1 else cols, cols, 1)
 
 
-def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
-    """(m, k, n) after checking the operands are 2-D device arrays of one float dtype with
-    contiguous rows and matching shapes."""
+def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[str, tuple[int, int, int]]:
+    """(the operands' dtype name, (m, k, n)) after checking the operands are 2-D device arrays
+    with contiguous rows and matching shapes, a and b of one dtype (uint16: bfloat16) and c in
+    the dtype they accumulate in."""
     for name, x in (("a", a), ("b", b), ("c", c)):
         if not isinstance(x, cupy.ndarray):
             raise KernelError(f"Expected {name} to be a cupy.ndarray on the GPU. "
@@ -592,5 +645,5 @@ def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
         if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
             raise ShapeError(f"Expected {name} as a 2-D array with contiguous rows. "
                              f"Got shape {x.shape}, strides {x.strides}.")
-    check_gemm_dtypes(a, b, c)
-    return gemm_shape(a, b, c, trans_a, trans_b)
+    name = check_gemm_dtypes(_logical(a.dtype), _logical(b.dtype), c.dtype)
+    return name, gemm_shape(a, b, c, trans_a, trans_b)

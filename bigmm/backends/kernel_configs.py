@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DtypeError, KernelError
-from ..units import DTYPES
+from ..units import DTYPES, WIDE_DTYPES
 
 _TABLE_PATH = Path(__file__).with_name("kernel_table.json")
 _FAMILY_SOURCE = "gemm_regblock.cu"
 _TF32_SOURCE = "gemm_tf32.cu"
 _WGMMA_SOURCE = "gemm_wgmma.cu"
-_DTYPES = DTYPES
+_DTYPES = {name: DTYPES[name] for name in WIDE_DTYPES}  # the kernels' dtypes
 #: "tf32x3" products with K below this run on the CUDA cores in float32: a sum of fewer terms has
 #: too little float32 rounding for the 3xTF32 split's own error (up to 2^-23 per operand, the
 #: dropped small*small) to stay within 2x of it (tests/backends/test_tf32_split.py).

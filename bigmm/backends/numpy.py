@@ -12,6 +12,12 @@ while the BLAS threads compute (SciPy's ``scipy.linalg.blas`` wrappers hold the 
 whole call and would stall them). Where that library cannot be found, ``gemm`` falls back to
 ``scipy.linalg.blas.{s,d}gemm`` with ``overwrite_c=True`` on the Fortran view of the C-order
 arrays (c.T = op(b).T @ op(a).T), which also works in place without temporaries.
+
+float16 and bfloat16 operands are multiplied in float32 into a float32 c: the gemm converts
+them a K block at a time (at most ``HALF_SCRATCH`` elements of float32 at once, at least
+``HALF_DEPTH`` deep) and calls the float32 gemm per block (beta on the first, then 1). Measured
+on this project's 2-core CI machine: converting costs 0.45 ns per bfloat16 element and 3.3 ns per
+float16 element, against about 45 ns of SGEMM per element of a 1024-wide tile's panel.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, OptionError, ShapeError
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
+from ..units import HALF_DTYPES, accumulate_dtype, numpy_dtype
 from .base import check_gemm_dtypes, flat_view, gemm_shape
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
@@ -38,6 +45,9 @@ _SYMBOLS = ("scipy_cblas_{p}gemm64_", "cblas_{p}gemm64_", "cblas_{p}gemm")
 BLAS_MODES = ("auto", "cblas", "scipy")
 #: Elements of an operand converted to float64 at a time by ``weighted_sums``.
 SUMS_BLOCK = 1 << 20
+#: Elements of float32 that the gemm of half-precision operands converts them into at a time
+#: (both operands' K block: 16 MiB), and the least depth of a block.
+HALF_SCRATCH, HALF_DEPTH = 1 << 22, 256
 
 
 class _Event:
@@ -139,11 +149,14 @@ class NumpyBackend:
                       beta: float, trans_a: bool, trans_b: bool, checks=None):
         """See :meth:`bigmm.backends.base.Backend.gemm_launcher` (checked once; each call
         multiplies in place)."""
-        m, k, n = _check_gemm(a, b, c, trans_a, trans_b)
+        name, (m, k, n) = _check_gemm(a, b, c, trans_a, trans_b)
         if checks is not None:
             raise OptionError("Expected checks=None: the NumPy backend's gemm does no checksum "
                               f"updates. Got {type(checks).__name__}.")
         run, alpha, beta = self._gemm[c.dtype], float(alpha), float(beta)
+        if name in HALF_DTYPES:
+            return lambda stream=None: _half_gemm(run, a, b, c, m, n, k, alpha, beta, trans_a,
+                                                  trans_b)
         return lambda stream=None: run(a, b, c, m, n, k, alpha, beta, trans_a, trans_b)
 
     # ----- calibration ----------------------------------------------------------------------
@@ -151,10 +164,11 @@ class NumpyBackend:
         """Rates for the predicted time: the gemm's flops from the best of three n x n
         products (n at most 1024, and the two operands within ``limit`` bytes; the first
         call also wakes the BLAS threads), nominal disk speeds, no copies."""
-        dt = np.dtype(dtype)
-        n = 1024 if limit is None else max(16, min(1024, math.isqrt(limit // (2 * dt.itemsize))))
+        dt, ct = numpy_dtype(str(dtype)), numpy_dtype(accumulate_dtype(str(dtype)))
+        n = 1024 if limit is None else max(16, min(1024, math.isqrt(
+            limit // (dt.itemsize + ct.itemsize))))
         a = self.view(self.host_buffer(n * n, dt), (n, n))
-        c = self.view(self.host_buffer(n * n, dt), (n, n))
+        c = self.view(self.host_buffer(n * n, ct), (n, n))
         a[...] = 1.0
         best = float("inf")
         for _ in range(3):
@@ -240,16 +254,30 @@ def memory_available() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
-    """(m, k, n) after checking dtypes, contiguity and shapes (the BLAS call trusts them)."""
-    check_gemm_dtypes(a, b, c)
+def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[str, tuple[int, int, int]]:
+    """(the operands' dtype name, (m, k, n)) after checking dtypes, contiguity and shapes (the
+    BLAS call trusts them)."""
+    dtype = check_gemm_dtypes(a.dtype, b.dtype, c.dtype)
     for name, x in (("a", a), ("b", b), ("c", c)):
         if x.ndim != 2 or not x.flags.c_contiguous:
             raise ShapeError(f"Expected {name} as a C-contiguous 2-D array. "
                              f"Got ndim {x.ndim}, strides {x.strides}.")
     if not c.flags.writeable:
         raise ShapeError("Expected c to be writeable. Got a read-only array.")
-    return gemm_shape(a, b, c, trans_a, trans_b)
+    return dtype, gemm_shape(a, b, c, trans_a, trans_b)
+
+
+def _half_gemm(run, a, b, c, m, n, k, alpha, beta, trans_a, trans_b) -> None:
+    """c = alpha * op(a) @ op(b) + beta * c for half-precision a and b and a float32 c: K blocks
+    of op(a) and op(b) converted to float32 (exactly: float32 holds every float16 and bfloat16
+    value), each multiplied by ``run``, the float32 gemm."""
+    depth = min(k, max(HALF_DEPTH, HALF_SCRATCH // max(1, m + n)))
+    f32 = np.float32
+    for k0 in range(0, k, depth):
+        k1 = min(k, k0 + depth)
+        ap = np.array(a[k0:k1] if trans_a else a[:, k0:k1], dtype=f32, order="C")
+        bp = np.array(b[:, k0:k1] if trans_b else b[k0:k1], dtype=f32, order="C")
+        run(ap, bp, c, m, n, k1 - k0, alpha, beta if k0 == 0 else 1.0, trans_a, trans_b)
 
 
 def _blas_libraries() -> list[str]:

@@ -30,7 +30,8 @@ FLAGS = (("resume=True", "--resume"), ("overwrite=True", "--overwrite"),
          ("host_memory=", "--host-memory "), ("memory=", "--memory "),
          ("io_threads=", "--io-threads "), ("trans_a=True", "--trans-a"),
          ("trans_b=True", "--trans-b"), ("kernel=", "--kernel "), ("verify=", "--verify "),
-         ("alpha=", "--alpha "), ("beta=", "--beta "), ("backend=", "--backend "))
+         ("alpha=", "--alpha "), ("beta=", "--beta "), ("backend=", "--backend "),
+         ("out_dtype=", "--out-dtype "))
 
 
 def as_flags(text: str) -> str:

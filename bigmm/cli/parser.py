@@ -171,3 +171,7 @@ def _job_options(p) -> None:
     p.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
                    help="GPU tile products: bigmm's kernel (default), cublas, or cublas-tf32 "
                         "(TF32 tensor cores)")
+    p.add_argument("--out-dtype", default=None, choices=tuple(DTYPES),
+                   help="dtype of a new C: float32 (the default) or the operands' dtype for "
+                        "float16 and bfloat16 operands; mixed operands give NumPy's result "
+                        "type; an existing C keeps its own")

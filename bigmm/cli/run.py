@@ -18,6 +18,8 @@ def _job_kwargs(args) -> dict:
                   kernel=args.kernel)
     if getattr(args, "verify", None) is not None:
         kwargs["verify"] = args.verify
+    if getattr(args, "out_dtype", None) is not None:
+        kwargs["out_dtype"] = args.out_dtype
     return kwargs
 
 

@@ -10,11 +10,10 @@ from ..job import parse_scalar
 from ..backends import BACKENDS
 from ..errors import BackendUnavailable, DtypeError, ShapeError
 from ..planner import make_plan
-from ..units import DTYPES, parse_size
+from ..units import (DTYPES, accumulate_dtype, common_dtype, dtype_name, numpy_dtype,
+                     parse_out_dtype, parse_size)
 from ._common import backend as _backend
 from ._common import dask_array as _dask_array
-
-_FLOATS = tuple(np.dtype(name) for name in DTYPES)
 
 
 @dataclass(frozen=True)
@@ -22,6 +21,8 @@ class _Step:
     """One accumulate task: C_ij (+)= alpha * op(A block)[:, k] @ op(B block)[k, :].
 
     ``a_k``/``b_k``: the K range within the A and B blocks (None: the whole block).
+    ``acc``: the dtype the partial blocks accumulate in; ``out``: the dtype the last step's
+    block is returned in (the output's; None: ``acc``).
     """
 
     a_k: tuple[int, int] | None
@@ -30,10 +31,12 @@ class _Step:
     trans_a: bool
     trans_b: bool
     backend: str
+    acc: str = "float64"
+    out: str | None = None
 
 
 def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = False,
-           memory=None, backend: str = "auto"):
+           memory=None, backend: str = "auto", out_dtype=None):
     """alpha * op(a) @ op(b) for 2-D dask arrays, as a dask array of bigmm accumulate tasks.
 
     Output block (i, j) has op(a)'s i-th row chunk and op(b)'s j-th column chunk. It is the end
@@ -52,7 +55,12 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
 
     ``backend``: "auto" (from the chunk type: CuPy chunks -> "cupy", else "numpy"), "numpy"
     or "cupy". The chunk type is preserved (the result's ``meta`` is that of ``a``).
-    float32 and float64; mixed inputs are computed in float64.
+
+    Dtypes as in :func:`bigmm.matmul`: float16, bfloat16, float32 and float64; mixed inputs
+    are multiplied in NumPy's ``result_type`` (float32 @ float64 in float64, the other
+    converted block by block). float16 and bfloat16 accumulate in float32 and the result is
+    float32, or the operands' dtype with ``out_dtype`` (the last task of each block converts
+    it). The bound above counts the partial blocks in the dtype they accumulate in.
     """
     da = _dask_array()
     from dask.array.utils import meta_from_array
@@ -68,6 +76,8 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
             raise ShapeError(f"Expected known chunk sizes for {name}. Got unknown ones "
                              f"(call {name}.compute_chunk_sizes() first).")
     dtype = _common_float(a.dtype, b.dtype)
+    out_name = parse_out_dtype(out_dtype, dtype.name)
+    acc = accumulate_dtype(dtype.name)
     a, b = (x if x.dtype == dtype else x.astype(dtype) for x in (a, b))
     alpha = parse_scalar(alpha, "alpha")
     m, k = a.shape[::-1] if trans_a else a.shape
@@ -76,7 +86,7 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
         opa, opb = ("a.T" if trans_a else "a"), ("b.T" if trans_b else "b")
         raise ShapeError(f"Expected the inner dimensions to match: columns of {opa} == rows of "
                          f"{opb}. Got {opa} {m}x{k} and {opb} {kb}x{n}: {k} != {kb}.")
-    meta = meta_from_array(a, ndim=2, dtype=dtype)
+    meta = meta_from_array(a, ndim=2, dtype=numpy_dtype(out_name))
     be_name = _array_backend(backend, meta)
     if memory is not None:
         a, b = _rechunk_to_budget(a, b, m, n, k, dtype, trans_a, trans_b, memory)
@@ -85,8 +95,8 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
     cols = b.chunks[0] if trans_b else b.chunks[1]
     ka = a.chunks[0] if trans_a else a.chunks[1]
     kb_ = b.chunks[1] if trans_b else b.chunks[0]
-    token = tokenize(a, b, alpha, trans_a, trans_b, be_name)
-    out, acc = f"bigmm-matmul-{token}", f"bigmm-accumulate-{token}"
+    token = tokenize(a, b, alpha, trans_a, trans_b, be_name, out_name)
+    out, acc_key = f"bigmm-matmul-{token}", f"bigmm-accumulate-{token}"
     pieces = _k_pieces(ka, kb_)
     dsk: dict = {}
     for i, mi in enumerate(rows):
@@ -98,8 +108,10 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
             for s, (ia, a_k, ib, b_k) in enumerate(pieces):
                 akey = (a.name, ia, i) if trans_a else (a.name, i, ia)
                 bkey = (b.name, j, ib) if trans_b else (b.name, ib, j)
-                key = (out, i, j) if s == len(pieces) - 1 else (acc, i, j, s)
-                step = _Step(a_k, b_k, alpha, bool(trans_a), bool(trans_b), be_name)
+                last = s == len(pieces) - 1
+                key = (out, i, j) if last else (acc_key, i, j, s)
+                step = _Step(a_k, b_k, alpha, bool(trans_a), bool(trans_b), be_name, acc,
+                             out_name if last and out_name != acc else None)
                 dsk[key] = (_accumulate, prev, akey, bkey, step)
                 prev = key
     graph = HighLevelGraph.from_collections(out, dsk, dependencies=[a, b])
@@ -107,11 +119,13 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
 
 
 def _common_float(x, y) -> np.dtype:
-    dt = np.result_type(x, y)
-    if np.dtype(x) not in _FLOATS or np.dtype(y) not in _FLOATS:
-        raise DtypeError(f"Expected float32 or float64 dask arrays. Got {np.dtype(x)} and "
+    """The dtype two arrays of dtypes ``x`` and ``y`` are multiplied in
+    (:func:`bigmm.units.common_dtype`)."""
+    names = dtype_name(x), dtype_name(y)
+    if None in names:
+        raise DtypeError(f"Expected dask arrays of {', '.join(DTYPES)}. Got {np.dtype(x)} and "
                          f"{np.dtype(y)}.")
-    return np.dtype(dt)
+    return numpy_dtype(common_dtype(*names))
 
 
 def _array_backend(backend: str, meta) -> str:
@@ -186,14 +200,14 @@ def _accumulate(prev, a_blk, b_blk, step: _Step):
     b, tb = _operand(b_blk, step.b_k, 1 if step.trans_b else 0, step.trans_b)
     m = a.shape[1] if ta else a.shape[0]
     n = b.shape[0] if tb else b.shape[1]
-    c = np.empty_like(a, shape=(m, n), order="C")
+    c = np.empty_like(a, shape=(m, n), dtype=numpy_dtype(step.acc), order="C")
     beta = 0.0
     if prev is not None:
         c[...] = prev
         beta = 1.0
     if m and n:
         be.gemm(a, b, c, step.alpha, beta, ta, tb, None)  # stream None: the current stream
-    return c
+    return c if step.out is None else c.astype(numpy_dtype(step.out))
 
 
 def _zeros(meta, shape):

@@ -31,6 +31,7 @@ from ..errors import BudgetError, Interrupted, OptionError
 from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
 from ..io.region import RawRegion, RegionSink
 from ..planner import Plan, Tile, even_edge, make_plan
+from ..units import numpy_dtype
 from ._common import RESOURCE
 from ._common import distributed as _distributed
 
@@ -73,6 +74,7 @@ class _TileJob:
     host_budget: int
     io_threads: int | None
     verify: str | None = None  # "checksum": each task checks its tile (bigmm.checksum)
+    out_dtype: str | None = None  # C's dtype (None: the operands')
 
 
 class _Region(io.Source):
@@ -145,7 +147,7 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | None = None, old=None)
     where the caller holds C's file open in h5py and sends it.
     """
     be = resolve_backend(job.backend, job.kernel)  # its buffers live until close()
-    k, dt = job.k, np.dtype(job.dtype)
+    k, dt = job.k, numpy_dtype(job.out_dtype or job.dtype)
     opened: list = []
     c = None
     try:
@@ -281,7 +283,8 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
                  trans_a: bool = False, trans_b: bool = False, memory=None, host_memory=None,
                  backend: str = "auto", progress: Callable[[Progress], None] | None = None,
                  resume: bool = False, overwrite: bool = False, io_threads: int | None = None,
-                 stats: bool = False, kernel: str | None = None, verify: str | None = None):
+                 stats: bool = False, kernel: str | None = None, verify: str | None = None,
+                 out_dtype=None):
     """C = alpha * op(A) @ op(B) + beta * C on HDF5 files, as C-tile tasks on a dask cluster.
 
     ``a``, ``b``, ``out``: "file.h5:/dataset" specs (or h5py Datasets for a and b) on a
@@ -311,12 +314,13 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
                                    trans_a=trans_a, trans_b=trans_b, memory=memory,
                                    host_memory=host_memory, backend=backend, kernel=kernel,
                                    progress=progress, resume=resume, overwrite=overwrite,
-                                   io_threads=io_threads, verify=verify)
+                                   io_threads=io_threads, verify=verify, out_dtype=out_dtype)
     return (result, run) if stats else result
 
 
 def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_memory,
-               backend, progress, resume, overwrite, io_threads, kernel=None, verify=None):
+               backend, progress, resume, overwrite, io_threads, kernel=None, verify=None,
+               out_dtype=None):
     """:func:`matmul_files`, returning (output spec, Plan, RunStats, the workers' backend
     name): what ``bigmm multiply --workers/--scheduler`` reports."""
     client = _get_client(client)
@@ -346,7 +350,7 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
         else:
             plan = _grid(make_plan(m, n, k, dtype, **args, order="stream"), slots)
         sink = open_output(out, plan, job_record(plan, alpha, beta), A, B,
-                           overwrite=overwrite, resume=resume)
+                           overwrite=overwrite, resume=resume, out_dtype=out_dtype)
         closing.append(sink)
         if sink.complete:  # resumed after it had finished: nothing to do
             return sink.result, plan, complete_stats(plan), budgets.backend
@@ -354,7 +358,8 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
                  if plan.reads_c else None)
         tj = _TileJob(a_path, b_path, old_c, k, dtype, plan.trans_a, plan.trans_b,
                       (plan.bm, plan.bn, plan.bk), alpha, beta, backend, kernel,
-                      budgets.device, budgets.host, io_threads, parse_verify(verify))
+                      budgets.device, budgets.host, io_threads, parse_verify(verify),
+                      sink.dtype.name)
         run = _Tiles(client, tj, plan, sink, progress, slots, tagged).run()
         sink.finish()
         result = sink.result

@@ -7,6 +7,12 @@ a host staging slot). Without staging (NumPy) the readers fill the compute slots
 every event is already complete when it is recorded; with staging (GPU) they fill the host
 slots, and the run copies them in.
 
+Conversion: a reader fills its buffer in the plan's dtype (C's buffers: the plan's ``c_dtype``);
+an operand stored in another dtype (float32 A with float64 B, old C of another dtype) is read
+into a temporary of its own dtype and converted into the buffer, in the reader thread
+(:func:`read_into`). Half-precision panels of a half-precision plan are read as they are stored
+and reach the gemm in their own dtype.
+
 Direct copies: an operand that is a NumPy array in page-locked memory (:func:`in_place`) is not
 staged. Its panels are copied in straight from views of the user's array (no reader work, no
 host slot), and a pinned output array receives finished C tiles straight from the device.
@@ -29,6 +35,7 @@ from ..io.source import ArraySource
 from ..planner import Plan, Step
 from ..planner.schedule import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD
 from ..runstats import Tally
+from ..units import numpy_dtype
 from .tuning import RAMP, io_pieces, split_range
 
 
@@ -60,14 +67,14 @@ class Slots:
 
     @classmethod
     def allocate(cls, be, p: Plan, direct: dict[str, Any]) -> Slots:
-        dt = np.dtype(p.dtype)
+        dt, ct = numpy_dtype(p.dtype), numpy_dtype(p.c_dtype)
         dev = {"A": [be.device_buffer(p.bm * p.bk, dt) for _ in range(p.a_slots)],
                "B": [be.device_buffer(p.bk * p.bn, dt) for _ in range(p.b_slots)],
-               "C": [be.device_buffer(p.bm * p.bn, dt) for _ in range(C_SLOTS)]}
-        sizes = {"A": (p.bm * p.bk, HOST_PANEL_SLOTS), "B": (p.bk * p.bn, HOST_PANEL_SLOTS),
-                 "C": (p.bm * p.bn, HOST_C_SLOTS)}
-        host = {op: [be.host_buffer(size, dt) for _ in range(slots)]
-                for op, (size, slots) in sizes.items() if be.staging and direct[op] is None}
+               "C": [be.device_buffer(p.bm * p.bn, ct) for _ in range(C_SLOTS)]}
+        sizes = {"A": (p.bm * p.bk, HOST_PANEL_SLOTS, dt), "B": (p.bk * p.bn, HOST_PANEL_SLOTS, dt),
+                 "C": (p.bm * p.bn, HOST_C_SLOTS, ct)}
+        host = {op: [be.host_buffer(size, t) for _ in range(slots)]
+                for op, (size, slots, t) in sizes.items() if be.staging and direct[op] is None}
         return cls(dev, host, direct)
 
 
@@ -80,7 +87,8 @@ def direct_arrays(be, p: Plan, a, b, out, checked: bool) -> dict[str, Any]:
             return None
         if not isinstance(io, ArraySink if op == "C" else ArraySource):
             return None
-        return io.array if in_place(be, io.array, p.dtype, op == "C") else None
+        dtype = numpy_dtype(p.c_dtype if op == "C" else p.dtype)
+        return io.array if in_place(be, io.array, dtype, op == "C") else None
 
     return {op: direct(op, x) for op, x in (("A", a), ("B", b), ("C", out))}
 
@@ -127,7 +135,6 @@ class Loader:
         self.plan, self.be, self.slots, self.sources = plan, be, slots, sources
         self.pool, self.tally, self.clock, self.threads = pool, tally, clock, threads
         self.cancel, self.ramped = cancel, ramped
-        self.itemsize = np.dtype(plan.dtype).itemsize
         self.last_user: dict[tuple, int] = {}
         self.next_host = {"A": 0, "B": 0}
         self.assigned = 0  # steps assigned so far, over every pass
@@ -227,8 +234,8 @@ class Loader:
             chunks = None if op == "C" else src.chunks
             futures = [self.pool.submit(self._read, src, rr0, rr1, c0, c1,
                                         target[rr0 - r0:rr1 - r0], ready)
-                       for rr0, rr1 in io_pieces(r0, r1, c1 - c0, self.itemsize, self.threads,
-                                                 chunks)]
+                       for rr0, rr1 in io_pieces(r0, r1, c1 - c0, src.dtype.itemsize,
+                                                 self.threads, chunks)]
             parts.append(Part(futures, host, pdev))
         return Load(parts, (op, slot), host_key)
 
@@ -238,13 +245,25 @@ class Loader:
         ready()
         with self.clock:
             try:
-                src.read(r0, r1, c0, c1, target)
+                read_into(src, r0, r1, c0, c1, target)
             except BigmmError:
                 raise
             except Exception as e:
                 raise ReadError(f"Expected to read rows {r0}:{r1}, columns {c0}:{c1} of "
                                 f"{src.label}. Got {type(e).__name__}: {e}") from e
-        self.tally.add(bytes_read=target.nbytes)
+        self.tally.add(bytes_read=target.size * src.dtype.itemsize)
+
+
+def read_into(src, r0: int, r1: int, c0: int, c1: int, target: np.ndarray) -> None:
+    """Read rows [r0, r1) and columns [c0, c1) of ``src`` into ``target``, converted where the
+    target's dtype is not the source's (through a temporary of the region in the source's
+    dtype: reads stay raw, and NumPy's cast rounds as ``astype`` does)."""
+    if target.dtype == src.dtype:
+        src.read(r0, r1, c0, c1, target)
+        return
+    tmp = np.empty(target.shape, src.dtype)
+    src.read(r0, r1, c0, c1, tmp)
+    np.copyto(target, tmp, casting="unsafe")
 
 
 def region(p: Plan, st: Step, op: str) -> tuple[tuple[int, int, int, int], tuple[int, int]]:

@@ -31,6 +31,7 @@ import numpy as np
 from ..backends.base import Checksums
 from ..checksum import parse_verify
 from ..errors import DtypeError, Interrupted, OptionError, ShapeError
+from ..units import HALF_DTYPES, common_dtype, dtype_name
 from ..planner import Plan, Step
 from ..runstats import STAGES, Progress, RunStats, StageClock, Tally
 from .hooks import Checks, Hook
@@ -58,6 +59,9 @@ def execute(plan: Plan, a, b, out, backend, *, alpha: float = 1.0, beta: float =
     """
     _check_operands(plan, a, b, out, beta)
     verify = parse_verify(verify)
+    if verify is not None and plan.dtype in HALF_DTYPES:
+        raise OptionError(f"Expected verify=None for {plan.dtype} operands (checksums cover "
+                          f"float32 and float64). Got verify={verify!r}.")
     if verify is not None and not isinstance(backend, Checksums):
         raise OptionError(f"Expected a backend with checksum support for verify={verify!r}. "
                           f"Got {backend.name!r}.")
@@ -74,9 +78,14 @@ def _check_operands(plan: Plan, a, b, out, beta: float) -> None:
         if tuple(x.shape) != want[name]:
             raise ShapeError(f"Expected {name} of shape {want[name]} for this plan. "
                              f"Got {tuple(x.shape)}.")
-        if np.dtype(x.dtype) != np.dtype(plan.dtype):
-            raise DtypeError(f"Expected {name} of dtype {plan.dtype} for this plan. "
+        if dtype_name(x.dtype) is None:
+            raise DtypeError(f"Expected {name} of a dtype bigmm reads and writes. "
                              f"Got {np.dtype(x.dtype)}.")
+    # A and B are converted to the plan's dtype as they load, C to its own as it is written
+    both = common_dtype(dtype_name(a.dtype), dtype_name(b.dtype))
+    if both != plan.dtype:
+        raise DtypeError(f"Expected A and B whose common dtype is {plan.dtype} for this plan. "
+                         f"Got {np.dtype(a.dtype)} and {np.dtype(b.dtype)} ({both}).")
     if (beta != 0) != plan.reads_c:
         raise ShapeError(f"Expected a plan with reads_c={beta != 0} for beta={beta}. "
                          f"Got reads_c={plan.reads_c}.")
@@ -123,7 +132,7 @@ class Run:
                              {"A": self.a, "B": self.b, "C": self.out}, self.pool, self.tally,
                              self.clocks["read"], self.io_threads, self.cancel, self.pieced)
         self.writer = Writer(self.be, self.out, self.clocks["write"], self.tally,
-                             self.io_threads, np.dtype(self.plan.dtype).itemsize)
+                             self.io_threads, np.dtype(self.out.dtype).itemsize)
         self.writer.start()
         try:
             self.issued = 0

@@ -1,5 +1,6 @@
 """The writer: one thread that writes finished C tiles in order and commits them to the
-output's journal in batches."""
+output's journal in batches. A tile computed in another dtype than the output's (float32 C of
+half-precision operands written as bfloat16, say) is converted piece by piece as it is written."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from .tuning import io_pieces
 class Writer(threading.Thread):
     """Writes the tiles handed to :meth:`submit` into ``out`` (an io Sink), in order, on its
     own thread; ``error`` holds the first error (later tiles then fail with it). ``clock``
-    times the writes and commits, ``tally`` counts the bytes written. Large tiles go to a sink
-    that takes parallel writes in row pieces on ``threads`` threads."""
+    times the writes and commits, ``tally`` counts the bytes written (``itemsize``: bytes per
+    element of the output). Large tiles go to a sink that takes parallel writes in row pieces
+    on ``threads`` threads."""
 
     def __init__(self, be, out, clock, tally: Tally, threads: int, itemsize: int):
         super().__init__(name="bigmm-write", daemon=True)
@@ -110,7 +112,7 @@ class Writer(threading.Thread):
             raise WriteError(f"Expected to write rows {tile.r0}:{tile.r1}, columns "
                              f"{tile.c0}:{tile.c1} of {self.out.label}. "
                              f"Got {type(e).__name__}: {e}") from e
-        self.tally.add(bytes_written=src.nbytes)
+        self.tally.add(bytes_written=src.size * self.itemsize)
         return True
 
     def _write_rows(self, tile: Tile, r0: int, r1: int, src) -> None:
@@ -121,14 +123,20 @@ class Writer(threading.Thread):
         if self.out.parallel_writes:
             pieces = io_pieces(r0, r1, tile.c1 - tile.c0, self.itemsize, self.threads)
         if len(pieces) == 1:
-            self.out.write(r0, r1, tile.c0, tile.c1, src)
+            self._put(r0, r1, tile.c0, tile.c1, src)
             return
         if self.pool is None:
             self.pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="bigmm-copy")
-        futures = [self.pool.submit(self.out.write, p0, p1, tile.c0, tile.c1,
+        futures = [self.pool.submit(self._put, p0, p1, tile.c0, tile.c1,
                                     src[p0 - r0:p1 - r0]) for p0, p1 in pieces]
         for f in futures:
             f.result()
+
+    def _put(self, r0: int, r1: int, c0: int, c1: int, src) -> None:
+        """One write, ``src`` converted to the output's dtype first where it differs."""
+        if src.dtype != self.out.dtype:
+            src = src.astype(self.out.dtype)
+        self.out.write(r0, r1, c0, c1, src)
 
     def _commit(self, pending: list) -> None:
         if pending:

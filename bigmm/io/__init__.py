@@ -4,17 +4,23 @@
 * :func:`open_input` -> :class:`Source`: thread-safe ``read(r0, r1, c0, c1, out)``.
 * :func:`open_output` -> :class:`Sink`: ``write``/``commit``/``finish`` with a resume journal.
 * :func:`read_journal`: the job recorded for an interrupted output.
+* :func:`existing_dtype`: the dtype of an output that is kept (and so decides C's dtype).
+* :func:`h5_type` / :func:`stored_dtype`: the HDF5 type bigmm writes a dtype in (bfloat16:
+  see :mod:`._h5`), and the dtype a dataset stores.
 * :mod:`.generate`: seeded random operands (``bigmm.io.generate.generate``).
 """
 
 from __future__ import annotations
 
 from . import generate
+from ._h5 import dtype_name as describe_dtype
+from ._h5 import h5_type, stored_dtype
 from .layout import Layout, probe_layout
-from .output import open_output, read_journal
+from .output import existing_dtype, open_output, read_journal
 from .sink import Sink
 from .source import Source, open_input
 from .spec import Spec, parse_spec
 
-__all__ = ["Layout", "Sink", "Source", "Spec", "generate", "open_input", "open_output",
-           "parse_spec", "probe_layout", "read_journal"]
+__all__ = ["Layout", "Sink", "Source", "Spec", "describe_dtype", "existing_dtype", "generate",
+           "h5_type", "open_input", "open_output", "parse_spec", "probe_layout", "read_journal",
+           "stored_dtype"]

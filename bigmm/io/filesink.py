@@ -42,11 +42,12 @@ import os
 
 import h5py
 import numpy as np
-from h5py import h5d, h5p, h5s, h5t
+from h5py import h5d, h5p, h5s
 
 from ..errors import BigmmError, DiskFullError, WriteError
 from ..units import format_bytes
-from ._h5 import COMPLETE_ATTR, H5LOCK, JOB_ATTR, release_h5_handles
+from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, h5_type, read_region, release_h5_handles,
+                  write_region)
 from .identity import fingerprint
 from .journal import Journal, finished_job
 from .layout import chunk_cells, probe_layout
@@ -107,7 +108,7 @@ def create_dataset(f: h5py.File, name: str, shape, dtype, chunks=None) -> h5py.D
     dcpl.set_fill_time(h5d.FILL_TIME_NEVER)
     lcpl = h5p.create(h5p.LINK_CREATE)
     lcpl.set_create_intermediate_group(True)
-    dsid = h5d.create(f.id, name.encode(), h5t.py_create(np.dtype(dtype), logical=True),
+    dsid = h5d.create(f.id, name.encode(), h5_type(dtype),
                       h5s.create_simple(tuple(shape)), dcpl=dcpl, lcpl=lcpl)
     dset = h5py.Dataset(dsid)
     dset.attrs[COMPLETE_ATTR] = False
@@ -224,7 +225,7 @@ class FileSink(Sink):
             self._old.read(r0, r1, c0, c1, out)
             return
         with H5LOCK:
-            self._file[self.spec.dataset].read_direct(out, np.s_[r0:r1, c0:c1])
+            read_region(self._file[self.spec.dataset], np.s_[r0:r1, c0:c1], out)
 
     def write(self, r0, r1, c0, c1, src) -> None:
         self._check(r0, r1, c0, c1, src)
@@ -233,8 +234,7 @@ class FileSink(Sink):
         try:
             if self._fd is None:
                 with H5LOCK:
-                    self._dset.write_direct(np.ascontiguousarray(src),
-                                            dest_sel=np.s_[r0:r1, c0:c1])
+                    write_region(self._dset, np.s_[r0:r1, c0:c1], src)
                 return
             pieces = self._pieces(r0, r1, c0, c1)
             if self._map is not None:
@@ -251,7 +251,7 @@ class FileSink(Sink):
         self._check_region(r0, r1, c0, c1)
         if self._fd is None:
             return None
-        return RawRegion(self.path, self.label, self.dtype.str, (r0, r1), (c0, c1),
+        return RawRegion(self.path, self.label, self.dtype.name, (r0, r1), (c0, c1),
                          tuple(self._pieces(r0, r1, c0, c1)), reserved=self._map is not None)
 
     def _pieces(self, r0, r1, c0, c1) -> list:

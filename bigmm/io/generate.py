@@ -4,7 +4,8 @@ The matrix is defined independently of how it is written: its elements, in row-m
 cut into fixed units of ``UNIT`` elements, and unit ``u`` is drawn from
 ``SeedSequence(seed, spawn_key=(u,))`` (the ``u``-th child that ``SeedSequence(seed).spawn``
 would give). Standard-normal values are drawn in float64 and rounded to the dtype, so a float32
-matrix is the rounded float64 matrix of the same seed. Writes then go in row blocks of any
+(float16, bfloat16) matrix is the rounded float64 matrix of the same seed. bfloat16 datasets are
+written in the bfloat16 HDF5 type (see :mod:`._h5`). Writes then go in row blocks of any
 size (aligned to the chunk rows where chunked), each block drawing only the units it overlaps:
 the result is the same for every block size, and memory stays bounded for matrices larger than
 RAM.
@@ -19,8 +20,9 @@ import h5py
 import numpy as np
 
 from ..errors import DtypeError, OptionError, OutputExistsError, OutputNotWritable, ShapeError
-from ..units import DTYPES
-from ._h5 import COMPLETE_ATTR
+from ..units import DTYPES, numpy_dtype
+from ..units import dtype_name as _dtype_name
+from ._h5 import COMPLETE_ATTR, h5_type, stored_dtype, write_region
 from .spec import parse_spec
 
 #: Elements per random unit (fixed: changing it changes every generated matrix).
@@ -66,8 +68,8 @@ def generate(spec: str, shape, *, dtype: str = "float32", layout: str | None = N
                     f"Expected {path}:{name} not to exist (pass overwrite to replace it). "
                     f"Got an existing dataset.")
             del f[name]
-        dset = f.create_dataset(name, shape=(m, n), dtype=dtype, chunks=lay.chunks,
-                                track_times=False, **lay.filter)
+        dset = f.create_dataset(name, shape=(m, n), dtype=h5py.Datatype(h5_type(dtype)),
+                                chunks=lay.chunks, track_times=False, **lay.filter)
         dset.attrs[COMPLETE_ATTR] = False  # a killed run leaves a dataset marked incomplete
         try:
             _fill(dset, seed, block_elements, lay.chunks)
@@ -87,7 +89,7 @@ def block(shape, seed: int, r0: int, r1: int, dtype: str = "float64") -> np.ndar
     if not 0 <= r0 <= r1 <= m:
         raise ShapeError(f"Expected 0 <= r0 <= r1 <= {m}. Got r0={r0}, r1={r1}.")
     flat = _draw(seed, r0 * n, r1 * n)
-    return flat.reshape(r1 - r0, n).astype(parse_dtype(dtype), copy=False)
+    return flat.reshape(r1 - r0, n).astype(numpy_dtype(parse_dtype(dtype)), copy=False)
 
 
 # ----- parsing -----------------------------------------------------------------------------
@@ -106,13 +108,10 @@ def parse_shape(shape) -> tuple[int, int]:
 
 
 def parse_dtype(dtype) -> str:
-    """'float32' or 'float64'."""
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
-        name = None
-    if name not in DTYPES:
-        raise DtypeError(f"Expected dtype float32 or float64. Got {dtype!r}.")
+    """A name in DTYPES ('float16', 'bfloat16', 'float32' or 'float64')."""
+    name = _dtype_name(dtype)
+    if name is None:
+        raise DtypeError(f"Expected dtype {', '.join(DTYPES)}. Got {dtype!r}.")
     return name
 
 
@@ -208,6 +207,8 @@ def _fill(dset: h5py.Dataset, seed: int, block_elements: int, chunks) -> None:
     rows = max(1, block_elements // n)
     if chunks is not None:
         rows = max(chunks[0], rows // chunks[0] * chunks[0])
+    dtype = stored_dtype(dset)  # native: generate creates the dataset
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
-        dset[r0:r1] = _draw(seed, r0 * n, r1 * n).reshape(r1 - r0, n).astype(dset.dtype)
+        write_region(dset, np.s_[r0:r1, 0:n],
+                     _draw(seed, r0 * n, r1 * n).reshape(r1 - r0, n).astype(dtype))

@@ -41,7 +41,7 @@ def file_facts(path: str) -> dict:
 def describe(src, *, volatile: bool = False) -> dict:
     """The identity record of an opened Source (JSON-able). ``volatile``: its file is written by
     the run (the output's file), so its size and modification time are not compared."""
-    rec = {"label": src.label, "shape": list(src.shape), "dtype": np.dtype(src.dtype).str,
+    rec = {"label": src.label, "shape": list(src.shape), "dtype": _dtype_key(src.dtype),
            "fingerprint": fingerprint(src)}
     where = src.where()
     if where is not None:
@@ -100,8 +100,17 @@ def fingerprint(src) -> str:
     for r0, r1, c0, c1 in sample_regions(src.shape, dt.itemsize, src.chunks, total):
         buf = np.empty((r1 - r0, c1 - c0), dt)
         src.read(r0, r1, c0, c1, buf)
-        h.update(np.ascontiguousarray(buf, dtype=dt.newbyteorder("<")).tobytes())
+        if dt.kind != "f":  # bfloat16 (native, as NumPy holds it): its bits, little-endian
+            buf = buf.view(f"=u{dt.itemsize}")
+        h.update(np.ascontiguousarray(buf, dtype=buf.dtype.newbyteorder("<")).tobytes())
     return h.hexdigest()
+
+
+def _dtype_key(dtype) -> str:
+    """How an identity records a dtype: NumPy's type string ('<f4'), or the name where NumPy's
+    string does not say it (bfloat16 is '<V2')."""
+    dt = np.dtype(dtype)
+    return dt.str if dt.kind == "f" else dt.name
 
 
 def sample_regions(shape, itemsize: int, chunks, total: int) -> list[tuple[int, int, int, int]]:

@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 from h5py import h5d, h5z
 
-from ._h5 import H5LOCK
+from ._h5 import BFLOAT16, H5LOCK, bf16_order, stored_dtype
 
 
 
@@ -77,10 +77,12 @@ def probe_layout(dset: h5py.Dataset) -> Layout:
 
 def _probe(dset: h5py.Dataset) -> Layout:
     chunks = tuple(dset.chunks) if dset.chunks else None
-    dtype = dset.dtype
-    if sys.byteorder != "little" or dtype.kind != "f":
+    dtype = stored_dtype(dset)
+    if sys.byteorder != "little" or (dtype.kind != "f" and dtype != BFLOAT16):
         return _fallback(f"dtype {dtype.str} on a {sys.byteorder}-endian machine", chunks)
-    swap = dtype.byteorder == ">"
+    swap = (bf16_order(dset) if dtype == BFLOAT16 else dtype.byteorder) == ">"
+    if swap and dtype == BFLOAT16:  # NumPy's bfloat16 has no big-endian form
+        return _fallback("big-endian bfloat16", chunks)
     if dset.file.driver != "sec2":
         return _fallback(f"file driver {dset.file.driver!r}", chunks)
     if dset.file.userblock_size:
@@ -91,7 +93,7 @@ def _probe(dset: h5py.Dataset) -> Layout:
         return _fallback("external storage", chunks)
     if kind == h5d.VIRTUAL:
         return _fallback("virtual dataset", chunks)
-    fill = float(np.asarray(dset.fillvalue, dtype=dtype.newbyteorder("=")))
+    fill = float(np.asarray(dset.fillvalue, dtype=np.float64))
     if chunks is not None and len(chunks) == 2:
         cells = -(-dset.shape[0] // chunks[0]) * -(-dset.shape[1] // chunks[1])
         if cells > MAX_INDEX_CELLS:

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, OptionError,
                       OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
                       ShapeError, SpecError)
-from ._h5 import COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles
+from ._h5 import COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles, stored_dtype
 from .identity import Footprint, array_footprint, describe, differences, fingerprint, overlaps
 from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
 from .lock import OutputLock, h5_open_retry
@@ -28,7 +28,7 @@ from .filesink import PARTIAL_SUFFIX, FileSink, create_dataset, tile_chunks
 from .sink import ArraySink, CompleteSink, Sink
 from .source import DEFAULT_THREADS, Source, open_input
 from .spec import Spec, parse_spec
-from ..units import format_bytes
+from ..units import format_bytes, numpy_dtype
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
                 resume: bool = False, reads_c: bool = False,
@@ -81,6 +81,33 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
     chunks = tile_chunks(shape, tile, dtype.itemsize)
     return _open_locked(parse_spec(x), shape, dtype, inputs, job, overwrite, resume, reads_c,
                         threads, chunks)
+
+
+def existing_dtype(x, *, resume: bool = False, reads_c: bool = False) -> np.dtype | None:
+    """The dtype of the output C that ``x`` names where it is kept and so decides C's dtype:
+    an array or h5py.Dataset written in place, and a spec's dataset where it is resumed (the
+    dtype its journal recorded) or holds old C (``reads_c``); None where C is new (or
+    replaced)."""
+    if isinstance(x, np.ndarray):
+        return x.dtype
+    if isinstance(x, h5py.Dataset):
+        return stored_dtype(x)
+    if isinstance(x, os.PathLike):
+        x = os.fspath(x)
+    if not isinstance(x, (str, Spec)) or not (resume or reads_c):
+        return None
+    spec = parse_spec(x)
+    recorded = parse_journal(journal_path(spec)) if resume else None
+    if recorded is not None and recorded[0].get("dtype"):
+        try:
+            return numpy_dtype(recorded[0]["dtype"])
+        except BigmmError:
+            return None
+    if not os.path.isfile(spec.path) or not h5py.is_hdf5(spec.path):
+        return None
+    with H5LOCK, h5_open_retry(lambda: h5py.File(spec.path, "r"), spec.path, str(spec)) as f:
+        obj = f.get(spec.dataset)
+        return stored_dtype(obj) if isinstance(obj, h5py.Dataset) else None
 
 
 def _check_like(have_shape, have_dtype, shape, dtype, label) -> None:
@@ -143,7 +170,7 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
                 home = os.stat(obj.file.filename)  # an external link's target file
                 objects = ((home.st_dev, home.st_ino, int(h5py.h5o.get_info(obj.id).addr)),)
                 raw = obj.attrs.get(JOB_ATTR)
-                info.update(exists=True, shape=tuple(obj.shape), dtype=obj.dtype,
+                info.update(exists=True, shape=tuple(obj.shape), dtype=stored_dtype(obj),
                             complete=bool(obj.attrs.get(COMPLETE_ATTR, True)),
                             flagged=COMPLETE_ATTR in obj.attrs,
                             record=_loads(raw))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import BigmmError, WriteError
+from ..units import numpy_dtype
 from .mapped import FileMap, MappedWrites
 from .rawio import write_block
 from .sink import Sink, _check_tile, _write_error
@@ -81,7 +82,7 @@ def write_region(where: RawRegion, src) -> None:
     read or written), so several processes may write disjoint regions of one output while the
     sink's owner journals them after this returns. Errors are WriteError (DiskFullError when
     the disk is full)."""
-    _check_tile(np.dtype(where.dtype), where.shape, src)
+    _check_tile(numpy_dtype(where.dtype), where.shape, src)
     with RegionSink(where) as sink:
         sink.write(0, where.shape[0], 0, where.shape[1], src)
         sink.finish()
@@ -108,7 +109,7 @@ class RegionSink(Sink):
 
     def __init__(self, where: RawRegion, old=None):
         self.where, self.old = where, old
-        self.shape, self.dtype = where.shape, np.dtype(where.dtype)
+        self.shape, self.dtype = where.shape, numpy_dtype(where.dtype)
         (self._r0, r1), (self._c0, c1) = where.rows, where.cols
         self.label = f"{where.label} rows {self._r0}:{r1}, columns {self._c0}:{c1}"
         self._dirty = False

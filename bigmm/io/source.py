@@ -30,7 +30,7 @@ from h5py import h5d, h5o, h5z
 
 from ..errors import (BigmmError, IncompleteOutputError, OperandNotFound, OptionError, ReadError,
                       ShapeError, SpecError)
-from ._h5 import H5LOCK, REOPENABLE, check_matrix, is_incomplete
+from ._h5 import H5LOCK, REOPENABLE, check_matrix, is_incomplete, read_region, stored_dtype
 from .base import Matrix
 from .identity import Footprint, array_footprint, file_facts
 from .layout import MAX_INDEX_CELLS, Layout, chunk_cells, chunk_index, probe_layout
@@ -89,7 +89,7 @@ class Source(Matrix):
 
 
 class ArraySource(Source):
-    """A NumPy array (any strides, any byte order of float32/float64)."""
+    """A NumPy array (any strides, any byte order) of a dtype in DTYPES."""
 
     layout = "array"
 
@@ -116,7 +116,7 @@ class H5Source(Source):
         self.label = label
         self._map_step = map_step
         self.shape = tuple(dset.shape)
-        self.dtype = check_matrix(dset.shape, dset.dtype, label)
+        self.dtype = check_matrix(dset.shape, stored_dtype(dset), label)
         self.chunks = tuple(dset.chunks) if dset.chunks else None
         self.path = os.path.realpath(dset.file.filename)
         with H5LOCK:
@@ -249,8 +249,9 @@ class H5Source(Source):
         m, n = self.shape
         for r0, r1, c0, c1 in ((0, min(m, 3), 0, min(n, 300)),
                                (max(0, m - 3), m, max(0, n - 300), n)):
+            ref = np.empty((r1 - r0, c1 - c0), self.dtype)
             with H5LOCK:
-                ref = np.ascontiguousarray(self._dset[r0:r1, c0:c1], dtype=self.dtype)
+                read_region(self._dset, np.s_[r0:r1, c0:c1], ref)
             for mapped in {False, self._map is not None}:
                 raw = np.empty((r1 - r0, c1 - c0), self.dtype)
                 try:
@@ -271,7 +272,7 @@ class H5Source(Source):
                 self._read_fast(r0, r1, c0, c1, out, self._map is not None)
             else:
                 with H5LOCK:
-                    self._dataset().read_direct(out, np.s_[r0:r1, c0:c1])
+                    read_region(self._dataset(), np.s_[r0:r1, c0:c1], out)
         except BigmmError:
             raise
         except Exception as exc:  # OSError, h5py/HDF5 errors from filters
@@ -329,7 +330,8 @@ class H5Source(Source):
                 self._map.copy(dest, src, view=src)
 
     def _stored(self) -> np.dtype:
-        return self.dtype.newbyteorder(">" if self._layout.swap else "<")
+        # (on a little-endian host; bfloat16 is never swapped: probe_layout refuses it)
+        return self.dtype.newbyteorder(">") if self._layout.swap else self.dtype
 
     def _mapped_rows(self, r0, r1, c0, c1, out, piece) -> list:
         m, n = self.shape
@@ -409,7 +411,7 @@ class H5Source(Source):
         buf = np.frombuffer(data, np.uint8)
         if lay.shuffle:  # byte k of every element was stored together
             buf = np.ascontiguousarray(buf.reshape(w, cr * cc).T)
-        stored = self.dtype.newbyteorder(">" if lay.swap else "<")
+        stored = self.dtype.newbyteorder(">") if lay.swap else self.dtype
         chunk = buf.view(stored).reshape(cr, cc)
         ca, cb = a0 - ci * cr, b0 - cj * cc
         dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
@@ -579,7 +581,7 @@ def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
         return ArraySource(x, f"{name} (NumPy array)")
     if isinstance(x, h5py.Dataset):
         label = f"{name} ({x.file.filename}:{x.name})"
-        check_matrix(x.shape, x.dtype, label)
+        check_matrix(x.shape, stored_dtype(x), label)
         if is_incomplete(x):
             raise IncompleteOutputError(incomplete_message(label))
         return H5Source(x, label, threads=threads, use_mmap=use_mmap, map_step=map_step)
@@ -592,7 +594,7 @@ def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
     f, dset = open_h5(spec, name)
     try:
         label = f"{name} ({spec})"
-        check_matrix(dset.shape, dset.dtype, label)
+        check_matrix(dset.shape, stored_dtype(dset), label)
         if is_incomplete(dset):
             raise IncompleteOutputError(incomplete_message(label))
         return H5Source(dset, label, own_file=f, threads=threads, use_mmap=use_mmap,

@@ -91,18 +91,21 @@ class Rates:
         return nbytes / self.check_bytes + self.check_step * steps if self.check_bytes else 0.0
 
     def step_seconds(self, rows: int, cols: int, depth: int, itemsize: int,
-                     last: bool, accumulates: bool = False, landed: int | None = None) -> float:
+                     last: bool, accumulates: bool = False, landed: int | None = None,
+                     c_itemsize: int | None = None) -> float:
         """Seconds of one gemm step of a rows x cols tile over ``depth`` on the compute
         stream: the gemm (and when it ``accumulates`` into C, the tile's extra traffic), the
         fixed STEP_SECONDS and the checks (sums over both panels, or with ``check_fused``
         over the ``landed`` elements of the panels the step loads, and over the finished
-        tile, read twice, after its ``last`` step)."""
+        tile, read twice, after its ``last`` step). ``itemsize``: bytes per panel element;
+        ``c_itemsize``: per C element (default ``itemsize``)."""
         panels = (rows + cols) * depth
         if self.check_fused and landed is not None:
             panels = landed
         summed = panels + (2 * rows * cols if last else 0)
+        wc = itemsize if c_itemsize is None else c_itemsize
         return (self.gemm_seconds(2 * rows * cols * depth, 1, depth,
-                                  itemsize * rows * cols if accumulates else 0)
+                                  wc * rows * cols if accumulates else 0)
                 + self.check_seconds(itemsize * summed, 1))
 
 
@@ -152,9 +155,10 @@ class StageTimes:
 def stage_times(p: Plan, r: Rates) -> StageTimes:
     """Busy seconds per stage of ``p`` under ``r`` (whole schedule; no tiles done)."""
     w, h2d = p.itemsize, (r.h2d_bytes if p.staging and r.h2d_bytes else None)
-    first = w * (p.bm * p.bk + p.bk * p.bn + (p.bm * p.bn if p.reads_c else 0))
+    wc = p.c_itemsize  # C's elements (float32 for half-precision panels)
+    first = w * (p.bm * p.bk + p.bk * p.bn) + (wc * p.bm * p.bn if p.reads_c else 0)
     rows, cols = p.tile(p.ni - 1, p.nj - 1).shape  # the last tile of either order
-    tail = w * rows * cols
+    tail = wc * rows * cols
     copy = (lambda nbytes: nbytes / h2d) if h2d else (lambda nbytes: 0.0)
     steps = p.n_steps
     # every tile sums its panels once per step (fused: each panel once per load) and itself
@@ -163,7 +167,7 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
               else p.k * (p.nj * p.m + p.ni * p.n)) + 2 * p.m * p.n
     # every step after a tile's first adds into the tile (and the first too when it reads C)
     adds = p.nk - 1 + (1 if p.reads_c else 0)
-    compute = (r.gemm_seconds(p.flops, steps, p.n_tiles * p.k, w * p.m * p.n * adds)
+    compute = (r.gemm_seconds(p.flops, steps, p.n_tiles * p.k, wc * p.m * p.n * adds)
                + r.check_seconds(w * summed, steps))
     drain = copy(tail) + tail / r.write_bytes
     # the first tile's panels and the first row's (column's) are read before their last gemm
@@ -174,18 +178,19 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
         wide, tiles, again = p.m, p.ni, p.b_reads > 1
         row = p.bn * p.k * (tiles if again else 1) + p.k * wide
     c = p.bm * p.bn if p.reads_c else 0
-    tile0 = (r.gemm_seconds(2 * p.bm * p.bn * p.k, p.nk, p.k, w * p.bm * p.bn * adds)
+    tile0 = (r.gemm_seconds(2 * p.bm * p.bn * p.k, p.nk, p.k, wc * p.bm * p.bn * adds)
              + r.check_seconds(w * ((p.bm + p.bn) * p.k + 2 * p.bm * p.bn), p.nk))
-    head = max(w * (p.bm * p.k + p.k * p.bn + c) / r.read_bytes + compute - tile0,
-               w * (row + c * wide / (p.bn if p.row_major else p.bm)) / r.read_bytes + compute
+    head = max((w * (p.bm * p.k + p.k * p.bn) + wc * c) / r.read_bytes + compute - tile0,
+               (w * row + wc * c * wide / (p.bn if p.row_major else p.bm)) / r.read_bytes
+               + compute
                - r.gemm_seconds(2 * (p.bm if p.row_major else p.bn) * wide * p.k, p.nk * tiles,
-                                tiles * p.k, w * (p.bm if p.row_major else p.bn) * wide * adds)
+                                tiles * p.k, wc * (p.bm if p.row_major else p.bn) * wide * adds)
                ) + drain
     if p.row_major:
         later, panels = p.ni - 1, p.bm * p.k + (p.k * p.bn if p.b_reads > 1 else 0) + c
     else:
         later, panels = p.nj - 1, p.k * p.bn + (p.bm * p.k if p.a_reads > 1 else 0) + c
-    burst = max(0.0, w * panels / r.read_bytes - tile0)
+    burst = max(0.0, (w * (panels - c) + wc * c) / r.read_bytes - tile0)
     return StageTimes(read=p.bytes_read / r.read_bytes, copy_in=copy(p.bytes_h2d),
                       compute=compute, copy_out=copy(p.bytes_written),
                       write=p.bytes_written / r.write_bytes,
@@ -252,6 +257,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
     of the tile that used its host C buffer before, and so does the issuing of later steps.
     Without staging the gemm runs on the issuing thread. O(steps)."""
     w, staging, reads_c, last_kp = p.itemsize, p.staging, p.reads_c, p.nk - 1
+    wc = p.c_itemsize
     fused = r.check_fused
     rd, wr = r.read_bytes, r.write_bytes
     h2d = r.h2d_bytes if staging and r.h2d_bytes else math.inf  # no copies: free
@@ -281,7 +287,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
             loads.append((1, b_slot, w * depth * cols))
         if kp == 0 and reads_c:
             host_next[2] = cs
-            loads.append((2, cs, w * rows * cols))
+            loads.append((2, cs, wc * rows * cols))
         # the loads go to the readers once their slots' last users were issued
         if s >= MAX_LOOKAHEAD and issued[s - MAX_LOOKAHEAD] > assign:
             assign = issued[s - MAX_LOOKAHEAD]
@@ -306,7 +312,8 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
                 start = read_end
         # the issuing thread: copies in, the gemm, and after a tile's last gemm its copy-out
         landed = sum(nbytes for op, _, nbytes in loads if op < 2) // w if fused else None
-        gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c, landed)
+        gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c, landed,
+                              wc)
         busy[2] += gemm
         if staging:
             ready = start
@@ -326,7 +333,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
                 start = c_written[cs]
             issue = gemm_end = (gemm_end if gemm_end > start else start) + gemm
         if kp == last_kp:
-            nbytes = w * rows * cols
+            nbytes = wc * rows * cols
             done = gemm_end
             if staging:
                 if c_written[cs] > issue:

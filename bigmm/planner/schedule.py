@@ -25,7 +25,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Protocol
 
-from ..units import DTYPES, format_bytes, format_seconds
+from ..units import DTYPES, accumulate_dtype, format_bytes, format_seconds
 
 ORDERS = ("stream", "resident-a", "resident-b")
 
@@ -91,7 +91,12 @@ class Step:
 
 @dataclass(frozen=True)
 class Plan:
-    """A complete, checked schedule for C = alpha * op(A) @ op(B) + beta * C."""
+    """A complete, checked schedule for C = alpha * op(A) @ op(B) + beta * C.
+
+    ``dtype``: the operands' panels as they are moved and multiplied (``itemsize`` bytes an
+    element); C tiles are in ``c_dtype``, the dtype the products accumulate in (float32 for
+    half-precision panels, else ``dtype``), ``c_itemsize`` bytes an element.
+    """
 
     m: int
     n: int
@@ -114,7 +119,18 @@ class Plan:
     # ----- grid ---------------------------------------------------------------------------
     @property
     def itemsize(self) -> int:
+        """Bytes per element of the A and B panels."""
         return DTYPES[self.dtype]
+
+    @property
+    def c_dtype(self) -> str:
+        """The dtype of the C tiles on the compute side (and as copied out)."""
+        return accumulate_dtype(self.dtype)
+
+    @property
+    def c_itemsize(self) -> int:
+        """Bytes per element of the C tiles."""
+        return DTYPES[self.c_dtype]
 
     @property
     def ni(self) -> int:
@@ -219,8 +235,8 @@ class Plan:
     def device_bytes(self) -> int:
         """Bytes the compute side holds: C tiles and the A and B panel slots."""
         w = self.itemsize
-        return w * (C_SLOTS * self.bm * self.bn + self.a_slots * self.bm * self.bk
-                    + self.b_slots * self.bk * self.bn)
+        return (self.c_itemsize * C_SLOTS * self.bm * self.bn
+                + w * (self.a_slots * self.bm * self.bk + self.b_slots * self.bk * self.bn))
 
     @property
     def host_bytes(self) -> int:
@@ -228,8 +244,8 @@ class Plan:
         if not self.staging:
             return self.device_bytes
         w = self.itemsize
-        return w * (HOST_PANEL_SLOTS * (self.bm * self.bk + self.bk * self.bn)
-                    + HOST_C_SLOTS * self.bm * self.bn)
+        return (w * HOST_PANEL_SLOTS * (self.bm * self.bk + self.bk * self.bn)
+                + self.c_itemsize * HOST_C_SLOTS * self.bm * self.bn)
 
     # ----- traffic ------------------------------------------------------------------------
     @property
@@ -255,13 +271,12 @@ class Plan:
 
     @property
     def bytes_read(self) -> int:
-        w = self.itemsize
-        c = self.m * self.n if self.reads_c else 0
-        return w * (self.a_reads * self.m * self.k + self.b_reads * self.k * self.n + c)
+        c = self.c_itemsize * self.m * self.n if self.reads_c else 0
+        return self.itemsize * (self.a_reads * self.m * self.k + self.b_reads * self.k * self.n) + c
 
     @property
     def bytes_written(self) -> int:
-        return self.itemsize * self.m * self.n
+        return self.c_itemsize * self.m * self.n
 
     @property
     def bytes_h2d(self) -> int:
@@ -319,7 +334,8 @@ class Plan:
     def __str__(self) -> str:
         ta, tb = ("A^T" if self.trans_a else "A"), ("B^T" if self.trans_b else "B")
         rows = [
-            ("product", f"C[{self.m} x {self.n}] = {ta} @ {tb}, depth {self.k}, {self.dtype}"),
+            ("product", f"C[{self.m} x {self.n}] = {ta} @ {tb}, depth {self.k}, {self.dtype}"
+                        + (f" (C in {self.c_dtype})" if self.c_dtype != self.dtype else "")),
             ("loop order", self.order),
             ("C tiles", f"{self.ni} x {self.nj} = {self.n_tiles} tiles of {self.bm} x {self.bn}"),
             ("K panels", f"{self.nk} per tile, depth {self.bk}"),

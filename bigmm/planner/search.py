@@ -129,7 +129,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     """
     _check_dims(m, n, k)
     if dtype not in DTYPES:
-        raise DtypeError(f"Expected dtype float32 or float64. Got {dtype!r}.")
+        raise DtypeError(f"Expected dtype {', '.join(DTYPES)}. Got {dtype!r}.")
     if order is not None and order not in ORDERS:
         raise PlanError(f"Expected order to be one of {', '.join(ORDERS)}. Got {order!r}.")
     for name, v in (("device budget", device_budget), ("host budget", host_budget)):
@@ -219,7 +219,7 @@ def _cost(p: Plan, step_bytes: int = STEP_COST_BYTES) -> int:
     compute), which no overlap hides, plus a fixed cost per gemm step."""
     w = p.itemsize
     fill = w * (p.bm * p.bk + p.bk * p.bn)
-    drain = DRAIN_WEIGHT * w * p.bm * p.bn
+    drain = DRAIN_WEIGHT * p.c_itemsize * p.bm * p.bn
     return p.bytes_read + fill + drain + step_bytes * p.n_steps
 
 

@@ -14,6 +14,7 @@ from bigmm.backends import (Backend, Calibrates, Checksums, HostHints, Profiles,
                             get_backend)
 from bigmm.errors import DtypeError, OptionError, ShapeError  # noqa: E402
 from bigmm.profile import Profile  # noqa: E402
+from bigmm.units import numpy_dtype  # noqa: E402
 from bigmm.testing import (pinned_array, random_matrix, reference_gemm, relative_error,  # noqa: E402
                            tolerance)
 
@@ -132,12 +133,69 @@ def test_tf32_kernel_is_close_but_not_exact():
         be.close()
 
 
+HALF_CASES = [
+    # (m, n, k, alpha, beta)
+    (7, 13, 29, 1.0, 0.0),  # primes, below one tensor-core tile
+    (531, 389, 1000, 1.25, -0.75),  # odd sizes and leading dimensions, general alpha/beta
+    (1024, 768, 4096, 1.0, 1.0),  # aligned, deep, accumulate
+]
+
+
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize("m,n,k,alpha,beta", HALF_CASES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_gemm_on_tensor_cores_from_staged_panels(dtype, m, n, k, alpha, beta, ta, tb):
+    """cublasGemmEx on 16-bit panels copied in as stored (bfloat16 as uint16 bits), float32
+    accumulation into a float32 C (see bigmm.testing.tolerance for the bound)."""
+    be = _backend()
+    try:
+        dt = numpy_dtype(dtype)
+        a, b, _ = _operands(m, n, k, dt, ta, tb, seed=m + k)
+        c0 = random_matrix((m, n), np.float32, 5)
+        s = be.stream()
+        views = []
+        for x in (a, b):
+            host = be.view(be.host_buffer(x.size, dt), x.shape)
+            host[...] = x
+            dev = be.view(be.device_buffer(x.size + 3, dt), x.shape)
+            assert dev.dtype == (np.uint16 if dtype == "bfloat16" else dt)
+            be.copy_in(host, dev, s)
+            views.append(dev)
+        cbuf = be.device_buffer(m * n + 7, np.float32)
+        cbuf[:] = np.nan
+        dc = be.view(cbuf, (m, n))
+        if beta != 0:
+            dc.set(c0)
+        cupy.cuda.runtime.deviceSynchronize()  # the fills ran on the legacy default stream
+        be.gemm(views[0], views[1], dc, alpha, beta, ta, tb, s)
+        back = be.view(be.host_buffer(a.size, dt), a.shape)
+        be.copy_out(views[0], back, s)  # the bits went in and come back unchanged
+        be.synchronize(be.record(s))
+        assert back.tobytes() == a.tobytes()
+        ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+        assert relative_error(dc.get(), ref) <= tolerance(dtype, k)
+        assert bool(cupy.isnan(cbuf[m * n:]).all())  # nothing written past the view
+    finally:
+        be.close()
+
+
+def test_half_rates_and_epsilon():
+    be = _backend()
+    try:
+        r = be.rates("bfloat16", 64 << 20)
+        assert r.flops > 1e12 and r.h2d_bytes > 1e9
+        assert be.epsilon(numpy_dtype("bfloat16")) == float(np.finfo(np.float32).eps)
+    finally:
+        be.close()
+
+
 BAD_GEMM = [
     # (description, a shape, b shape, c shape, dtypes, error)
     ("inner dims differ", (4, 5), (6, 3), (4, 3), ("f4", "f4", "f4"), ShapeError),
     ("c has the wrong shape", (4, 5), (5, 3), (3, 4), ("f4", "f4", "f4"), ShapeError),
     ("mixed dtypes", (4, 5), (5, 3), (4, 3), ("f4", "f8", "f8"), DtypeError),
     ("integer dtype", (4, 5), (5, 3), (4, 3), ("i4", "i4", "i4"), DtypeError),
+    ("half c for half operands", (4, 5), (5, 3), (4, 3), ("f2", "f2", "f2"), DtypeError),
 ]
 
 

@@ -13,6 +13,11 @@ from bigmm.backends.numpy import NumpyBackend, memory_available
 from bigmm.errors import BackendUnavailable, DtypeError, ShapeError
 from bigmm.planner import READ_RATE, WRITE_RATE
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+from bigmm.backends import numpy as numpy_backend
+from bigmm.backends.numpy import HALF_SCRATCH
+from bigmm.units import numpy_dtype
+
+BF16 = numpy_dtype("bfloat16")
 
 TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
 
@@ -86,7 +91,38 @@ BAD_GEMM = [
     ("c has the wrong shape", (4, 5), (5, 3), (3, 4), ("f8", "f8", "f8"), ShapeError),
     ("mixed dtypes", (4, 5), (5, 3), (4, 3), ("f4", "f8", "f8"), DtypeError),
     ("integer dtype", (4, 5), (5, 3), (4, 3), ("i8", "i8", "i8"), DtypeError),
+    ("half c for half operands", (4, 5), (5, 3), (4, 3), ("f2", "f2", "f2"), DtypeError),
+    ("float64 c for half operands", (4, 5), (5, 3), (4, 3), ("f2", "f2", "f8"), DtypeError),
+    ("bfloat16 with float16", (4, 5), (5, 3), (4, 3), (BF16, "f2", "f4"), DtypeError),
 ]
+
+
+HALF_CASES = [
+    # (m, n, k, alpha, beta, scratch elements)
+    (1, 1, 1, 1.0, 0.0, HALF_SCRATCH),   # scalar product
+    (37, 29, 1001, 0.5, -2.0, 1000),     # K in four blocks of the least depth (256)
+    (64, 48, 300, 1.0, 1.0, 1 << 20),    # one block, accumulate
+]
+
+
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize("m,n,k,alpha,beta,scratch", HALF_CASES)
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_half_gemm_in_float32_blocks(backend, monkeypatch, dtype, m, n, k, alpha, beta, scratch,
+                                     ta, tb):
+    """float16 and bfloat16 a and b into a float32 c, converted a K block at a time."""
+    monkeypatch.setattr(numpy_backend, "HALF_SCRATCH", scratch)
+    a, b, _ = _operands(m, n, k, dtype, ta, tb, seed=m + k)
+    c0 = random_matrix((m, n), np.float32, 3)
+    c = c0.copy() if beta else np.full((m, n), np.nan, np.float32)
+    backend.gemm(a, b, c, alpha, beta, ta, tb, None)
+    ref = reference_gemm(a, b, alpha=alpha, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    assert relative_error(c, ref) <= tolerance(dtype, k)
+
+
+def test_half_rates_time_a_half_gemm():
+    r = NumpyBackend().rates("bfloat16", 1 << 20)
+    assert r.flops > 0
 
 
 @pytest.mark.parametrize("what,sa,sb,sc,dts,err", BAD_GEMM, ids=[c[0] for c in BAD_GEMM])

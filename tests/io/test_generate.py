@@ -82,7 +82,7 @@ def test_layouts(tmp_path, layout, chunks, compression, want_chunks, filter_id):
     (dict(shape=("7", 3)), ShapeError),                  # not integers
     (dict(shape=(3, 4), dtype="int32"), DtypeError),     # integer dtype
     (dict(shape=(3, 4), dtype="complex64"), DtypeError), # complex dtype
-    (dict(shape=(3, 4), dtype="float16"), DtypeError),   # half precision
+    (dict(shape=(3, 4), dtype="longdouble"), DtypeError),  # extended precision
     (dict(shape=(3, 4), layout="banana"), OptionError),  # unknown layout
     (dict(shape=(3, 4), layout="compressed", compression="snappy"), OptionError),  # codec
     (dict(shape=(3, 4), layout="contiguous", chunks=(2, 2)), OptionError),  # chunks, contiguous

@@ -334,12 +334,11 @@ INVALID = [
     ("{txt}:/A", OperandNotFound, ["not HDF5"]),                       # not an HDF5 file
     ("{bad}:/vec", ShapeError, ["2-D", "(7,)"]),                       # 1-D
     ("{bad}:/cube", ShapeError, ["2-D", "(2, 3, 4)"]),                 # 3-D
-    ("{bad}:/int", DtypeError, ["float32 or float64", "int32"]),       # integer
-    ("{bad}:/cplx", DtypeError, ["float32 or float64", "complex64"]),  # complex
-    ("{bad}:/half", DtypeError, ["float32 or float64", "float16"]),    # half precision
-    ("{bad}:/str", DtypeError, ["float32 or float64", "string"]),      # fixed strings
-    ("{bad}:/vstr", DtypeError, ["float32 or float64", "string"]),     # variable strings
-    ("{bad}:/comp", DtypeError, ["float32 or float64", "compound"]),   # compound
+    ("{bad}:/int", DtypeError, ["bfloat16, float32, float64", "int32"]),       # integer
+    ("{bad}:/cplx", DtypeError, ["bfloat16, float32, float64", "complex64"]),  # complex
+    ("{bad}:/str", DtypeError, ["bfloat16, float32, float64", "string"]),      # fixed strings
+    ("{bad}:/vstr", DtypeError, ["bfloat16, float32, float64", "string"]),     # variable strings
+    ("{bad}:/comp", DtypeError, ["bfloat16, float32, float64", "compound"]),   # compound
     ("{bad}:/partial", IncompleteOutputError, ["incomplete", "resume=True", "overwrite=True"]),
 ]
 
