@@ -47,7 +47,7 @@ from .sink import Sink, _check_tile, _write_error
 from .source import DEFAULT_THREADS
 from .spec import ZARR, Spec
 from .zarrsource import (META, TMP_SUFFIX, ZarrSource, ancestors, array_dir, direct_codec,
-                         node_type, open_array, read_meta, zarr_module)
+                         enclosing_array, node_type, open_array, read_meta, zarr_module)
 
 PARTIAL_SUFFIX = ".bigmm-partial"
 #: Suffix of the original array's directory while a partial array replaces it.
@@ -545,6 +545,10 @@ def check(spec: Spec) -> None:
     if os.path.exists(spec.path) and not os.path.isdir(spec.path):
         raise OutputNotWritable(f"Expected a Zarr store (a directory) or a new path for the "
                                 f"output. Got '{spec.path}', a file.")
+    inside = enclosing_array(spec.path, spec.dataset)
+    if inside is not None:
+        raise OutputNotWritable(f"Expected a place for the output array in a group. Got "
+                                f"{spec}, inside the array '{inside}' of '{spec.path}'.")
     folder = array_dir(spec.path, spec.dataset)
     if not os.path.isdir(folder):
         return

@@ -111,6 +111,16 @@ def node_type(folder: str) -> str | None:
     return None
 
 
+def enclosing_array(store: str, path: str) -> str | None:
+    """The path ("/" for the root) of an array that holds the place ``path`` in ``store``
+    (only groups may hold other nodes), or None."""
+    parts = [p for p in path.strip("/").split("/") if p]
+    for k in range(len(parts)):
+        if node_type(array_dir(store, "/".join(parts[:k]))) == "array":
+            return "/" + "/".join(parts[:k])
+    return None
+
+
 def open_array(spec: Spec, name: str, mode: str = "r"):
     """The ``zarr.Array`` named by ``spec``; OperandNotFound for a missing store or array (or a
     group in its place), ReadError where zarr cannot open it."""
