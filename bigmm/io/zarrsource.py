@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import (BigmmError, IncompleteOutputError, OperandNotFound, ReadError,
-                      SpecError)
+from ..errors import (BackendUnavailable, BigmmError, IncompleteOutputError, OperandNotFound,
+                      ReadError, SpecError)
 from ._h5 import COMPLETE_ATTR, check_matrix
 from .identity import Footprint
 from .layout import MAX_INDEX_CELLS, chunk_cells
@@ -53,8 +53,12 @@ DIRECT_CODECS = ("zstd", "blosc", "gzip")
 
 def zarr_module():
     """zarr-python, imported on first use (``import bigmm`` stays light)."""
-    import zarr
-
+    try:
+        import zarr
+    except ImportError as exc:
+        raise BackendUnavailable(f"Expected zarr-python 3 for a Zarr operand (pip install "
+                                 f"'zarr>=3.1'; it needs Python 3.11). Got {type(exc).__name__}: "
+                                 f"{exc}.") from exc
     return zarr
 
 
