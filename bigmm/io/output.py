@@ -497,10 +497,24 @@ def read_journal(x) -> dict | None:
     return None if parsed is None else parsed[0].get("job")
 
 
-_HDF5 = _Storage(tile_chunks, lambda spec: _check_file(spec.path),
-                 lambda spec: os.path.exists(spec.path), _inspect, _create, _drop_begun_file,
-                 _mark_incomplete,
-                 lambda spec, shape, dtype, journal, target, reads_c, threads, result, chunks:
-                 FileSink(spec, shape, dtype, journal, target, reads_c, threads, result=result))
-_ZARR = _Storage(zarrsink.tile_chunks, zarrsink.check, zarrsink.exists, zarrsink.inspect,
-                 _create_zarr, zarrsink.drop_begun, zarrsink.mark_incomplete, zarrsink.sink)
+# Late-bound (each name looked up at the call), so that a patched function of this module or
+# of zarrsink is the one called.
+_HDF5 = _Storage(
+    chunks=lambda *a: tile_chunks(*a),
+    check=lambda spec: _check_file(spec.path),
+    exists=lambda spec: os.path.exists(spec.path),
+    inspect=lambda *a: _inspect(*a),
+    create=lambda *a, **k: _create(*a, **k),
+    drop_begun=lambda *a: _drop_begun_file(*a),
+    mark_incomplete=lambda *a: _mark_incomplete(*a),
+    sink=lambda spec, shape, dtype, journal, target, reads_c, threads, result, chunks:
+    FileSink(spec, shape, dtype, journal, target, reads_c, threads, result=result))
+_ZARR = _Storage(
+    chunks=lambda *a: zarrsink.tile_chunks(*a),
+    check=lambda *a: zarrsink.check(*a),
+    exists=lambda *a: zarrsink.exists(*a),
+    inspect=lambda *a: zarrsink.inspect(*a),
+    create=lambda *a, **k: _create_zarr(*a, **k),
+    drop_begun=lambda *a: zarrsink.drop_begun(*a),
+    mark_incomplete=lambda *a: zarrsink.mark_incomplete(*a),
+    sink=lambda *a: zarrsink.sink(*a))
