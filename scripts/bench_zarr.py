@@ -32,6 +32,8 @@ and cold seconds of both formats and Zarr/HDF5 (targets: warm <= 1.1, cold <= 1.
 
     PYTHONPATH=. python scripts/bench_zarr.py --n 16384 --memory 2GiB --dir /tmp/bz --out res
     PYTHONPATH=. python scripts/bench_zarr.py --n 4096 --parts io --threads 2   # CPU only
+
+Under a time limit, ``timeout -s INT`` stops it with the JSON and the table of what was measured.
 """
 
 from __future__ import annotations
@@ -480,7 +482,7 @@ def main(argv=None) -> int:
             json.dump(res, f, indent=2, default=str)
         if not args.keep:
             shutil.rmtree(d, ignore_errors=True)
-    log(table(res))
+        log(table(res))  # what was measured, even after an interruption (timeout -s INT)
     return 0
 
 
