@@ -28,9 +28,11 @@ from .units import format_bytes
 if TYPE_CHECKING:
     import h5py
     import numpy as np
+    import zarr
 
-#: An operand: a "file.h5:/dataset" spec (a string or path), an h5py Dataset or a NumPy array.
-Operand = Union[str, "os.PathLike[str]", "io.Spec", "h5py.Dataset", "np.ndarray"]
+#: An operand: a "file.h5:/dataset" or "store.zarr[:/array]" spec (a string or path), an h5py
+#: Dataset, a zarr Array or a NumPy array.
+Operand = Union[str, "os.PathLike[str]", "io.Spec", "h5py.Dataset", "zarr.Array", "np.ndarray"]
 #: A memory budget: bytes, or a string such as "8GiB" or "512MB"; None for the default.
 Size = Union[int, float, str, None]
 
@@ -44,9 +46,10 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
            verify: str | None = None, out_dtype=None):
     """C = alpha * op(A) @ op(B) + beta * C, out of core.
 
-    ``a``, ``b``: "file.h5:/dataset" specs, h5py Datasets or NumPy arrays (stored matrices;
-    ``trans_a``/``trans_b`` use their transposes without copying). ``out``: a spec, a Dataset,
-    an array, or None for a new array; beta != 0 needs an existing C. ``memory``/
+    ``a``, ``b``: "file.h5:/dataset" or "store.zarr[:/array]" specs, h5py Datasets, zarr
+    Arrays or NumPy arrays (stored matrices; ``trans_a``/``trans_b`` use their transposes
+    without copying). ``out``: a spec, a Dataset, a zarr Array, an array, or None for a new
+    array; beta != 0 needs an existing C. ``memory``/
     ``host_memory``: budgets such as "8GiB", "512MB" or bytes (default: a share of what is
     free). ``resume``: continue an interrupted run into ``out`` without redoing its finished
     tiles. Returns the output, or (output, RunStats) with ``stats=True``.

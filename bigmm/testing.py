@@ -258,3 +258,38 @@ def small_filesystem(folder, size: int, fstype: str = "tmpfs"):
 
 class Unavailable(RuntimeError):
     """A test facility (a mount, a namespace) is not available on this machine."""
+
+
+#: Zarr codec settings by name, for :func:`zarr_array` (the layouts bigmm reads directly, and
+#: some it reads through zarr-python).
+ZARR_CODECS = ("raw", "zstd", "blosc", "gzip", "crc32c", "transpose", "sharded")
+
+
+def zarr_array(store, data: np.ndarray, *, path: str | None = None, chunks=None,
+               codec: str = "raw", endian: str = "little", fill_value=0.0, attributes=None):
+    """Write ``data`` as a Zarr v3 array at ``path`` ("" or None: the root) in the local
+    ``store`` and return it (a ``zarr.Array``). ``codec``: one of ZARR_CODECS; ``endian``:
+    the byte order of the ``bytes`` codec; ``chunks`` default to the whole array."""
+    import zarr
+    from zarr import codecs
+
+    chunks = tuple(chunks or data.shape)
+    kw: dict[str, Any] = dict(compressors=None, filters=None)
+    if codec in ("zstd", "blosc", "gzip"):
+        kw["compressors"] = [{"zstd": codecs.ZstdCodec(level=1),
+                              "blosc": codecs.BloscCodec(cname="lz4", shuffle="shuffle"),
+                              "gzip": codecs.GzipCodec(level=1)}[codec]]
+    elif codec == "crc32c":
+        kw["compressors"] = [codecs.Crc32cCodec()]
+    elif codec == "transpose":
+        kw["filters"] = [codecs.TransposeCodec(order=(1, 0))]
+    elif codec == "sharded":
+        kw["shards"] = tuple(2 * c for c in chunks)
+    elif codec != "raw":
+        raise OptionError(f"Expected codec to be one of {', '.join(ZARR_CODECS)}. Got {codec!r}.")
+    arr = zarr.create_array(store=zarr.storage.LocalStore(os.fspath(store)), name=path or None,
+                            shape=data.shape, chunks=chunks, dtype=data.dtype,
+                            serializer=codecs.BytesCodec(endian=endian), fill_value=fill_value,
+                            attributes=attributes or {}, zarr_format=3, overwrite=True, **kw)
+    arr[...] = data
+    return arr

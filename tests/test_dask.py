@@ -1,4 +1,5 @@
-"""bigmm on dask: dask arrays in and out, HDF5 jobs on a real local cluster, faults, resume, CLI.
+"""bigmm on dask: dask arrays in and out (from Zarr too), HDF5 and Zarr jobs on a real local
+cluster, faults, resume, CLI.
 
 Every test that computes runs on a LocalCluster of two worker processes (one thread each)
 started here; the fault test starts its own and kills one of its workers mid-job. HDF5 jobs
@@ -618,3 +619,114 @@ def test_local_cluster_one_worker_per_gpu():
         info = c.scheduler_info(n_workers=-1)["workers"]
         assert all(w["nthreads"] == 1 and w["resources"] == {bd.RESOURCE: 1}
                    for w in info.values())
+
+
+# ----- Zarr ---------------------------------------------------------------------------------------
+
+def test_matmul_on_from_zarr_arrays(client, tmp_path):
+    """bigmm.dask.matmul on da.from_zarr arrays: their chunks are the stores' chunks."""
+    from bigmm.testing import zarr_array
+
+    a = random_matrix((83, 97), np.float64, seed=51)
+    b = random_matrix((97, 61), np.float64, seed=52)
+    za = zarr_array(tmp_path / "a.zarr", a, chunks=(30, 40), codec="zstd")
+    zb = zarr_array(tmp_path / "s.zarr", b, path="B", chunks=(25, 33), endian="big")
+    x, y = da.from_zarr(za), da.from_zarr(str(tmp_path / "s.zarr"), component="B")
+    c = bd.matmul(x, y, alpha=2.0)
+    assert c.chunks == (x.chunks[0], y.chunks[1])
+    got = c.compute()
+    assert relative_error(got, 2.0 * (a @ b)) <= tolerance(np.float64, 97)
+    # and back into a Zarr store through dask
+    c.to_zarr(str(tmp_path / "c.zarr"))
+    assert np.array_equal(da.from_zarr(str(tmp_path / "c.zarr")).compute(), got)
+    del zb
+
+
+ZARR_FILE_CASES = [
+    # (C, beta, trans_a, trans_b): C is a new root array / an array beside the inputs; beta !=
+    # 0 reads old C (gzip, other chunks) on the workers and swaps the partial array in
+    ("c.zarr", 0.0, False, False),
+    ("in.zarr:/C", 0.0, True, False),
+    ("in.zarr:/C", -0.5, False, True),
+]
+
+
+@pytest.mark.parametrize("out,beta,ta,tb", ZARR_FILE_CASES)
+def test_zarr_files_on_cluster(client, tmp_path, monkeypatch, out, beta, ta, tb):
+    """A Zarr job on the cluster: each task writes its tile's chunk file itself (nothing comes
+    back to this process), and the result is C, complete, with nothing left behind."""
+    import zarr
+
+    from bigmm.io import zarrsink
+    from bigmm.testing import zarr_array
+
+    m, k, n = 91, 77, 85
+    a = random_matrix(_stored((m, k), ta), np.float64, seed=61)
+    b = random_matrix(_stored((k, n), tb), np.float64, seed=62)
+    zarr_array(tmp_path / "in.zarr", a, path="A", chunks=(30, 30), codec="blosc")
+    zarr_array(tmp_path / "in.zarr", b, path="B", chunks=(40, 20))
+    sa, sb, sc = (f"{tmp_path / 'in.zarr'}:/A", f"{tmp_path / 'in.zarr'}:/B",
+                  str(tmp_path / out))
+    c0 = None
+    if beta:
+        c0 = random_matrix((m, n), np.float64, seed=63)
+        zarr_array(tmp_path / "in.zarr", c0, path="C", chunks=(50, 50), codec="gzip")
+    back = []
+    real = dask_files._Tiles._landed
+
+    def spy(self, t, c, st):
+        back.append(c)
+        real(self, t, c, st)
+
+    monkeypatch.setattr(dask_files._Tiles, "_landed", spy)
+    result, stats = bd.matmul_files(sa, sb, sc, client=client, alpha=1.5, beta=beta,
+                                    trans_a=ta, trans_b=tb, memory="48KiB", backend="numpy",
+                                    stats=True)
+    assert result == sc
+    s = parse_spec(sc)
+    arr = zarr.open_array(s.path, path=s.dataset.strip("/"), mode="r")
+    ref = reference_gemm(a, b, alpha=1.5, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    assert relative_error(arr[...], ref) <= tolerance(np.float64, k)
+    assert arr.attrs["bigmm_complete"] is True and arr.compressors == ()
+    assert len(back) == stats.tiles_total >= 2 and all(c is None for c in back)
+    assert not os.path.exists(journal_path(s))
+    left = [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".bigmm-tmp")]
+    assert not left
+    assert not [p for p in os.listdir(tmp_path / "in.zarr")
+                if zarrsink.PARTIAL_SUFFIX in p or zarrsink.OLD_SUFFIX in p]
+
+
+def test_zarr_resume_across_cluster_and_process(client, tmp_path):
+    """Interrupted on the cluster, resumed by bigmm.matmul in this process (one journal)."""
+    import zarr
+
+    from bigmm.testing import zarr_array
+
+    m, k, n = 96, 70, 88
+    a, b = random_matrix((m, k), np.float64, seed=71), random_matrix((k, n), np.float64, seed=72)
+    za = zarr_array(tmp_path / "a.zarr", a, chunks=(32, 35), codec="zstd")
+    sb = str(tmp_path / "b.zarr")
+    zarr_array(sb, b, chunks=(35, 44))
+    sc = str(tmp_path / "c.zarr")
+    kw = dict(memory="40KiB", backend="numpy")
+    with pytest.raises(Interrupted, match="resumable"):
+        bd.matmul_files(za, sb, sc, client=client, progress=_stop_after(3), **kw)
+    journaled = parse_journal(journal_path(parse_spec(sc)))[1]
+    assert len(journaled) >= 3
+    _, stats = bigmm.matmul(za, sb, sc, resume=True, stats=True, **kw)
+    assert stats.tiles_skipped == len(journaled) and stats.tiles_done > 0
+    assert relative_error(zarr.open_array(sc)[...], a @ b) <= tolerance(np.float64, k)
+
+
+def test_cli_workers_on_zarr(client, tmp_path, capsys):
+    a, b, c = (f"{tmp_path / 's.zarr'}:/{x}" for x in "ABC")
+    assert cli.main(["generate", a, "--shape", "70", "90", "--seed", "1", "--compression",
+                     "zstd", "--chunks", "35", "45"]) == 0
+    assert cli.main(["generate", b, "--shape", "90", "50", "--seed", "2"]) == 0
+    capsys.readouterr()
+    rc = cli.main(["multiply", a, b, "-o", c, "--memory", "64KiB", "--backend", "numpy",
+                   "--json", "--workers", "2"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["workers"] == 2 and summary["tiles_done"] == summary["tiles_total"]
+    assert cli.main(["verify", a, b, c]) == 0

@@ -25,15 +25,16 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error")
     p = _Parser(prog="bigmm", parents=[common],
-                description="Out-of-core matrix multiplication of HDF5 matrices.")
+                description="Out-of-core matrix multiplication of HDF5 and Zarr matrices.")
     p.add_argument("--version", action="version", version=f"bigmm {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     m = sub.add_parser("multiply", parents=[common], help="C = alpha*op(A)@op(B) + beta*C",
-                       description="Multiply two HDF5 matrices out of core.")
+                       description="Multiply two HDF5 or Zarr matrices out of core.")
     _operands(m)
-    m.add_argument("-o", "--out", required=True, metavar="C", help="output spec file.h5:/C")
+    m.add_argument("-o", "--out", required=True, metavar="C",
+                   help="output spec file.h5:/C, store.zarr or store.zarr:/C")
     _job_options(m)
     m.add_argument("--overwrite", action="store_true", help="replace an existing output")
     m.add_argument("--resume", action="store_true", help="continue an interrupted run")
@@ -80,19 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_plan)
 
     g = sub.add_parser("generate", parents=[common], help="write a seeded random matrix",
-                       description="Write a seeded standard-normal matrix to HDF5.")
-    g.add_argument("spec", help="output spec file.h5:/A")
+                       description="Write a seeded standard-normal matrix to HDF5 or Zarr.")
+    g.add_argument("spec", help="output spec file.h5:/A, store.zarr or store.zarr:/A")
     g.add_argument("--shape", nargs=2, type=int, required=True, metavar=("M", "N"),
                    help="rows and columns")
     g.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
                    help="element type (default: %(default)s)")
     g.add_argument("--layout", default=None, choices=("contiguous", "chunked", "compressed"),
                    help="storage (default: compressed with --compression, chunked with "
-                        "--chunks, else contiguous)")
+                        "--chunks, else contiguous; a Zarr array is always chunked)")
     g.add_argument("--chunks", nargs=2, type=int, default=None, metavar=("R", "C"),
                    help="chunk shape of a chunked or compressed layout (default: 512 x 512)")
-    g.add_argument("--compression", default=None, choices=("gzip", "zstd", "lz4"),
-                   help="codec of the compressed layout (default there: gzip)")
+    g.add_argument("--compression", default=None, choices=("gzip", "zstd", "lz4", "blosc"),
+                   help="codec of the compressed layout (default there: gzip for HDF5, which "
+                        "takes gzip, zstd, lz4; zstd for Zarr, which takes zstd, blosc, gzip)")
     g.add_argument("--seed", type=int, default=0,
                    help="random seed: one seed, one matrix (default: %(default)s)")
     g.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
@@ -102,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Check C = alpha*op(A)@op(B) + beta*C0 in float64. "
                                    "Exit 0: pass, 1: fail, 2: error.")
     _operands(v)
-    v.add_argument("c", metavar="C", help="product spec file.h5:/C")
+    v.add_argument("c", metavar="C", help="product spec file.h5:/C or store.zarr[:/C]")
     v.add_argument("--alpha", type=float, default=1.0, help="as multiplied (default: %(default)s)")
     v.add_argument("--beta", type=float, default=0.0, help="as multiplied (default: %(default)s)")
     v.add_argument("--c0", default=None, help="C before the run (needed when beta != 0)")
@@ -149,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _operands(p) -> None:
-    p.add_argument("a", metavar="A", help="left operand spec file.h5:/A")
-    p.add_argument("b", metavar="B", help="right operand spec file.h5:/B")
+    p.add_argument("a", metavar="A", help="left operand spec file.h5:/A or store.zarr[:/A]")
+    p.add_argument("b", metavar="B", help="right operand spec file.h5:/B or store.zarr[:/B]")
 
 
 def _job_options(p) -> None:

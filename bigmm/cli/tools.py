@@ -15,6 +15,7 @@ from .run import backend_info, backend_name
 
 def cmd_generate(args) -> int:
     from ..io.generate import describe_layout, generate, parse_layout, parse_shape
+    from ..io.spec import parse_spec
 
     t0 = time.perf_counter()
     chunks = tuple(args.chunks) if args.chunks else None
@@ -22,7 +23,8 @@ def cmd_generate(args) -> int:
                     chunks=chunks, compression=args.compression, seed=args.seed,
                     overwrite=args.overwrite)
     m, n = parse_shape(args.shape)
-    lay = describe_layout(parse_layout(args.layout, chunks, args.compression, (m, n)))
+    lay = describe_layout(parse_layout(args.layout, chunks, args.compression, (m, n),
+                                       zarr=parse_spec(args.spec).zarr))
     size = m * n * DTYPES[args.dtype]
     print(f"wrote {spec}: {m} x {n} {args.dtype}, {lay}, {format_bytes(size)}, "
           f"seed {args.seed}, in {format_seconds(time.perf_counter() - t0)}")

@@ -1,4 +1,4 @@
-"""bigmm.dask.matmul_files: an HDF5 job as C-tile tasks on a dask.distributed cluster.
+"""bigmm.dask.matmul_files: an HDF5 or Zarr job as C-tile tasks on a dask.distributed cluster.
 
 Each tile task reopens A and B by path on its worker and runs bigmm's executor on its tile, in
 sub-tiles (:func:`_sub_plan`). The calling process creates C (its storage reserved, so every
@@ -7,7 +7,9 @@ tile has fixed byte offsets) and hands each task where its tile lies in the file
 computes the next (:class:`bigmm.io.region.RegionSink`), the task returns only its statistics once
 they are durable, and the caller journals the tile. The caller alone touches HDF5 metadata and the journal. Where C can only be
 written through h5py (an existing filtered dataset), tiles come back to the caller, which
-writes them.
+writes them. A Zarr C bigmm creates is chunked by the tiles: a task writes its tile's chunk
+files itself (:class:`bigmm.io.zarrsink.ZarrRegion`: each chunk into a temporary file, made
+durable and renamed into place before the task returns), and the caller journals the tile.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -30,6 +32,7 @@ from ..checksum import parse_verify
 from ..errors import BudgetError, Interrupted, OptionError
 from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
 from ..io.region import RawRegion, RegionSink
+from ..io.zarrsink import ZarrRegion, ZarrRegionSink
 from ..planner import Plan, Tile, even_edge, make_plan
 from ..units import numpy_dtype
 from ._common import RESOURCE
@@ -137,7 +140,8 @@ def _sub_plan(job: _TileJob, shape: tuple[int, int], staging: bool, a_chunks=Non
     return make_plan(m, n, job.k, job.dtype, **args, tile=(m, n, job.tile[2]), order="stream")
 
 
-def _tile_task(job: _TileJob, t: Tile, where: RawRegion | None = None, old=None):
+def _tile_task(job: _TileJob, t: Tile, where: RawRegion | ZarrRegion | None = None,
+               old=None):
     """On a worker: C[t] from A's row panel and B's column panel, read from the files here.
 
     With ``where`` (C[t]'s place in C's file), the executor writes C[t]'s sub-tiles there as
@@ -163,7 +167,8 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | None = None, old=None)
             opened.append(C)
             prior = _Region(C, t.r0, t.r1, t.c0, t.c1)
         if where is not None:
-            sink = RegionSink(where, prior)
+            sink = (ZarrRegionSink if isinstance(where, ZarrRegion) else RegionSink)(where,
+                                                                                      prior)
             opened.append(sink)
         else:
             c = np.empty(t.shape, dt)
@@ -253,19 +258,27 @@ def _replan(p: Plan, **changes) -> Plan:
 
 
 def _spec_path(x, name: str) -> str:
-    """The operand as an absolute 'path:/dataset' spec that any worker can reopen."""
+    """The operand as an absolute spec ('path:/dataset', 'store.zarr[:/array]') that any
+    worker can reopen."""
     import h5py
+
+    from ..io import zarrsource
 
     if isinstance(x, h5py.Dataset):
         return f"{os.path.abspath(x.file.filename)}:{x.name}"
+    if zarrsource.is_zarr_array(x) and zarrsource.spec_of(x) is not None:
+        return str(zarrsource.spec_of(x))
     if isinstance(x, os.PathLike):
         x = os.fspath(x)
     if not isinstance(x, (str, io.Spec)):
-        raise OptionError(f"Expected 'file.h5:/dataset' or an h5py.Dataset for {name} (tasks "
-                          f"reopen files by path; use bigmm.dask.matmul for arrays). "
-                          f"Got {type(x).__name__}.")
-    s = io.parse_spec(x)
-    return str(io.Spec(os.path.abspath(s.path), s.dataset))
+        raise OptionError(f"Expected 'file.h5:/dataset', 'store.zarr[:/array]', an h5py.Dataset "
+                          f"or a zarr.Array in a local store for {name} (tasks reopen files by "
+                          f"path; use bigmm.dask.matmul for arrays). Got {type(x).__name__}.")
+    return str(_absolute(io.parse_spec(x)))
+
+
+def _absolute(s: io.Spec) -> io.Spec:
+    return replace(s, path=os.path.abspath(s.path))
 
 
 def _get_client(client):
@@ -285,10 +298,12 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
                  resume: bool = False, overwrite: bool = False, io_threads: int | None = None,
                  stats: bool = False, kernel: str | None = None, verify: str | None = None,
                  out_dtype=None):
-    """C = alpha * op(A) @ op(B) + beta * C on HDF5 files, as C-tile tasks on a dask cluster.
+    """C = alpha * op(A) @ op(B) + beta * C on HDF5 files or Zarr stores, as C-tile tasks on a
+    dask cluster.
 
-    ``a``, ``b``, ``out``: "file.h5:/dataset" specs (or h5py Datasets for a and b) on a
-    filesystem this process and every worker see. ``client``: a ``distributed.Client``
+    ``a``, ``b``, ``out``: "file.h5:/dataset" or "store.zarr[:/array]" specs (or h5py
+    Datasets and zarr Arrays in local stores for a and b) on a filesystem this process and
+    every worker see; a Zarr C is written chunk file by chunk file by the workers. ``client``: a ``distributed.Client``
     (default: the current one). Other arguments as in :func:`bigmm.matmul`; ``memory`` and
     ``host_memory`` are per task (default: the shares ``bigmm.matmul`` uses, of the smallest
     worker's backend memory and dask memory limit).
@@ -327,8 +342,8 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
     if io_threads is not None:
         parse_io_threads(io_threads)
     if out is None:
-        raise OptionError("Expected an output spec 'file.h5:/C' for a job on a cluster. Got "
-                          "out=None.")
+        raise OptionError("Expected an output spec 'file.h5:/C' or 'store.zarr[:/C]' for a job "
+                          "on a cluster. Got out=None.")
     a_path, b_path = _spec_path(a, "A"), _spec_path(b, "B")
     out_spec = io.parse_spec(os.fspath(out) if isinstance(out, os.PathLike) else out)
     budgets = _cluster_budgets(client, backend, memory, host_memory)
@@ -354,8 +369,7 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
         closing.append(sink)
         if sink.complete:  # resumed after it had finished: nothing to do
             return sink.result, plan, complete_stats(plan), budgets.backend
-        old_c = (str(io.Spec(os.path.abspath(out_spec.path), out_spec.dataset))
-                 if plan.reads_c else None)
+        old_c = str(_absolute(out_spec)) if plan.reads_c else None
         tj = _TileJob(a_path, b_path, old_c, k, dtype, plan.trans_a, plan.trans_b,
                       (plan.bm, plan.bn, plan.bk), alpha, beta, backend, kernel,
                       budgets.device, budgets.host, io_threads, parse_verify(verify),

@@ -1,6 +1,7 @@
-"""HDF5 I/O: operand specs, validated inputs with fast parallel reads, crash-safe outputs.
+"""HDF5 and Zarr I/O: operand specs, validated inputs with fast parallel reads, crash-safe
+outputs.
 
-* :func:`parse_spec` / :class:`Spec`: ``"file.h5:/group/dataset"``.
+* :func:`parse_spec` / :class:`Spec`: ``"file.h5:/group/dataset"``, ``"store.zarr[:/array]"``.
 * :func:`open_input` -> :class:`Source`: thread-safe ``read(r0, r1, c0, c1, out)``.
 * :func:`open_output` -> :class:`Sink`: ``write``/``commit``/``finish`` with a resume journal.
 * :func:`read_journal`: the job recorded for an interrupted output.

@@ -1,4 +1,5 @@
-"""Seeded random operands written to HDF5 block by block (never the whole matrix in memory).
+"""Seeded random operands written to HDF5 or Zarr block by block (never the whole matrix in
+memory).
 
 The matrix is defined independently of how it is written: its elements, in row-major order, are
 cut into fixed units of ``UNIT`` elements, and unit ``u`` is drawn from
@@ -8,7 +9,9 @@ would give). Standard-normal values are drawn in float64 and rounded to the dtyp
 written in the bfloat16 HDF5 type (see :mod:`._h5`). Writes then go in row blocks of any
 size (aligned to the chunk rows where chunked), each block drawing only the units it overlaps:
 the result is the same for every block size, and memory stays bounded for matrices larger than
-RAM.
+RAM. A Zarr spec (``store.zarr[:/array]``) writes a Zarr v3 array of the same values: every Zarr
+array is chunked, so its layouts are "chunked" (uncompressed) and "compressed" (zstd, blosc or
+gzip); "contiguous" is refused there.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ UNIT = 1 << 16
 BLOCK_ELEMENTS = 1 << 23
 LAYOUTS = ("contiguous", "chunked", "compressed")
 COMPRESSIONS = ("gzip", "zstd", "lz4")
+#: Codecs of the compressed layout of a Zarr array.
+ZARR_COMPRESSIONS = ("gzip", "zstd", "blosc")
 #: Default chunk edge for chunked and compressed layouts.
 CHUNK_EDGE = 512
 
@@ -41,9 +46,10 @@ class Layout:
 
     chunks: tuple[int, int] | None
     filter: dict
+    codec: str | None = None  # a Zarr array's compressor (None: uncompressed)
 
 
-def generate(spec: str, shape, *, dtype: str = "float32", layout: str | None = None,
+def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
              chunks=None, compression: str | None = None, seed: int = 0,
              overwrite: bool = False,
              block_elements: int = BLOCK_ELEMENTS) -> str:
@@ -52,13 +58,20 @@ def generate(spec: str, shape, *, dtype: str = "float32", layout: str | None = N
     ``layout``: "contiguous", "chunked" (``chunks`` or 512 x 512) or "compressed" (chunked with
     ``compression`` "gzip" (the default), "zstd" or "lz4"; the last two through hdf5plugin).
     Without a layout: "compressed" where ``compression`` is given, else "chunked" where
-    ``chunks`` are, else "contiguous"; options the layout cannot use are an error. An existing
+    ``chunks`` are, else "contiguous"; options the layout cannot use are an error. A Zarr spec
+    writes a Zarr v3 array: "chunked" (the default) or "compressed" with "zstd" (the default
+    there), "blosc" (lz4, byte shuffle) or "gzip". An existing
     dataset is replaced only with ``overwrite``. A failed write removes the partial dataset.
     """
     m, n = parse_shape(shape)
     dtype = parse_dtype(dtype)
     seed = _parse_seed(seed)
-    lay = parse_layout(layout, chunks, compression, (m, n))
+    parsed = parse_spec(spec)
+    lay = parse_layout(layout, chunks, compression, (m, n), zarr=parsed.zarr)
+    if parsed.zarr:
+        from .zarrgen import generate_zarr
+
+        return generate_zarr(parsed, (m, n), dtype, lay, seed, overwrite, block_elements)
     path, name = _split_spec(spec)
     f = _open_file(path)
     try:
@@ -116,13 +129,18 @@ def parse_dtype(dtype) -> str:
 
 
 def parse_layout(layout: str | None, chunks, compression: str | None,
-                 shape: tuple[int, int]) -> Layout:
-    """Storage settings for h5py's ``create_dataset`` (see :func:`generate` for the rules)."""
+                 shape: tuple[int, int], zarr: bool = False) -> Layout:
+    """Storage settings for h5py's ``create_dataset``, or with ``zarr`` for a Zarr array (see
+    :func:`generate` for the rules)."""
     if layout is None:
         layout = ("compressed" if compression is not None else
-                  "chunked" if chunks is not None else "contiguous")
+                  "chunked" if chunks is not None or zarr else "contiguous")
     if layout not in LAYOUTS:
         raise OptionError(f"Expected layout to be one of {', '.join(LAYOUTS)}. Got {layout!r}.")
+    if zarr and layout == "contiguous":
+        raise OptionError("Expected the chunked or compressed layout for a Zarr array (every "
+                          "Zarr array is chunked; chunks of whole rows come closest to "
+                          "contiguous). Got layout='contiguous'.")
     if compression is not None and layout != "compressed":
         raise OptionError(f"Expected compression only with the compressed layout. Got "
                           f"compression={compression!r} with layout={layout!r}.")
@@ -140,6 +158,12 @@ def parse_layout(layout: str | None, chunks, compression: str | None,
         raise OptionError(f"Expected chunks no larger than the shape {shape}. Got {chunks}.")
     if layout == "chunked":
         return Layout(chunks, {})
+    if zarr:
+        codec = compression or "zstd"
+        if codec not in ZARR_COMPRESSIONS:
+            raise OptionError(f"Expected compression to be one of "
+                              f"{', '.join(ZARR_COMPRESSIONS)} for a Zarr array. Got {codec!r}.")
+        return Layout(chunks, {}, codec)
     return Layout(chunks, _filter(compression or "gzip"))
 
 
@@ -148,6 +172,8 @@ def describe_layout(lay: Layout) -> str:
     if lay.chunks is None:
         return "contiguous"
     shape = f"{lay.chunks[0]} x {lay.chunks[1]}"
+    if lay.codec:
+        return f"{lay.codec}, chunks {shape}"
     if not lay.filter:
         return f"chunked {shape}"
     codec = lay.filter.get("compression")

@@ -154,6 +154,10 @@ class Footprint:
     ranges: tuple = ()
     files: tuple = ()  # (device, inode) of files the operand is stored in
     array: object = None
+    #: A Zarr array: (device, inode) of its directory, and of that directory (where it exists)
+    #: and every directory above it; one array inside another's directory overlaps it.
+    tree: tuple | None = None
+    within: tuple = ()
 
 
 def overlaps(a: Footprint, b: Footprint) -> str:
@@ -163,6 +167,10 @@ def overlaps(a: Footprint, b: Footprint) -> str:
         return "which is the same HDF5 object (by another name or link) as"
     if a.array is not None and b.array is not None and np.may_share_memory(a.array, b.array):
         return "sharing memory with"
+    if a.tree is not None and a.tree == b.tree:
+        return "which is the same Zarr array (by another name or link) as"
+    if (a.tree is not None and a.tree in b.within) or (b.tree is not None and b.tree in a.within):
+        return "nested with (in, or holding, the directory of)"
     for dev, ino, lo, hi in a.ranges:
         for dev2, ino2, lo2, hi2 in b.ranges:
             if (dev, ino) == (dev2, ino2) and lo < hi2 and lo2 < hi:

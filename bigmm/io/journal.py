@@ -1,4 +1,4 @@
-"""The resume journal of an output: a JSON-lines file beside the HDF5 file.
+"""The resume journal of an output: a JSON-lines file beside the HDF5 file (or Zarr store).
 
 Line 1 is the header (the job, the output dataset, its shape and dtype, the name of the
 partial dataset when old C must survive). Each later line records one durable event:
@@ -33,7 +33,10 @@ def lock_path(spec: Spec) -> str:
 
 
 def _beside(spec: Spec, suffix: str) -> str:
-    return f"{os.path.realpath(spec.path)}.{quote(spec.dataset.strip('/'), safe='')}{suffix}"
+    """Beside the file (HDF5) or the store directory (Zarr; a root array: ``store.zarr`` +
+    suffix)."""
+    inner = quote(spec.dataset.strip("/"), safe="")
+    return f"{os.path.realpath(spec.path)}{'.' + inner if inner else ''}{suffix}"
 
 
 def _fsync_dir(path: str) -> None:

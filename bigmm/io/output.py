@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -28,6 +30,7 @@ from .filesink import PARTIAL_SUFFIX, FileSink, create_dataset, tile_chunks
 from .sink import ArraySink, CompleteSink, Sink
 from .source import DEFAULT_THREADS, Source, open_input
 from .spec import Spec, parse_spec
+from . import zarrsink, zarrsource
 from ..units import format_bytes, numpy_dtype
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
@@ -35,8 +38,8 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
                 threads: int = DEFAULT_THREADS, tile=None) -> Sink:
     """Open the output C (see the module docstring and the I/O layer's docs for every case).
 
-    ``x``: a spec string or Spec (an HDF5 dataset, created if missing), None (a new NumPy
-    array), a NumPy array or an h5py.Dataset (written in place). ``job``: what identifies the
+    ``x``: a spec string or Spec (an HDF5 dataset or a Zarr array, created if missing), None
+    (a new NumPy array), a NumPy array, an h5py.Dataset or a zarr.Array (written in place). ``job``: what identifies the
     run (``{"plan": Plan.key(), "alpha": .., "beta": ..}``); the inputs' identities are added
     here. ``tile``: the (rows, columns) of the tiles the run writes; a dataset bigmm creates is
     then chunked by them where that helps (:func:`.filesink.tile_chunks`).
@@ -73,13 +76,18 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
         spec = Spec(os.path.realpath(x.file.filename), x.name)
         return _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c,
                             threads, None, dataset=x)
+    if zarrsource.is_zarr_array(x):
+        return _open_zarr_array(x, shape, dtype, inputs, job, overwrite, resume, reads_c,
+                                threads)
     if isinstance(x, os.PathLike):
         x = os.fspath(x)
     if not isinstance(x, (str, Spec)):
-        raise SpecError(f"Expected 'file.h5:/dataset', None, an h5py.Dataset or a NumPy array "
-                        f"for the output. Got {type(x).__name__}.")
-    chunks = tile_chunks(shape, tile, dtype.itemsize)
-    return _open_locked(parse_spec(x), shape, dtype, inputs, job, overwrite, resume, reads_c,
+        raise SpecError(f"Expected 'file.h5:/dataset', 'store.zarr[:/array]', None, an "
+                        f"h5py.Dataset, a zarr.Array or a NumPy array for the output. Got "
+                        f"{type(x).__name__}.")
+    spec = parse_spec(x)
+    chunks = _storage(spec).chunks(shape, tile, dtype.itemsize)
+    return _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c,
                         threads, chunks)
 
 
@@ -92,6 +100,8 @@ def existing_dtype(x, *, resume: bool = False, reads_c: bool = False) -> np.dtyp
         return x.dtype
     if isinstance(x, h5py.Dataset):
         return stored_dtype(x)
+    if zarrsource.is_zarr_array(x):
+        return np.dtype(x.dtype)
     if isinstance(x, os.PathLike):
         x = os.fspath(x)
     if not isinstance(x, (str, Spec)) or not (resume or reads_c):
@@ -103,11 +113,35 @@ def existing_dtype(x, *, resume: bool = False, reads_c: bool = False) -> np.dtyp
             return numpy_dtype(recorded[0]["dtype"])
         except BigmmError:
             return None
+    if spec.zarr:
+        if zarrsource.node_type(zarrsource.array_dir(spec.path, spec.dataset)) != "array":
+            return None
+        return np.dtype(zarrsource.open_array(spec, "C").dtype)
     if not os.path.isfile(spec.path) or not h5py.is_hdf5(spec.path):
         return None
     with H5LOCK, h5_open_retry(lambda: h5py.File(spec.path, "r"), spec.path, str(spec)) as f:
         obj = f.get(spec.dataset)
         return stored_dtype(obj) if isinstance(obj, h5py.Dataset) else None
+
+
+def _open_zarr_array(x, shape, dtype, inputs, job, overwrite, resume, reads_c, threads) -> Sink:
+    """A ``zarr.Array`` written in place (its chunks and codecs kept), as an h5py.Dataset is."""
+    spec = zarrsource.spec_of(x)
+    label = f"C ({zarrsource.describe_array(x)})"
+    _check_like(x.shape, x.dtype, shape, dtype, label)
+    if spec is None:
+        raise OutputNotWritable(f"Expected a zarr.Array in a local directory store for C (its "
+                                f"chunks are journaled as files). Got {label}.")
+    if x.read_only:
+        raise OutputNotWritable(f"Expected a zarr.Array open for writing for C. Got {label}, "
+                                f"opened read-only.")
+    if reads_c:
+        raise OptionError(
+            f"Expected out as a spec 'store.zarr:/C' for beta != 0 (old C then survives an "
+            f"interruption in a partial array, and the run can resume). Got a zarr.Array, "
+            f"{label}: pass '{spec}' instead.")
+    return _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, threads,
+                        None, dataset=x)
 
 
 def _check_like(have_shape, have_dtype, shape, dtype, label) -> None:
@@ -128,6 +162,24 @@ def refuse_alias(out: Footprint, inputs, label: str) -> None:
         if how:
             raise OutputIsInputError(f"Expected an output other than the inputs. Got {label}, "
                                      f"{how} {src.label}.")
+
+
+@dataclass(frozen=True)
+class _Storage:
+    """What opening a file output does that depends on its format (HDF5 or Zarr)."""
+
+    chunks: Callable  # (shape, tile, itemsize) -> chunks of a new output
+    check: Callable  # (spec) -> None, or OutputNotWritable
+    exists: Callable  # (spec) -> whether the output's file (HDF5) or array (Zarr) exists
+    inspect: Callable  # (spec, partial name, label) -> info (see _inspect)
+    create: Callable  # (spec, label, shape, dtype, partial, drop_old, chunks) -> target name
+    drop_begun: Callable  # (spec, parsed journal) -> None
+    mark_incomplete: Callable  # (dataset or array written in place) -> None
+    sink: Callable  # (spec, shape, dtype, journal, target, reads_c, threads, result, chunks)
+
+
+def _storage(spec: Spec) -> _Storage:
+    return _ZARR if spec.zarr else _HDF5
 
 
 def _check_folder(path: str) -> None:
@@ -240,7 +292,8 @@ def _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, th
     """Take the output's lock, then open it (:func:`_open_file`); the sink releases the lock
     when it closes."""
     _check_folder(spec.path)
-    label = f"C ({spec})" if dataset is None else f"C ({dataset.file.filename}:{dataset.name})"
+    label = (f"C ({spec})" if dataset is None or spec.zarr
+             else f"C ({dataset.file.filename}:{dataset.name})")
     lock = OutputLock(lock_path(spec), label)
     try:
         sink = _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_c,
@@ -254,11 +307,12 @@ def _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, th
 
 def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_c, threads,
                chunks, dataset) -> Sink:
+    store = _storage(spec)
     if resume and dataset is None:
-        _drop_begun_file(spec, parse_journal(journal_path(spec)))
-    _check_file(spec.path)
+        store.drop_begun(spec, parse_journal(journal_path(spec)))
+    store.check(spec)
     partial = spec.dataset + PARTIAL_SUFFIX if reads_c else None
-    info = _inspect(spec, spec.dataset + PARTIAL_SUFFIX, label)
+    info = store.inspect(spec, spec.dataset + PARTIAL_SUFFIX, label)
     refuse_alias(info["footprint"], inputs, label)
     jpath = journal_path(spec)
     journal = Journal.load(jpath)
@@ -291,16 +345,16 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
     if journal is not None:
         journal.remove()
     header = _header(spec, shape, dtype, job, partial)
-    journal = Journal.create(jpath, dict(header, new_file=not os.path.exists(spec.path)))
+    journal = Journal.create(jpath, dict(header, new_file=not store.exists(spec)))
     try:
         if in_place:
-            _mark_incomplete(dataset)
+            store.mark_incomplete(dataset)
             target = spec.dataset
         else:
-            target = _create(spec, label, shape, dtype, partial, drop_old=not reads_c,
-                             chunks=chunks)
-        return FileSink(spec, shape, dtype, journal, target, reads_c, threads,
-                        result=dataset)
+            target = store.create(spec, label, shape, dtype, partial, drop_old=not reads_c,
+                                  chunks=chunks)
+        return store.sink(spec, shape, dtype, journal, target, reads_c, threads, dataset,
+                          chunks)
     except DiskFullError:  # the output exists, empty: keep its journal for --resume
         journal.close()
         raise
@@ -358,6 +412,11 @@ def _fsync(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _create_zarr(spec, label, shape, dtype, partial, drop_old, chunks=None) -> str:
+    _check_space(spec, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    return zarrsink.create(spec, label, shape, dtype, partial, drop_old, chunks)
 
 
 def _check_space(spec: Spec, need: int) -> None:
@@ -441,12 +500,13 @@ def _resume(spec, label, journal, job, info, shape, dtype, reads_c, threads, chu
             if diff:
                 raise ResumeError(_changed("old C", now["label"], diff, spec))
         if not present:
-            _create(spec, label, shape, dtype, recorded.get("partial"), drop_old=not reads_c,
-                    chunks=chunks)
+            _storage(spec).create(spec, label, shape, dtype, recorded.get("partial"),
+                                  drop_old=not reads_c, chunks=chunks)
     elif not (info["exists"] or info["partial"]):
         raise ResumeError(f"Expected {spec} or its partial dataset to finish resuming. "
                           f"Got neither.")
-    return FileSink(spec, shape, dtype, journal, target, reads_c, threads, result=dataset)
+    return _storage(spec).sink(spec, shape, dtype, journal, target, reads_c, threads, dataset,
+                               chunks)
 
 
 def _changed(name: str, label: str, diff: list[str], spec) -> str:
@@ -460,9 +520,34 @@ def read_journal(x) -> dict | None:
     when there is none."""
     if isinstance(x, h5py.Dataset):
         x = Spec(os.path.realpath(x.file.filename), x.name)
+    elif zarrsource.is_zarr_array(x):
+        x = zarrsource.spec_of(x)
     if isinstance(x, os.PathLike):
         x = os.fspath(x)
     if not isinstance(x, (str, Spec)):
         return None
     parsed = parse_journal(journal_path(parse_spec(x)))
     return None if parsed is None else parsed[0].get("job")
+
+
+# Late-bound (each name looked up at the call), so that a patched function of this module or
+# of zarrsink is the one called.
+_HDF5 = _Storage(
+    chunks=lambda *a: tile_chunks(*a),
+    check=lambda spec: _check_file(spec.path),
+    exists=lambda spec: os.path.exists(spec.path),
+    inspect=lambda *a: _inspect(*a),
+    create=lambda *a, **k: _create(*a, **k),
+    drop_begun=lambda *a: _drop_begun_file(*a),
+    mark_incomplete=lambda *a: _mark_incomplete(*a),
+    sink=lambda spec, shape, dtype, journal, target, reads_c, threads, result, chunks:
+    FileSink(spec, shape, dtype, journal, target, reads_c, threads, result=result))
+_ZARR = _Storage(
+    chunks=lambda *a: zarrsink.tile_chunks(*a),
+    check=lambda *a: zarrsink.check(*a),
+    exists=lambda *a: zarrsink.exists(*a),
+    inspect=lambda *a: zarrsink.inspect(*a),
+    create=lambda *a, **k: _create_zarr(*a, **k),
+    drop_begun=lambda *a: zarrsink.drop_begun(*a),
+    mark_incomplete=lambda *a: zarrsink.mark_incomplete(*a),
+    sink=lambda *a: zarrsink.sink(*a))

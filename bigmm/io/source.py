@@ -567,7 +567,8 @@ def _batches(items, piece: int) -> list[list]:
 
 def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
                use_mmap: bool = True, map_step: int = STEP_BYTES) -> Source:
-    """Validate an operand (spec string, Spec, h5py.Dataset or NumPy array) and open it.
+    """Validate an operand (spec string, Spec, h5py.Dataset, zarr.Array or NumPy array) and
+    open it (a Zarr one as a :class:`.zarrsource.ZarrSource`).
 
     ``use_mmap=False`` reads raw datasets with ``preadv`` only (no memory map); ``map_step``:
     the most file bytes a mapped copy spans between releases of its pages (:class:`FileMap`).
@@ -587,10 +588,16 @@ def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
         return H5Source(x, label, threads=threads, use_mmap=use_mmap, map_step=map_step)
     if isinstance(x, os.PathLike):
         x = os.fspath(x)
+    from . import zarrsource  # Zarr specs and arrays (zarr is imported only for them)
+
+    if zarrsource.is_zarr_array(x):
+        return zarrsource.open_zarr(x, name, threads=threads)
     if not isinstance(x, (str, Spec)):
-        raise SpecError(f"Expected 'file.h5:/dataset', an h5py.Dataset or a NumPy array for "
-                        f"{name}. Got {type(x).__name__}.")
+        raise SpecError(f"Expected 'file.h5:/dataset', 'store.zarr[:/array]', an h5py.Dataset, "
+                        f"a zarr.Array or a NumPy array for {name}. Got {type(x).__name__}.")
     spec = parse_spec(x)
+    if spec.zarr:
+        return zarrsource.open_zarr(spec, name, threads=threads)
     f, dset = open_h5(spec, name)
     try:
         label = f"{name} ({spec})"

@@ -1,4 +1,18 @@
-"""Operand specs: ``"path/to/file.h5:/group/dataset"`` -> :class:`Spec`."""
+"""Operand specs: ``"file.h5:/group/dataset"``, ``"store.zarr"`` or ``"store.zarr:/group/array"``
+-> :class:`Spec`.
+
+Grammar. A spec names an HDF5 dataset or a Zarr array:
+
+* ``file.h5:/group/dataset`` (HDF5): the file part ends at the first ``":/"``, else at the last
+  ``":"``; the leading "/" of the dataset is optional; both parts must be non-empty.
+* ``store.zarr`` (Zarr): the array at the root of the store.
+* ``store.zarr:/group/array`` (Zarr): the array at that path inside the store.
+
+A spec is Zarr when its store part ends with ``.zarr`` (any case, a trailing "/" allowed) or is
+an existing directory holding Zarr metadata (``zarr.json``); a whole spec that is such a path
+names the root array (so ``store.zarr/group/array``, the array's own directory, works too).
+Anything else is HDF5, as before: a new Zarr store needs the ``.zarr`` suffix.
+"""
 
 from __future__ import annotations
 
@@ -7,37 +21,69 @@ from dataclasses import dataclass
 
 from ..errors import SpecError
 
+HDF5, ZARR = "hdf5", "zarr"
+
 
 @dataclass(frozen=True)
 class Spec:
-    """An HDF5 dataset named by file path and absolute dataset path (always with a leading "/")."""
+    """An HDF5 dataset (file path and absolute dataset path, always with a leading "/") or,
+    with ``kind="zarr"``, a Zarr array (store directory and array path, "/" for the root)."""
 
     path: str
     dataset: str
+    kind: str = HDF5
+
+    @property
+    def zarr(self) -> bool:
+        return self.kind == ZARR
 
     def __str__(self) -> str:
+        if self.zarr and self.dataset == "/":
+            return self.path
         return f"{self.path}:{self.dataset}"
 
 
-def parse_spec(text) -> Spec:
-    """Parse ``"file.h5:/dataset"`` (a string or a path such as ``Path("file.h5:/dataset")``;
-    the leading "/" of the dataset is optional).
+#: Metadata files one of which the root of an existing Zarr store holds (v3; v2 group, array).
+ZARR_META = ("zarr.json", ".zgroup", ".zarray")
 
-    The file part ends at the first ``":/"``; without one, at the last ``":"``. Both parts must
-    be non-empty.
-    """
+
+def is_zarr_path(path: str) -> bool:
+    """Whether ``path`` names a Zarr store: ``*.zarr`` (any case), or an existing directory
+    holding Zarr metadata."""
+    path = path.strip()
+    if path.rstrip("/").lower().endswith(".zarr"):
+        return True
+    return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, m)) for m in ZARR_META)
+
+
+def parse_spec(text) -> Spec:
+    """Parse a spec (a string or a path such as ``Path("file.h5:/dataset")``); see the module
+    docstring for the grammar."""
     if isinstance(text, Spec):
         return text
     if isinstance(text, os.PathLike):
         text = os.fspath(text)
     if not isinstance(text, str):
-        raise SpecError(f"Expected 'file.h5:/dataset'. Got {text!r} ({type(text).__name__}).")
+        raise SpecError(f"Expected 'file.h5:/dataset' or 'store.zarr[:/array]'. Got {text!r} "
+                        f"({type(text).__name__}).")
+    if text.strip() and is_zarr_path(text):
+        return Spec(_store(text), "/", ZARR)
     cut = text.find(":/")
     if cut < 0:
         cut = text.rfind(":")
     path, dataset = (text[:cut], text[cut + 1:]) if cut >= 0 else ("", "")
-    dataset = "/" + dataset.strip().lstrip("/")
     path = path.strip()
+    if path and is_zarr_path(path):
+        array = "/" + dataset.strip().strip("/")
+        if "//" in array:
+            raise SpecError(f"Expected 'store.zarr:/group/array'. Got {text!r}.")
+        return Spec(_store(path), array, ZARR)
+    dataset = "/" + dataset.strip().lstrip("/")
     if not path or dataset == "/" or "//" in dataset or dataset.endswith("/"):
-        raise SpecError(f"Expected 'file.h5:/dataset'. Got {text!r}.")
+        raise SpecError(f"Expected 'file.h5:/dataset' or 'store.zarr[:/array]'. Got {text!r}.")
     return Spec(path, dataset)
+
+
+def _store(path: str) -> str:
+    path = path.strip()
+    return path.rstrip("/") or path

@@ -1,0 +1,208 @@
+"""The file mechanics of Zarr outputs: chunk files written whole into temporary files and
+published durably (:class:`ChunkFiles`), metadata rewritten atomically and durably, directories
+removed and swapped (idempotently). Used by :mod:`.zarrsink`; no zarr-python here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+
+import numpy as np
+
+from ..errors import ReadError
+from .layout import chunk_cells
+from .rawio import write_block
+from .zarrsource import META, TMP_SUFFIX, read_meta
+
+#: Suffix of the original array's directory while a partial array replaces it.
+OLD_SUFFIX = ".bigmm-old"
+#: Finished chunks kept open (not yet durable) before a commit makes them durable anyway.
+MAX_READY = 256
+
+
+# ----- files and directories ------------------------------------------------------------------
+
+def fsync_path(path: str) -> None:
+    """``fsync`` a file or directory by path."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str, value: dict) -> None:
+    """Replace the file at ``path`` with ``value`` as JSON, atomically and durably."""
+    tmp = path + TMP_SUFFIX
+    data = json.dumps(value, indent=2).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_path(os.path.dirname(path) or ".")
+
+
+def write_attributes(folder: str, values: dict) -> None:
+    """Set attributes of the Zarr v3 array in ``folder`` (its ``zarr.json`` rewritten
+    atomically and durably; everything else in it kept)."""
+    meta = read_meta(folder)
+    if meta is None:
+        raise ReadError(f"Expected a Zarr array's metadata in '{folder}'. Got none.")
+    meta["attributes"] = dict(meta.get("attributes") or {}, **values)
+    write_json(os.path.join(folder, META), meta)
+
+
+def remove_tree(folder: str) -> None:
+    """Remove a directory and what it holds, durably (its parent is synced)."""
+    if os.path.lexists(folder):
+        shutil.rmtree(folder)
+        fsync_path(os.path.dirname(folder) or ".")
+
+
+def swap(name: str, partial: str) -> None:
+    """Put the directory ``partial`` in the place of ``name`` (idempotent: safe to repeat after
+    a crash at any point): ``name`` moves aside to ``name + OLD_SUFFIX``, ``partial`` moves in,
+    the old one is removed."""
+    old = name + OLD_SUFFIX
+    if os.path.isdir(partial):
+        if os.path.isdir(name):
+            remove_tree(old)
+            os.rename(name, old)
+        os.rename(partial, name)
+        fsync_path(os.path.dirname(name) or ".")
+    remove_tree(old)
+
+
+# ----- chunk files --------------------------------------------------------------------------------
+
+class _Chunk:
+    __slots__ = ("fd", "tmp", "final", "left")
+
+    def __init__(self, fd, tmp, final, left):
+        self.fd, self.tmp, self.final, self.left = fd, tmp, final, left
+
+
+class ChunkFiles:
+    """Whole chunks of an uncompressed Zarr array written from any thread: each chunk is
+    written into a temporary file beside its place at the byte offsets of its rows, and
+    :meth:`publish` makes the finished ones durable and renames them into place. Every element
+    of a chunk is written once (a region cut across chunks writes its part of each); a chunk
+    is finished once all of its elements are written."""
+
+    def __init__(self, folder: str, shape, chunks, stored: np.dtype, key):
+        self.folder, self.shape, self.chunks = folder, tuple(shape), tuple(chunks)
+        self.stored, self.key = np.dtype(stored), key
+        self.chunk_bytes = self.chunks[0] * self.chunks[1] * self.stored.itemsize
+        self._open: dict[tuple, _Chunk] = {}
+        self._ready: list[_Chunk] = []
+        self._made: set[str] = set()  # chunk directories known to exist
+        self._new_dirs: set[str] = set()  # directories whose entries are not yet durable
+        self._lock = threading.Lock()
+
+    @property
+    def unfinished(self) -> int:
+        return len(self._open)
+
+    def write(self, r0, r1, c0, c1, src) -> None:
+        """Write ``src`` (rows r0:r1, columns c0:c1 of the array) into its chunks."""
+        src = np.ascontiguousarray(src, dtype=self.stored)
+        cr, cc = self.chunks
+        w = self.stored.itemsize
+        for ci, cj, a0, a1, b0, b1 in chunk_cells(self.chunks, r0, r1, c0, c1):
+            chunk = self._chunk(ci, cj)
+            off = ((a0 - ci * cr) * cc + (b0 - cj * cc)) * w
+            write_block(chunk.fd, off, cc * w, src, a0 - r0, a1 - r0, b0 - c0, b1 - c0)
+            with self._lock:
+                chunk.left -= (a1 - a0) * (b1 - b0)
+                if chunk.left == 0:
+                    del self._open[(ci, cj)]
+                    self._ready.append(chunk)
+                many = len(self._ready) >= MAX_READY
+            if many:
+                self.publish()
+
+    def _chunk(self, ci: int, cj: int) -> _Chunk:
+        with self._lock:
+            chunk = self._open.get((ci, cj))
+            if chunk is not None:
+                return chunk
+            final = os.path.join(self.folder, *self.key((ci, cj)).split("/"))
+            self._dirs(os.path.dirname(final))
+            tmp = final + TMP_SUFFIX
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                         | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                os.ftruncate(fd, self.chunk_bytes)  # an edge chunk is stored whole
+            except BaseException:
+                os.close(fd)
+                raise
+            m, n = self.shape
+            cr, cc = self.chunks
+            left = (min(m, (ci + 1) * cr) - ci * cr) * (min(n, (cj + 1) * cc) - cj * cc)
+            chunk = self._open[(ci, cj)] = _Chunk(fd, tmp, final, left)
+            return chunk
+
+    def _dirs(self, folder: str) -> None:
+        if folder in self._made:
+            return
+        os.makedirs(folder, exist_ok=True)
+        self._made.add(folder)
+        here = folder
+        while len(here) > len(self.folder):  # each new entry on the way down must be durable
+            self._new_dirs.add(os.path.dirname(here))
+            here = os.path.dirname(here)
+        self._new_dirs.add(folder)
+
+    def publish(self) -> None:
+        """Make every finished chunk durable, then rename it into place and sync its
+        directory: what this returns having published is durable."""
+        with self._lock:
+            ready, self._ready = self._ready, []
+            dirs, self._new_dirs = self._new_dirs, set()
+        try:
+            for chunk in ready:
+                os.fsync(chunk.fd)
+            for chunk in ready:
+                os.close(chunk.fd)
+                chunk.fd = None
+                os.replace(chunk.tmp, chunk.final)
+                dirs.add(os.path.dirname(chunk.final))
+            for folder in sorted(dirs, key=len, reverse=True):
+                fsync_path(folder)
+        except BaseException:
+            with self._lock:  # published again (or dropped) later
+                self._ready = [c for c in ready if c.fd is not None] + self._ready
+                self._new_dirs |= dirs
+            raise
+
+    def close(self) -> None:
+        """Drop what was not published (its temporary files); idempotent."""
+        with self._lock:
+            left = list(self._open.values()) + self._ready
+            self._open, self._ready = {}, []
+        for chunk in left:
+            if chunk.fd is not None:
+                os.close(chunk.fd)
+                chunk.fd = None
+            try:
+                os.unlink(chunk.tmp)
+            except OSError:
+                pass
+
+
+def drop_stale(folder: str) -> None:
+    """Remove the temporary chunk files an interrupted run left in an array's directory."""
+    for here, _dirs, files in os.walk(folder):
+        for name in files:
+            if name.endswith(TMP_SUFFIX):
+                try:
+                    os.unlink(os.path.join(here, name))
+                except OSError:
+                    pass

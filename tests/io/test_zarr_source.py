@@ -1,0 +1,277 @@
+"""Zarr inputs: specs, every codec, chunking, byte order and place in a store, read by bigmm's
+direct path and through zarr-python, and what a Zarr operand's identity and footprint say.
+
+Real Zarr v3 stores on disk, written by zarr-python; every read is compared with the NumPy
+array the store was written from (fresh random data, shapes multiples of nothing).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+zarr = pytest.importorskip("zarr")
+
+from bigmm import errors  # noqa: E402
+from bigmm.io import Spec, open_input, parse_spec  # noqa: E402
+from bigmm.io.identity import describe, differences  # noqa: E402
+from bigmm.io.zarrsource import ZarrSource, chunk_files  # noqa: E402
+from bigmm.testing import random_matrix, zarr_array  # noqa: E402
+
+M, N = 157, 131  # multiples of nothing
+
+
+# ----- specs ------------------------------------------------------------------------------------
+
+SPECS = [
+    # (text, path, array path, kind)
+    ("s.zarr", "s.zarr", "/", "zarr"),                      # the root array of a store
+    ("s.zarr/", "s.zarr", "/", "zarr"),                     # trailing slash
+    ("dir/S.ZARR", "dir/S.ZARR", "/", "zarr"),              # any case
+    ("s.zarr:/grp/A", "s.zarr", "/grp/A", "zarr"),          # an array in a group
+    ("s.zarr:A", "s.zarr", "/A", "zarr"),                   # leading slash optional
+    ("s.zarr:/", "s.zarr", "/", "zarr"),                    # the root, spelled out
+    ("/d/run:1/s.zarr", "/d/run:1/s.zarr", "/", "zarr"),    # a colon inside the path
+    ("a.h5:/A", "a.h5", "/A", "hdf5"),                      # HDF5 unchanged
+]
+
+
+@pytest.mark.parametrize("text,path,array,kind", SPECS)
+def test_zarr_specs(text, path, array, kind):
+    spec = parse_spec(text)
+    assert spec == Spec(path, array, kind)
+    assert parse_spec(str(spec)) == spec
+    assert spec.zarr == (kind == "zarr")
+
+
+def test_an_existing_store_without_the_suffix_is_zarr(tmp_path):
+    zarr_array(tmp_path / "plain", random_matrix((4, 3), np.float64), path="g/A")
+    assert parse_spec(f"{tmp_path / 'plain'}:/g/A") == Spec(str(tmp_path / "plain"), "/g/A",
+                                                            "zarr")
+    # the array's own directory works as a store of its own
+    assert parse_spec(str(tmp_path / "plain" / "g" / "A")).zarr
+    # a directory without Zarr metadata stays an HDF5 path (and fails as one)
+    assert not parse_spec(f"{tmp_path}:/C").zarr
+
+
+def test_a_bad_zarr_spec_is_refused():
+    with pytest.raises(errors.SpecError, match="store.zarr:/group/array"):
+        parse_spec("s.zarr:/g//A")
+
+
+# ----- every layout read right ------------------------------------------------------------------
+
+LAYOUTS = [
+    # (codec, chunks, byte order, dtype, array path, layout bigmm reads it by)
+    ("raw", (40, 50), "little", np.float64, "A", "zarr-raw"),       # uncompressed chunks
+    ("raw", (40, 50), "big", np.float32, "A", "zarr-raw"),          # big-endian, swapped
+    ("raw", (M, N), "little", np.float32, "", "zarr-raw"),          # one chunk, root array
+    ("raw", (16, N), "little", np.float64, "g/h/A", "zarr-raw"),    # whole-row chunks, nested
+    ("raw", (200, 300), "little", np.float32, "A", "zarr-raw"),     # chunks larger than it
+    ("zstd", (33, 64), "little", np.float32, "A", "zarr-zstd"),     # zstd
+    ("zstd", (64, 33), "big", np.float64, "A", "zarr-zstd"),        # zstd over big-endian
+    ("blosc", (50, 40), "little", np.float32, "A", "zarr-blosc"),   # blosc (lz4, shuffle)
+    ("blosc", (N, 7), "big", np.float64, "", "zarr-blosc"),         # thin column chunks
+    ("gzip", (29, 31), "little", np.float64, "A", "zarr-gzip"),     # gzip
+    ("gzip", (29, 31), "big", np.float32, "g/A", "zarr-gzip"),
+    # layouts zarr-python reads for bigmm
+    ("crc32c", (40, 50), "little", np.float32, "A", "zarr"),        # checksummed chunks
+    ("transpose", (40, 50), "little", np.float64, "A", "zarr"),     # column-major chunks
+    ("sharded", (20, 25), "big", np.float32, "A", "zarr"),          # shards of 2 x 2 chunks
+]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """One store per layout: (spec, the array's data)."""
+    folder = tmp_path_factory.mktemp("zarr")
+    made = []
+    for i, (codec, chunks, endian, dtype, path, _) in enumerate(LAYOUTS):
+        data = random_matrix((M, N), dtype, seed=i)
+        store = folder / f"s{i}.zarr"
+        zarr_array(store, data, path=path, chunks=chunks, codec=codec, endian=endian)
+        made.append((f"{store}:/{path}" if path else str(store), data))
+    return made
+
+
+def _regions(m, n):
+    return [(0, m, 0, n), (0, 1, 0, 1), (m - 1, m, n - 1, n), (13, 101, 7, 88),
+            (40, 80, 50, 100), (5, 6, 0, n), (0, m, 129, 130)]
+
+
+@pytest.mark.parametrize("case", range(len(LAYOUTS)), ids=[
+    f"{c}-{e}-{np.dtype(d).name}-{p or 'root'}" for c, _, e, d, p, _ in LAYOUTS])
+def test_every_layout_reads_right(stores, case):
+    spec, data = stores[case]
+    with open_input(spec, name="A", threads=3) as src:
+        assert src.layout == LAYOUTS[case][5]
+        assert src.shape == (M, N) and src.dtype == np.dtype(data.dtype).newbyteorder("=")
+        assert src.chunks == LAYOUTS[case][1]
+        for r0, r1, c0, c1 in _regions(M, N):
+            out = np.full((r1 - r0, c1 - c0), np.nan, src.dtype)
+            src.read(r0, r1, c0, c1, out)
+            assert np.array_equal(out, data[r0:r1, c0:c1]), (r0, r1, c0, c1)
+
+
+@pytest.mark.parametrize("case", [i for i, c in enumerate(LAYOUTS) if c[5] != "zarr"])
+def test_direct_path_equals_zarr_python(stores, case):
+    spec, _ = stores[case]
+    direct = open_input(spec)
+    arr = zarr.open_array(parse_spec(spec).path, path=parse_spec(spec).dataset.strip("/"),
+                          mode="r")
+    out, ref = np.empty((M, N), direct.dtype), np.empty((M, N), direct.dtype)
+    direct.read(0, M, 0, N, out)
+    ZarrSource._read_zarr(direct, 0, M, 0, N, ref)  # the same region through zarr-python
+    assert np.array_equal(out, ref) and np.array_equal(ref, arr[...])
+    direct.close()
+
+
+@pytest.fixture(scope="module")
+def hypo(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hypo")
+    data = random_matrix((97, 83), np.float64, seed=7)
+    return {codec: open_input(zarr_array(folder / f"{codec}.zarr", data, chunks=(13, 17),
+                                         codec=codec, endian="big"), threads=2)
+            for codec in ("raw", "zstd")}, data
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_region_reads_its_elements(hypo, data):
+    sources, ref = hypo
+    r0 = data.draw(st.integers(0, 96))
+    r1 = data.draw(st.integers(r0, 97))
+    c0 = data.draw(st.integers(0, 82))
+    c1 = data.draw(st.integers(c0, 83))
+    for src in sources.values():
+        out = np.full((r1 - r0, c1 - c0), np.nan)
+        src.read(r0, r1, c0, c1, out)
+        assert np.array_equal(out, ref[r0:r1, c0:c1])
+
+
+def test_missing_chunks_read_as_the_fill_value(tmp_path):
+    data = random_matrix((50, 40), np.float32, seed=3)
+    arr = zarr_array(tmp_path / "f.zarr", data, chunks=(20, 20), fill_value=-7.5)
+    os.remove(tmp_path / "f.zarr" / "c" / "1" / "1")  # never written, as zarr leaves it
+    expect = data.copy()
+    expect[20:40, 20:40] = -7.5
+    for src in (open_input(arr), open_input(str(tmp_path / "f.zarr"))):
+        out = np.empty((50, 40), np.float32)
+        src.read(0, 50, 0, 40, out)
+        assert np.array_equal(out, expect)
+        src.close()
+
+
+BROKEN = [
+    # (codec, how the chunk file is spoiled, words of the error)
+    ("raw", lambda p: os.truncate(p, 100), "holds 100 bytes"),          # truncated
+    ("zstd", lambda p: open(p, "r+b").write(b"garbage!"), "Expected to read"),  # corrupt
+    ("gzip", lambda p: os.truncate(p, 10), "Expected to read"),         # cut short
+]
+
+
+@pytest.mark.parametrize("codec,spoil,words", BROKEN)
+def test_a_spoiled_chunk_is_a_read_error(tmp_path, codec, spoil, words):
+    data = random_matrix((30, 30), np.float64, seed=4)
+    zarr_array(tmp_path / "b.zarr", data, chunks=(10, 10), codec=codec)
+    spoil(tmp_path / "b.zarr" / "c" / "1" / "2")
+    with open_input(str(tmp_path / "b.zarr")) as src:
+        out = np.empty((30, 30))
+        src.read(0, 10, 0, 30, out[:10])  # other chunks read
+        with pytest.raises(errors.ReadError, match=words) as err:
+            src.read(0, 30, 0, 30, out)
+        assert "rows 0:30" in str(err.value)
+
+
+OPEN_ERRORS = [
+    # (how the operand is made, spec suffix, error, words)
+    ("none", "", errors.OperandNotFound, "no such directory"),       # no store
+    ("array", ":/B", errors.OperandNotFound, "holds /A"),            # no such array
+    ("array", ":/g", errors.OperandNotFound, "a group"),             # a group, not an array
+    ("3d", ":/A", errors.ShapeError, "2-D"),                         # 3-D
+    ("int", ":/A", errors.DtypeError, "float32, float64"),         # integers
+    ("incomplete", ":/A", errors.IncompleteOutputError, "resume"),   # left by a killed run
+]
+
+
+@pytest.mark.parametrize("made,suffix,error,words", OPEN_ERRORS)
+def test_open_errors(tmp_path, made, suffix, error, words):
+    store = tmp_path / "e.zarr"
+    if made != "none":
+        zarr.create_group(str(store)).create_group("g")
+        shape, dtype = ((4, 3, 2), "f4") if made == "3d" else ((4, 3), "i4" if made == "int"
+                                                                 else "f8")
+        attrs = {"bigmm_complete": False} if made == "incomplete" else {}
+        zarr.create_array(str(store), name="A", shape=shape, dtype=dtype, attributes=attrs)
+    with pytest.raises(error, match=words):
+        open_input(f"{store}{suffix}", name="A")
+
+
+def test_arrays_in_other_stores_are_read_through_zarr():
+    arr = zarr.create_array(zarr.storage.MemoryStore(), shape=(9, 7), chunks=(4, 4), dtype="f8")
+    data = random_matrix((9, 7), np.float64, seed=2)
+    arr[...] = data
+    with open_input(arr) as src:
+        assert src.layout == "zarr" and "MemoryStore" in src.reason and src.where() is None
+        out = np.empty((9, 7))
+        src.read(0, 9, 0, 7, out)
+        assert np.array_equal(out, data)
+
+
+# ----- identity ---------------------------------------------------------------------------------
+
+def _record(spec):
+    with open_input(spec) as src:
+        return describe(src)
+
+
+CHANGES = [
+    # (what happens to the array, a word of what differences() says)
+    ("rewrite a chunk", "storage"),          # a chunk file rewritten (same values)
+    ("edit a value", "contents"),            # a value changed in place through zarr
+    ("recreate", "another file"),            # the store removed and written again
+    ("attributes", "modified"),              # its metadata rewritten
+]
+
+
+@pytest.mark.parametrize("change,word", CHANGES)
+def test_identity_sees_what_changed(tmp_path, change, word):
+    data = random_matrix((60, 50), np.float32, seed=8)
+    store = tmp_path / "i.zarr"
+    zarr_array(store, data, chunks=(20, 25), codec="zstd")
+    before = _record(str(store))
+    assert differences(before, _record(str(store))) == []  # read twice: the same
+    arr = zarr.open_array(str(store), mode="r+")
+    if change == "rewrite a chunk":
+        arr[0:20, 0:25] = data[0:20, 0:25]
+        os.utime(store / "c" / "0" / "0", ns=(1, 1))
+    elif change == "edit a value":
+        arr[59, 49] = arr[59, 49] + 1
+    elif change == "recreate":
+        os.rename(store, tmp_path / "old.zarr")
+        zarr_array(store, data, chunks=(20, 25), codec="zstd")
+    else:
+        os.utime(store / "zarr.json", ns=(2, 2))
+    diff = differences(before, _record(str(store)))
+    assert any(word in d for d in diff), diff
+
+
+def test_identity_is_by_directory_not_spelling(tmp_path):
+    zarr_array(tmp_path / "s.zarr", random_matrix((20, 10), np.float64), path="g/A")
+    os.symlink(tmp_path / "s.zarr", tmp_path / "link.zarr")
+    a = _record(f"{tmp_path / 's.zarr'}:/g/A")
+    b = _record(f"{tmp_path / 'link.zarr'}:/g/A")
+    c = _record(str(tmp_path / "s.zarr" / "g" / "A"))  # the array's directory as a store
+    assert differences(a, b) == [] and differences(a, c) == []
+
+
+def test_chunk_files_leave_out_metadata_and_temporary_files(tmp_path):
+    zarr_array(tmp_path / "c.zarr", random_matrix((20, 20), np.float32), chunks=(10, 10))
+    (tmp_path / "c.zarr" / "c" / "0" / "0.bigmm-tmp").write_bytes(b"x")
+    files = chunk_files(str(tmp_path / "c.zarr"))
+    assert [f[0] for f in files] == [os.path.join("c", i, j) for i in "01" for j in "01"]
+    assert chunk_files(str(tmp_path / "c.zarr"), limit=3) is None
