@@ -8,12 +8,18 @@ Host-memory inputs (NumPy float32 n x n arrays, device budget ``--memory``):
   runs from the pageable arrays (staged through its pinned buffers) and, both kernels again,
   from the same pre-pinned arrays cuBLASXt uses (copied to and from the device directly), so
   each comparison is like with like.
-HDF5 files (contiguous float32 n x n in ``--dir``):
-  bigmm against dask.array + CuPy (``da.from_array`` on the h5py datasets,
-  ``map_blocks(cupy.asarray)``, ``@``, ``da.store`` into HDF5) at each of ``--dask-chunks``,
-  and against the I/O floor (read A and B once, write C once and fsync it), measured in the
-  same run; cold page cache (``posix_fadvise(DONTNEED)`` on the inputs after an fsync) and
-  warm page cache.
+HDF5 files (float32 n x n in ``--dir``, chunked ``--h5-chunk`` or contiguous, ``--layouts``):
+  ``--parts floor``: the storage floor measured in the same run (``storage.py``): the least
+  time this disk needs to read A and B once and write C once, reads and writes one after the
+  other and at once, buffered and ``O_DIRECT``, cold and warm; ``--parts h5``: bigmm on the
+  files, each of ``--h5-runs`` (cold or warm page cache, C's tiles written ``O_DIRECT``, as
+  chosen for the disk, or copied into a shared map), against that floor; ``--parts dask``:
+  dask.array + CuPy (``da.from_array`` on the h5py datasets, ``map_blocks(cupy.asarray)``,
+  ``@``, ``da.store`` into HDF5) at each of ``--dask-chunks``, cold and warm; ``--parts
+  bounded``: the same job in a cgroup v2 whose ``memory.max`` (``--bounded-limits``, tried in
+  turn) is far below A, B and C together, cold (page-cache pages count against the limit),
+  against the cold floor, with the cgroup's peak memory. Cold = the inputs' pages dropped
+  (``/proc/sys/vm/drop_caches`` where writable, else ``posix_fadvise(DONTNEED)``).
 
 Checksum overhead (``--parts verify``): the same HDF5 files (first of ``--layouts``, warm page
 cache) and the same host arrays multiplied with ``verify=None`` and ``verify="checksum"``,
@@ -38,6 +44,9 @@ trace, PNG timeline) are separate runs. Writes ``bench_e2e.json`` and the profil
     PYTHONPATH=. python scripts/bench_e2e.py --n 8192 --memory 256MiB     # a smoke run
     PYTHONPATH=. python scripts/bench_e2e.py --n 16384 --parts verify --layouts contiguous
     PYTHONPATH=. python scripts/bench_e2e.py --n 16384 --parts kernels
+    PYTHONPATH=. python scripts/bench_e2e.py --n 32768 --memory 8GiB --dir /tmp/bench \
+        --repeat 1 --parts floor,h5,bounded,dask --layouts chunked --in-core cublas \
+        --h5-prewarm --dask-chunks 16384 --dask-caches warm,cold     # storage (root for cgroups)
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
 import bigmm  # noqa: E402
+import storage  # noqa: E402
 from bigmm import io as bio  # noqa: E402
 from bigmm.profile import Profile  # noqa: E402
 from bigmm.testing import tolerance  # noqa: E402
@@ -98,17 +108,6 @@ def fsync(path) -> None:
         os.close(fd)
 
 
-def drop_cache(*paths) -> None:
-    """Evict the files' pages from the page cache (flushed first, so they can be dropped)."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def write_h5(path: Path, name: str, x: np.ndarray, chunk: int | None = None) -> str:
     """x as a dataset: contiguous, or chunked chunk x chunk (unfiltered); fsynced."""
     with h5py.File(path, "w") as f:
@@ -132,20 +131,6 @@ def read_all(spec: str, buf: np.ndarray) -> None:
             src.read(r, r1, 0, n, buf[r:r1])
     finally:
         src.close()
-
-
-def write_raw(path: Path, x: np.ndarray, threads: int) -> None:
-    """Write x to a new file with parallel pwrite and fsync it (the floor's write of C)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        flat = x.reshape(-1).view(np.uint8)
-        step = 64 << 20
-        with cf.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda o: os.pwrite(fd, flat[o:o + step], o),
-                          range(0, flat.size, step)))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ----- checks -------------------------------------------------------------------------------
@@ -250,7 +235,7 @@ def tflops(n: int, seconds: float) -> float:
 
 # ----- parts --------------------------------------------------------------------------------
 
-def in_core(a, b, n, repeat, res):
+def in_core(a, b, n, repeat, res, kernels=("cublas", "bigmm")):
     """Device-resident products: cuBLAS (the reference) and bigmm's kernel."""
     import cupy
 
@@ -259,7 +244,7 @@ def in_core(a, b, n, repeat, res):
     a_d, b_d = cupy.asarray(a), cupy.asarray(b)
     out = {}
     c_ref = cupy.empty((n, n), F32)
-    for kernel in ("cublas", "bigmm"):
+    for kernel in kernels:
         be = get_backend("cupy", kernel=kernel)
         s = be.stream()
         c = c_ref if kernel == "cublas" else cupy.full((n, n), np.nan, F32)
@@ -363,68 +348,120 @@ def cublasxt(a, b, n, blocks, ref, res, pinned):
     res["cublasxt"] = out
 
 
-def io_floor(spec_a, spec_b, path_a, path_b, c_host, n, threads, d, res):
-    """Read A and B once (cold, then warm) and write C once with fsync: the I/O floor."""
-    buf = np.empty((n, n), F32)
-    out = {}
-    for cache in ("cold", "warm"):
-        if cache == "cold":
-            drop_cache(path_a, path_b)
-        t0 = time.perf_counter()
-        read_all(spec_a, buf)
-        read_all(spec_b, buf)
-        out[f"read_{cache}_seconds"] = time.perf_counter() - t0
-    floor_file = d / "floor_c.bin"
-    t0 = time.perf_counter()
-    write_raw(floor_file, c_host, threads)
-    out["write_seconds"] = time.perf_counter() - t0
-    floor_file.unlink()
-    nbytes = 3 * n * n * 4
-    for cache in ("cold", "warm"):
-        t = out[f"read_{cache}_seconds"] + out["write_seconds"]
-        out[f"floor_{cache}_seconds"] = t
-        log(f"I/O floor {cache}: read {out[f'read_{cache}_seconds']:.2f} s "
-            f"({2 * n * n * 4 / out[f'read_{cache}_seconds'] / 1e9:.2f} GB/s) + write "
-            f"{out['write_seconds']:.2f} s ({n * n * 4 / out['write_seconds'] / 1e9:.2f} GB/s) "
-            f"= {t:.2f} s for {nbytes / 1e9:.1f} GB")
-    res["io_floor"] = out
+def floor(path_a, path_b, c_host, threads, d, res):
+    """The storage floor (see storage.py): read A and B once and write C once, every way."""
+    c_data = storage.aligned(c_host.nbytes)
+    c_data[...] = c_host.reshape(-1).view(np.uint8)
+    res["storage_floor"] = storage.storage_floor([str(path_a), str(path_b)], c_data, str(d),
+                                                 threads, log)
 
 
 def bigmm_h5(spec_a, spec_b, path_a, path_b, n, memory, ref, d, out_dir, res, layout,
-             host_memory=None, prewarm=False):
-    """bigmm on the HDF5 files, cold then warm page cache, each run profiled. ``prewarm``:
-    one untimed run first, so the timed runs find their pinned staging already allocated."""
-    out = {}
+             host_memory=None, prewarm=False, runs=("cold:auto", "warm:auto")):
+    """bigmm on the HDF5 files, each of ``runs`` ("cache:writes": cold or warm page cache,
+    tiles written as ``bigmm.io.direct.MODE`` says), each profiled and checked. ``prewarm``:
+    one untimed run first (kernels compiled, pinned staging allocated)."""
+    from bigmm.io import direct
+
+    out = {"runs": []}
     c_path = d / "c.h5"
     buf = np.empty((n, n), F32)
     kw = dict(memory=memory, host_memory=host_memory, backend="cupy")
+    plan = bigmm.plan(spec_a, spec_b, **kw)
+    out["plan"], out["plan_text"] = plan.to_dict(), str(plan)
+    log(str(plan))
     if prewarm:
         t0 = time.perf_counter()
         bigmm.matmul(spec_a, spec_b, f"{c_path}:/C", overwrite=True, **kw)
         out["prewarm_seconds"] = time.perf_counter() - t0
-    for cache in ("cold", "warm"):
+    for run in runs:
+        cache, mode = run.split(":")
+        direct.MODE = mode
         if c_path.exists():
             c_path.unlink()
         if cache == "cold":
-            drop_cache(path_a, path_b)
+            out["cold_by"] = storage.drop_caches(path_a, path_b)
+        else:
+            storage.warm([str(path_a), str(path_b)], 8)
         prof = Profile()
         t0 = time.perf_counter()
         _, stats = bigmm.matmul(spec_a, spec_b, f"{c_path}:/C", stats=True, profile=prof, **kw)
         t = time.perf_counter() - t0
         read_all(f"{c_path}:/C", buf)
-        err = ref.check(buf, f"bigmm HDF5 {layout} {cache}")
-        files = prof.save(out_dir / f"h5_{layout}_{cache}")
-        plan = bigmm.plan(spec_a, spec_b, **kw)
-        out[cache] = {"seconds": t, "tflops": tflops(n, t), "rel_error": err,
-                      "plan": plan.to_dict(),
-                      "stats": stats.to_dict(), "profile": prof.summary(),
-                      "profile_table": prof.table(),
-                      "files": {k: os.path.basename(v) for k, v in files.items()}}
-        log(f"bigmm HDF5 {layout} {cache}: {t:.2f} s ({tflops(n, t):.1f} TFLOP/s); plan "
-            f"{plan.order} {plan.bm}x{plan.bn}x{plan.bk}, reads {plan.bytes_read / 2**30:.1f} GiB")
+        err = ref.check(buf, f"bigmm HDF5 {layout} {run}")
+        summ = prof.summary()
+        busy = {k: v["busy_seconds"] for k, v in summ.items()}
+        out["runs"].append({"cache": cache, "writes": mode, "seconds": t,
+                            "tflops": tflops(n, t), "rel_error": err,
+                            "stats": stats.to_dict(), "busy": busy,
+                            "profile_table": prof.table()})
+        log(f"bigmm HDF5 {layout} {cache} writes={mode}: {t:.2f} s ({tflops(n, t):.1f} "
+            f"TFLOP/s); busy " + ", ".join(f"{k} {v:.2f} s" for k, v in busy.items()))
         log(prof.table())
+    direct.MODE = "auto"
     c_path.unlink()
+    for cache in ("cold", "warm"):
+        times = [r for r in out["runs"] if r["cache"] == cache and r["writes"] == "auto"]
+        if times:
+            out[cache] = min(times, key=lambda r: r["seconds"])
     res.setdefault("bigmm_h5", {})[layout] = out
+
+
+BOUNDED_CHILD = r"""
+import json, sys, time
+import bigmm
+from bigmm.backends.cupy import pinned_bytes_held
+a, b, c, memory, host = sys.argv[1:6]
+kw = dict(memory=memory, host_memory=host, backend="cupy")
+plan = bigmm.plan(a, b, **kw)
+t0 = time.perf_counter()
+_, stats = bigmm.matmul(a, b, c, overwrite=True, stats=True, **kw)
+t = time.perf_counter() - t0
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+print(json.dumps({"seconds": t, "plan": str(plan), "stats": stats.to_dict(),
+                  "pinned_held": pinned_bytes_held(),
+                  "vm_hwm": status["VmHWM"].strip(), "rss_anon": status["RssAnon"].strip()}))
+"""
+
+
+def bounded(spec_a, spec_b, path_a, path_b, n, memory, host_memory, limits, ref, d, res):
+    """The job in a cgroup whose memory.max is far below A, B and C (cold page cache), at the
+    first of ``limits`` it completes under; C checked; peaks of the cgroup's memory."""
+    out = {"attempts": []}
+    c_spec = f"{d / 'c_bounded.h5'}:/C"
+    env = dict(os.environ)
+    for limit in limits:
+        out["cold_by"] = storage.drop_caches(path_a, path_b)
+        try:
+            r = storage.bounded_run([sys.executable, "-c", BOUNDED_CHILD, spec_a, spec_b, c_spec,
+                                     memory, host_memory], parse_size(limit), env=env)
+        except OSError as exc:
+            out["unavailable"] = str(exc)
+            log(f"bounded job: no cgroup ({exc})")
+            break
+        r["limit_text"] = limit
+        out["attempts"].append(r)
+        log(f"bounded job, memory.max {limit}: exit {r['rc']}, {r['seconds']:.2f} s; peak "
+            f"{r['peak'] / 2**30:.2f} GiB (anon {r['peak_anon'] / 2**30:.2f}, page cache "
+            f"{r['peak_file'] / 2**30:.2f}); events {r['events']}; disk read "
+            f"{r['io']['rbytes'] / 2**30:.2f} GiB, written {r['io']['wbytes'] / 2**30:.2f} GiB")
+        if r["rc"] != 0:
+            log(r["stderr"][-2000:])
+            continue
+        child = json.loads(r["stdout"].strip().splitlines()[-1])
+        r["child"] = child
+        buf = np.empty((n, n), F32)
+        read_all(c_spec, buf)
+        r["rel_error"] = ref.check(buf, f"bounded job {limit}")
+        log(child["plan"])
+        log(f"bounded job: matmul {child['seconds']:.2f} s, VmHWM {child['vm_hwm']}, "
+            f"pinned {child['pinned_held'] / 2**30:.2f} GiB, C error {r['rel_error']:.2e}")
+        out["result"] = r
+        break
+    path = Path(c_spec.split(":/")[0])
+    if path.exists():
+        path.unlink()
+    res["bounded"] = out
 
 
 def verify_overhead(spec_a, spec_b, a, b, n, memory, ref, d, repeat, res):
@@ -611,7 +648,9 @@ def dask_h5(path_a, path_b, n, chunk_list, caches, ref, d, res):
             if c_path.exists():
                 c_path.unlink()
             if cache == "cold":
-                drop_cache(path_a, path_b)
+                storage.drop_caches(path_a, path_b)
+            else:
+                storage.warm([str(path_a), str(path_b)], 8)
             t0 = time.perf_counter()
             with h5py.File(path_a, "r") as fa, h5py.File(path_b, "r") as fb, \
                     h5py.File(c_path, "w") as fc:
@@ -641,6 +680,52 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
+def storage_lines(res) -> list[str]:
+    """The HDF5 job against the storage floor, dask.array + CuPy, and the bounded job."""
+    lines = []
+    fl, dk, bd = res.get("storage_floor"), res.get("dask"), res.get("bounded")
+    if fl:
+        for cache in ("cold", "warm"):
+            vs = ", ".join(f"{k.split('_', 1)[1]} {v['seconds']:.2f}"
+                           for k, v in fl["variants"].items() if k.startswith(cache))
+            lines.append(f"storage floor {cache}: {fl[f'floor_{cache}_seconds']:.2f} s "
+                         f"({fl[f'floor_{cache}_by']}; all: {vs} s)")
+    for layout, bh5 in res.get("bigmm_h5", {}).items():
+        for r in bh5["runs"]:
+            note = ""
+            if fl:
+                f = fl[f"floor_{r['cache']}_seconds"]
+                ratio = r["seconds"] / f
+                note = f" -> {ratio:.2f}x the floor"
+                if r["writes"] == "auto":
+                    note += f" [<= 1.1: {_verdict(ratio <= 1.1)}]"
+            busy = ", ".join(f"{k} {v:.2f}" for k, v in r["busy"].items() if v)
+            lines.append(f"HDF5 {layout} {r['cache']} writes={r['writes']}: bigmm "
+                         f"{r['seconds']:.2f} s{note}; busy {busy} s")
+        for cache in ("cold", "warm"):
+            runs = {k: v for k, v in (dk or {}).items()
+                    if k.startswith(cache + "_") and layout == res.get("dask_layout")}
+            if runs and cache in bh5:
+                kb, vb = min(runs.items(), key=lambda kv: kv[1]["seconds"])
+                sp = vb["seconds"] / bh5[cache]["seconds"]
+                lines.append(f"  {cache}: dask+CuPy best {vb['seconds']:.2f} s (chunks "
+                             f"{kb.split('_')[1]}) -> bigmm {sp:.2f}x faster "
+                             f"[>= 2: {_verdict(sp >= 2)}]")
+    if bd and "result" in bd:
+        r = bd["result"]
+        note = ""
+        if fl:
+            ratio = r["child"]["seconds"] / fl["floor_cold_seconds"]
+            note = f" -> {ratio:.2f}x the cold floor [<= 1.15: {_verdict(ratio <= 1.15)}]"
+        lines.append(f"bounded job (memory.max {r['limit_text']}): {r['child']['seconds']:.2f} s"
+                     f"{note}; peak {r['peak'] / 2**30:.2f} GiB (anon "
+                     f"{r['peak_anon'] / 2**30:.2f}, page cache {r['peak_file'] / 2**30:.2f}), "
+                     f"VmHWM {r['child']['vm_hwm']}")
+    elif bd:
+        lines.append(f"bounded job: {bd.get('unavailable') or 'failed at every limit'}")
+    return lines
+
+
 def summary_table(res) -> str:
     n = res["n"]
     lines = [f"== bench_e2e n={n} float32, device budget {res['memory']}, {res['device']} =="]
@@ -649,8 +734,9 @@ def summary_table(res) -> str:
     def row(label, d, note=""):
         lines.append(f"{label:22s} {d['tflops']:6.1f} TFLOP/s  {d['seconds']:8.3f} s  {note}")
 
-    if ic:
+    if ic and "bigmm" in ic:
         row("in-core bigmm kernel", ic["bigmm"], "device-resident operands")
+    if ic:
         row("in-core cuBLAS", ic["cublas"], "device-resident operands")
     if xt:
         for mode in ("pageable", "pinned"):
@@ -682,26 +768,7 @@ def summary_table(res) -> str:
         for key, v in bh.items():
             if key not in ("bigmm", "cublas", "bigmm_pinned", "cublas_pinned"):
                 row(f"bigmm {key}", v, f"C tile {v['plan']['bm']}x{v['plan']['bn']}")
-    fl, dk = res.get("io_floor"), res.get("dask")
-    layouts = res.get("bigmm_h5", {})
-    for layout, bh5 in layouts.items():
-        if not (fl and ic):
-            break
-        compute = 2.0 * n**3 / (ic["bigmm"]["tflops"] * 1e12)
-        for cache in ("cold", "warm"):
-            io_t = fl[f"floor_{cache}_seconds"]
-            floor = max(io_t, compute)
-            t = bh5[cache]["seconds"]
-            lines.append(f"HDF5 {layout} {cache}: bigmm {t:.2f} s; floor max(I/O {io_t:.2f}, compute "
-                         f"{compute:.2f}) = {floor:.2f} s -> {t / floor:.2f}x "
-                         f"[<= 1.25: {_verdict(t / floor <= 1.25)}]")
-            runs = {k: v for k, v in (dk or {}).items()
-                    if k.startswith(cache + "_") and layout == res.get("dask_layout")}
-            if runs:
-                kb, vb = min(runs.items(), key=lambda kv: kv[1]["seconds"])
-                sp = vb["seconds"] / t
-                lines.append(f"  dask+CuPy best {vb['seconds']:.2f} s (chunks {kb.split('_')[1]})"
-                             f" -> bigmm {sp:.2f}x faster [>= 2: {_verdict(sp >= 2)}]")
+    lines += storage_lines(res)
     for r in res.get("checksum_kernels", {}).get("rows", []):
         lines.append(f"checksum {r['panel']} panel {r['sums']:6s} {r['path']:8s} "
                      f"{1e6 * r['seconds']:8.1f} us {r['gb_per_s']:6.0f} GB/s")
@@ -729,7 +796,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default="bench-out", help="directory for the HDF5 files")
     ap.add_argument("--out", default="bench-out/results", help="directory for results")
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--parts", default="host,xt,h5,dask")
+    ap.add_argument("--parts", default="host,xt,floor,h5,dask")
     ap.add_argument("--xt-blocks", default="2048,4096,8192,16384")
     ap.add_argument("--dask-chunks", default="8192,16384")
     ap.add_argument("--dask-caches", default="cold,warm")
@@ -747,6 +814,15 @@ def main(argv=None) -> int:
                     help="timed calls of each checksum kernel (--parts kernels)")
     ap.add_argument("--host-variants", default="",
                     help="extra host staging budgets for the own-kernel host run, e.g. 2GiB")
+    ap.add_argument("--h5-runs", default="cold:auto,warm:auto,warm:mapped,warm:auto",
+                    help="HDF5 runs as cache:writes (cold|warm : auto|direct|mapped)")
+    ap.add_argument("--bounded-limits", default="4GiB,6GiB",
+                    help="memory.max of the bounded job's cgroup, tried in turn (--parts "
+                         "bounded)")
+    ap.add_argument("--bounded-host-memory", default="2GiB",
+                    help="host staging budget of the bounded job")
+    ap.add_argument("--in-core", default="cublas,bigmm",
+                    help="in-core products to time (cublas is the reference)")
     args = ap.parse_args(argv)
 
     import cupy
@@ -771,7 +847,7 @@ def main(argv=None) -> int:
     a, b = random_f32(n, 1, args.threads), random_f32(n, 2, args.threads)
     res["generate_seconds"] = time.perf_counter() - t0
     log(f"generated A, B ({n} x {n} float32) in {res['generate_seconds']:.1f} s on {name}")
-    ref = in_core(a, b, n, args.repeat, res)
+    ref = in_core(a, b, n, args.repeat, res, tuple(args.in_core.split(",")))
     save()
     prof_dir = out_dir / "profiles"
     prof_dir.mkdir(exist_ok=True)
@@ -787,7 +863,7 @@ def main(argv=None) -> int:
         cublasxt(a, b, n, [int(x) for x in args.xt_blocks.split(",")], ref, res, pinned)
         save()
     pinned = None  # frees the page-locked operands
-    if parts & {"h5", "dask", "verify"}:
+    if parts & {"h5", "dask", "verify", "floor", "bounded"}:
         c_host = ref.c.get()
         for i, layout in enumerate(args.layouts.split(",")):
             chunk = args.h5_chunk if layout == "chunked" else None
@@ -795,12 +871,17 @@ def main(argv=None) -> int:
             path_a, path_b = d / f"a_{layout}.h5", d / f"b_{layout}.h5"
             spec_a, spec_b = write_h5(path_a, "A", a, chunk), write_h5(path_b, "B", b, chunk)
             res[f"write_inputs_{layout}_seconds"] = time.perf_counter() - t0
+            if "floor" in parts and i == 0:
+                floor(path_a, path_b, c_host, args.threads, d, res)
+                save()
             if "h5" in parts:
-                if i == 0:
-                    io_floor(spec_a, spec_b, path_a, path_b, c_host, n, args.threads, d, res)
-                    save()
                 bigmm_h5(spec_a, spec_b, path_a, path_b, n, args.memory, ref, d, prof_dir, res,
-                         layout, args.h5_host_memory, args.h5_prewarm)
+                         layout, args.h5_host_memory, args.h5_prewarm,
+                         args.h5_runs.split(","))
+                save()
+            if "bounded" in parts and i == 0:
+                bounded(spec_a, spec_b, path_a, path_b, n, args.memory,
+                        args.bounded_host_memory, args.bounded_limits.split(","), ref, d, res)
                 save()
             if "verify" in parts and i == 0:
                 verify_overhead(spec_a, spec_b, a, b, n, args.memory, ref, d,

@@ -7,9 +7,10 @@ h5py ``read_direct``, with bigmm's memory-mapped copies and with its parallel ``
 prints GB/s, CPU seconds per pass (all threads) and the ratio of the default path (mapped for
 raw datasets) to ``read_direct``. ``--writes`` also times writing a C of the same shape tile by
 tile through the output layer: copies into a shared memory map (the default, after
-``posix_fallocate``) against ``pwritev`` (the fallback), each into a contiguous dataset and
-into one chunked by the tiles (as bigmm creates outputs for its plan's tiles), a commit per row
-of tiles (``--commit tile``: per tile).
+``posix_fallocate``) and ``O_DIRECT`` writes (the default on a disk) against ``pwritev`` (the
+fallback), each into a contiguous dataset and into one chunked by the tiles (as bigmm creates
+outputs for its plan's tiles), tiles from a page-aligned buffer in row pieces on ``--threads``
+threads, a commit per row of tiles (``--commit tile``: per tile).
 ``--gil`` measures how much a pure-Python thread keeps running while a mapped read copies
 (near 100%: the copy released the GIL). Example::
 
@@ -114,46 +115,64 @@ def bench(path: str, name: str, n: int, rows: int, cols: int, threads: int,
     return row
 
 
-def bench_writes(folder: str, n: int, rows: int, cols: int, repeat: int,
-                 commit: str = "row") -> list:
-    """Write an n x n float32 C in ``rows`` x ``cols`` tiles, mapped and by pwritev, into a
-    contiguous dataset and into one chunked by the tiles (as bigmm creates its outputs)."""
-    tile = np.random.default_rng(1).standard_normal((rows, cols), dtype=np.float32)
+def bench_writes(folder: str, n: int, rows: int, cols: int, repeat: int, threads: int,
+                 commit: str = "row", modes=("direct", "mapped", "pwritev")) -> list:
+    """Write an n x n float32 C in ``rows`` x ``cols`` tiles through the output layer, each
+    write path of ``modes`` (O_DIRECT, copies into a shared map, ``pwritev`` where storage
+    cannot be reserved), into a contiguous dataset and into one chunked by the tiles (as
+    bigmm creates its outputs). Tiles come from a page-aligned buffer (as the GPU's pinned
+    ones) and go in row pieces on ``threads`` threads where the sink takes them (as the
+    executor's writer does); a commit per row of tiles or per tile."""
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bigmm.executor.tuning import io_pieces
+    from bigmm.io import direct
+
+    buf = np.frombuffer(mmap.mmap(-1, rows * cols * 4), np.float32).reshape(rows, cols)
+    buf[...] = np.random.default_rng(1).standard_normal((rows, cols), dtype=np.float32)
     spec = f"{os.path.join(folder, 'bench-c.h5')}:/C"
     out = []
-    for how, by_tiles in (("mmap", False), ("mmap", True), ("pwritev", False),
-                          ("pwritev", True)):
-        best = (float("inf"), float("inf"))
-        for _ in range(repeat):
-            real = os.posix_fallocate
-            if how == "pwritev":  # as where posix_fallocate is unsupported
-                def unsupported(*args):
-                    raise OSError(95, "Operation not supported")
-                os.posix_fallocate = unsupported
-            try:
-                t0, c0 = time.perf_counter(), time.process_time()
-                sink = open_output(spec, shape=(n, n), dtype=np.float32, inputs=[], job={},
-                                   overwrite=True, tile=(rows, cols) if by_tiles else None)
-            finally:
-                os.posix_fallocate = real
-            assert sink.mapped == (how == "mmap")
-            layout = sink.layout
-            for i, r in enumerate(range(0, n, rows)):
-                done = []
-                for j, c in enumerate(range(0, n, cols)):
-                    r1, c1 = min(r + rows, n), min(c + cols, n)
-                    sink.write(r, r1, c, c1, tile[: r1 - r, : c1 - c])
-                    done.append((i, j))
-                    if commit == "tile":
-                        sink.commit(done)
-                        done = []
-                sink.commit(done)
-            sink.finish()
-            sink.close()
-            best = min(best, (time.perf_counter() - t0, time.process_time() - c0))
-        out.append({"writes": how, "layout": layout, "bytes": n * n * 4,
-                    "GBps": n * n * 4 / best[0] / 1e9,
-                    "cpu_s": best[1]})
+    pool = ThreadPoolExecutor(threads)
+    for how in modes:
+        for by_tiles in (False, True):
+            best = (float("inf"), float("inf"))
+            for _ in range(repeat):
+                real = os.posix_fallocate
+                direct.MODE = "mapped" if how == "pwritev" else how
+                if how == "pwritev":  # as where posix_fallocate is unsupported
+                    def unsupported(*args):
+                        raise OSError(95, "Operation not supported")
+                    os.posix_fallocate = unsupported
+                try:
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    sink = open_output(spec, shape=(n, n), dtype=np.float32, inputs=[],
+                                       job={}, overwrite=True,
+                                       tile=(rows, cols) if by_tiles else None)
+                finally:
+                    os.posix_fallocate = real
+                    direct.MODE = "auto"
+                assert sink.writes == how, (sink.writes, how)
+                layout = sink.layout
+                for i, r in enumerate(range(0, n, rows)):
+                    done = []
+                    for j, c in enumerate(range(0, n, cols)):
+                        r1, c1 = min(r + rows, n), min(c + cols, n)
+                        pieces = (io_pieces(r, r1, c1 - c, 4, threads)
+                                  if sink.parallel_writes else [(r, r1)])
+                        list(pool.map(lambda p: sink.write(p[0], p[1], c, c1,
+                                                           buf[p[0] - r:p[1] - r, :c1 - c]),
+                                      pieces))
+                        done.append((i, j))
+                        if commit == "tile":
+                            sink.commit(done)
+                            done = []
+                    sink.commit(done)
+                sink.finish()
+                sink.close()
+                best = min(best, (time.perf_counter() - t0, time.process_time() - c0))
+            out.append({"writes": how, "layout": layout, "bytes": n * n * 4,
+                        "GBps": n * n * 4 / best[0] / 1e9, "cpu_s": best[1]})
     os.unlink(spec.rsplit(":/", 1)[0])
     return out
 
@@ -208,6 +227,10 @@ def main() -> None:
     ap.add_argument("--writes", action="store_true", help="also time tile writes of C")
     ap.add_argument("--commit", choices=("row", "tile"), default="row",
                     help="--writes: commit (msync/fsync) per row of tiles or per tile")
+    ap.add_argument("--write-modes", default="direct,mapped,pwritev",
+                    help="--writes: the write paths to time")
+    ap.add_argument("--reads", default="contiguous,chunked,gzip",
+                    help="datasets to time reads of (none: '')")
     ap.add_argument("--gil", action="store_true",
                     help="also measure a Python thread's progress during mapped reads")
     ap.add_argument("--json", action="store_true")
@@ -218,12 +241,14 @@ def main() -> None:
     n = int((args.gib * 2**30 / 4) ** 0.5)
     os.makedirs(args.dir, exist_ok=True)
     path = os.path.join(args.dir, f"bench-{n}.h5")
-    make_file(path, n, args.chunk)
-    warm(path)
+    if args.reads:
+        make_file(path, n, args.chunk)
+        warm(path)
     load = os.getloadavg()[0]
     results = [bench(path, name, n, rows, cols, args.threads, args.repeat)
-               for name in ("contiguous", "chunked", "gzip")]
-    writes = (bench_writes(args.dir, n, rows, cols, args.repeat, args.commit)
+               for name in args.reads.split(",") if name]
+    writes = (bench_writes(args.dir, n, rows, cols, args.repeat, args.threads, args.commit,
+                           args.write_modes.split(","))
               if args.writes else [])
     gil = gil_share(path, n, rows, cols) if args.gil else None
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "n": n, "rows": rows, "cols": cols,
@@ -234,7 +259,7 @@ def main() -> None:
                          indent=2))
         return
     print(f"{meta['cpu']}, {meta['cores']} cores, load average {load:.2f}; float32 {n} x {n} "
-          f"({results[0]['bytes'] / 2**30:.2f} GiB), panels {rows} x {cols}, "
+          f"({n * n * 4 / 2**30:.2f} GiB), panels {rows} x {cols}, "
           f"chunks {args.chunk}^2, {args.threads} threads, gap_max {args.gap_max}, "
           f"iovecs {meta['iovecs']}, warm page cache; GB/s (CPU-s per pass)")
     print(f"{'dataset':<12}{'read_direct':>18}{'mmap':>18}{'preadv':>18}{'ratio':>8}")

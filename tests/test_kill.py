@@ -20,7 +20,9 @@ At the end: C is bit-identical to an uninterrupted run of the same command (same
 layout is the same, it is marked complete, the journal and the partial dataset are gone and
 the inputs are byte-identical. Both beta == 0 and beta != 0 (old C read, partial dataset
 swapped in at the end), contiguous and tile-chunked outputs (the output layer chunks C by the
-plan's tiles when they are narrower than C and at least 1 MiB).
+plan's tiles when they are narrower than C and at least 1 MiB), and each way tiles are written
+(``O_DIRECT`` runs, copies into a shared map; where the file system opens no ``O_DIRECT``, those
+cases are skipped).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import h5py
 import numpy as np
 import pytest
 
+from bigmm.io import direct
 from bigmm.io.generate import generate
 from bigmm.io.journal import journal_path
 from bigmm.io.spec import parse_spec
@@ -55,17 +58,18 @@ HOST = "64MiB"  # fixed host staging budget (GPU): plans do not depend on the ma
 RUN_TIMEOUT = 300.0
 
 
-#: ``bigmm ARGS`` as ``python -m bigmm ARGS`` runs it (the CLI's main), with two test hooks
-#: chosen by the first two arguments: a point (a name from ``points``, or "none") at which the
-#: process SIGKILLs itself, before or after a call of a function of the output layer or of
-#: h5py; and seconds to sleep after each tile write (0: none). The sleep stretches the tile
+#: ``bigmm ARGS`` as ``python -m bigmm ARGS`` runs it (the CLI's main), with three test hooks
+#: chosen by the first three arguments: a point (a name from ``points``, or "none") at which
+#: the process SIGKILLs itself, before or after a call of a function of the output layer or of
+#: h5py; seconds to sleep after each tile write (0: none); and how tiles are written
+#: (``bigmm.io.direct.MODE``: "auto", "direct" or "mapped"). The sleep stretches the tile
 #: phase of a small problem past the interpreter's start-up without costing CPU time, so that
 #: random kill points fall among the tiles and between journal commits, not only in start-up.
 CLI = textwrap.dedent("""
     import os, signal, sys, time
     import h5py
     from bigmm.cli import main
-    from bigmm.io import filesink, journal, output
+    from bigmm.io import direct, filesink, journal, output
 
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
@@ -103,7 +107,14 @@ CLI = textwrap.dedent("""
             write(self, *args)
             time.sleep(pause)
         filesink.FileSink.write = slow_write
-    sys.exit(main(sys.argv[3:]))
+    direct.MODE = sys.argv[3]
+    if direct.MODE == "direct":  # a run that falls back to the page cache would prove nothing
+        init = filesink.FileSink._map_target
+        def checked(self):
+            init(self)
+            assert self.writes in ("direct", "pwritev"), self.writes
+        filesink.FileSink._map_target = checked
+    sys.exit(main(sys.argv[4:]))
 """)
 #: Seconds the writer sleeps after each tile in the random-kill runs (and the reference run
 #: whose time sets their kill points): 24-48 tiles take about a second more.
@@ -192,10 +203,10 @@ class Job:
 
 
 def run_cli(argv: list[str], cwd, kill_after: float | None = None, point: str = "none",
-            sleep: float = TILE_SLEEP) -> tuple[int, str]:
+            sleep: float = TILE_SLEEP, writes: str = "auto") -> tuple[int, str]:
     """Run ``bigmm argv`` (with the hooks of ``CLI``) to its end, or SIGKILL it after
     ``kill_after`` seconds; (exit status, stderr). -9 means killed."""
-    proc = subprocess.Popen([sys.executable, "-c", CLI, point, str(sleep), *argv],
+    proc = subprocess.Popen([sys.executable, "-c", CLI, point, str(sleep), writes, *argv],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             cwd=cwd)
     try:
@@ -235,19 +246,28 @@ def jobs(tmp_path_factory):
 PHASES = {"early": (0.0, 0.3), "anywhere": (0.0, 1.0), "late": (0.85, 1.1)}
 
 RANDOM = [
-    # (problem, beta, backend, seed, kills); with the injected points below, every pair of
-    # beta == 0 / beta != 0 and contiguous / chunked output is covered
-    ("contiguous", BETA, "numpy", 1, 5),  # old C read, partial dataset swapped in at the end
-    ("chunked", 0.0, "numpy", 2, 4),      # beta 0: C created fresh, chunked by the tiles
-    pytest.param("contiguous", BETA, "cupy", 3, 5, marks=pytest.mark.gpu),  # the GPU pipeline
-    pytest.param("chunked", 0.0, "cupy", 4, 4, marks=pytest.mark.gpu),
+    # (problem, beta, backend, seed, kills, writes); with the injected points below, every pair
+    # of beta == 0 / beta != 0 and contiguous / chunked output is covered, and each write path
+    ("contiguous", BETA, "numpy", 1, 5, "auto"),  # old C read, partial dataset swapped in
+    ("chunked", 0.0, "numpy", 2, 4, "direct"),    # beta 0: C created fresh, chunked by tiles,
+    #                                               its tiles written with O_DIRECT
+    ("chunked", 0.0, "numpy", 5, 4, "mapped"),    # the same, tiles copied into a shared map
+    pytest.param("contiguous", BETA, "cupy", 3, 5, "auto", marks=pytest.mark.gpu),  # the GPU
+    pytest.param("chunked", 0.0, "cupy", 4, 4, "direct", marks=pytest.mark.gpu),    # pipeline
 ]
 
 
+def skip_without_direct(job, writes: str) -> None:
+    if writes == "direct" and not direct.supports_direct(str(job.folder)):
+        pytest.skip("no O_DIRECT on this file system")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("problem,beta,backend,seed,kills", RANDOM)
-def test_random_kills_then_resume_bit_identical(jobs, problem, beta, backend, seed, kills):
+@pytest.mark.parametrize("problem,beta,backend,seed,kills,writes", RANDOM)
+def test_random_kills_then_resume_bit_identical(jobs, problem, beta, backend, seed, kills,
+                                                writes):
     job = jobs(problem, beta, backend)
+    skip_without_direct(job, writes)
     rng = random.Random(seed)
     out = f"c-random-{seed}.h5"
     job.reset(out)
@@ -261,36 +281,40 @@ def test_random_kills_then_resume_bit_identical(jobs, problem, beta, backend, se
         lo, hi = PHASES[phase]
         delay = rng.uniform(lo, hi) * job.seconds
         argv = job.next_argv(out)
-        rc, err = run_cli(argv, job.folder, kill_after=delay)
+        rc, err = run_cli(argv, job.folder, kill_after=delay, writes=writes)
         assert rc in (0, -signal.SIGKILL), err  # killed, or it finished first: never an error
         log.append((phase, round(delay, 3), "--resume" in argv, rc))
     resume_to_the_end(job, out)
-    print(f"{problem} beta={beta} {backend}: run {job.seconds:.2f} s; runs {log}")
+    print(f"{problem} beta={beta} {backend} {writes}: run {job.seconds:.2f} s; runs {log}")
     job.check(out)
 
 
 # ----- injected kill points -------------------------------------------------------------------
 
 INJECTED = [
-    # (problem, beta, point): the process kills itself ...
-    ("contiguous", 0.0, "journal-created"),        # with the journal written, no dataset yet
-    ("contiguous", 0.0, "flushed-not-journaled"),  # with tiles flushed to C, not journaled
-    ("contiguous", 0.0, "complete-set"),           # with C marked complete in the open file
-    ("chunked", BETA, "dataset-created"),          # the partial dataset created beside old C
-    ("chunked", BETA, "swap-journaled"),           # every tile durable, swap journaled
-    ("chunked", BETA, "old-c-deleted"),            # old C deleted, partial not yet moved
-    ("chunked", BETA, "complete-set"),             # swapped, complete mark not flushed
-    ("chunked", BETA, "journal-not-removed"),      # complete and flushed, journal still there
+    # (problem, beta, point, writes): the process kills itself ...
+    ("contiguous", 0.0, "journal-created", "auto"),         # journal written, no dataset yet
+    ("contiguous", 0.0, "flushed-not-journaled", "auto"),   # tiles flushed to C, not journaled
+    ("contiguous", 0.0, "complete-set", "auto"),            # C marked complete in the open file
+    ("chunked", 0.0, "flushed-not-journaled", "direct"),    # direct tiles synced, not journaled
+    ("chunked", 0.0, "tiles-journaled", "direct"),          # direct tiles journaled
+    ("chunked", 0.0, "flushed-not-journaled", "mapped"),    # mapped tiles synced, not journaled
+    ("chunked", BETA, "dataset-created", "direct"),         # partial dataset beside old C
+    ("chunked", BETA, "swap-journaled", "direct"),          # every tile durable, swap journaled
+    ("chunked", BETA, "old-c-deleted", "direct"),           # old C deleted, partial not moved
+    ("chunked", BETA, "complete-set", "direct"),            # swapped, complete mark not flushed
+    ("chunked", BETA, "journal-not-removed", "direct"),     # complete, journal still there
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("problem,beta,point", INJECTED)
-def test_kill_at_a_point_then_resume_bit_identical(jobs, problem, beta, point):
+@pytest.mark.parametrize("problem,beta,point,writes", INJECTED)
+def test_kill_at_a_point_then_resume_bit_identical(jobs, problem, beta, point, writes):
     job = jobs(problem, beta)
-    out = f"c-{point}.h5"
+    skip_without_direct(job, writes)
+    out = f"c-{point}-{writes}.h5"
     job.reset(out)
-    rc, err = run_cli(job.argv(out), job.folder, point=point, sleep=0)
+    rc, err = run_cli(job.argv(out), job.folder, point=point, sleep=0, writes=writes)
     assert rc == -signal.SIGKILL, f"the hook at {point} did not fire (exit {rc}): {err}"
     resume_to_the_end(job, out)
     job.check(out)

@@ -1,6 +1,13 @@
 """The writer: one thread that writes finished C tiles in order and commits them to the
 output's journal in batches. A tile computed in another dtype than the output's (float32 C of
-half-precision operands written as bfloat16, say) is converted piece by piece as it is written."""
+half-precision operands written as bfloat16, say) is converted piece by piece as it is written.
+
+A commit makes the batch's bytes durable (``fsync``, ``fdatasync`` or ``msync`` of the output)
+and then journals the batch; it runs on a thread of its own while the writer goes on writing
+later tiles, at most one commit in flight (a tile is still journaled only after its bytes are
+durable: its write ended before the commit began). The flushes a commit waits for (the
+output's, then the journal's) then no longer stall the writes: on a disk whose flush costs
+tens of milliseconds, a run of 4 GiB in 256 MiB tiles commits 6-8 times."""
 
 from __future__ import annotations
 
@@ -33,6 +40,8 @@ class Writer(threading.Thread):
         self.error: BaseException | None = None
         self._stopped = False
         self.pool: cf.ThreadPoolExecutor | None = None  # for the pieces of large tiles
+        self._committer: cf.ThreadPoolExecutor | None = None  # runs one commit at a time
+        self._committing: cf.Future | None = None  # the commit in flight
 
     def submit(self, tile: Tile, src, marks, check=None) -> cf.Future:
         """Queue a tile for writing: ``marks`` lists its row ranges (tile-relative) with the
@@ -56,6 +65,8 @@ class Writer(threading.Thread):
             self.join()
         if self.pool is not None:
             self.pool.shutdown(wait=True)
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)
 
     def run(self) -> None:
         pending: list[tuple[int, int]] = []
@@ -65,6 +76,7 @@ class Writer(threading.Thread):
             if item is None:
                 break
             tile, src, marks, fut, check = item
+            self._reap()
             if self.error is not None:
                 fut.set_exception(self.error)
                 continue
@@ -78,13 +90,16 @@ class Writer(threading.Thread):
                 pending.append(tile.index)
                 fut.set_result(None)
                 self.finished.put(tile)
-                if time.perf_counter() - last >= tuning.COMMIT_INTERVAL:
-                    self._commit(pending)
+                if (time.perf_counter() - last >= tuning.COMMIT_INTERVAL
+                        and self._committing is None):
+                    self._commit_later(pending)
+                    pending = []
                     last = time.perf_counter()
             except BaseException as e:
                 self.error = e
-                if not fut.done():  # a failed commit comes after this tile's result
+                if not fut.done():
                     fut.set_exception(e)
+        self._reap(wait=True)
         if self.error is None:
             try:
                 self._commit(pending)
@@ -143,3 +158,20 @@ class Writer(threading.Thread):
             with self.clock:
                 self.out.commit(list(pending))
             pending.clear()
+
+    def _commit_later(self, tiles: list) -> None:
+        """Commit ``tiles`` (all written) on the committer's thread."""
+        if self._committer is None:
+            self._committer = cf.ThreadPoolExecutor(1, thread_name_prefix="bigmm-commit")
+        self._committing = self._committer.submit(self._commit, tiles)
+
+    def _reap(self, wait: bool = False) -> None:
+        """Collect the commit in flight once it is done (``wait``: wait for it); a failed
+        commit becomes the writer's error, and every later tile fails with it."""
+        fut = self._committing
+        if fut is None or not (wait or fut.done()):
+            return
+        self._committing = None
+        exc = fut.exception()
+        if exc is not None and self.error is None:
+            self.error = exc

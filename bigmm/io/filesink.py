@@ -18,15 +18,26 @@ attribute.
 
 Raw writes: when the output is opened, its bytes are reserved with ``os.posix_fallocate`` (a
 full disk is a DiskFullError then, naming the bytes needed and free, before anything is
-computed, and no later write can meet ENOSPC), and the dataset's byte range is mapped shared
-and writable (:mod:`.mapped`): a tile is one NumPy copy into the mapping per stored block it
-overlaps (no system call per row, GIL released), made durable in :meth:`Sink.commit` by
-``msync`` of the page-aligned ranges written since the last commit (merged where they touch).
-Each copy releases the pages it wrote from the process's RSS as it goes (:meth:`.FileMap.copy`);
-they stay dirty in the page cache, and ``msync`` writes the file range all the same.
-Where ``posix_fallocate`` is not supported (EOPNOTSUPP, EINVAL) or the file cannot be mapped,
-tiles are written with ``os.pwritev`` per row (per chunk: one write) and ``fsync``, and ENOSPC
-on a write is the DiskFullError.
+computed, and no later write can meet ENOSPC), and tiles are written by the path the file
+system suits (:func:`.direct.tile_writes`; ``Sink.writes`` names it):
+
+* ``"direct"`` (a file system on a device): each long sequential run of a tile (a whole chunk
+  of a tile-chunked output, a row piece of it) is written with ``O_DIRECT`` straight from the
+  tile's buffer, bypassing the page cache; datasets bigmm creates get page-aligned storage
+  (:data:`H5_ALIGNMENT`), so the GPU's page-aligned pinned buffers need no copy. Short runs
+  (the rows of narrow tiles in a contiguous C) are copied into a shared map as below.
+  :meth:`Sink.commit` is one ``fdatasync``. See :mod:`.direct` for the measurements.
+* ``"mapped"`` (tmpfs, or where ``O_DIRECT`` does not open): the dataset's byte range is
+  mapped shared and writable (:mod:`.mapped`): a tile is one NumPy copy into the mapping per
+  stored block it overlaps (no system call per row, GIL released), whose write-back starts at
+  once (``sync_file_range``); :meth:`Sink.commit` ``msync``s the page-aligned ranges written
+  since the last commit. Each copy releases the pages it wrote from the process's RSS as it
+  goes (:meth:`.FileMap.copy`).
+* ``"pwritev"``, where ``posix_fallocate`` is not supported (EOPNOTSUPP, EINVAL), or the
+  file can be neither mapped nor opened ``O_DIRECT``: ``os.pwritev`` per row (per chunk: one
+  write) and ``fsync``; ENOSPC on a write is the DiskFullError.
+
+The first two take a tile's row pieces from several threads at once (``parallel_writes``).
 
 Crash safety: the journal (see :mod:`.journal`) is written before the dataset, tiles are
 journaled only after their bytes are durable, and the dataset carries ``bigmm_complete = False``
@@ -52,7 +63,8 @@ from .identity import fingerprint
 from .journal import Journal, finished_job
 from .layout import chunk_cells, probe_layout
 from .lock import h5_open_retry
-from .mapped import FileMap, MappedWrites, reserve
+from .direct import ALIGN, DIRECT_MIN, tile_writes
+from .mapped import FileMap, reserve
 from .region import RawRegion, clip_pieces, write_pieces
 from .sink import _FULL, Sink
 from .source import DEFAULT_THREADS, H5Source, open_input
@@ -64,6 +76,10 @@ MAX_CHUNK_BYTES = (1 << 32) - 1
 #: Tiles smaller than this keep a contiguous output (a chunk index of many tiny chunks buys
 #: nothing: their strided rows are short runs anyway).
 MIN_CHUNK_BYTES = 1 << 20
+#: h5py.File options under which a dataset bigmm creates gets its storage (each chunk, or the
+#: whole contiguous array) at a page-aligned file offset, so that the tiles' pinned buffers
+#: (page-aligned) are written with O_DIRECT straight from memory (see :mod:`.direct`).
+H5_ALIGNMENT = {"alignment_threshold": DIRECT_MIN, "alignment_interval": ALIGN}
 #: posix_fallocate errors that mean "not supported here": write with pwritev instead.
 _NO_FALLOCATE = {errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
                  getattr(errno, "ENOSYS", errno.EOPNOTSUPP)}
@@ -119,6 +135,7 @@ class FileSink(Sink):
     """An HDF5 dataset named by a spec, written raw at byte offsets (or via h5py if it must)."""
 
     resumable = True
+    writes = "pwritev"  # until the storage is reserved (then "direct" or "mapped")
 
     def __init__(self, spec: Spec, shape, dtype, journal: Journal, target: str,
                  reads_c: bool, threads: int = DEFAULT_THREADS, result=None):
@@ -129,7 +146,8 @@ class FileSink(Sink):
         self.done = frozenset(journal.tiles)
         self._threads = threads
         self._fd = self._file = self._dset = self._old = self._map = self._lay = None
-        self._writes: MappedWrites | None = None  # copies into the map and their msync
+        self._writes = None  # a DirectWrites or MappedWrites, where the storage is reserved
+        self._reserved = False
         self._finished = False
         if journal.swap:  # all tiles are durable; finish() completes the swap
             self.layout = "done"
@@ -155,7 +173,7 @@ class FileSink(Sink):
             else:  # an existing dataset we did not create: write through h5py
                 self._file = self._h5("r+")
                 self._dset = self._file[self.target]
-                self.layout = "h5py"
+                self.layout = self.writes = "h5py"
         if self._fd is not None:
             try:
                 self._map_target()
@@ -191,12 +209,16 @@ class FileSink(Sink):
                 return
             raise WriteError(f"Expected to reserve {format_bytes(nbytes)} for {self.label} in "
                              f"'{self.path}'. Got {type(exc).__name__}: {exc}.") from exc
+        self._reserved = True
         try:
             self._map = FileMap(self._fd, start, stop, path=self.path, writable=True)
-        except (OSError, ValueError, OverflowError):  # cannot map here: pwritev instead
-            return
-        self._writes = MappedWrites(self._map, self.dtype)
-        self.mapped = True
+        except (OSError, ValueError, OverflowError):  # cannot map here
+            self._map = None
+        self._writes = tile_writes(self._fd, self.path, self._map, self.dtype)
+        self.mapped = self._map is not None
+        if self._writes is not None:
+            self.writes = self._writes.kind
+            self.parallel_writes = True
 
     def _full_at_creation(self, nbytes: int, exc: OSError) -> DiskFullError:
         try:
@@ -237,7 +259,7 @@ class FileSink(Sink):
                     write_region(self._dset, np.s_[r0:r1, c0:c1], src)
                 return
             pieces = self._pieces(r0, r1, c0, c1)
-            if self._map is not None:
+            if self._writes is not None:
                 self._writes.write(pieces, src)
                 return
             write_pieces(self._fd, pieces, np.ascontiguousarray(src), self.dtype.itemsize)
@@ -252,7 +274,7 @@ class FileSink(Sink):
         if self._fd is None:
             return None
         return RawRegion(self.path, self.label, self.dtype.name, (r0, r1), (c0, c1),
-                         tuple(self._pieces(r0, r1, c0, c1)), reserved=self._map is not None)
+                         tuple(self._pieces(r0, r1, c0, c1)), reserved=self._reserved)
 
     def _pieces(self, r0, r1, c0, c1) -> list:
         """Where region [r0:r1, c0:c1] lies in the file, per stored block it overlaps (the
@@ -271,7 +293,7 @@ class FileSink(Sink):
 
     def _sync(self) -> None:
         try:
-            if self._map is not None:
+            if self._writes is not None:
                 self._writes.sync()  # what fails to sync is synced again next time
             elif self._fd is not None:
                 os.fsync(self._fd)
@@ -336,6 +358,12 @@ class FileSink(Sink):
             return fingerprint(src)
         finally:
             src.close()
+
+    def _close_raw_handles(self) -> None:
+        if self._writes is not None:
+            self._writes.close()
+            self._writes = None
+        super()._close_raw_handles()
 
     def _close_handles(self) -> None:
         if self._old is not None:

@@ -34,7 +34,12 @@ page-table entries: the pages stay in the page cache, a dirty page-table entry m
 dirty as it goes, and ``msync(MS_SYNC)`` still writes the file range whatever is mapped (Linux
 runs ``vfs_fsync_range`` over the range's file offsets, as ``fdatasync`` does, for every shared
 file mapping in the range), so written tiles are durable when :meth:`FileMap.sync` returns.
-Readahead fills the page cache, not the process's RSS, and is left to the kernel.
+Readahead fills the page cache, not the process's RSS, and is left to the kernel: asking for a
+dense view's pages at once (``posix_fadvise(WILLNEED)`` before each copy) changed nothing on
+the H100 host's disk (read-ahead 8 MiB; cold column panels of a 32768^2 float32 matrix in
+4096^2 chunks, 1.57 GB/s with it, 1.58 without), so reads do not ask. Writes through a map
+start the write-back of what they copied (:func:`start_writeback`) rather than leave it to
+the flusher.
 """
 
 from __future__ import annotations
@@ -99,8 +104,21 @@ _C_MSYNC = libc_function("msync", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_in
 _C_MADVISE = libc_function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
 _C_FALLOCATE = libc_function("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64,
                                            ctypes.c_int64])
+#: sync_file_range(2): start write-back of dirty pages in a range, without waiting for it.
+_C_SYNC_FILE_RANGE = libc_function("sync_file_range", [ctypes.c_int, ctypes.c_int64,
+                                                       ctypes.c_int64, ctypes.c_uint])
+_SYNC_FILE_RANGE_WRITE = 2
 #: fallocate(2) mode giving blocks back without changing the file's size.
 _PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+
+
+def start_writeback(fd: int, lo: int, hi: int) -> None:
+    """Start writing the file's dirty pages in bytes [lo, hi) back to disk, without waiting
+    for them (best effort: the sync before the journal waits for them and reports errors).
+    Measured on a 2-core VM's disk (4 GiB of 512 MiB tiles copied into a shared map, an
+    ``msync`` every 0.5 s): 0.57-0.82 GB/s with it after every copy, 0.35-0.71 without."""
+    if _C_SYNC_FILE_RANGE is not None and hi > lo:
+        _C_SYNC_FILE_RANGE(fd, lo, hi - lo, _SYNC_FILE_RANGE_WRITE)
 
 
 def reserve(fd: int, start: int, length: int, *, release=()) -> None:
@@ -244,7 +262,10 @@ class FileMap:
 class MappedWrites:
     """Writes of stored pieces (:func:`.region.clip_pieces`) through a shared writable
     :class:`.FileMap`, and their ``msync``: the byte ranges written since the last sync are
-    kept merged where they touch. Writes of disjoint pieces may come from several threads."""
+    kept merged where they touch. Writes of disjoint pieces may come from several threads.
+    Each copy starts the write-back of the pages it dirtied (:func:`start_writeback`)."""
+
+    kind = "mapped"
 
     def __init__(self, fmap: FileMap, dtype):
         self.map, self.dtype = fmap, np.dtype(dtype)
@@ -261,6 +282,8 @@ class MappedWrites:
             view = self.map.array(base + ra * bc * w, (rb - ra, bc), self.dtype)[:, ca:cb]
             self.map.copy(view, src[a:b, c:d], view=view)
             ranges.append((base + (ra * bc + ca) * w, base + ((rb - 1) * bc + cb) * w))
+        for lo, hi in ranges:  # the flusher would start late and write the pages out of order
+            start_writeback(self.map.fd, lo, hi)
         self._mark(ranges)
 
     def _mark(self, ranges) -> None:
@@ -285,3 +308,6 @@ class MappedWrites:
         except BaseException:
             self._mark(dirty)
             raise
+
+    def close(self) -> None:
+        """Nothing to release: the map belongs to the sink that made it."""

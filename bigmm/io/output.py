@@ -26,7 +26,7 @@ from ._h5 import COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles
 from .identity import Footprint, array_footprint, describe, differences, fingerprint, overlaps
 from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
 from .lock import OutputLock, h5_open_retry
-from .filesink import PARTIAL_SUFFIX, FileSink, create_dataset, tile_chunks
+from .filesink import H5_ALIGNMENT, PARTIAL_SUFFIX, FileSink, create_dataset, tile_chunks
 from .sink import ArraySink, CompleteSink, Sink
 from .source import DEFAULT_THREADS, Source, open_input
 from .spec import Spec, parse_spec
@@ -445,7 +445,8 @@ def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old:
     with H5LOCK:
         release_h5_handles(spec.path)
         try:
-            with h5_open_retry(lambda: h5py.File(spec.path, "a"), spec.path, label) as f:
+            with h5_open_retry(lambda: h5py.File(spec.path, "a", **H5_ALIGNMENT), spec.path,
+                               label) as f:
                 if stale in f:
                     del f[stale]
                 if drop_old and spec.dataset in f:

@@ -1,14 +1,16 @@
 """Writes from other processes: while a file output is written raw, :meth:`.sink.Sink.raw_region`
 describes where a region lies in the file (path, dtype, the byte pieces of the stored blocks it
 overlaps) in a small picklable :class:`RawRegion`, and another process (a dask worker) writes
-it there: :class:`RegionSink` is the region as a Sink (the executor writes its sub-tiles with
-``pwritev`` as they finish, ``fdatasync`` makes them durable), :func:`write_region` writes it
-whole. The sink's owner then journals the region with :meth:`.sink.Sink.commit` as if it had written
-it. Only the owner touches HDF5
+it there: :class:`RegionSink` is the region as a Sink (the executor writes its sub-tiles as
+they finish, with ``O_DIRECT``, copies into a map or ``pwritev``; ``fdatasync`` or ``msync``
+makes them durable), :func:`write_region` writes it whole. The sink's owner then journals the
+region with :meth:`.sink.Sink.commit` as if it had written it. Only the owner touches HDF5
 metadata (it creates the dataset, reserves its bytes, sets the completion attribute and swaps
 the partial dataset), so no two processes ever write one HDF5 file's structures. On one host the
 owner's shared mapping and the writers' ``pwritev`` go through the same page cache, and the owner
-never writes the regions it hands out, so no stale page can overwrite a tile; on a file system
+never writes the regions it hands out, so no stale page can overwrite a tile (a writer's
+``O_DIRECT`` write drops the cached pages of its range, of which the owner holds none); on a
+file system
 shared between hosts, the writer's ``fdatasync`` before it reports the tile makes the bytes
 durable and visible to the owner's later opens. An output written through h5py has no raw
 regions (None): its tiles must come back to the owner.
@@ -23,7 +25,8 @@ import numpy as np
 
 from ..errors import BigmmError, WriteError
 from ..units import numpy_dtype
-from .mapped import FileMap, MappedWrites
+from .direct import tile_writes
+from .mapped import FileMap, start_writeback
 from .rawio import write_block
 from .sink import Sink, _check_tile, _write_error
 
@@ -69,9 +72,12 @@ def clip_pieces(pieces, r0, r1, c0, c1) -> list:
 def write_pieces(fd: int, pieces, src, itemsize: int) -> None:
     """Write ``src`` (C-contiguous) to the file at ``pieces`` (:func:`clip_pieces`) with
     ``pwritev``, from this thread only: row-sized pwrites from many threads contend for the
-    GIL, and the disk, not the copy into the page cache, bounds the rate."""
-    for base, (_, bc), (ra, _rb, ca, _cb), (a, b, c, d) in pieces:
+    GIL, and the disk, not the copy into the page cache, bounds the rate. The write-back of
+    each piece starts at once (:func:`.mapped.start_writeback`)."""
+    for base, (_, bc), (ra, rb, ca, cb), (a, b, c, d) in pieces:
         write_block(fd, base + (ra * bc + ca) * itemsize, bc * itemsize, src, a, b, c, d)
+        start_writeback(fd, base + (ra * bc + ca) * itemsize,
+                        base + ((rb - 1) * bc + cb) * itemsize)
 
 
 def write_region(where: RawRegion, src) -> None:
@@ -92,19 +98,21 @@ class RegionSink(Sink):
     """A region of a raw-writable output (:class:`RawRegion`) as a Sink of the region's shape,
     written from any process (a dask worker computing one C tile with the executor).
 
-    ``write`` of a sub-region copies it at its byte offsets (:func:`clip_pieces` of the
-    region's pieces; no HDF5) into a shared writable map of the rows the region spans, or
-    ``pwritev``s it where the output's storage is not reserved or the file cannot be mapped,
-    so the executor's writer thread writes each sub-tile while the next is computed. Copies
+    ``write`` of a sub-region writes it at its byte offsets (:func:`clip_pieces` of the
+    region's pieces; no HDF5) by the path the file system suits (:func:`.direct.tile_writes`:
+    ``O_DIRECT`` on a device, else copies into a shared writable map of the rows the region
+    spans), or ``pwritev``s it where the output's storage is not reserved, so the executor's
+    writer thread writes each sub-tile while the next is computed. Copies
     into a map let the workers that write regions of one file do so at once (each ``pwritev``
     to a file holds the file's lock: two workers writing C on tmpfs took twice as long each),
     and several threads of one worker (``parallel_writes``). ``commit`` and ``finish``
-    ``msync`` (``fdatasync``) what was written, so when ``execute`` returns every byte written
+    ``msync`` / ``fdatasync`` what was written, so when ``execute`` returns every byte written
     is durable. ``read`` reads old C (beta != 0) from ``old``, a Source of the region's old
     values in region coordinates. Nothing is journaled
     here: the output's owner journals the whole region once its writer reports it."""
 
     layout = "region"
+    writes = "pwritev"  # until a map or O_DIRECT is opened ("direct" or "mapped")
     resumable = True  # the output's owner journals the region
 
     def __init__(self, where: RawRegion, old=None):
@@ -125,10 +133,12 @@ class RegionSink(Sink):
             try:
                 self._map = FileMap(self._fd, min(r[0] for r in rows), max(r[1] for r in rows),
                                     path=where.path, writable=True)
-                self._writes = MappedWrites(self._map, self.dtype)
-                self.parallel_writes = self.mapped = True
-            except (OSError, ValueError, OverflowError):  # cannot map here: pwritev instead
-                pass
+            except (OSError, ValueError, OverflowError):  # cannot map here
+                self._map = None
+            self._writes = tile_writes(self._fd, where.path, self._map, self.dtype)
+            self.mapped = self._map is not None
+            if self._writes is not None:
+                self.writes, self.parallel_writes = self._writes.kind, True
 
     def read(self, r0, r1, c0, c1, out) -> None:
         self._check(r0, r1, c0, c1, out)
@@ -151,22 +161,27 @@ class RegionSink(Sink):
             raise self._write_error(r0, r1, c0, c1, exc) from exc
 
     def commit(self, tiles) -> None:
-        """Make every write so far durable (``msync`` of the map, else ``fdatasync``)."""
+        """Make every write so far durable (``msync`` of the map, else ``fdatasync``); safe
+        beside writes in flight (they are made durable by the next commit)."""
         if not self._dirty:
             return
+        self._dirty = False  # a write ending from here on sets it again
         try:
             if self._writes is not None:
                 self._writes.sync()
             else:
                 _fdatasync(self._fd)
         except OSError as exc:
+            self._dirty = True
             raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
-        self._dirty = False
 
     def finish(self) -> None:
         self.commit([])
 
     def close(self) -> None:
+        if self._writes is not None:
+            self._writes.close()
+            self._writes = None
         self._close_raw_handles()
         self._release()
 

@@ -23,7 +23,10 @@ class Sink(Matrix):
     done: frozenset = frozenset()
     result = None
     layout: str = "array"
-    mapped: bool = False  # tiles are copied into a memory map of the output
+    mapped: bool = False  # the sink holds a shared writable map of the output
+    #: How tiles reach the output: "array", "direct" (O_DIRECT), "mapped" (copies into a map),
+    #: "pwritev" or "h5py" (see :mod:`.filesink`).
+    writes: str = "array"
     #: Pieces of one tile may be written from several threads at once (memory copies).
     parallel_writes: bool = False
     #: An interrupted run into this output can be resumed (it is journaled).

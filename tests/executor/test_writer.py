@@ -87,3 +87,111 @@ def test_large_tiles_into_an_array_are_written_in_pieces(bname):
         assert last == split_range(1100, DRAIN) and len(last) == 4
     else:
         assert len(last) == 2
+
+
+@pytest.mark.parametrize("mode", [
+    "direct",  # O_DIRECT runs (through the bounce buffer: NumPy tile buffers are not aligned)
+    "mapped",  # copies into a shared map of the output
+])
+def test_large_tiles_into_a_file_are_written_in_pieces(tmp_path, monkeypatch, mode):
+    """A file output takes a large tile in row pieces on the writer's threads (several
+    direct writes in flight keep the device's queue full); every element lands once."""
+    from bigmm.io import direct
+
+    if mode == "direct" and not direct.supports_direct(str(tmp_path)):
+        pytest.skip("no O_DIRECT on this file system")
+    monkeypatch.setattr(direct, "MODE", mode)
+    seen = []
+    cls = direct.DirectWrites if mode == "direct" else io.mapped.MappedWrites
+    real = cls.write
+
+    def write(self, pieces, src):
+        seen.append((threading.current_thread().name, src.shape[0]))
+        real(self, pieces, src)
+
+    monkeypatch.setattr(cls, "write", write)
+    m, n, k = 2200, 1030, 40
+    a, b = random_matrix((m, k), np.float64, seed=3), random_matrix((k, n), np.float64, seed=4)
+    plan = make_plan(m, n, k, "float64", device_budget=64 << 20, staging=False,
+                     tile=(1100, 1030, 40), order="stream")  # two 8.6 MiB tiles
+    A, B = io.open_input(a), io.open_input(b)
+    spec = f"{tmp_path / 'c.h5'}:/C"
+    sink = io.open_output(spec, shape=(m, n), dtype=np.float64, inputs=[A, B], job={},
+                          tile=(1100, 1030))
+    assert sink.writes == mode and sink.parallel_writes
+    execute(plan, A, B, sink, BACKENDS["numpy"](), io_threads=4)
+    sink.close()
+    assert len(seen) == 4 and all(name.startswith("bigmm-copy") for name, _ in seen)
+    assert sum(rows for _, rows in seen) == m
+    with io.open_input(spec) as src:
+        got = np.full((m, n), np.nan)
+        src.read(0, m, 0, n, got)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+
+
+class _SlowCommits(ArraySink):
+    """An array sink whose commits are slow (a disk flush), recording what each commit held,
+    which tiles had been written when it began, and on which thread it ran."""
+
+    resumable = True
+
+    def __init__(self, array, fail_at: int | None = None):
+        super().__init__(array, "C")
+        self.lock = threading.Lock()
+        self.written, self.commits, self.threads = [], [], set()
+        self.fail_at = fail_at
+
+    def write(self, r0, r1, c0, c1, src):
+        super().write(r0, r1, c0, c1, src)
+        with self.lock:
+            self.written.append((r0, c0))
+
+    def commit(self, tiles):
+        import time as _time
+
+        with self.lock:
+            done = list(self.written)
+        self.threads.add(threading.current_thread().name)
+        if self.fail_at is not None and len(self.commits) == self.fail_at:
+            raise OSError(28, "No space left on device")
+        _time.sleep(0.02)  # the flush
+        self.commits.append((list(tiles), done))
+
+
+def _tile_job():
+    m, n, k = 64, 60, 8
+    a, b = random_matrix((m, k), np.float64, seed=5), random_matrix((k, n), np.float64, seed=6)
+    plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=False,
+                     tile=(16, 20, 8), order="stream")  # 12 tiles
+    return a, b, plan
+
+
+def test_commits_run_beside_the_writes(monkeypatch):
+    """Commits run on their own thread, one at a time, while later tiles are written; each
+    commits only tiles written before it began; every tile is committed exactly once."""
+    from bigmm.executor import tuning
+
+    monkeypatch.setattr(tuning, "COMMIT_INTERVAL", 0)
+    a, b, plan = _tile_job()
+    out = np.full((64, 60), np.nan)
+    sink = _SlowCommits(out)
+    execute(plan, io.open_input(a), io.open_input(b), sink, BACKENDS["numpy"]())
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12)
+    committed = [tuple(t) for tiles, _ in sink.commits for t in tiles]
+    assert sorted(committed) == sorted(set(committed)) and len(committed) == 12
+    origin = {(i, j): (16 * i, 20 * j) for i in range(4) for j in range(3)}
+    for tiles, done in sink.commits:
+        assert all(origin[tuple(t)] in done for t in tiles)  # written before the commit began
+    assert any(name.startswith("bigmm-commit") for name in sink.threads)
+    assert len(sink.commits) < 12  # tiles written during a commit wait for the next one
+
+
+def test_a_failed_commit_is_the_run_error(monkeypatch):
+    from bigmm.executor import tuning
+
+    monkeypatch.setattr(tuning, "COMMIT_INTERVAL", 0)
+    a, b, plan = _tile_job()
+    sink = _SlowCommits(np.full((64, 60), np.nan), fail_at=1)
+    with pytest.raises(OSError, match="No space"):
+        execute(plan, io.open_input(a), io.open_input(b), sink, BACKENDS["numpy"]())
+    assert len(sink.commits) == 1  # nothing was committed after the failure

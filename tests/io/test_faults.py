@@ -21,7 +21,7 @@ import bigmm
 from bigmm import api, executor, io
 from bigmm.cli import main
 from bigmm.errors import DiskFullError, IncompleteOutputError, OutputExistsError, ReadError
-from bigmm.io import journal, mapped, rawio
+from bigmm.io import direct, filesink, journal, mapped, rawio
 from bigmm.testing import (Unavailable, fail_after, mount_prefix, random_matrix, sha256,
                            small_filesystem)
 
@@ -89,9 +89,11 @@ def full_after_partial_reservation(mp):
 
 
 def full_at_sync(mp):
-    """Mapped tiles: msync of the written pages fails after two commits (writeback ENOSPC)."""
-    mp.setattr(executor.tuning, "COMMIT_INTERVAL", 0)  # commit every tile
-    mp.setattr(mapped.FileMap, "sync", fail_after(mapped.FileMap.sync, 2))
+    """Mapped tiles: msync of the written pages fails after the first commit (writeback
+    ENOSPC; commits run beside the writes, so a run of 9 tiles commits at least twice)."""
+    mp.setattr(direct, "MODE", "mapped")
+    mp.setattr(executor.tuning, "COMMIT_INTERVAL", 0)  # commit as often as it can
+    mp.setattr(mapped.FileMap, "sync", fail_after(mapped.FileMap.sync, 1))
 
 
 def full_at_pwrite(mp):
@@ -100,17 +102,43 @@ def full_at_pwrite(mp):
     mp.setattr(os, "pwritev", fail_after(os.pwritev, 40))
 
 
+def direct_tiles(mp):
+    """Tiles written with O_DIRECT: C chunked by the 44 x 37 tiles (13 KiB each), every run
+    with a whole page written direct (through the bounce buffer: NumPy's tile buffers are not
+    page-aligned)."""
+    mp.setattr(filesink, "MIN_CHUNK_BYTES", 0)
+    mp.setattr(direct, "MODE", "direct")
+    mp.setattr(direct, "DIRECT_MIN", 0)
+
+
+def full_at_direct(mp):
+    """The third O_DIRECT write of a tile's run fails (a disk that fills up)."""
+    direct_tiles(mp)
+    mp.setattr(direct, "_write_direct", fail_after(direct._write_direct, 2))
+
+
+def full_at_fdatasync(mp):
+    """Direct tiles: the fdatasync before the second commit's journal line fails."""
+    direct_tiles(mp)
+    mp.setattr(executor.tuning, "COMMIT_INTERVAL", 0)  # commit every tile
+    mp.setattr(direct, "_fdatasync", fail_after(direct._fdatasync, 1))
+
+
 def full_at_journal(mp):
-    """The journal's third line is cut short by a full disk, the next write fails."""
-    mp.setattr(executor.tuning, "COMMIT_INTERVAL", 0)  # one line per tile
+    """The journal's second line is cut short by a full disk, the next write fails (commits
+    run beside the writes and take what was written meanwhile: a run of 9 tiles journals at
+    least twice). Only the journal's writes count."""
+    mp.setattr(executor.tuning, "COMMIT_INTERVAL", 0)  # commit as often as it can
     real = os.pwrite
     state = {"calls": 0}
 
     def pwrite(fd, data, offset):
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(journal.SUFFIX):
+            return real(fd, data, offset)
         state["calls"] += 1
-        if state["calls"] == 3:
+        if state["calls"] == 2:
             return real(fd, data[:len(data) // 2], offset)
-        if state["calls"] > 3:
+        if state["calls"] > 2:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd, data, offset)
 
@@ -124,12 +152,22 @@ DISK_FULL = [
     ("msync", full_at_sync, ["c.h5", "disk full", "resume"]),
     ("pwritev", full_at_pwrite, ["c.h5", "rows", "columns", "disk full", "resume"]),
     ("journal", full_at_journal, ["c.h5", "disk full", "resume"]),
+    ("direct", full_at_direct, ["c.h5", "rows", "columns", "disk full", "resume"]),
+    ("fdatasync", full_at_fdatasync, ["c.h5", "disk full", "resume"]),
 ]
+#: The cases that need O_DIRECT where the test's files lie.
+DIRECT = {"direct", "fdatasync"}
+
+
+def skip_without_direct(case: str, folder) -> None:
+    if case in DIRECT and not direct.supports_direct(str(folder)):
+        pytest.skip("no O_DIRECT on this file system")
 
 
 @pytest.mark.parametrize("case, inject, words", DISK_FULL, ids=[c[0] for c in DISK_FULL])
 def test_disk_full_is_one_error_and_resumes(tmp_path, job, monkeypatch, case, inject, words):
     a, b, ref = job
+    skip_without_direct(case, tmp_path)
     out = f"{tmp_path / 'c.h5'}:/C"
     with monkeypatch.context() as mp:
         inject(mp)
@@ -153,6 +191,7 @@ def test_disk_full_is_one_error_and_resumes(tmp_path, job, monkeypatch, case, in
 @pytest.mark.parametrize("case, inject, words", DISK_FULL, ids=[c[0] for c in DISK_FULL])
 def test_disk_full_through_the_cli(tmp_path, job, monkeypatch, capsys, case, inject, words):
     a, b, ref = job
+    skip_without_direct(case, tmp_path)
     out = f"{tmp_path / 'c.h5'}:/C"
     argv = ["multiply", a, b, "-o", out, "--memory", BUDGET, "--backend", "numpy", "--quiet"]
     with monkeypatch.context() as mp:

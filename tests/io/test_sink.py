@@ -16,6 +16,7 @@ from bigmm.errors import (BigmmError, DiskFullError, DtypeError, IncompleteOutpu
                           OutputNotWritable, ResumeError, ShapeError, WriteError)
 from bigmm.io import mapped, open_input, open_output, read_journal
 from bigmm.io import filesink
+from bigmm.io import direct as direct_io
 from bigmm.io import mapped as mapped_io
 from bigmm.io import region as region_mod
 from bigmm.io.journal import Journal
@@ -695,12 +696,20 @@ REGION_SINK_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mapped", [
-    True,   # copies into a map of the region's rows, msync in commit
-    False,  # the file cannot be mapped: pwritev, fdatasync in commit
-])
+#: writes mode (bigmm.io.direct.MODE), whether the region's rows can be mapped, and the path
+#: the region's sink then takes
+REGION_WRITES = [
+    ("mapped", True, "mapped"),    # copies into a map of the region's rows, msync in commit
+    ("mapped", False, "pwritev"),  # the file cannot be mapped: pwritev, fdatasync in commit
+    ("direct", True, "direct"),    # O_DIRECT runs (short ones into the map), fdatasync
+    ("direct", False, "direct"),   # O_DIRECT runs, short ones by pwrite, fdatasync
+]
+
+
+@pytest.mark.parametrize("mode,mapped,writes", REGION_WRITES)
 @pytest.mark.parametrize("chunks,reads_c", REGION_SINK_CASES)
-def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, reads_c, mapped):
+def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, reads_c, mode,
+                                        mapped, writes):
     """A RegionSink (what a dask worker's executor writes to) writes each sub-region at its
     byte offsets and nothing else, reads old C from its source, and makes what it wrote
     durable in commit, once."""
@@ -711,12 +720,19 @@ def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, r
     if reads_c:
         with h5py.File(path, "w") as f:
             f["C"] = old
+    if writes == "direct" and not direct_io.supports_direct(str(tmp_path)):
+        pytest.skip("no O_DIRECT on this file system")
     monkeypatch.setattr(filesink, "MIN_CHUNK_BYTES", 0)
+    monkeypatch.setattr(direct_io, "MODE", mode)
+    monkeypatch.setattr(direct_io, "DIRECT_MIN", 0)  # every run with a whole page goes direct
     syncs = []
     real_sync, real_msync = region_mod._fdatasync, mapped_io.MappedWrites.sync
+    real_dsync = direct_io._fdatasync
     monkeypatch.setattr(region_mod, "_fdatasync", lambda fd: (syncs.append(fd), real_sync(fd)))
+    monkeypatch.setattr(direct_io, "_fdatasync", lambda fd: (syncs.append(fd), real_dsync(fd)))
     monkeypatch.setattr(mapped_io.MappedWrites, "sync",
                         lambda self: (syncs.append(self), real_msync(self)))
+    per_commit = 2 if (writes, mapped) == ("direct", True) else 1  # msync and fdatasync
 
     def no_map(*args, **kwargs):
         raise OSError(errno.ENODEV, "no mapping here")
@@ -737,7 +753,8 @@ def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, r
                 rs = region_mod.RegionSink(where, prior)
             with rs:
                 assert rs.shape == (r1 - r0, c1 - c0) and rs.done == frozenset()
-                assert rs.mapped == rs.parallel_writes == mapped
+                assert rs.mapped == mapped and rs.writes == writes
+                assert rs.parallel_writes == (writes != "pwritev")
                 for a, b, c, d in sub_regions(*rs.shape):
                     # the sub-region's pieces are C's own pieces of it
                     assert region_mod.clip_pieces(where.pieces, a, b, c, d) == \
@@ -750,10 +767,10 @@ def test_region_sink_writes_sub_regions(tmp_path, inputs, monkeypatch, chunks, r
                              np.ascontiguousarray(new[r0 + a:r0 + b, c0 + c:c0 + d]))
                 assert syncs == []  # writes alone are not synced
                 rs.commit([t])
-                assert len(syncs) == 1  # one msync (fdatasync) makes the region durable
+                assert len(syncs) == per_commit  # one msync (fdatasync) makes it durable
                 rs.commit([t])
                 rs.finish()
-                assert len(syncs) == 1  # nothing written since: no sync
+                assert len(syncs) == per_commit  # nothing written since: no sync
                 syncs.clear()
             if n == 0:  # exactly the region's bytes changed
                 want = before.copy()
