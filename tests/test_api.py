@@ -19,7 +19,7 @@ import pytest
 import bigmm
 from bigmm import api, errors, job
 from bigmm.backends.numpy import NumpyBackend
-from bigmm.executor import RunStats
+from bigmm.executor import RunStats, calibrate
 from bigmm.planner import Plan, Rates, make_plan
 from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
                             wait_for_journaled_tiles)
@@ -347,11 +347,21 @@ class _StagingBackend:
 _GPU_RATES = Rates(flops=47e12, read_bytes=2e9, write_bytes=1e9, h2d_bytes=50e9)
 
 
-@pytest.mark.parametrize("kind, read, write", [
-    ("numpy", job.ARRAY_READ_RATE, job.ARRAY_WRITE_RATE),  # memcpy into staging, array out
-    ("file", job.READ_RATE, job.WRITE_RATE),                # disk in, disk out
+def _copy_rates(read_elements, written_elements, host=4 * 2**20):
+    """The read and write speeds of arrays staged in and out: the host's timed copy rate,
+    shared in proportion to the bytes where both directions copy."""
+    copy = calibrate.copy_rate(job.parse_io_threads(None), max(16 << 20, host // 4))
+    share = read_elements / (read_elements + written_elements) if written_elements else 1.0
+    return copy * share, copy * (1 - share) if read_elements else copy
+
+
+@pytest.mark.parametrize("kind", [
+    "numpy",  # memcpy into staging and out of it, at the host's copy rate
+    "file",   # disk in, disk out
 ])
-def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind, read, write):
+def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind):
+    read, write = (_copy_rates(600 * 500 + 500 * 400, 600 * 400) if kind == "numpy"
+                   else (job.READ_RATE, job.WRITE_RATE))
     a, b = random_matrix((600, 500), np.float32), random_matrix((500, 400), np.float32, 1)
     out = None
     if kind == "file":
@@ -375,15 +385,16 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind, rea
     assert p.key() == best.key() and p.predicted_seconds == best.predicted_seconds
 
 
-@pytest.mark.parametrize("pinned, verify, read, write", [
+@pytest.mark.parametrize("pinned, verify, in_place, read, write", [
     # A, B and C pinned: the copies take them in place, nothing is read or written on the host
-    ("ABC", None, np.inf, np.inf),
+    ("ABC", None, "ABC", None, None),
     # under checks C goes through staging (a tile that fails must not reach it)
-    ("ABC", "checksum", np.inf, job.ARRAY_WRITE_RATE),
-    # one pageable input: the slower of the two is read into staging
-    ("BC", None, job.ARRAY_READ_RATE, np.inf),
+    ("ABC", "checksum", "AB", None, _copy_rates(0, 600 * 400)[1]),
+    # one pageable input: it is read into staging at the host's copy rate
+    ("BC", None, "BC", _copy_rates(600 * 500, 0)[0], None),
 ])
-def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, read, write):
+def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, in_place, read,
+                                                                write):
     ops = {"A": random_matrix((600, 500), np.float32), "B": random_matrix((500, 400), np.float32, 1),
            "C": np.empty((600, 400), np.float32)}
     be = _StagingBackend(pinned=[ops[x] for x in pinned])
@@ -396,7 +407,14 @@ def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, 
     finally:
         for x in closing:
             x.close()
-    assert (p.rates.read_bytes, p.rates.write_bytes) == (read, write)
+    assert p.in_place == in_place and p.registered == ""
+    assert p.host_bytes == sum(size for op, size in (
+        ("A", 2 * p.bm * p.bk), ("B", 2 * p.bk * p.bn), ("C", 2 * p.bm * p.bn))
+        if op not in in_place) * 4  # staging slots only for the staged operands
+    if read is not None:
+        assert p.rates.read_bytes == read
+    if write is not None:
+        assert p.rates.write_bytes == write
 
 
 @pytest.mark.parametrize("fuses", [

@@ -24,8 +24,11 @@ waiting for a buffer to be free or full).
 
 Besides the core :class:`~.base.Backend` it is :class:`~.base.Checksums` (kernels/
 abft_checksum.cu; bigmm's kernel fuses a step's updates), :class:`~.base.Calibrates` (its
-gemm, copies and device memory timed with events), :class:`~.base.Profiles` and
-:class:`~.base.HostHints` (wide blocks for copies out of file maps).
+gemm, copies, pitched copies, device memory and page-locking timed), :class:`~.base.Profiles`,
+:class:`~.base.HostHints` (wide blocks for copies out of file maps) and
+:class:`~.base.Registers` (``cudaHostRegister``: a user's array page-locked in place for a
+run, read-only where the process may not write it; anything still locked is released at
+:meth:`close`).
 
 This module imports cupy at its top: the registry imports it only when the cupy backend is
 asked for.
@@ -40,9 +43,10 @@ import time
 import cupy
 import numpy as np
 
-from ..errors import KernelError, OptionError, ShapeError
+from ..errors import KernelError, OptionError, RegisterError, ShapeError
 from ..io.mapped import WIDE_STEP_BYTES
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
+from ..units import format_bytes
 from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
 
 #: Names ``kernel=`` accepts.
@@ -52,6 +56,10 @@ _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory known to CU
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
 _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
+_REGISTER_PORTABLE, _REGISTER_READ_ONLY = 1, 8  # cudaHostRegisterPortable, ...ReadOnly
+#: Bytes per row of the pitched copies timed at calibration (a 4096-wide float32 panel) and
+#: bytes of the host array page-locked and released there.
+_ROW_BYTES, _LOCK_BYTES = 16 << 10, 64 << 20
 _LANES = {"copy_in": "GPU copy-in stream", "compute": "GPU compute stream",
           "copy_out": "GPU copy-out stream"}
 
@@ -131,6 +139,7 @@ class CupyBackend:
         self.keep_pinned = keep_pinned
         self._pinned: list = []  # (start, end, block) of this backend's pinned blocks
         self._user_pinned: list = []  # (start, end, None) of user arrays found pinned
+        self._registered: dict[int, int] = {}  # start -> bytes of ranges locked by register
         self._device_ptrs: list[int] = []
         self._streams: list = []
         self._handle: int | None = None
@@ -202,6 +211,34 @@ class CupyBackend:
         if pinned:  # later copies of views of it skip the query
             self._user_pinned.append((lo, hi, None))
         return pinned
+
+    # ----- page-locking the user's memory ----------------------------------------------------
+    def register(self, ptr: int, nbytes: int, read_only: bool = False) -> None:
+        """Page-lock host bytes [ptr, ptr + nbytes) in place (``cudaHostRegister``, portable;
+        read-only where asked, and then again without the flag where the driver does not
+        know it); RegisterError when the driver refuses."""
+        flags = [_REGISTER_PORTABLE | _REGISTER_READ_ONLY, _REGISTER_PORTABLE] if read_only \
+            else [_REGISTER_PORTABLE]
+        error = None
+        with self._device:
+            for f in flags:
+                try:
+                    cupy.cuda.runtime.hostRegister(int(ptr), int(nbytes), f)
+                except cupy.cuda.runtime.CUDARuntimeError as e:  # the runtime cleared it
+                    error = error or e
+                    continue
+                self._registered[int(ptr)] = int(nbytes)
+                return
+        raise RegisterError(f"Expected CUDA to page-lock {format_bytes(nbytes)} of host memory "
+                            f"in place{' read-only' if read_only else ''}. Got {error}.")
+
+    def unregister(self, ptr: int) -> None:
+        """Release a range locked by :meth:`register` (``cudaHostUnregister``)."""
+        nbytes = self._registered.pop(int(ptr))
+        self._user_pinned = [(a, b, x) for a, b, x in self._user_pinned
+                             if not (ptr <= a and b <= ptr + nbytes)]
+        with self._device:
+            cupy.cuda.runtime.hostUnregister(int(ptr))
 
     # ----- streams, events, copies ----------------------------------------------------------
     def stream(self) -> cupy.cuda.Stream:
@@ -432,11 +469,12 @@ class CupyBackend:
 
     def rates(self, dtype: str, limit: int | None = None) -> Rates:
         """Rates for the predicted time: this kernel's gemm (and its waves of thread blocks),
-        pinned host-to-device copies and device memory (a copy within it), measured once per
-        process and size (a 4096^3 product, a 256 MiB copy in and a 128 MiB copy on the
-        device, timed with events; smaller when ``limit``, the bytes the run may hold on the
-        device and in pinned memory, is less, so that planning stays within the run's
-        budgets)."""
+        pinned host-to-device copies (whole, and pitched in rows of 16 KiB: the cost of a
+        row), device memory (a copy within it) and page-locking a host array in place (and
+        releasing it), measured once per process and size (a 4096^3 product, a 256 MiB copy
+        in, a 128 MiB copy on the device and a 64 MiB array locked, timed with events and the
+        host clock; smaller when ``limit``, the bytes the run may hold on the device and in
+        pinned memory, is less, so that planning stays within the run's budgets)."""
         item = np.dtype(dtype).itemsize
         nbytes = 256 << 20 if limit is None else max(1 << 20, min(256 << 20, int(limit) // 2))
         n = min(4096, math.isqrt(nbytes // item))  # an n^2 operand fits in the copied buffer
@@ -458,6 +496,10 @@ class CupyBackend:
             c = _direct(n * n, dtype).reshape(n, n)
             t_copy = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
                 dev.data.ptr, host.ctypes.data, nbytes, _H2D, s.ptr), s)
+            rows = nbytes // (2 * _ROW_BYTES)  # every other row of the buffer, pitched
+            t_rows = self._time(lambda: cupy.cuda.runtime.memcpy2DAsync(
+                dev.data.ptr, _ROW_BYTES, host.ctypes.data, 2 * _ROW_BYTES, _ROW_BYTES, rows,
+                _H2D, s.ptr), s) if rows else 0.0
             half = nbytes // 2
             t_move = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
                 dev.data.ptr + half, dev.data.ptr, half, _D2D, s.ptr), s)
@@ -466,10 +508,28 @@ class CupyBackend:
         # a product smaller than 4096^3 (a budget under 64 MiB) is too short to tell what
         # a step's C traffic and last wave cost: those terms are left out
         full = n == 4096
+        h2d = nbytes / t_copy
+        per_row = max(0.0, t_rows - rows * _ROW_BYTES / h2d) / rows if rows else 0.0
         return Rates(flops=2 * n**3 / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
-                     h2d_bytes=nbytes / t_copy,
+                     h2d_bytes=h2d,
                      memory_bytes=2 * half / t_move if full else None,
-                     wave_flops=self._wave_flops(dtype) if full else None)
+                     wave_flops=self._wave_flops(dtype) if full else None,
+                     per_row=per_row, register_bytes=self._lock_rate(min(nbytes, _LOCK_BYTES)))
+
+    def _lock_rate(self, nbytes: int) -> float | None:
+        """Bytes per second of page-locking a touched host array of ``nbytes`` in place and
+        releasing it (the best of three; None where the driver refuses)."""
+        x = np.ones(nbytes // 8)
+        best = math.inf
+        try:
+            for _ in range(3):
+                t0 = time.perf_counter()
+                self.register(x.ctypes.data, x.nbytes)
+                self.unregister(x.ctypes.data)
+                best = min(best, time.perf_counter() - t0)
+        except RegisterError:
+            return None
+        return x.nbytes / max(best, 1e-9)
 
     def _wave_flops(self, dtype: np.dtype) -> float:
         """Flops per unit of depth of one wave of thread blocks of the own kernel on large
@@ -512,6 +572,8 @@ class CupyBackend:
                 self._handle = None
             for ptr in self._device_ptrs:
                 cupy.cuda.runtime.free(ptr)
+            for ptr in list(self._registered):  # a run that could not release them
+                self.unregister(ptr)
         blocks = [mem for _, _, mem in self._pinned]
         if self.keep_pinned and blocks:
             _PINNED.keep(blocks)

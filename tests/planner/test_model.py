@@ -41,6 +41,8 @@ def test_simulated_makespan_lies_between_the_stage_bounds(kw, r):
 def test_extrapolation_matches_the_whole_simulation(m, n, k, budget):
     long = 0
     for order in ORDERS:
+        if order == "resident-c" and m * n * 4 > budget:  # all of C on the device
+            continue
         plan = make_plan(m, n, k, device_budget=budget, host_budget=32 * GiB,
                          rates=H100_ARRAYS, order=order)
         long += plan.n_tiles * plan.nk > SIM_STEPS
