@@ -81,7 +81,7 @@ def _step_seconds(kind, threads: int, a: "_Corner", b: "_Corner") -> float:
 
 class _Corner(Source):
     """The first ``rows`` x ``cols`` of a source (at most its own), read through it; equal
-    (for the cache) where source and size are."""
+    (for the cache) where the sources have one label, layout, chunks and shape."""
 
     def __init__(self, src, rows: int, cols: int):
         self.src, self.dtype, self.label = src, np.dtype(src.dtype), src.label
@@ -91,11 +91,14 @@ class _Corner(Source):
     def read(self, r0, r1, c0, c1, out) -> None:
         self.src.read(r0, r1, c0, c1, out)
 
+    def _key(self) -> tuple:
+        return (self.label, self.layout, self.chunks, self.src.shape, self.shape, self.dtype)
+
     def __eq__(self, other) -> bool:
-        return isinstance(other, _Corner) and (self.src, self.shape) == (other.src, other.shape)
+        return isinstance(other, _Corner) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((id(self.src), self.shape))
+        return hash(self._key())
 
 
 def load_seconds(src, repeat: int = 3) -> float:

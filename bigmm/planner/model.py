@@ -148,6 +148,8 @@ class StageTimes:
     #: own gemms, times the number of later rows: a guess (the slots let reads run only a
     #: step or two ahead), not a bound.
     bursts: float = 0.0
+    #: Locking the user's arrays before the run and releasing them after (in ``fill`` too).
+    setup: float = 0.0
 
     @property
     def guess(self) -> float:
@@ -158,15 +160,19 @@ class StageTimes:
     @property
     def lower_bound(self) -> float:
         """No schedule ends sooner: each stage is one server, the gemms run between the fill
-        and the drain, and a prefix's gemms wait for the prefix's reads."""
-        return max(self.read + self.drain, self.copy_in, self.copy_out,
+        and the drain, and a prefix's gemms wait for the prefix's reads; nothing starts
+        before the locking."""
+        return max(self.setup + self.read + self.drain, self.setup + self.copy_in,
+                   self.setup + self.copy_out,
                    self.fill + self.first + self.write, self.fill + self.compute + self.drain,
                    self.head)
 
     @property
     def upper_bound(self) -> float:
-        """The stages one after the other (list scheduling never leaves all of them idle)."""
-        return self.read + self.copy_in + self.compute + self.copy_out + self.write
+        """The locking, then the stages one after the other (list scheduling never leaves
+        all of them idle)."""
+        return (self.setup + self.read + self.copy_in + self.compute + self.copy_out
+                + self.write)
 
 
 def direct_operands(p: Plan) -> tuple[bool, bool, bool]:
@@ -192,7 +198,7 @@ def pitched_rows(p: Plan) -> tuple[Callable, Callable, Callable]:
 def setup_seconds(p: Plan, r: Rates) -> float:
     """Seconds of page-locking the operands ``p.registered`` before the run and releasing
     them after (0 where the rate is not known)."""
-    if not p.registered or not r.register_bytes:
+    if not p.registered or not r.register_bytes or not p.staging:
         return 0.0
     sizes = {"A": p.m * p.k, "B": p.k * p.n, "C": p.m * p.n}
     return p.itemsize * sum(sizes[op] for op in p.registered) / r.register_bytes
@@ -205,7 +211,7 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     da, db, dc = direct_operands(p)
     # seconds per element flowing in, for the bounds on the first tiles: read by the host, or
     # copied in place
-    inflow = [w / h2d if d else w / r.read_bytes for d in (da, db, dc)]
+    inflow = [(w / h2d if h2d else 0.0) if d else w / r.read_bytes for d in (da, db, dc)]
     rows_a, rows_b, rows_c = pitched_rows(p)
     first = w * (p.bm * p.bk + p.bk * p.bn + (p.bm * p.bn if p.reads_c else 0))
     first_read = w * ((not da) * p.bm * p.bk + (not db) * p.bk * p.bn
@@ -272,7 +278,7 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
                                             + r.per_load * p.n_tiles),
                       fill=setup + first_read / r.read_bytes + copy(first)
                       + r.per_load * ((not da) + (not db)),
-                      drain=drain, head=head, first=tile0, bursts=bursts)
+                      drain=drain, head=head, first=tile0, bursts=bursts, setup=setup)
 
 
 def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
