@@ -18,7 +18,7 @@ from .executor import calibrate as costs
 from .executor.loads import eligible
 from .io.source import ArraySource
 from .planner import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
-from .units import format_bytes, format_seconds, parse_size
+from .units import format_seconds, parse_size
 
 #: Without a budget, the compute side may use this share of the memory the backend reports.
 DEVICE_SHARE = {False: 0.25, True: 0.85}

@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 
 import bigmm  # noqa: E402
 from bigmm.testing import tolerance  # noqa: E402
-from bigmm.units import format_bytes, parse_size  # noqa: E402
+from bigmm.units import format_bytes  # noqa: E402
 
 F32 = np.float32
 #: Rows per block of the Freivalds probe, and the bound of a TF32 product's probe (inputs
@@ -342,10 +342,19 @@ def main(argv=None) -> int:
     if args.cpu:
         name, free_dev, total_dev, version, KERNELS = "CPU", 1 << 30, 1 << 30, None, (None,)
         args.kernels = ""
+
+        def free_device():
+            pass
     else:
         import cupy
 
-        from bigmm.backends.cupy import KERNELS
+        from bigmm.backends.cupy import KERNELS, release_pinned
+
+        def free_device():
+            """Each row a first run, as the model counts it: no pinned staging kept, no
+            device memory held by cupy's pool."""
+            release_pinned()
+            cupy.get_default_memory_pool().free_all_blocks()
 
         props = cupy.cuda.runtime.getDeviceProperties(0)
         name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
@@ -376,6 +385,16 @@ def main(argv=None) -> int:
     log(f"{name}: A, B, C of {top}^2 float32 ready in {res['generate_seconds']:.1f} s; host "
         f"copies {res['host_copy_rate'] / 1e9:.1f} GB/s on {args.threads} threads; sizes "
         f"{fits} (skipped for host memory: {res['skipped_sizes']})")
+    if not args.cpu:  # pinning fresh memory (staging) against locking a touched array
+        t0 = time.perf_counter()
+        cupy.cuda.PinnedMemory(1 << 30)  # allocated, then freed
+        res["pin_1gib_seconds"] = time.perf_counter() - t0
+        x = np.ones(1 << 27)
+        ptrs, res["lock_1gib_seconds"] = lock_arrays([x])
+        res["unlock_1gib_seconds"] = unlock(ptrs)
+        log(f"pinning 1 GiB: {res['pin_1gib_seconds']:.3f} s; locking a touched 1 GiB array: "
+            f"{res['lock_1gib_seconds']:.3f} s, releasing it {res['unlock_1gib_seconds']:.3f} s")
+        del x
     kernels = [k for k in args.kernels.split(",") if k] if not args.cpu else [None]
     for k in kernels:
         if k not in KERNELS:
@@ -399,7 +418,14 @@ def main(argv=None) -> int:
             est = 2 * n**3 / (300e12 if k and "tf32" in k else 45e12) * (args.in_core_repeat + 1)
             if est > left():
                 continue
-            r = in_core(k, n, args.in_core_repeat)
+            try:
+                r = in_core(k, n, args.in_core_repeat)
+            except Exception as e:  # recorded; the other rows still run
+                res["in_core"].append({"kernel": k, "n": n, "error": repr(e)})
+                log(f"in core {k} n={n} failed: {e!r}")
+                continue
+            finally:
+                free_device()
             rates[(k, n)] = r["tflops"]
             res["in_core"].append(r)
             log(f"in core {k or 'numpy':12s} n={n}: {r['seconds']:.3f} s, "
@@ -413,16 +439,22 @@ def main(argv=None) -> int:
 
     def do(job, n, memory, kernel, probe, arrays):
         a, b, c = arrays
-        p = bigmm.plan(a, b, c, backend="cupy" if kernel else "numpy", kernel=kernel,
-                       memory=memory)
-        need = p.predicted_seconds * 1.3 + c.nbytes * CHECK_SECONDS_PER_BYTE + 2
-        if need > left():
-            res["rows"].append({"job": job, "kernel": kernel, "n": n,
-                                "skipped": f"predicted {p.predicted_seconds:.1f} s, "
-                                           f"{left():.0f} s left"})
-            log(f"skipped {job} {kernel}: predicted {p.predicted_seconds:.1f} s")
+        free_device()
+        try:
+            p = bigmm.plan(a, b, c, backend="cupy" if kernel else "numpy", kernel=kernel,
+                           memory=memory)
+            need = p.predicted_seconds * 1.3 + c.nbytes * CHECK_SECONDS_PER_BYTE + 2
+            if need > left():
+                res["rows"].append({"job": job, "kernel": kernel, "n": n,
+                                    "skipped": f"predicted {p.predicted_seconds:.1f} s, "
+                                               f"{left():.0f} s left"})
+                log(f"skipped {job} {kernel}: predicted {p.predicted_seconds:.1f} s")
+                return
+            row = run_row(job, a, b, c, kernel, memory, probe, args.threads)
+        except Exception as e:  # recorded; the other rows still run
+            res["rows"].append({"job": job, "kernel": kernel, "n": n, "skipped": repr(e)})
+            log(f"{job} {kernel} failed: {e!r}")
             return
-        row = run_row(job, a, b, c, kernel, memory, probe, args.threads)
         row["in_core_tflops"] = in_core_rate(kernel, n)
         res["rows"].append(row)
         save()

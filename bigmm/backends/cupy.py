@@ -470,11 +470,12 @@ class CupyBackend:
     def rates(self, dtype: str, limit: int | None = None) -> Rates:
         """Rates for the predicted time: this kernel's gemm (and its waves of thread blocks),
         pinned host-to-device copies (whole, and pitched in rows of 16 KiB: the cost of a
-        row), device memory (a copy within it) and page-locking a host array in place (and
-        releasing it), measured once per process and size (a 4096^3 product, a 256 MiB copy
-        in, a 128 MiB copy on the device and a 64 MiB array locked, timed with events and the
-        host clock; smaller when ``limit``, the bytes the run may hold on the device and in
-        pinned memory, is less, so that planning stays within the run's budgets)."""
+        row), device memory (a copy within it), allocating pinned memory and page-locking a
+        host array in place (and releasing them), measured once per process and size (a
+        4096^3 product, a 256 MiB copy in, a 128 MiB copy on the device, 64 MiB pinned and a
+        64 MiB array locked, timed with events and the host clock; smaller when ``limit``,
+        the bytes the run may hold on the device and in pinned memory, is less, so that
+        planning stays within the run's budgets)."""
         item = np.dtype(dtype).itemsize
         nbytes = 256 << 20 if limit is None else max(1 << 20, min(256 << 20, int(limit) // 2))
         n = min(4096, math.isqrt(nbytes // item))  # an n^2 operand fits in the copied buffer
@@ -514,7 +515,20 @@ class CupyBackend:
                      h2d_bytes=h2d,
                      memory_bytes=2 * half / t_move if full else None,
                      wave_flops=self._wave_flops(dtype) if full else None,
-                     per_row=per_row, register_bytes=self._lock_rate(min(nbytes, _LOCK_BYTES)))
+                     per_row=per_row, register_bytes=self._lock_rate(min(nbytes, _LOCK_BYTES)),
+                     pin_bytes=self._pin_rate(min(nbytes, _LOCK_BYTES)))
+
+    def _pin_rate(self, nbytes: int) -> float:
+        """Bytes per second of allocating ``nbytes`` of page-locked memory (cudaHostAlloc, as
+        the staging buffers are) and freeing it (the best of three)."""
+        best = math.inf
+        with self._device:
+            for _ in range(3):
+                t0 = time.perf_counter()
+                mem = cupy.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE)
+                del mem
+                best = min(best, time.perf_counter() - t0)
+        return nbytes / max(best, 1e-9)
 
     def _lock_rate(self, nbytes: int) -> float | None:
         """Bytes per second of page-locking a touched host array of ``nbytes`` in place and

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Callable
 
-from .schedule import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, Plan
+from .schedule import HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, Plan
 
 #: Fixed time of one gemm step in the pipeline model (the ~40 us of the search's
 #: STEP_COST_BYTES).
@@ -80,6 +80,11 @@ class Rates:
     #: Bytes per second of page-locking a user's array in place for a run and releasing it
     #: after (None: not known; then not counted).
     register_bytes: float | None = None
+    #: Bytes per second of allocating the run's page-locked staging buffers (None: not
+    #: counted). A run pins its staging before its first copy; the blocks are kept for the
+    #: next run of the same sizes in the process, which the model does not know of: it
+    #: counts every run as the first.
+    pin_bytes: float | None = None
 
     def snapped(self) -> "Rates":
         """These rates with the calibrated speeds (flops, copies, device memory, the fixed
@@ -90,7 +95,8 @@ class Rates:
                        per_step=snap_rate(self.per_step),
                        per_load=snap_rate(self.per_load),
                        per_row=snap_rate(self.per_row),
-                       register_bytes=snap_rate(self.register_bytes))
+                       register_bytes=snap_rate(self.register_bytes),
+                       pin_bytes=snap_rate(self.pin_bytes))
 
     def gemm_seconds(self, flops: float, steps: int, depth: int, added: float) -> float:
         """Seconds of ``steps`` gemm steps doing ``flops`` over ``depth`` (their depths
@@ -196,12 +202,16 @@ def pitched_rows(p: Plan) -> tuple[Callable, Callable, Callable]:
 
 
 def setup_seconds(p: Plan, r: Rates) -> float:
-    """Seconds of page-locking the operands ``p.registered`` before the run and releasing
-    them after (0 where the rate is not known)."""
-    if not p.registered or not r.register_bytes or not p.staging:
+    """Seconds before the run's first copy and after its last: pinning its staging buffers
+    (``r.pin_bytes``), page-locking the operands ``p.registered`` and releasing them
+    (``r.register_bytes``); 0 for what has no known rate, and without staging."""
+    if not p.staging:
         return 0.0
+    pin = p.host_bytes / r.pin_bytes if r.pin_bytes else 0.0
+    if not p.registered or not r.register_bytes:
+        return pin
     sizes = {"A": p.m * p.k, "B": p.k * p.n, "C": p.m * p.n}
-    return p.itemsize * sum(sizes[op] for op in p.registered) / r.register_bytes
+    return pin + p.itemsize * sum(sizes[op] for op in p.registered) / r.register_bytes
 
 
 def stage_times(p: Plan, r: Rates) -> StageTimes:
