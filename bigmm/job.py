@@ -18,6 +18,7 @@ from .executor import calibrate as costs
 from .executor.loads import eligible
 from .io.source import ArraySource
 from .planner import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
+from .planner.model import snap_rate
 from .units import format_seconds, parse_size
 
 #: Without a budget, the compute side may use this share of the memory the backend reports.
@@ -31,6 +32,11 @@ BUDGET_GRAIN = 64 << 20
 #: host memory bandwidth: ~15 GB/s on the H100 host) and of writing C into a NumPy array,
 #: where the copies are not timed (:func:`_io_rates`).
 ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9
+#: The share of the host's timed copy rate that a run's readers and writer get, copying
+#: beside each other while the device's copies read and write the staging buffers through
+#: the same memory: measured on the H100 host, staged reads of a TF32 run from 81920^2 arrays
+#: at 30.6 GB/s and its writes at 21 GB/s, against 49.4 GB/s timed alone.
+COPY_SHARE = 0.6
 #: Bytes the calibration of a host gemm may hold at least (two 1024^2 float32 operands).
 HOST_CALIBRATION = 8 << 20
 #: A plan predicted this many times slower than the default budgets', and by at least
@@ -107,8 +113,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     paths = _host_paths(be, A, B, out, dtype, verify, rates) if rates is not None else [None]
     best = None
     for path in paths:  # the first of equally fast paths: fewer host copies, or none locked
-        path_rates = rates and _io_rates(rates, A, B, out, m * n, path[0] if path else "",
-                                         readers, host)
+        path_rates = rates and _io_rates(rates, A, B, out, path[0] if path else "", readers,
+                                         host)
         kw = dict(args, in_place=path[0], registered=path[1]) if path else dict(args)
         if be.staging:
             kw["rates"] = path_rates
@@ -337,34 +343,36 @@ def _host_costs(rates: Rates | None, A, B, be, dtype: str, threads: int) -> Rate
     return replace(rates, per_load=per_load).snapped()
 
 
-def _io_rates(rates: Rates, A, B, out, c_elements: int, in_place_ops: str, threads: int,
-              host: int) -> Rates:
+def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: int) -> Rates:
     """``rates`` with the read and write speeds of these operands where they are staged
     (those in ``in_place_ops`` are copied in place: the model counts no host work for
     them): a source's own ``read_rate`` attribute (bytes per second) where it has one, else
     for files READ_RATE (the slower of A and B) and WRITE_RATE; for NumPy arrays the host's
-    copy rate with ``threads`` threads (:func:`bigmm.executor.calibrate.copy_rate`, timed
-    within a quarter of the ``host`` budget), shared between the readers and the writer in
-    proportion to their bytes where both copy arrays (they contend for the memory bus)."""
+    copy rate with ``threads`` threads, of which the run has COPY_SHARE, and its cost per
+    row of a panel (:func:`bigmm.executor.calibrate.copy_rate`,
+    :func:`~bigmm.executor.calibrate.copy_row_seconds`, timed within a quarter of the
+    ``host`` budget)."""
     staged = {"A": A, "B": B}
     array_in = [src for op, src in staged.items()
                 if op not in in_place_ops and src.layout == "array"]
     array_out = "C" not in in_place_ops and (out is None or isinstance(out, np.ndarray))
-    copies = None
+    copies = row = None
     if array_in or array_out:
-        copies = costs.copy_rate(threads, min(costs.COPY_BYTES, max(16 << 20, host // 4)))
-    read_in = sum(int(np.prod(src.shape)) for src in array_in)
-    share = read_in / (read_in + c_elements) if array_in and array_out else 1.0
+        size = min(costs.COPY_BYTES, max(16 << 20, host // 4))
+        copies = snap_rate(COPY_SHARE * costs.copy_rate(threads, size))  # on the rates'
+        # grid: one plan
+        row = snap_rate(costs.copy_row_seconds(threads, size))  # in every process
 
     def read_rate(src) -> float:
         own = getattr(src, "read_rate", None)
         if own:
             return float(own)
-        return copies * share if src.layout == "array" else READ_RATE
+        return copies if src.layout == "array" else READ_RATE
 
     reads = [read_rate(src) for op, src in staged.items() if op not in in_place_ops]
-    write = copies * (1.0 - share if array_in else 1.0) if array_out else WRITE_RATE
-    return replace(rates, read_bytes=min(reads, default=math.inf), write_bytes=write)
+    return replace(rates, read_bytes=min(reads, default=math.inf),
+                   write_bytes=copies if array_out else WRITE_RATE,
+                   per_host_row=row or 0.0)
 
 
 def parse_io_threads(n: int | None) -> int:

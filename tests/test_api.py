@@ -22,6 +22,7 @@ from bigmm import api, errors, job
 from bigmm.backends.numpy import NumpyBackend
 from bigmm.executor import RunStats, calibrate
 from bigmm.planner import Plan, Rates, make_plan
+from bigmm.planner.model import snap_rate
 from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
                             wait_for_journaled_tiles)
 
@@ -348,12 +349,12 @@ class _StagingBackend:
 _GPU_RATES = Rates(flops=47e12, read_bytes=2e9, write_bytes=1e9, h2d_bytes=50e9)
 
 
-def _copy_rates(read_elements, written_elements, host=4 * 2**20):
-    """The read and write speeds of arrays staged in and out: the host's timed copy rate,
-    shared in proportion to the bytes where both directions copy."""
-    copy = calibrate.copy_rate(job.parse_io_threads(None), max(16 << 20, host // 4))
-    share = read_elements / (read_elements + written_elements) if written_elements else 1.0
-    return copy * share, copy * (1 - share) if read_elements else copy
+def _copy_rates(host=4 * 2**20):
+    """The read and write speeds of arrays staged in and out: the host's timed copy rate
+    (on the rates' grid), and its cost per row."""
+    threads, size = job.parse_io_threads(None), max(16 << 20, host // 4)
+    copy = snap_rate(job.COPY_SHARE * calibrate.copy_rate(threads, size))
+    return copy, copy, snap_rate(calibrate.copy_row_seconds(threads, size))
 
 
 @pytest.mark.parametrize("kind", [
@@ -361,8 +362,7 @@ def _copy_rates(read_elements, written_elements, host=4 * 2**20):
     "file",   # disk in, disk out
 ])
 def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind):
-    read, write = (_copy_rates(600 * 500 + 500 * 400, 600 * 400) if kind == "numpy"
-                   else (job.READ_RATE, job.WRITE_RATE))
+    read, write, row = _copy_rates() if kind == "numpy" else (job.READ_RATE, job.WRITE_RATE, 0)
     a, b = random_matrix((600, 500), np.float32), random_matrix((500, 400), np.float32, 1)
     out = None
     if kind == "file":
@@ -377,7 +377,7 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind):
     finally:
         for x in closing:
             x.close()
-    assert (p.rates.read_bytes, p.rates.write_bytes) == (read, write)
+    assert (p.rates.read_bytes, p.rates.write_bytes, p.rates.per_host_row) == (read, write, row)
     # the calibrated speeds on the grid that keeps plans from changing between processes
     snapped = _GPU_RATES.snapped()
     assert p.rates.flops == snapped.flops and p.rates.h2d_bytes == snapped.h2d_bytes
@@ -390,9 +390,9 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind):
     # A, B and C pinned: the copies take them in place, nothing is read or written on the host
     ("ABC", None, "ABC", None, None),
     # under checks C goes through staging (a tile that fails must not reach it)
-    ("ABC", "checksum", "AB", None, _copy_rates(0, 600 * 400)[1]),
+    ("ABC", "checksum", "AB", None, "copy"),
     # one pageable input: it is read into staging at the host's copy rate
-    ("BC", None, "BC", _copy_rates(600 * 500, 0)[0], None),
+    ("BC", None, "BC", "copy", None),
 ])
 def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, in_place, read,
                                                                 write):
@@ -412,10 +412,11 @@ def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, 
     assert p.host_bytes == sum(size for op, size in (
         ("A", 2 * p.bm * p.bk), ("B", 2 * p.bk * p.bn), ("C", 2 * p.bm * p.bn))
         if op not in in_place) * 4  # staging slots only for the staged operands
+    copy = _copy_rates()[0]
     if read is not None:
-        assert p.rates.read_bytes == read
+        assert p.rates.read_bytes == copy
     if write is not None:
-        assert p.rates.write_bytes == write
+        assert p.rates.write_bytes == copy
 
 
 @pytest.mark.parametrize("fuses", [

@@ -6,10 +6,11 @@ non-blocking stream, multiplies on a second and copies finished C tiles out on a
 order the streams, and the host blocks only in :meth:`synchronize` (reader and writer threads
 waiting for a buffer to be free or full).
 
-* Host buffers are page-locked (``cudaHostAlloc``), so every copy is a true asynchronous DMA
+* Host buffers are page-locked, so every copy is a true asynchronous DMA
   (``cudaMemcpyAsync``); a pageable array handed to ``copy_in``/``copy_out`` is refused rather
-  than copied synchronously. Pinning gigabytes takes a noticeable fraction of a second, so the
-  blocks are kept for the next run in this process (:func:`release_pinned` frees them;
+  than copied synchronously. They are made the way the calibration timed faster
+  (:mod:`.cupy_pinned`: ``cudaHostAlloc``, or ordinary pages touched and locked in place),
+  and kept for the next run in this process (:func:`release_pinned` frees them;
   ``keep_pinned=False`` frees them at :meth:`close`).
 * Device buffers are plain ``cudaMalloc`` allocations (not cupy's memory pool), one per slot of
   the plan, so the device memory a run holds is exactly the plan's ``device_bytes``
@@ -37,7 +38,6 @@ asked for.
 from __future__ import annotations
 
 import math
-import threading
 import time
 
 import cupy
@@ -48,6 +48,7 @@ from ..io.mapped import WIDE_STEP_BYTES
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
 from ..units import format_bytes
 from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
+from .cupy_pinned import PinnedCache, as_array, choose
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
@@ -64,37 +65,7 @@ _LANES = {"copy_in": "GPU copy-in stream", "compute": "GPU compute stream",
           "copy_out": "GPU copy-out stream"}
 
 
-class _PinnedCache:
-    """Pinned host blocks kept between runs of this process, reused by exact size."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._free: dict[int, list] = {}
-
-    def take(self, nbytes: int):
-        with self._lock:
-            blocks = self._free.get(nbytes)
-            if blocks:
-                return blocks.pop()
-        return cupy.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE)
-
-    def keep(self, blocks: list) -> None:
-        """Hold ``blocks`` for the next run; blocks the last run did not take are freed."""
-        with self._lock:
-            self._free.clear()
-            for b in blocks:
-                self._free.setdefault(b.size, []).append(b)
-
-    def held_bytes(self) -> int:
-        with self._lock:
-            return sum(b.size for bs in self._free.values() for b in bs)
-
-    def release(self) -> None:
-        with self._lock:
-            self._free.clear()
-
-
-_PINNED = _PinnedCache()
+_PINNED = PinnedCache()
 _RATES: dict[tuple, Rates] = {}
 
 
@@ -172,7 +143,7 @@ class CupyBackend:
             mem = _PINNED.take(nbytes)
         self._pinned.append((mem.ptr, mem.ptr + nbytes, mem))
         self.host_bytes += nbytes
-        return np.ndarray((int(size),), dtype, buffer=cupy.cuda.PinnedMemoryPointer(mem, 0))
+        return as_array(mem, int(size), dtype)
 
     def device_buffer(self, size: int, dtype) -> cupy.ndarray:
         """A flat device array from its own cudaMalloc (not the memory pool), freed by
@@ -518,17 +489,11 @@ class CupyBackend:
                      per_row=per_row, register_bytes=self._lock_rate(min(nbytes, _LOCK_BYTES)),
                      pin_bytes=self._pin_rate(min(nbytes, _LOCK_BYTES)))
 
-    def _pin_rate(self, nbytes: int) -> float:
-        """Bytes per second of allocating ``nbytes`` of page-locked memory (cudaHostAlloc, as
-        the staging buffers are) and freeing it (the best of three)."""
-        best = math.inf
+    def _pin_rate(self, nbytes: int) -> float | None:
+        """Bytes per second of making a staging block of ``nbytes`` and freeing it, the faster
+        of the two ways (:func:`.cupy_pinned.choose`), which later blocks are made."""
         with self._device:
-            for _ in range(3):
-                t0 = time.perf_counter()
-                mem = cupy.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE)
-                del mem
-                best = min(best, time.perf_counter() - t0)
-        return nbytes / max(best, 1e-9)
+            return choose(nbytes)
 
     def _lock_rate(self, nbytes: int) -> float | None:
         """Bytes per second of page-locking a touched host array of ``nbytes`` in place and

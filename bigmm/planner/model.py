@@ -73,6 +73,9 @@ class Rates:
     #: Fixed seconds of one read of a panel (or a C tile) by the host, and of one write of a C
     #: tile, beyond its bytes: the call into the source, its threads, a chunk's lookup.
     per_load: float = 0.0
+    #: Seconds per row of a host copy between a user's array and the staging buffers, beyond
+    #: its bytes (a panel of a wider array is copied row by row), for reads and writes alike.
+    per_host_row: float = 0.0
     #: Seconds per row of a pitched copy between the device and a user's array copied in place
     #: (a panel narrower than the array's rows is one 2-D copy of many rows; staged panels
     #: are contiguous).
@@ -95,6 +98,7 @@ class Rates:
                        per_step=snap_rate(self.per_step),
                        per_load=snap_rate(self.per_load),
                        per_row=snap_rate(self.per_row),
+                       per_host_row=snap_rate(self.per_host_row),
                        register_bytes=snap_rate(self.register_bytes),
                        pin_bytes=snap_rate(self.pin_bytes))
 
@@ -240,7 +244,8 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     compute = (r.gemm_seconds(p.flops, steps, p.n_tiles * p.k, w * p.m * p.n * adds)
                + r.check_seconds(w * summed, steps))
     setup = setup_seconds(p, r)
-    write_tile = (0.0 if dc else tail / r.write_bytes + r.per_load)
+    hr = r.per_host_row
+    write_tile = (0.0 if dc else tail / r.write_bytes + r.per_load + rows * hr)
     drain = copy(tail) + rows_c(rows, cols, 0) * row_s + write_tile
     c = p.bm * p.bn if p.reads_c else 0
     tile0 = (r.gemm_seconds(2 * p.bm * p.bn * p.k, p.nk, p.k, w * p.bm * p.bn * adds)
@@ -270,24 +275,31 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
             panels = (p.k * p.bn * inflow[1] + (p.bm * p.k * inflow[0] if p.a_reads > 1 else 0)
                       + c * inflow[2])
         bursts = later * max(0.0, panels - tile0)
-    # reads by the host: staged operands only, each read one call besides its bytes
+    # reads by the host: staged operands only, each read one call besides its bytes, and
+    # its stored rows one by one
     loads = [(not da) * p.a_reads * p.ni * p.nk, (not db) * p.b_reads * p.nj * p.nk,
              (not dc) * p.n_tiles * p.reads_c]
+    host_rows = ((not da) * p.a_reads * (p.k * p.ni if p.trans_a else p.m * p.nk)
+                 + (not db) * p.b_reads * (p.n * p.nk if p.trans_b else p.k * p.nj)
+                 + (not dc) * p.reads_c * p.m * p.nj)
+    first_rows = ((not da) * (p.bk if p.trans_a else p.bm)
+                  + (not db) * (p.bn if p.trans_b else p.bk))
     read_bytes = w * ((not da) * p.a_reads * p.m * p.k + (not db) * p.b_reads * p.k * p.n
                       + (p.m * p.n if p.reads_c and not dc else 0))
     # the rows of pitched copies in place: every panel of each pass over A and B, C's tiles
     a_rows = p.a_reads * (p.k * p.ni if p.trans_a else p.m * p.nk) if rows_a(1, 1, 1) else 0
     b_rows = p.b_reads * (p.n * p.nk if p.trans_b else p.k * p.nj) if rows_b(1, 1, 1) else 0
     c_rows = p.m * p.nj if rows_c(1, 1, 1) else 0
-    return StageTimes(read=read_bytes / r.read_bytes + r.per_load * sum(loads),
+    return StageTimes(read=read_bytes / r.read_bytes + r.per_load * sum(loads)
+                      + hr * host_rows,
                       copy_in=copy(p.bytes_h2d) + row_s * (a_rows + b_rows
                                                            + (c_rows if p.reads_c else 0)),
                       compute=compute,
                       copy_out=copy(p.bytes_written) + row_s * c_rows,
                       write=0.0 if dc else (p.bytes_written / r.write_bytes
-                                            + r.per_load * p.n_tiles),
+                                            + r.per_load * p.n_tiles + hr * p.m * p.nj),
                       fill=setup + first_read / r.read_bytes + copy(first)
-                      + r.per_load * ((not da) + (not db)),
+                      + r.per_load * ((not da) + (not db)) + hr * first_rows,
                       drain=drain, head=head, first=tile0, bursts=bursts, setup=setup)
 
 
@@ -373,7 +385,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     ``head_rounds``: resident-c with only that many of its first rounds. O(steps)."""
     w, staging, reads_c, last_kp = p.itemsize, p.staging, p.reads_c, p.nk - 1
     fused = r.check_fused
-    rd, wr, load_s = r.read_bytes, r.write_bytes, r.per_load
+    rd, wr, load_s, hr = r.read_bytes, r.write_bytes, r.per_load, r.per_host_row
     h2d = r.h2d_bytes if staging and r.h2d_bytes else math.inf  # no copies: free
     row_s = r.per_row if staging and r.h2d_bytes else 0.0
     direct = direct_operands(p)
@@ -402,18 +414,21 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     for s, (t, kp, a_slot, load_a, b_slot, load_b, cs) in enumerate(sched):
         rows, cols, depth = t.r1 - t.r0, t.c1 - t.c0, depths[kp]
         ck = p.host_c_slot(cs) if staging else cs
-        loads = []  # (operand 0/1/2 = A/B/C, device slot, bytes, rows of a pitched copy)
+        # (operand 0/1/2 = A/B/C, device slot, bytes, rows of a pitched copy, stored rows)
+        loads = []
         if load_a:
-            loads.append((0, a_slot, w * rows * depth, pitched[0](rows, cols, depth)))
+            loads.append((0, a_slot, w * rows * depth, pitched[0](rows, cols, depth),
+                          depth if p.trans_a else rows))
         if load_b:
-            loads.append((1, b_slot, w * depth * cols, pitched[1](rows, cols, depth)))
+            loads.append((1, b_slot, w * depth * cols, pitched[1](rows, cols, depth),
+                          cols if p.trans_b else depth))
         if kp == 0 and reads_c:
             host_next[2] = ck
-            loads.append((2, cs, w * rows * cols, pitched[2](rows, cols, depth)))
+            loads.append((2, cs, w * rows * cols, pitched[2](rows, cols, depth), rows))
         # the loads go to the readers once their slots' last users were issued
         if s >= MAX_LOOKAHEAD and issued[s - MAX_LOOKAHEAD] > assign:
             assign = issued[s - MAX_LOOKAHEAD]
-        for op, slot, _, _ in loads:
+        for op, slot, *_ in loads:
             u = dev_user[op][slot]
             if u >= 0 and issued[u] > assign:
                 assign = issued[u]
@@ -421,7 +436,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
             if u >= 0 and issued[u] > assign:
                 assign = issued[u]
         start = issue
-        for op, slot, nbytes, _ in loads:
+        for op, slot, nbytes, _, stored in loads:
             if direct[op]:  # copied from the user's array: nothing to read
                 if assign > start:
                     start = assign
@@ -432,8 +447,9 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
                 ready = host_copied[op][host_next[op]]
             else:
                 ready = gemms[dev_user[op][slot] + 1]
-            read_end = max(read_end, assign, ready) + nbytes / rd + load_s
-            busy[0] += nbytes / rd + load_s
+            seconds = nbytes / rd + load_s + stored * hr
+            read_end = max(read_end, assign, ready) + seconds
+            busy[0] += seconds
             if read_end > start:
                 start = read_end
         # the issuing thread: copies in, the gemm, and after a tile's last gemm its copy-out
@@ -442,7 +458,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
         busy[2] += gemm
         if staging:
             ready = start
-            for op, slot, nbytes, pitch_rows in loads:
+            for op, slot, nbytes, pitch_rows, _ in loads:
                 free = c_copied[slot] if op == 2 else gemms[dev_user[op][slot] + 1]
                 seconds = nbytes / h2d + pitch_rows * row_s
                 cin_end = ready = max(cin_end, start, free) + seconds
@@ -471,9 +487,9 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
             if direct[2]:  # copied out into the user's array: nothing to write
                 c_written[ck] = done
             else:
-                c_written[ck] = write_end = ((write_end if write_end > done else done)
-                                             + nbytes / wr + load_s)
-                busy[4] += nbytes / wr + load_s
+                seconds = nbytes / wr + load_s + rows * hr
+                c_written[ck] = write_end = (write_end if write_end > done else done) + seconds
+                busy[4] += seconds
         issued.append(issue)
         gemms.append(gemm_end)
         dev_user[0][a_slot] = dev_user[1][b_slot] = dev_user[2][cs] = s
