@@ -34,8 +34,8 @@ BUDGET_GRAIN = 64 << 20
 ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9
 #: The share of the host's timed copy rate that a run's readers and writer get, copying
 #: beside each other while the device's copies read and write the staging buffers through
-#: the same memory: measured on the H100 host, staged reads of a TF32 run from 81920^2 arrays
-#: at 30.6 GB/s and its writes at 21 GB/s, against 49.4 GB/s timed alone.
+#: the same memory: on the H100 host, with the rows' cost counted, runs from 32768^2 to
+#: 81920^2 arrays matched the model at 0.6-0.7 of the 49.4 GB/s timed alone.
 COPY_SHARE = 0.6
 #: Bytes the calibration of a host gemm may hold at least (two 1024^2 float32 operands).
 HOST_CALIBRATION = 8 << 20

@@ -43,12 +43,11 @@ import time
 import cupy
 import numpy as np
 
-from ..errors import KernelError, OptionError, RegisterError, ShapeError
+from ..errors import KernelError, OptionError, ShapeError
 from ..io.mapped import WIDE_STEP_BYTES
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
-from ..units import format_bytes
 from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
-from .cupy_pinned import PinnedCache, as_array, choose
+from .cupy_pinned import PinnedCache, as_array, choose, lock_range, lock_rate
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
@@ -57,7 +56,6 @@ _MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory known to CU
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
 _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
-_REGISTER_PORTABLE, _REGISTER_READ_ONLY = 1, 8  # cudaHostRegisterPortable, ...ReadOnly
 #: Bytes per row of the pitched copies timed at calibration (a 4096-wide float32 panel) and
 #: bytes of the host array page-locked and released there.
 _ROW_BYTES, _LOCK_BYTES = 16 << 10, 64 << 20
@@ -188,20 +186,9 @@ class CupyBackend:
         """Page-lock host bytes [ptr, ptr + nbytes) in place (``cudaHostRegister``, portable;
         read-only where asked, and then again without the flag where the driver does not
         know it); RegisterError when the driver refuses."""
-        flags = [_REGISTER_PORTABLE | _REGISTER_READ_ONLY, _REGISTER_PORTABLE] if read_only \
-            else [_REGISTER_PORTABLE]
-        error = None
         with self._device:
-            for f in flags:
-                try:
-                    cupy.cuda.runtime.hostRegister(int(ptr), int(nbytes), f)
-                except cupy.cuda.runtime.CUDARuntimeError as e:  # the runtime cleared it
-                    error = error or e
-                    continue
-                self._registered[int(ptr)] = int(nbytes)
-                return
-        raise RegisterError(f"Expected CUDA to page-lock {format_bytes(nbytes)} of host memory "
-                            f"in place{' read-only' if read_only else ''}. Got {error}.")
+            lock_range(int(ptr), int(nbytes), read_only)
+        self._registered[int(ptr)] = int(nbytes)
 
     def unregister(self, ptr: int) -> None:
         """Release a range locked by :meth:`register` (``cudaHostUnregister``)."""
@@ -496,19 +483,9 @@ class CupyBackend:
             return choose(nbytes)
 
     def _lock_rate(self, nbytes: int) -> float | None:
-        """Bytes per second of page-locking a touched host array of ``nbytes`` in place and
-        releasing it (the best of three; None where the driver refuses)."""
-        x = np.ones(nbytes // 8)
-        best = math.inf
-        try:
-            for _ in range(3):
-                t0 = time.perf_counter()
-                self.register(x.ctypes.data, x.nbytes)
-                self.unregister(x.ctypes.data)
-                best = min(best, time.perf_counter() - t0)
-        except RegisterError:
-            return None
-        return x.nbytes / max(best, 1e-9)
+        """See :func:`.cupy_pinned.lock_rate`."""
+        with self._device:
+            return lock_rate(nbytes)
 
     def _wave_flops(self, dtype: np.dtype) -> float:
         """Flops per unit of depth of one wave of thread blocks of the own kernel on large

@@ -20,9 +20,12 @@ import time
 import cupy
 import numpy as np
 
+from ..errors import RegisterError
+from ..units import format_bytes
+
 PAGE = mmap.PAGESIZE
 _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
-_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
+_REGISTER_PORTABLE, _REGISTER_READ_ONLY = 1, 8  # cudaHostRegisterPortable, ...ReadOnly
 #: Threads that touch a new block's pages, and the bytes below which one thread does.
 TOUCH_THREADS, TOUCH_ALONE = 8, 16 << 20
 
@@ -60,6 +63,39 @@ class LockedBlock:
                 cupy.cuda.runtime.hostUnregister(self.ptr)
             except Exception:  # the process is ending: the driver releases it anyway
                 pass
+
+
+def lock_range(ptr: int, nbytes: int, read_only: bool = False) -> None:
+    """Page-lock host bytes [ptr, ptr + nbytes) in place (``cudaHostRegister``, portable;
+    read-only where asked, and again without the flag where the driver does not know it);
+    RegisterError when the driver refuses (the runtime clears the error)."""
+    flags = ([_REGISTER_PORTABLE | _REGISTER_READ_ONLY] if read_only else []) + [
+        _REGISTER_PORTABLE]
+    error = None
+    for f in flags:
+        try:
+            cupy.cuda.runtime.hostRegister(ptr, nbytes, f)
+            return
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            error = error or e
+    raise RegisterError(f"Expected CUDA to page-lock {format_bytes(nbytes)} of host memory in "
+                        f"place{' read-only' if read_only else ''}. Got {error}.")
+
+
+def lock_rate(nbytes: int) -> float | None:
+    """Bytes per second of page-locking a touched host array of ``nbytes`` in place and
+    releasing it (the best of three; None where the driver refuses)."""
+    x = np.ones(max(1, nbytes // 8))
+    best = math.inf
+    try:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            lock_range(x.ctypes.data, x.nbytes)
+            cupy.cuda.runtime.hostUnregister(x.ctypes.data)
+            best = min(best, time.perf_counter() - t0)
+    except RegisterError:
+        return None
+    return x.nbytes / max(best, 1e-9)
 
 
 def as_array(block, size: int, dtype: np.dtype) -> np.ndarray:

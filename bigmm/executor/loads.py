@@ -32,7 +32,7 @@ from ..io.source import ArraySource
 from ..planner import Plan, Step
 from ..planner.schedule import HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD
 from ..runstats import Tally
-from .tuning import ARRAY_PIECE_BYTES, PIECE_BYTES, RAMP, io_pieces, split_range
+from .tuning import RAMP, io_pieces, split_range
 
 
 def eligible(x, dtype, write: bool = False) -> bool:
@@ -260,11 +260,10 @@ class Loader:
                 ready = ((lambda: be.synchronize(event)) if event is not None
                          else (lambda: None))
             chunks = None if op == "C" else src.chunks
-            size = ARRAY_PIECE_BYTES if isinstance(src, ArraySource) else PIECE_BYTES
             futures = [self.pool.submit(self._read, src, rr0, rr1, c0, c1,
                                         target[rr0 - r0:rr1 - r0], ready)
                        for rr0, rr1 in io_pieces(r0, r1, c1 - c0, self.itemsize, self.threads,
-                                                 chunks, size)]
+                                                 chunks)]
             parts.append(Part(futures, host, pdev))
         return Load(parts, (op, slot), host_key)
 

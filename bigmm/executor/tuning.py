@@ -20,10 +20,9 @@ DRAIN = (4, 2, 1, 1)
 #: Inner edges of those pieces fall on multiples of this (whole kernel tiles, aligned loads).
 PIECE_ALIGN = 256
 #: Reads and writes of a region are split into pieces of at least this many bytes, one per
-#: I/O thread; of a NumPy array (memory copies, no system calls), ARRAY_PIECE_BYTES: measured
-#: on the H100 host, 4096 x 768 float32 panels (12 MiB, three pieces of 4 MiB, two panels in
-#: flight) were read into staging at 17 GB/s against 30-40 GB/s for panels of 64 MiB and more.
-PIECE_BYTES, ARRAY_PIECE_BYTES = 4 << 20, 1 << 20
+#: I/O thread (tried for NumPy arrays: 1 MiB pieces, whose hand-offs cost more than the
+#: threads they add gave; see docs/benchmarks-history.md).
+PIECE_BYTES = 4 << 20
 #: Finished tiles are committed to the journal in batches at most this many seconds apart.
 COMMIT_INTERVAL = 0.5
 
@@ -45,12 +44,11 @@ def split_range(n: int, weights: tuple[int, ...], align: int = PIECE_ALIGN,
 
 
 def io_pieces(r0: int, r1: int, cols: int, itemsize: int, threads: int,
-              chunks: tuple[int, int] | None = None,
-              piece_bytes: int = PIECE_BYTES) -> list[tuple[int, int]]:
+              chunks: tuple[int, int] | None = None) -> list[tuple[int, int]]:
     """Rows [r0, r1) of a region ``cols`` wide in at most ``threads`` even pieces of at least
-    ``piece_bytes`` each, one per I/O thread; inner edges on the source's chunk rows
-    (``chunks``), so that a compressed chunk is decoded once."""
+    PIECE_BYTES each, one per I/O thread; inner edges on the source's chunk rows (``chunks``),
+    so that a compressed chunk is decoded once."""
     rows = r1 - r0
-    n = max(1, min(threads, rows, rows * cols * itemsize // piece_bytes))
+    n = max(1, min(threads, rows, rows * cols * itemsize // PIECE_BYTES))
     unit = chunks[0] if chunks else 1
     return [(r0 + a, r0 + b) for a, b in split_range(rows, (1,) * n, unit, r0)]
