@@ -19,6 +19,7 @@ from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import OptionError, OutputTooLarge
 from .executor import STAGES, Progress, RunStats, execute
+from .job import budget_note as job_budget_note
 from .job import (complete_stats, open_inputs, open_output, output_dtype, parse_io_threads,
                   parse_scalar, plan_job, resolve_backend)
 from .planner import Plan
@@ -81,7 +82,7 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
         p, job = plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                           trans_b=trans_b, memory=memory, host_memory=host_memory,
                           resume=resume, calibrate=be.staging, verify=verify,
-                          out_dtype=out_dtype)
+                          out_dtype=out_dtype, io_threads=threads)
         if out is None:
             _check_array_result(p, output_dtype(None, p.dtype, out_dtype).itemsize)
         sink = open_output(out, p, job, A, B, overwrite=overwrite, resume=resume,
@@ -114,6 +115,24 @@ def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1
                         trans_b=trans_b, memory=memory, host_memory=host_memory,
                         resume=resume, calibrate=True, verify=verify, out_dtype=out_dtype)
     return p
+
+
+def budget_note(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1.0,
+                beta: float = 0.0, trans_a: bool = False, trans_b: bool = False,
+                memory: Size = None, host_memory: Size = None, backend: str = "auto",
+                kernel: str | None = None, verify: str | None = None, out_dtype=None,
+                plan: Plan | None = None) -> str | None:
+    """One line when the budgets given make the plan (``plan``, or the one :func:`plan`
+    would return) predicted much slower than the default budgets would, with the budget that
+    would help; None otherwise (see :func:`bigmm.job.budget_note`)."""
+    verify = parse_verify(verify)
+    with _opened(a, b, backend, kernel) as (be, A, B, _):
+        kw = dict(alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, resume=False,
+                  calibrate=True, verify=verify, out_dtype=out_dtype)
+        if plan is None:
+            plan = plan_job(A, B, out, be, memory=memory, host_memory=host_memory, **kw)[0]
+        return job_budget_note(A, B, out, be, plan, memory=memory, host_memory=host_memory,
+                               **kw)
 
 
 @contextlib.contextmanager

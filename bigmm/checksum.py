@@ -42,7 +42,7 @@ import numpy as np
 
 from .backends.base import Checksums, GemmChecks
 from .errors import OptionError
-from .planner import C_SLOTS, Plan, Step, Tile
+from .planner import Plan, Step, Tile
 from .runstats import Mismatch
 
 #: Values ``verify=`` takes (None: no checks).
@@ -83,10 +83,10 @@ class TileChecksums:
         bm, bn, bk = plan.bm, plan.bn, plan.bk
         self.a = [be.device_buffer(2 * bk, _F64) for _ in range(plan.a_slots)]
         self.b = [be.device_buffer(2 * bk, _F64) for _ in range(plan.b_slots)]
-        self.expected = [be.device_buffer(2 * (bm + bn), _F64) for _ in range(C_SLOTS)]
+        self.expected = [be.device_buffer(2 * (bm + bn), _F64) for _ in range(plan.c_slots)]
         self.actual = be.device_buffer(bm + bn, _F64)
-        self.result = [be.device_buffer(4, _F64) for _ in range(C_SLOTS)]
-        self.host = ([be.host_buffer(4, _F64) for _ in range(C_SLOTS)] if be.staging
+        self.result = [be.device_buffer(4, _F64) for _ in range(plan.c_slots)]
+        self.host = ([be.host_buffer(4, _F64) for _ in range(plan.c_slots)] if be.staging
                      else self.result)
         self.eps = float(be.epsilon(np.dtype(plan.dtype)))
         self.panels = len(plan.k_panels())

@@ -110,3 +110,7 @@ class OutputTooLarge(BigmmError, MemoryError):
 
 class ChecksumError(VerificationError):
     """A C tile failed its checksum check again after it was computed a second time."""
+
+
+class RegisterError(BigmmError, OSError):
+    """The driver refused to page-lock a user's array in place (the run then stages it)."""

@@ -10,13 +10,17 @@ from dataclasses import replace
 import numpy as np
 
 from . import io
-from .backends import Calibrates, Checksums, HostHints, get_backend
+from .backends import Calibrates, Checksums, HostHints, Registers, get_backend
 from .backends.numpy import memory_available as host_memory_available
 from .errors import DtypeError, OptionError, ResumeError, ShapeError
 from .executor import RunStats, in_place
+from .executor import calibrate as costs
+from .executor.loads import eligible
+from .io.source import ArraySource
 from .planner import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
-from .units import (DTYPES, HALF_DTYPES, accumulate_dtype, common_dtype, dtype_name, numpy_dtype,
-                    parse_out_dtype, parse_size)
+from .planner.model import snap_rate
+from .units import (DTYPES, HALF_DTYPES, accumulate_dtype, common_dtype, dtype_name,
+                    format_seconds, numpy_dtype, parse_out_dtype, parse_size)
 
 #: Without a budget, the compute side may use this share of the memory the backend reports.
 DEVICE_SHARE = {False: 0.25, True: 0.85}
@@ -26,8 +30,20 @@ HOST_SHARE = 0.25
 #: that what is free moving a little between calls keeps the same plan (plans are cached).
 BUDGET_GRAIN = 64 << 20
 #: Nominal speeds of reading a NumPy array input (a copy into the staging buffers, bound by
-#: host memory bandwidth: ~15 GB/s on the H100 host) and of writing C into a NumPy array.
+#: host memory bandwidth: ~15 GB/s on the H100 host) and of writing C into a NumPy array,
+#: where the copies are not timed (:func:`_io_rates`).
 ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9
+#: The share of the host's timed copy rate that a run's readers and writer get, copying
+#: beside each other while the device's copies read and write the staging buffers through
+#: the same memory: on the H100 host, with the rows' cost counted, runs from 32768^2 to
+#: 81920^2 arrays matched the model at 0.6-0.7 of the 49.4 GB/s timed alone.
+COPY_SHARE = 0.6
+#: Bytes the calibration of a host gemm may hold at least (two 1024^2 float32 operands).
+HOST_CALIBRATION = 8 << 20
+#: A plan predicted this many times slower than the default budgets', and by at least
+#: NOTE_SECONDS, gets a note (:func:`budget_note`), which names the smallest budget within
+#: NOTE_NEAR of the default's time, trying budgets NOTE_STEP times apart.
+NOTE_SLOWER, NOTE_SECONDS, NOTE_NEAR, NOTE_STEP = 2.0, 1.0, 1.25, 4
 #: Keys of the journal's job that must match for a resume.
 _JOB_KEYS = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c")
 
@@ -61,14 +77,16 @@ def open_inputs(a, b, closing: list, be=None):
 
 def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memory, resume,
               calibrate: bool, verify: str | None = None,
-              out_dtype=None) -> tuple[Plan, dict]:
+              io_threads: int | None = None, out_dtype=None) -> tuple[Plan, dict]:
     """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
-    (and the operands' read and write speeds, and with ``verify`` its checksum costs) give
-    the predicted time, and on a staging (GPU) backend the planner chooses the tiles by it
-    (by the checks' costs too only where they are separate passes, not ``fuses_checks``);
-    ``matmul`` calibrates on staging backends only, so that on the CPU both plan by bytes
-    moved. ``out_dtype``: C's dtype where C is new (checked here against the operands and an
-    existing output: :func:`output_dtype`)."""
+    (and the operands' read and write speeds, the host's fixed costs per step and per read,
+    and with ``verify`` its checksum costs) give the predicted time, and on a staging (GPU)
+    backend the planner chooses the tiles by it (by the checks' costs too only where they
+    are separate passes, not ``fuses_checks``), and how the user's arrays are copied
+    (:func:`_host_paths`: staged, in place where page-locked, or page-locked for the run),
+    whichever it predicts faster; ``matmul`` calibrates on staging backends only, so that on
+    the CPU both plan by bytes moved. ``out_dtype``: C's dtype where C is new (checked here
+    against the operands and an existing output: :func:`output_dtype`)."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
     alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
     if beta != 0 and out is None:
@@ -79,7 +97,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
         raise OptionError(f"Expected verify=None for {dtype} operands (checksums cover float32 "
                           f"and float64). Got verify={verify!r}.")
     device, host = resolve_budgets(be, memory, host_memory)
-    rates = (_io_rates(_rates(be, dtype, min(device, host)), A, B, out, be, verify, dtype)
+    readers = parse_io_threads(io_threads)
+    rates = (_host_costs(_rates(be, dtype, min(device, host)), A, B, be, dtype, readers)
              if calibrate else None)
     checked = None
     if rates is not None and verify is not None:
@@ -97,12 +116,100 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     if not be.staging and threads:  # a gemm call costs more with more BLAS threads
         args["step_bytes"] = cpu_step_bytes(threads)
     fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
-    p = make_plan(m, n, k, dtype, **args, **fixed)
-    if checked is not None or (p.rates is None and rates is not None):
-        # for the predicted time only; where the gemm does the checks' updates, the tiles are
-        # those of an unchecked run (the checks' near-constant cost would only tip near-ties)
-        p = replace(p, rates=checked or rates)
-    return p, job_record(p, alpha, beta)
+    paths = _host_paths(be, A, B, out, dtype, verify, rates) if rates is not None else [None]
+    best = None
+    for path in paths:  # the first of equally fast paths: fewer host copies, or none locked
+        path_rates = rates and _io_rates(rates, A, B, out, path[0] if path else "", readers,
+                                         host)
+        kw = dict(args, in_place=path[0], registered=path[1]) if path else dict(args)
+        if be.staging:
+            kw["rates"] = path_rates
+        q = make_plan(m, n, k, dtype, **kw, **fixed)
+        if checked is not None or q.rates is None:
+            # for the predicted time only; where the gemm does the checks' updates, the tiles
+            # are those of an unchecked run (the checks' near-constant cost would only tip
+            # near-ties)
+            q = replace(q, rates=_checked(path_rates, checked))
+        if best is None or (q.predicted_seconds or 0) < (best.predicted_seconds or 0):
+            best = q
+    return best, job_record(best, alpha, beta)
+
+
+def _checked(rates: Rates | None, checked: Rates | None) -> Rates | None:
+    """``rates`` with the checksum costs of ``checked`` (where there are checks)."""
+    if rates is None or checked is None:
+        return rates
+    return replace(rates, check_bytes=checked.check_bytes, check_step=checked.check_step,
+                   check_fused=checked.check_fused)
+
+
+def _host_paths(be, A, B, out, dtype: str, verify, rates: Rates) -> list:
+    """How the user's arrays may be copied, as (in_place, registered) operand strings, the
+    ones to try in order: those page-locked already in place and the others staged; all
+    staged; all in place, those not page-locked locked for the run (a backend that
+    :class:`~bigmm.backends.base.Registers`, at a known rate). [None] (the executor decides)
+    without staging or without arrays. C is never in place under ``verify`` (a tile that
+    fails its check must not reach the output) nor when it is a new array (its pages are
+    not touched yet)."""
+    if not be.staging:
+        return [None]
+    arrays = {"A": A.array if isinstance(A, ArraySource) else None,
+              "B": B.array if isinstance(B, ArraySource) else None,
+              "C": out if isinstance(out, np.ndarray) and verify is None else None}
+    types = {"A": numpy_dtype(dtype), "B": numpy_dtype(dtype),
+             "C": numpy_dtype(accumulate_dtype(dtype))}  # arrays of others are converted
+    usable = "".join(op for op, x in arrays.items()
+                     if x is not None and eligible(x, types[op], op == "C"))
+    if not usable:
+        return [None]
+    pinned = "".join(op for op in usable if in_place(be, arrays[op], types[op], op == "C"))
+    paths = [(pinned, ""), ("", "")] if pinned else [("", "")]
+    if pinned != usable and isinstance(be, Registers) and rates.register_bytes:
+        paths.append((usable, "".join(op for op in usable if op not in pinned)))
+    return paths
+
+
+def budget_note(A, B, out, be, p: Plan, *, memory, host_memory, **kw) -> str | None:
+    """One line when the budgets given (``memory``, ``host_memory``: those not None) make
+    ``p`` predicted NOTE_SLOWER times as slow as the default budgets' plan or slower (and
+    NOTE_SECONDS slower at least): the
+    two predicted times, and the smallest of the given budgets times NOTE_STEP, NOTE_STEP^2,
+    ... (at most the defaults) whose plan comes within NOTE_NEAR of the default's time.
+    None where no budget was given, a plan has no predicted time, or it is not that slow.
+    ``kw``: the other arguments of :func:`plan_job` (a resumed schedule is not advised on)."""
+    if (memory is None and host_memory is None) or kw.get("resume") or not p.predicted_seconds:
+        return None
+    default = plan_job(A, B, out, be, memory=None, host_memory=None, **kw)[0]
+    t, best = p.predicted_seconds, default.predicted_seconds
+    if not best or t < NOTE_SLOWER * best or t - best < NOTE_SECONDS:
+        return None
+    factor, budgets, q = NOTE_STEP, {}, default
+    while True:
+        budgets = {name: min(given * factor, top) for name, asked, given, top in (
+            ("memory", memory, p.device_budget, default.device_budget),
+            ("host_memory", host_memory, p.host_budget, default.host_budget))
+            if asked is not None}
+        q = plan_job(A, B, out, be, **{"memory": None, "host_memory": None, **budgets}, **kw)[0]
+        at_top = all(v >= top for v, top in zip(
+            budgets.values(), (default.device_budget, default.host_budget)))
+        if q.predicted_seconds <= NOTE_NEAR * best or at_top:
+            break
+        factor *= NOTE_STEP
+    given = " and ".join(f"{name}={size_arg(v)}" for name, v in (
+        ("memory", p.device_budget), ("host_memory", p.host_budget))
+        if (memory if name == "memory" else host_memory) is not None)
+    helps = " ".join(f"{name}={size_arg(v)}" for name, v in budgets.items())
+    return (f"note: {given} makes this plan about {t / best:.0f}x slower than the default "
+            f"budgets would ({format_seconds(t)} predicted against {format_seconds(best)}); "
+            f"{helps} is predicted to take {format_seconds(q.predicted_seconds)}")
+
+
+def size_arg(nbytes: int) -> str:
+    """A budget as ``memory=`` takes it, in the largest unit that writes it whole."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes % size == 0:
+            return f"{nbytes // size}{unit}"
+    return str(nbytes)
 
 
 def job_record(p: Plan, alpha: float, beta: float) -> dict:
@@ -246,37 +353,58 @@ def _rates(be, dtype: str, limit: int) -> Rates | None:
     """The backend's own rates for the predicted time (None where it has none: not
     :class:`bigmm.backends.Calibrates`), snapped to a grid (:meth:`Rates.snapped`). The
     calibration holds at most ``limit`` bytes (the run's smaller budget), so planning stays
-    within the budgets."""
-    return be.rates(dtype, limit).snapped() if isinstance(be, Calibrates) else None
+    within the budgets; where the gemm runs on the host, at least HOST_CALIBRATION bytes,
+    held only while timing (a smaller product times its call's start, not its arithmetic,
+    which the steps' fixed cost counts already)."""
+    if not isinstance(be, Calibrates):
+        return None
+    return be.rates(dtype, limit if be.staging else max(limit, HOST_CALIBRATION)).snapped()
 
 
-def _io_rates(rates: Rates | None, A, B, out, be, verify=None,
-              dtype: str | None = None) -> Rates | None:
-    """``rates`` with the read and write speeds of these operands: none at all (infinite)
-    for pinned arrays that the copies use in place (:func:`bigmm.executor.in_place`; for C
-    not under ``verify``), else a source's own ``read_rate`` attribute (bytes per second)
-    where it has one, else ARRAY_READ_RATE for NumPy arrays and READ_RATE for files (the
-    slower of A and B); ARRAY_WRITE_RATE when C is a NumPy array (or a new one), else
-    WRITE_RATE. ``dtype``: the plan's (arrays of another are converted, not used in place;
-    default: A's)."""
+def _host_costs(rates: Rates | None, A, B, be, dtype: str, threads: int) -> Rates | None:
+    """``rates`` with the host's fixed costs: where the gemm runs on the host, the executor's
+    fixed cost per step with its small reads of A and B (the cores are shared:
+    :func:`bigmm.executor.calibrate.step_seconds`); else one read of the slower input file
+    (:func:`bigmm.executor.calibrate.load_seconds`; none for arrays)."""
     if rates is None:
         return None
-    panels = numpy_dtype(dtype or dtype_name(A.dtype))
-    tiles = numpy_dtype(accumulate_dtype(panels.name))
+    if not be.staging:  # reads share the cores with the gemm: all in a step's cost
+        return replace(rates, per_step=costs.step_seconds(be, threads, A, B)).snapped()
+    per_load = max([costs.load_seconds(src) for src in (A, B) if src.layout != "array"],
+                   default=0.0)
+    return replace(rates, per_load=per_load).snapped()
+
+
+def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: int) -> Rates:
+    """``rates`` with the read and write speeds of these operands where they are staged
+    (those in ``in_place_ops`` are copied in place: the model counts no host work for
+    them): a source's own ``read_rate`` attribute (bytes per second) where it has one, else
+    for files READ_RATE (the slower of A and B) and WRITE_RATE; for NumPy arrays the host's
+    copy rate with ``threads`` threads, of which the run has COPY_SHARE, and its cost per
+    row of a panel (:func:`bigmm.executor.calibrate.copy_rate`,
+    :func:`~bigmm.executor.calibrate.copy_row_seconds`, timed within a quarter of the
+    ``host`` budget)."""
+    staged = {"A": A, "B": B}
+    array_in = [src for op, src in staged.items()
+                if op not in in_place_ops and src.layout == "array"]
+    array_out = "C" not in in_place_ops and (out is None or isinstance(out, np.ndarray))
+    copies = row = None
+    if array_in or array_out:
+        size = min(costs.COPY_BYTES, max(16 << 20, host // 4))
+        copies = snap_rate(COPY_SHARE * costs.copy_rate(threads, size))  # on the rates'
+        # grid: one plan
+        row = snap_rate(costs.copy_row_seconds(threads, size))  # in every process
 
     def read_rate(src) -> float:
-        if getattr(src, "layout", None) == "array" and in_place(be, src.array, panels):
-            return math.inf
         own = getattr(src, "read_rate", None)
         if own:
             return float(own)
-        return ARRAY_READ_RATE if getattr(src, "layout", None) == "array" else READ_RATE
+        return copies if src.layout == "array" else READ_RATE
 
-    if out is not None and verify is None and in_place(be, out, tiles, write=True):
-        write = math.inf
-    else:
-        write = ARRAY_WRITE_RATE if out is None or isinstance(out, np.ndarray) else WRITE_RATE
-    return replace(rates, read_bytes=min(read_rate(A), read_rate(B)), write_bytes=write)
+    reads = [read_rate(src) for op, src in staged.items() if op not in in_place_ops]
+    return replace(rates, read_bytes=min(reads, default=math.inf),
+                   write_bytes=copies if array_out else WRITE_RATE,
+                   per_host_row=row or 0.0)
 
 
 def parse_io_threads(n: int | None) -> int:

@@ -77,6 +77,12 @@ class RunStats:
     #: Bytes that went through the backend's host staging slots (GPU: panels read into them,
     #: tiles copied out to them); pinned user arrays are copied directly and add nothing.
     bytes_staged: int = 0
+    #: Bytes of the user's arrays page-locked in place for the run, and the seconds that
+    #: locking and releasing took (part of ``seconds``).
+    bytes_locked: int = 0
+    lock_seconds: float = 0.0
+    #: What the run did otherwise than its plan said (an array it could not lock, staged).
+    notes: tuple[str, ...] = ()
 
     @property
     def busy(self) -> dict[str, float]:

@@ -327,3 +327,23 @@ def test_a_second_ctrl_c_still_exits_130(tmp_path):
         time.sleep(0.03)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+def test_plan_and_multiply_note_a_budget_that_slows_the_plan_down(tmp_path, capsys,
+                                                                  monkeypatch):
+    from bigmm import job
+
+    monkeypatch.setattr(job, "NOTE_SECONDS", 0.1)  # a small job: a tenth of a second matters
+    a, b = f"{tmp_path / 'ab.h5'}:/A", f"{tmp_path / 'ab.h5'}:/B"
+    for spec, shape, seed in ((a, (1000, 1200), 1), (b, (1200, 900), 2)):
+        assert run(capsys, "generate", spec, "--shape", *shape, "--chunks", 128, 128,
+                   "--seed", seed)[0] == 0
+    for argv in (("plan", a, b), ("multiply", a, b, "-o", f"{tmp_path / 'c.h5'}:/C")):
+        rc, out, err = run(capsys, *argv, "--memory", "128KiB", "--backend", "numpy")
+        assert rc == 0, err
+        notes = [ln for ln in err.splitlines() if ln.startswith("bigmm: note:")]
+        assert len(notes) == 1, err
+        assert re.match(r"bigmm: note: --memory 128KiB makes this plan about \d+x slower .*; "
+                        r"--memory \d+[KMG]iB is predicted to take", notes[0]), notes[0]
+    rc, out, err = run(capsys, "plan", a, b, "--backend", "numpy")  # default budgets
+    assert rc == 0 and "note" not in err

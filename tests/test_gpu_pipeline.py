@@ -251,8 +251,10 @@ def test_pinned_arrays_skip_the_staging(m, n, k, dtype, ta, tb, alpha, beta, mem
               backend="cupy", kernel=kernel)
     p = bigmm.plan(a, b, c, **kw)
     assert p.n_tiles >= 16 and p.nk >= 4, str(p)
-    if which == "ABC":  # nothing to read or write through staging: the planner knows it
-        assert p.rates.read_bytes == p.rates.write_bytes == np.inf
+    # the page-locked operands copied in place, unless the planner predicts staging faster;
+    # nothing locked for the run at these sizes
+    assert p.in_place in (which, "") and p.registered == ""
+    staged_c = c0.copy()
     # the same plan from pageable copies of the operands
     staged_out, staged = _run_plan(p, np.array(a), np.array(b), c0.copy(), alpha, beta, kernel)
     out, stats = bigmm.matmul(a, b, c, stats=True, **kw)
@@ -264,11 +266,14 @@ def test_pinned_arrays_skip_the_staging(m, n, k, dtype, ta, tb, alpha, beta, mem
     through = {"A": w * p.a_reads * m * k, "B": w * p.b_reads * k * n,
                "C": w * m * n * (2 if beta else 1)}
     assert staged.bytes_staged == sum(through.values())
-    assert stats.bytes_staged == sum(v for op, v in through.items() if op not in which)
+    assert stats.bytes_staged == sum(v for op, v in through.items() if op not in p.in_place)
     assert stats.bytes_read == staged.bytes_read and stats.bytes_written == w * m * n
     assert stats.tiles_done == p.n_tiles
-    if which == "ABC":
+    if p.in_place == "ABC":
         assert stats.read_busy == 0.0  # nothing read through the staging
+    # pinned arrays are never planned slower than the same job from pageable arrays
+    pageable = bigmm.plan(np.array(a), np.array(b), staged_c, **kw)
+    assert p.predicted_seconds <= pageable.predicted_seconds * (1 + 1e-9)
 
 
 def _run_plan(p, a, b, c, alpha, beta, kernel):
@@ -288,6 +293,75 @@ def _run_plan(p, a, b, c, alpha, beta, kernel):
             x.close()
         be.close()
     return c, stats
+
+
+LOCKED = [
+    # (m, n, k, dtype, ta, tb, beta, kernel, order, tile, in place, locked)
+    # pageable A, B and C locked for the run, own kernel, poisoned C
+    (1000, 900, 1100, F32, False, False, 0.0, "bigmm", "stream", (256, 256, 512), "ABC", "ABC"),
+    # float64, both transposed, beta: old C read from the locked C, cuBLAS
+    (777, 1031, 1201, F64, True, True, 0.5, "cublas", "stream", (256, 512, 384), "ABC", "ABC"),
+    # inputs locked, C staged, every C strip resident (order resident-c), TF32 cuBLAS
+    (1300, 700, 2100, F32, False, False, 0.0, "cublas-tf32", "resident-c", (256, 700, 512),
+     "AB", "AB"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,dtype,ta,tb,beta,kernel,order,tile,in_place,locked", LOCKED)
+def test_pageable_arrays_locked_for_the_run(m, n, k, dtype, ta, tb, beta, kernel, order, tile,
+                                            in_place, locked):
+    """A plan that locks the user's pageable arrays for the run (cudaHostRegister): the
+    copies use them in place, nothing goes through staging for them, the product is the
+    staged run's bit for bit, and the arrays are released (no longer page-locked) after."""
+    from bigmm.backends import get_backend
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    a = random_matrix((k, m) if ta else (m, k), dtype, seed)
+    b = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
+    c0 = random_matrix((m, n), dtype, seed + 2) if beta else np.full((m, n), np.nan, dtype)
+    args = dict(trans_a=ta, trans_b=tb, reads_c=beta != 0, device_budget=1 << 30,
+                host_budget=1 << 30, tile=tile, order=order, tail=2 if order == "resident-c"
+                else None)
+    p = make_plan(m, n, k, np.dtype(dtype).name, **args, in_place=in_place, registered=locked)
+    staged_out, staged = _run_plan(make_plan(m, n, k, np.dtype(dtype).name, **args,
+                                             in_place=""), a, b, c0.copy(), 1.5, beta, kernel)
+    c = c0.copy()
+    out, stats = _run_plan(p, a, b, c, 1.5, beta, kernel)
+    ref = reference_gemm(a, b, alpha=1.5, beta=beta, c=c0, trans_a=ta, trans_b=tb)
+    assert relative_error(out, ref) <= _tol(dtype, k, kernel)
+    assert np.array_equal(out, staged_out)  # same plan and kernel: bit for bit
+    assert stats.notes == () and stats.bytes_locked >= sum(
+        x.nbytes for op, x in (("A", a), ("B", b), ("C", c)) if op in locked)
+    w = np.dtype(dtype).itemsize
+    through = {"A": w * p.a_reads * m * k, "B": w * p.b_reads * k * n,
+               "C": w * m * n * (2 if beta else 1)}
+    assert stats.bytes_staged == sum(v for op, v in through.items() if op not in in_place)
+    assert staged.bytes_locked == 0 and staged.bytes_staged == sum(through.values())
+    be = get_backend("cupy")
+    try:  # released: a fresh backend finds them pageable
+        assert not any(be.host_pinned(x) for x in (a, b, c))
+    finally:
+        be.close()
+
+
+@pytest.mark.gpu
+def test_read_only_mapped_input_is_locked_read_only_or_staged(tmp_path):
+    """A read-only memory map (the process may not write its pages) is locked with the
+    read-only flag where the driver takes it, else staged with a note; the product is right
+    either way."""
+    m, n, k = 700, 600, 900
+    a = random_matrix((m, k), F32, 1)
+    path = tmp_path / "a.bin"
+    a.tofile(path)
+    mapped = np.memmap(path, dtype=F32, mode="r", shape=(m, k))
+    b = random_matrix((k, n), F32, 2)
+    p = make_plan(m, n, k, "float32", device_budget=1 << 30, tile=(256, 256, 512),
+                  order="stream", in_place="AB", registered="AB")
+    out, stats = _run_plan(p, mapped, b, np.full((m, n), np.nan, F32), 1.0, 0.0, "cublas")
+    assert relative_error(out, reference_gemm(a, b)) <= tolerance(F32, k)
+    assert stats.bytes_locked > 0  # B at least
+    assert all(note.startswith("A staged") for note in stats.notes)
 
 
 RAMPED = [

@@ -1,7 +1,8 @@
 """Compute backends: one registry selected by name; ``auto`` picks cupy where a GPU is usable.
 
 :class:`Backend` is the core protocol; :class:`Checksums`, :class:`Calibrates`,
-:class:`Profiles` and :class:`HostHints` are optional abilities, tested for with ``isinstance``.
+:class:`Profiles`, :class:`HostHints` and :class:`Registers` are optional abilities, tested for
+with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ import importlib
 import importlib.util
 
 from ..errors import BackendUnavailable
-from .base import Backend, Calibrates, Checksums, HostHints, Profiles
+from .base import Backend, Calibrates, Checksums, HostHints, Profiles, Registers
 
 __all__ = ["BACKENDS", "Backend", "Calibrates", "Checksums", "HostHints", "Profiles",
-           "get_backend", "probe_cuda"]
+           "Registers", "get_backend", "probe_cuda"]
 
 #: Names ``get_backend`` accepts.
 BACKENDS = ("auto", "numpy", "cupy")

@@ -9,7 +9,9 @@ events. Optional abilities are protocols of their own, which code tests for expl
 * :class:`Calibrates`: the rates the planner predicts a plan's time with;
 * :class:`Profiles`: timing its own copies and kernels into a :class:`bigmm.profile.Profile`;
 * :class:`HostHints`: how the host work around it is best sized (reader threads, map blocks,
-  the threads its gemm computes with).
+  the threads its gemm computes with);
+* :class:`Registers`: page-locking a user's host memory in place for a run, so that copies
+  use the user's arrays without staging.
 
 Buffers are allocated once per run as flat 1-D arrays; a panel or tile is a contiguous view of
 a buffer's first rows*cols elements (``view``), so edge tiles need no strided kernels or copies.
@@ -204,6 +206,22 @@ class HostHints(Protocol):
     def gemm_threads(self) -> int | None:
         """The host threads its gemm computes with (None: it does not compute on the
         host)."""
+
+
+@runtime_checkable
+class Registers(Protocol):
+    """A staging backend that can page-lock a range of the user's host memory in place
+    (``cudaHostRegister``), so that copies to and from it are asynchronous DMA like those of
+    its own pinned buffers, and release it after the run."""
+
+    def register(self, ptr: int, nbytes: int, read_only: bool = False) -> None:
+        """Page-lock the host bytes [ptr, ptr + nbytes) (whole pages: the driver rounds the
+        range out to them); ``read_only``: the device only reads them (memory the process may
+        not write can be locked so). RegisterError when the driver refuses, with nothing
+        left locked."""
+
+    def unregister(self, ptr: int) -> None:
+        """Release a range locked by :meth:`register` at ``ptr`` (no copy may still use it)."""
 
 
 def rows_contiguous(x) -> bool:

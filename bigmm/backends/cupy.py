@@ -6,10 +6,11 @@ non-blocking stream, multiplies on a second and copies finished C tiles out on a
 order the streams, and the host blocks only in :meth:`synchronize` (reader and writer threads
 waiting for a buffer to be free or full).
 
-* Host buffers are page-locked (``cudaHostAlloc``), so every copy is a true asynchronous DMA
+* Host buffers are page-locked, so every copy is a true asynchronous DMA
   (``cudaMemcpyAsync``); a pageable array handed to ``copy_in``/``copy_out`` is refused rather
-  than copied synchronously. Pinning gigabytes takes a noticeable fraction of a second, so the
-  blocks are kept for the next run in this process (:func:`release_pinned` frees them;
+  than copied synchronously. They are made the way the calibration timed faster
+  (:mod:`.cupy_pinned`: ``cudaHostAlloc``, or ordinary pages touched and locked in place),
+  and kept for the next run in this process (:func:`release_pinned` frees them;
   ``keep_pinned=False`` frees them at :meth:`close`).
 * Device buffers are plain ``cudaMalloc`` allocations (not cupy's memory pool), one per slot of
   the plan, so the device memory a run holds is exactly the plan's ``device_bytes``
@@ -31,8 +32,11 @@ waiting for a buffer to be free or full).
 
 Besides the core :class:`~.base.Backend` it is :class:`~.base.Checksums` (kernels/
 abft_checksum.cu; bigmm's kernel fuses a step's updates), :class:`~.base.Calibrates` (its
-gemm, copies and device memory timed with events), :class:`~.base.Profiles` and
-:class:`~.base.HostHints` (wide blocks for copies out of file maps).
+gemm, copies, pitched copies, device memory and page-locking timed), :class:`~.base.Profiles`,
+:class:`~.base.HostHints` (wide blocks for copies out of file maps) and
+:class:`~.base.Registers` (``cudaHostRegister``: a user's array page-locked in place for a
+run, read-only where the process may not write it; anything still locked is released at
+:meth:`close`).
 
 This module imports cupy at its top: the registry imports it only when the cupy backend is
 asked for.
@@ -41,7 +45,6 @@ asked for.
 from __future__ import annotations
 
 import math
-import threading
 import time
 
 import cupy
@@ -52,6 +55,7 @@ from ..io.mapped import WIDE_STEP_BYTES
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
 from ..units import HALF_DTYPES, accumulate_dtype, numpy_dtype
 from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
+from .cupy_pinned import PinnedCache, as_array, choose, lock_range, lock_rate
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
@@ -64,41 +68,14 @@ _CUDA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0}
 _COMPUTE_32F, _GEMM_DEFAULT = 68, -1
 _BF16 = numpy_dtype("bfloat16")
 _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
+#: Bytes per row of the pitched copies timed at calibration (a 4096-wide float32 panel) and
+#: bytes of the host array page-locked and released there.
+_ROW_BYTES, _LOCK_BYTES = 16 << 10, 64 << 20
 _LANES = {"copy_in": "GPU copy-in stream", "compute": "GPU compute stream",
           "copy_out": "GPU copy-out stream"}
 
 
-class _PinnedCache:
-    """Pinned host blocks kept between runs of this process, reused by exact size."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._free: dict[int, list] = {}
-
-    def take(self, nbytes: int):
-        with self._lock:
-            blocks = self._free.get(nbytes)
-            if blocks:
-                return blocks.pop()
-        return cupy.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE)
-
-    def keep(self, blocks: list) -> None:
-        """Hold ``blocks`` for the next run; blocks the last run did not take are freed."""
-        with self._lock:
-            self._free.clear()
-            for b in blocks:
-                self._free.setdefault(b.size, []).append(b)
-
-    def held_bytes(self) -> int:
-        with self._lock:
-            return sum(b.size for bs in self._free.values() for b in bs)
-
-    def release(self) -> None:
-        with self._lock:
-            self._free.clear()
-
-
-_PINNED = _PinnedCache()
+_PINNED = PinnedCache()
 _RATES: dict[tuple, Rates] = {}
 
 
@@ -143,6 +120,7 @@ class CupyBackend:
         self.keep_pinned = keep_pinned
         self._pinned: list = []  # (start, end, block) of this backend's pinned blocks
         self._user_pinned: list = []  # (start, end, None) of user arrays found pinned
+        self._registered: dict[int, int] = {}  # start -> bytes of ranges locked by register
         self._device_ptrs: list[int] = []
         self._streams: list = []
         self._handle: int | None = None
@@ -175,7 +153,7 @@ class CupyBackend:
             mem = _PINNED.take(nbytes)
         self._pinned.append((mem.ptr, mem.ptr + nbytes, mem))
         self.host_bytes += nbytes
-        return np.ndarray((int(size),), dtype, buffer=cupy.cuda.PinnedMemoryPointer(mem, 0))
+        return as_array(mem, int(size), dtype)
 
     def device_buffer(self, size: int, dtype) -> cupy.ndarray:
         """A flat device array from its own cudaMalloc (not the memory pool), freed by
@@ -214,6 +192,23 @@ class CupyBackend:
         if pinned:  # later copies of views of it skip the query
             self._user_pinned.append((lo, hi, None))
         return pinned
+
+    # ----- page-locking the user's memory ----------------------------------------------------
+    def register(self, ptr: int, nbytes: int, read_only: bool = False) -> None:
+        """Page-lock host bytes [ptr, ptr + nbytes) in place (``cudaHostRegister``, portable;
+        read-only where asked, and then again without the flag where the driver does not
+        know it); RegisterError when the driver refuses."""
+        with self._device:
+            lock_range(int(ptr), int(nbytes), read_only)
+        self._registered[int(ptr)] = int(nbytes)
+
+    def unregister(self, ptr: int) -> None:
+        """Release a range locked by :meth:`register` (``cudaHostUnregister``)."""
+        nbytes = self._registered.pop(int(ptr))
+        self._user_pinned = [(a, b, x) for a, b, x in self._user_pinned
+                             if not (ptr <= a and b <= ptr + nbytes)]
+        with self._device:
+            cupy.cuda.runtime.hostUnregister(int(ptr))
 
     # ----- streams, events, copies ----------------------------------------------------------
     def stream(self) -> cupy.cuda.Stream:
@@ -469,11 +464,13 @@ class CupyBackend:
 
     def rates(self, dtype: str, limit: int | None = None) -> Rates:
         """Rates for the predicted time: this kernel's gemm (and its waves of thread blocks),
-        pinned host-to-device copies and device memory (a copy within it), measured once per
-        process and size (a 4096^3 product, a 256 MiB copy in and a 128 MiB copy on the
-        device, timed with events; smaller when ``limit``, the bytes the run may hold on the
-        device and in pinned memory, is less, so that planning stays within the run's
-        budgets)."""
+        pinned host-to-device copies (whole, and pitched in rows of 16 KiB: the cost of a
+        row), device memory (a copy within it), allocating pinned memory and page-locking a
+        host array in place (and releasing them), measured once per process and size (a
+        4096^3 product, a 256 MiB copy in, a 128 MiB copy on the device, 64 MiB pinned and a
+        64 MiB array locked, timed with events and the host clock; smaller when ``limit``,
+        the bytes the run may hold on the device and in pinned memory, is less, so that
+        planning stays within the run's budgets)."""
         item = numpy_dtype(str(dtype)).itemsize
         nbytes = 256 << 20 if limit is None else max(1 << 20, min(256 << 20, int(limit) // 2))
         n = min(4096, math.isqrt(nbytes // item))  # an n^2 operand fits in the copied buffer
@@ -495,6 +492,10 @@ class CupyBackend:
             c = _direct(n * n, numpy_dtype(accumulate_dtype(str(dtype)))).reshape(n, n)
             t_copy = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
                 dev.data.ptr, host.ctypes.data, nbytes, _H2D, s.ptr), s)
+            rows = nbytes // (2 * _ROW_BYTES)  # every other row of the buffer, pitched
+            t_rows = self._time(lambda: cupy.cuda.runtime.memcpy2DAsync(
+                dev.data.ptr, _ROW_BYTES, host.ctypes.data, 2 * _ROW_BYTES, _ROW_BYTES, rows,
+                _H2D, s.ptr), s) if rows else 0.0
             half = nbytes // 2
             t_move = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
                 dev.data.ptr + half, dev.data.ptr, half, _D2D, s.ptr), s)
@@ -503,11 +504,26 @@ class CupyBackend:
         # a product smaller than 4096^3 (a budget under 64 MiB) is too short to tell what
         # a step's C traffic and last wave cost: those terms are left out
         full = n == 4096
+        h2d = nbytes / t_copy
+        per_row = max(0.0, t_rows - rows * _ROW_BYTES / h2d) / rows if rows else 0.0
         return Rates(flops=2 * n**3 / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
-                     h2d_bytes=nbytes / t_copy,
+                     h2d_bytes=h2d,
                      memory_bytes=2 * half / t_move if full else None,
                      wave_flops=(self._wave_flops(dtype)
-                                 if full and str(dtype) not in HALF_DTYPES else None))
+                                 if full and str(dtype) not in HALF_DTYPES else None),
+                     per_row=per_row, register_bytes=self._lock_rate(min(nbytes, _LOCK_BYTES)),
+                     pin_bytes=self._pin_rate(min(nbytes, _LOCK_BYTES)))
+
+    def _pin_rate(self, nbytes: int) -> float | None:
+        """Bytes per second of making a staging block of ``nbytes`` and freeing it, the faster
+        of the two ways (:func:`.cupy_pinned.choose`), which later blocks are made."""
+        with self._device:
+            return choose(nbytes)
+
+    def _lock_rate(self, nbytes: int) -> float | None:
+        """See :func:`.cupy_pinned.lock_rate`."""
+        with self._device:
+            return lock_rate(nbytes)
 
     def _wave_flops(self, dtype: np.dtype) -> float:
         """Flops per unit of depth of one wave of thread blocks of the own kernel on large
@@ -550,6 +566,8 @@ class CupyBackend:
                 self._handle = None
             for ptr in self._device_ptrs:
                 cupy.cuda.runtime.free(ptr)
+            for ptr in list(self._registered):  # a run that could not release them
+                self.unregister(ptr)
         blocks = [mem for _, _, mem in self._pinned]
         if self.keep_pinned and blocks:
             _PINNED.keep(blocks)

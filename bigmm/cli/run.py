@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 
-from ._common import EXIT_INTERRUPTED, err
+from ._common import EXIT_INTERRUPTED, as_flags, err
 from .report import format_summary, progress_reporter, run_summary
 
 
@@ -35,6 +35,8 @@ def cmd_multiply(args) -> int:
         return _multiply_on_cluster(args)
     kwargs = _job_kwargs(args)
     plan = api.plan(args.a, args.b, args.out, resume=args.resume, **kwargs)
+    if not args.quiet and not args.resume:
+        _note_budget(api, args, kwargs, plan)
     prof = _new_profile() if args.profile is not None else None
     with progress_reporter(args.quiet, plan.flops) as progress:
         try:
@@ -133,14 +135,24 @@ def resume_command(argv: list[str]) -> str:
 def cmd_plan(args) -> int:
     from .. import api
 
-    plan = api.plan(args.a, args.b, args.out, **_job_kwargs(args))
+    kwargs = _job_kwargs(args)
+    plan = api.plan(args.a, args.b, args.out, **kwargs)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, default=str))
     else:
         print(plan)
         if plan.predicted_seconds is None:
             print("predicted time  n/a (no rates for this backend)")
+    _note_budget(api, args, kwargs, plan)
     return 0
+
+
+def _note_budget(api, args, kwargs: dict, plan) -> None:
+    """The one line, on stderr, when the budgets given make the plan much slower than the
+    defaults would (:func:`bigmm.api.budget_note`), with the budget that would help."""
+    note = api.budget_note(args.a, args.b, args.out, **kwargs, plan=plan)
+    if note:
+        print(f"bigmm: {as_flags(note)}", file=sys.stderr)
 
 
 def backend_name(requested: str) -> str:

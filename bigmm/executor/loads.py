@@ -16,6 +16,9 @@ and reach the gemm in their own dtype.
 Direct copies: an operand that is a NumPy array in page-locked memory (:func:`in_place`) is not
 staged. Its panels are copied in straight from views of the user's array (no reader work, no
 host slot), and a pinned output array receives finished C tiles straight from the device.
+Where the plan names the operands copied in place (``Plan.in_place``), those and only those
+are (the others are staged even from page-locked arrays), and the run first locks the arrays
+the plan names in ``Plan.registered`` (:mod:`.register`; :func:`to_lock`).
 """
 
 from __future__ import annotations
@@ -33,19 +36,24 @@ from ..errors import BigmmError, ReadError
 from ..io.sink import ArraySink
 from ..io.source import ArraySource
 from ..planner import Plan, Step
-from ..planner.schedule import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD
+from ..planner.schedule import HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD
 from ..runstats import Tally
 from ..units import numpy_dtype
 from .tuning import RAMP, io_pieces, split_range
 
 
+def eligible(x, dtype, write: bool = False) -> bool:
+    """Whether copies could use the array ``x`` in place were it page-locked: a NumPy array
+    in ``dtype`` (native byte order) with contiguous rows (and writeable, to ``write`` into
+    it)."""
+    return (isinstance(x, np.ndarray) and x.dtype == np.dtype(dtype) and x.dtype.isnative
+            and x.flags.aligned and rows_contiguous(x) and (x.flags.writeable or not write))
+
+
 def in_place(be, x, dtype, write: bool = False) -> bool:
     """Whether copies may use the user's array ``x`` in place, nothing staged: a staging
-    backend, a NumPy array in ``dtype`` (native byte order) with contiguous rows, in pinned
-    memory (and writeable, to ``write`` into it)."""
-    if not be.staging or not (isinstance(x, np.ndarray) and x.dtype == np.dtype(dtype)
-                              and x.dtype.isnative and x.flags.aligned and rows_contiguous(x)
-                              and (x.flags.writeable or not write)):
+    backend, an :func:`eligible` array, in pinned memory."""
+    if not be.staging or not eligible(x, dtype, write):
         return False
     return bool(be.host_pinned(x))
 
@@ -62,7 +70,9 @@ class Slots:
     dev: dict[str, list]
     host: dict[str, list]
     direct: dict[str, Any]
+    staging: bool = True
     events: dict[tuple, Any] = field(default_factory=dict)
+    #: Per host C buffer (staging; per device C slot without), the write of its last tile.
     c_written: dict[int, cf.Future] = field(default_factory=dict)
 
     @classmethod
@@ -70,27 +80,54 @@ class Slots:
         dt, ct = numpy_dtype(p.dtype), numpy_dtype(p.c_dtype)
         dev = {"A": [be.device_buffer(p.bm * p.bk, dt) for _ in range(p.a_slots)],
                "B": [be.device_buffer(p.bk * p.bn, dt) for _ in range(p.b_slots)],
-               "C": [be.device_buffer(p.bm * p.bn, ct) for _ in range(C_SLOTS)]}
+               "C": [be.device_buffer(p.bm * p.bn, ct) for _ in range(p.c_slots)]}
         sizes = {"A": (p.bm * p.bk, HOST_PANEL_SLOTS, dt), "B": (p.bk * p.bn, HOST_PANEL_SLOTS, dt),
                  "C": (p.bm * p.bn, HOST_C_SLOTS, ct)}
         host = {op: [be.host_buffer(size, t) for _ in range(slots)]
                 for op, (size, slots, t) in sizes.items() if be.staging and direct[op] is None}
-        return cls(dev, host, direct)
+        return cls(dev, host, direct, bool(be.staging))
+
+    def c_key(self, c_slot: int) -> int:
+        """The key of ``c_written`` for a device C slot: the host C buffer its tiles pass
+        through (staging), else the slot itself (its buffer is what the writer reads)."""
+        return c_slot % HOST_C_SLOTS if self.staging else c_slot
+
+
+def _arrays(a, b, out, checked: bool) -> dict[str, np.ndarray | None]:
+    """Per operand, the user's NumPy array behind io ``a``, ``b`` or ``out`` (None for other
+    sources and sinks, and for C when ``checked``: a tile that fails its check must not reach
+    the output, whose old C its recomputation may read)."""
+    def array(op: str, io) -> np.ndarray | None:
+        if op == "C" and checked:
+            return None
+        return io.array if isinstance(io, ArraySink if op == "C" else ArraySource) else None
+
+    return {op: array(op, x) for op, x in (("A", a), ("B", b), ("C", out))}
+
+
+def _dtype(p: Plan, op: str) -> np.dtype:
+    """The dtype copies move ``op`` in: the panels' for A and B, the tiles' for C."""
+    return numpy_dtype(p.c_dtype if op == "C" else p.dtype)
 
 
 def direct_arrays(be, p: Plan, a, b, out, checked: bool) -> dict[str, Any]:
-    """Per operand, the user's array behind io ``a``, ``b`` or ``out`` when copies may use it
-    in place (:func:`in_place`), else None. Not for C when ``checked``: a tile that fails its
-    check must not reach the output (its recomputation may read old C)."""
-    def direct(op: str, io) -> np.ndarray | None:
-        if op == "C" and checked:
-            return None
-        if not isinstance(io, ArraySink if op == "C" else ArraySource):
-            return None
-        dtype = numpy_dtype(p.c_dtype if op == "C" else p.dtype)
-        return io.array if in_place(be, io.array, dtype, op == "C") else None
+    """Per operand, the user's array behind io ``a``, ``b`` or ``out`` when copies use it in
+    place (:func:`in_place`: page-locked now, locked for the run included), else None; where
+    the plan names its operands in place, only those (:func:`_arrays` for C when
+    ``checked``)."""
+    return {op: x if x is not None and (p.in_place is None or op in p.in_place)
+            and in_place(be, x, _dtype(p, op), op == "C") else None
+            for op, x in _arrays(a, b, out, checked).items()}
 
-    return {op: direct(op, x) for op, x in (("A", a), ("B", b), ("C", out))}
+
+def to_lock(be, p: Plan, a, b, out, checked: bool) -> dict[str, np.ndarray]:
+    """The arrays of the operands the plan has page-locked for the run (``Plan.registered``)
+    that are not page-locked already and that copies could use in place once they are."""
+    if not be.staging or not p.registered:
+        return {}
+    return {op: x for op, x in _arrays(a, b, out, checked).items()
+            if x is not None and op in p.registered and eligible(x, _dtype(p, op), op == "C")
+            and not be.host_pinned(x)}
 
 
 @dataclass
@@ -171,7 +208,8 @@ class Loader:
         if st.load_b:
             targets.append(("B", st.b_slot, self._host_slot("B")))
         if st.first and self.plan.reads_c:
-            targets.append(("C", st.c_slot, st.c_slot if "C" in self.slots.host else None))
+            targets.append(("C", st.c_slot,
+                            self.slots.c_key(st.c_slot) if "C" in self.slots.host else None))
         keys = [(op, s) for op, s, _ in targets]
         keys += [("h" + op, h) for op, _, h in targets if h is not None]
         if any(self.last_user.get(k, -1) >= issued for k in keys):
@@ -224,9 +262,10 @@ class Loader:
                     host = host if axis is None else k_slice(host, axis, a, b)
                 self.tally.add(bytes_staged=host.nbytes)
             target = pdev if host is None else host
-            if op == "C":  # the C buffer is free once the write of its previous tile finished
-                gate = slots.c_written.get(slot)
-                ready = (lambda: gate.result()) if gate is not None else (lambda: None)
+            if op == "C":  # the C buffer is free once the write of its previous tile and the
+                # copy in of the last C read into it finished
+                ready = _when(slots.c_written.get(slots.c_key(slot)),
+                              slots.events.get(host_key) if host_key else None, be)
             else:
                 event = slots.events.get(host_key or (op, slot))
                 ready = ((lambda: be.synchronize(event)) if event is not None
@@ -264,6 +303,17 @@ def read_into(src, r0: int, r1: int, c0: int, c1: int, target: np.ndarray) -> No
     tmp = np.empty(target.shape, src.dtype)
     src.read(r0, r1, c0, c1, tmp)
     np.copyto(target, tmp, casting="unsafe")
+
+
+def _when(written: cf.Future | None, copied, be):
+    """A wait for the write ``written`` and the copy's event ``copied`` (either None)."""
+    def ready() -> None:
+        if written is not None:
+            written.result()
+        if copied is not None:
+            be.synchronize(copied)
+
+    return ready
 
 
 def region(p: Plan, st: Step, op: str) -> tuple[tuple[int, int, int, int], tuple[int, int]]:

@@ -22,6 +22,7 @@ ChecksumError (the output stays resumable without them).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import threading
 import time
 from typing import Callable
@@ -35,7 +36,8 @@ from ..units import HALF_DTYPES, common_dtype, dtype_name
 from ..planner import Plan, Step
 from ..runstats import STAGES, Progress, RunStats, StageClock, Tally
 from .hooks import Checks, Hook
-from .loads import Entry, Loader, Slots, direct_arrays, k_axis, k_slice
+from .loads import Entry, Loader, Slots, direct_arrays, k_axis, k_slice, to_lock
+from .register import lock, release
 from .tuning import DRAIN, split_range
 from .writer import Writer
 
@@ -116,9 +118,11 @@ class Run:
 
     def _allocate(self) -> None:
         p, be = self.plan, self.be
-        direct = direct_arrays(be, p, self.a, self.b, self.out, self.checks is not None)
+        checked = self.checks is not None
+        self.locked = lock(be, to_lock(be, p, self.a, self.b, self.out, checked))
+        direct = direct_arrays(be, p, self.a, self.b, self.out, checked)
         self.slots = Slots.allocate(be, p, direct)
-        self.s_in, self.s_compute, self.s_out = be.stream(), be.stream(), be.stream()
+        self.s_in, self.s_compute, self.s_out = self.streams = [be.stream() for _ in range(3)]
         for hook in self.hooks:
             hook.begin(be, p, self.alpha, self.beta)
         self.gemms: dict[tuple, Callable] = {}  # slots and shapes -> the gemm launch for them
@@ -126,6 +130,28 @@ class Run:
     # ----- the run --------------------------------------------------------------------------
     def run(self) -> RunStats:
         self.t0 = time.perf_counter()
+        self.locked, self.streams = None, []
+        try:
+            return self._run()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the run's own error is the one to raise
+                self._unlock()
+            raise
+
+    def _unlock(self) -> None:
+        """Release the arrays locked for the run once the device is done with them (also
+        after an error: the copies issued so far finish first)."""
+        if self.locked is None or not self.locked.ranges:
+            return
+        t0 = time.perf_counter()
+        for s in self.streams:
+            self.be.synchronize(self.be.record(s))
+        try:
+            release(self.be, self.locked)
+        finally:
+            self.locked.seconds += time.perf_counter() - t0
+
+    def _run(self) -> RunStats:
         self._allocate()
         self.pool = cf.ThreadPoolExecutor(self.io_threads, thread_name_prefix="bigmm-read")
         self.loader = Loader(self.plan, self.be, self.slots,
@@ -151,6 +177,7 @@ class Run:
         finally:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.writer.stop()
+        self._unlock()
         return self._stats()
 
     def _loop(self, steps) -> None:
@@ -203,8 +230,8 @@ class Run:
                     self._wait(f)
             if be.staging:
                 self._copy_in(entry, i)
-            elif st.first and not p.reads_c and st.c_slot in slots.c_written:
-                self._wait(slots.c_written[st.c_slot])
+            elif st.first and not p.reads_c and slots.c_key(st.c_slot) in slots.c_written:
+                self._wait(slots.c_written[slots.c_key(st.c_slot)])
             beta = (self.beta if st.first else 1.0) if i == 0 else 1.0
             last = i == len(entry.pieces) - 1
             with self.clocks["compute"]:
@@ -270,7 +297,7 @@ class Run:
             if copied:
                 done = be.record(self.s_in)
                 for load in copied:
-                    if load.host_key and load.dev_key[0] != "C":
+                    if load.host_key:
                         events[load.host_key] = done
                 be.wait(self.s_compute, done)
         c_loaded = any(load.dev_key[0] == "C" for load in entry.loads)
@@ -281,14 +308,16 @@ class Run:
         """Hand a finished tile to the writer; with staging, copy it out first, each row range
         of ``marks`` (row0, row1, event after its gemm) once its gemm is done."""
         be, cs, t, slots = self.be, st.c_slot, st.tile, self.slots
-        src = c
+        key, src = slots.c_key(cs), c
         if be.staging:
-            if cs in slots.c_written:
-                self._wait(slots.c_written[cs])
+            if key in slots.c_written:  # the host buffer's (or the copy's) previous tile
+                self._wait(slots.c_written[key])
             if slots.direct["C"] is not None:  # into the user's array: nothing left to write
                 dst, src = slots.direct["C"][t.r0:t.r1, t.c0:t.c1], None
             else:
-                dst = src = be.view(slots.host["C"][cs], t.shape)
+                dst = src = be.view(slots.host["C"][key], t.shape)
+                if ("hC", key) in slots.events:  # a C read into it may still be copying in
+                    be.wait(self.s_out, slots.events[("hC", key)])
                 self.tally.add(bytes_staged=src.nbytes)
             copied = []
             with self.clocks["copy_out"]:
@@ -301,7 +330,7 @@ class Run:
             marks = copied
             slots.events[("C", cs)] = marks[-1][2]
         check = self.checks.verdict(cs, t) if self.checks is not None else None
-        slots.c_written[cs] = self.writer.submit(t, src, marks, check)
+        slots.c_written[key] = self.writer.submit(t, src, marks, check)
 
     # ----- tiles that failed their checks ---------------------------------------------------
     def _recompute(self) -> None:
@@ -334,6 +363,8 @@ class Run:
         busy = {f"{s}_busy": c.total for s, c in self.clocks.items()}
         t = self.tally
         checks = self.checks.counts() if self.checks is not None else {}
+        locked = self.locked
         return RunStats(time.perf_counter() - self.t0, t.flops, t.bytes_read, t.bytes_written,
                         self.written, self.skipped, self.tiles_total, **busy,
-                        bytes_staged=t.bytes_staged, **checks)
+                        bytes_staged=t.bytes_staged, bytes_locked=locked.nbytes,
+                        lock_seconds=locked.seconds, notes=locked.notes(), **checks)

@@ -20,7 +20,8 @@ DRAIN = (4, 2, 1, 1)
 #: Inner edges of those pieces fall on multiples of this (whole kernel tiles, aligned loads).
 PIECE_ALIGN = 256
 #: Reads and writes of a region are split into pieces of at least this many bytes, one per
-#: I/O thread.
+#: I/O thread (tried for NumPy arrays: 1 MiB pieces, whose hand-offs cost more than the
+#: threads they add gave; see docs/benchmarks-history.md).
 PIECE_BYTES = 4 << 20
 #: Finished tiles are committed to the journal in batches at most this many seconds apart.
 COMMIT_INTERVAL = 0.5

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from itertools import islice
+from typing import Callable
 
-from .schedule import C_SLOTS, HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, Plan
+from .schedule import HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, Plan
 
 #: Fixed time of one gemm step in the pipeline model (the ~40 us of the search's
 #: STEP_COST_BYTES).
@@ -65,19 +66,48 @@ class Rates:
     #: wave is lost per gemm on average, whatever the tile's size, so that many small gemms
     #: lose more than a few large ones.
     wave_flops: float | None = None
+    #: Fixed seconds of one gemm step on the issuing thread and the compute stream (the
+    #: executor's bookkeeping, the launch; on a CPU also the BLAS call's start): what makes
+    #: tiny tiles slow.
+    per_step: float = STEP_SECONDS
+    #: Fixed seconds of one read of a panel (or a C tile) by the host, and of one write of a C
+    #: tile, beyond its bytes: the call into the source, its threads, a chunk's lookup.
+    per_load: float = 0.0
+    #: Seconds per row of a host copy between a user's array and the staging buffers, beyond
+    #: its bytes (a panel of a wider array is copied row by row), for reads and writes alike.
+    per_host_row: float = 0.0
+    #: Seconds per row of a pitched copy between the device and a user's array copied in place
+    #: (a panel narrower than the array's rows is one 2-D copy of many rows; staged panels
+    #: are contiguous).
+    per_row: float = 0.0
+    #: Bytes per second of page-locking a user's array in place for a run and releasing it
+    #: after (None: not known; then not counted).
+    register_bytes: float | None = None
+    #: Bytes per second of allocating the run's page-locked staging buffers (None: not
+    #: counted). A run pins its staging before its first copy; the blocks are kept for the
+    #: next run of the same sizes in the process, which the model does not know of: it
+    #: counts every run as the first.
+    pin_bytes: float | None = None
 
     def snapped(self) -> "Rates":
-        """These rates with the calibrated speeds (flops, copies, device memory) rounded to
-        the nearest of RATE_STEPS points per octave (see there)."""
+        """These rates with the calibrated speeds (flops, copies, device memory, the fixed
+        costs of steps, loads and rows, registration) rounded to the nearest of RATE_STEPS
+        points per octave (see there)."""
         return replace(self, flops=snap_rate(self.flops), h2d_bytes=snap_rate(self.h2d_bytes),
-                       memory_bytes=snap_rate(self.memory_bytes))
+                       memory_bytes=snap_rate(self.memory_bytes),
+                       per_step=snap_rate(self.per_step),
+                       per_load=snap_rate(self.per_load),
+                       per_row=snap_rate(self.per_row),
+                       per_host_row=snap_rate(self.per_host_row),
+                       register_bytes=snap_rate(self.register_bytes),
+                       pin_bytes=snap_rate(self.pin_bytes))
 
     def gemm_seconds(self, flops: float, steps: int, depth: int, added: float) -> float:
         """Seconds of ``steps`` gemm steps doing ``flops`` over ``depth`` (their depths
-        summed) on the compute stream: the flops, the fixed STEP_SECONDS per step, the half
-        waves lost, and reading and writing back ``added`` bytes of C tiles that the steps
-        add into (see ``memory_bytes``)."""
-        return (flops / self.flops + STEP_SECONDS * steps
+        summed) on the compute stream: the flops, the fixed ``per_step`` seconds a step, the
+        half waves lost, and reading and writing back ``added`` bytes of C tiles that the
+        steps add into (see ``memory_bytes``)."""
+        return (flops / self.flops + self.per_step * steps
                 + (0.5 * depth * self.wave_flops / self.flops if self.wave_flops else 0.0)
                 + (2 * added / self.memory_bytes if self.memory_bytes else 0.0))
 
@@ -131,6 +161,8 @@ class StageTimes:
     #: own gemms, times the number of later rows: a guess (the slots let reads run only a
     #: step or two ahead), not a bound.
     bursts: float = 0.0
+    #: Locking the user's arrays before the run and releasing them after (in ``fill`` too).
+    setup: float = 0.0
 
     @property
     def guess(self) -> float:
@@ -141,25 +173,73 @@ class StageTimes:
     @property
     def lower_bound(self) -> float:
         """No schedule ends sooner: each stage is one server, the gemms run between the fill
-        and the drain, and a prefix's gemms wait for the prefix's reads."""
-        return max(self.read + self.drain, self.copy_in, self.copy_out,
+        and the drain, and a prefix's gemms wait for the prefix's reads; nothing starts
+        before the locking."""
+        return max(self.setup + self.read + self.drain, self.setup + self.copy_in,
+                   self.setup + self.copy_out,
                    self.fill + self.first + self.write, self.fill + self.compute + self.drain,
                    self.head)
 
     @property
     def upper_bound(self) -> float:
-        """The stages one after the other (list scheduling never leaves all of them idle)."""
-        return self.read + self.copy_in + self.compute + self.copy_out + self.write
+        """The locking, then the stages one after the other (list scheduling never leaves
+        all of them idle)."""
+        return (self.setup + self.read + self.copy_in + self.compute + self.copy_out
+                + self.write)
+
+
+def direct_operands(p: Plan) -> tuple[bool, bool, bool]:
+    """Per operand A, B, C: copied in place from the user's array (no host read or write, no
+    staging slot; see ``Plan.in_place``)."""
+    return tuple(p.staging and p.in_place is not None and op in p.in_place for op in "ABC")
+
+
+def pitched_rows(p: Plan) -> tuple[Callable, Callable, Callable]:
+    """Per operand A, B, C: the rows of one 2-D copy of a region (rows, cols, depth) of op(A)
+    x op(B) -> C that is narrower than the stored array's rows (0 where the region spans
+    whole rows, one contiguous copy). Only copies in place are pitched (staged panels are
+    contiguous)."""
+    da, db, dc = direct_operands(p)
+    a_pitched = da and (p.ni > 1 if p.trans_a else p.nk > 1)
+    b_pitched = db and (p.nk > 1 if p.trans_b else p.nj > 1)
+    c_pitched = dc and p.nj > 1
+    return ((lambda rows, cols, depth: (depth if p.trans_a else rows) if a_pitched else 0),
+            (lambda rows, cols, depth: (cols if p.trans_b else depth) if b_pitched else 0),
+            (lambda rows, cols, depth: rows if c_pitched else 0))
+
+
+def setup_seconds(p: Plan, r: Rates) -> float:
+    """Seconds before the run's first copy and after its last: pinning its staging buffers
+    (``r.pin_bytes``), page-locking the operands ``p.registered`` and releasing them
+    (``r.register_bytes``); 0 for what has no known rate, and without staging."""
+    if not p.staging:
+        return 0.0
+    pin = p.host_bytes / r.pin_bytes if r.pin_bytes else 0.0
+    if not p.registered or not r.register_bytes:
+        return pin
+    sizes = {"A": p.itemsize * p.m * p.k, "B": p.itemsize * p.k * p.n,
+             "C": p.c_itemsize * p.m * p.n}
+    return pin + sum(sizes[op] for op in p.registered) / r.register_bytes
 
 
 def stage_times(p: Plan, r: Rates) -> StageTimes:
-    """Busy seconds per stage of ``p`` under ``r`` (whole schedule; no tiles done)."""
+    """Busy seconds per stage of ``p`` under ``r`` (whole schedule; no tiles done). The
+    registration of ``p.registered`` (:func:`setup_seconds`) counts in the fill."""
     w, h2d = p.itemsize, (r.h2d_bytes if p.staging and r.h2d_bytes else None)
+    da, db, dc = direct_operands(p)
+    # seconds per element flowing in, for the bounds on the first tiles: read by the host, or
+    # copied in place
     wc = p.c_itemsize  # C's elements (float32 for half-precision panels)
+    inflow = [(x / h2d if h2d else 0.0) if d else x / r.read_bytes
+              for d, x in ((da, w), (db, w), (dc, wc))]
+    rows_a, rows_b, rows_c = pitched_rows(p)
     first = w * (p.bm * p.bk + p.bk * p.bn) + (wc * p.bm * p.bn if p.reads_c else 0)
+    first_read = (w * ((not da) * p.bm * p.bk + (not db) * p.bk * p.bn)
+                  + (wc * p.bm * p.bn if p.reads_c and not dc else 0))
     rows, cols = p.tile(p.ni - 1, p.nj - 1).shape  # the last tile of either order
     tail = wc * rows * cols
     copy = (lambda nbytes: nbytes / h2d) if h2d else (lambda nbytes: 0.0)
+    row_s = r.per_row if h2d else 0.0
     steps = p.n_steps
     # every tile sums its panels once per step (fused: each panel once per load) and itself
     # twice
@@ -169,51 +249,87 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     adds = p.nk - 1 + (1 if p.reads_c else 0)
     compute = (r.gemm_seconds(p.flops, steps, p.n_tiles * p.k, wc * p.m * p.n * adds)
                + r.check_seconds(w * summed, steps))
-    drain = copy(tail) + tail / r.write_bytes
-    # the first tile's panels and the first row's (column's) are read before their last gemm
-    if p.row_major:
-        wide, tiles, again = p.n, p.nj, p.a_reads > 1  # row 0: A row panel, all of B
-        row = p.bm * p.k * (tiles if again else 1) + p.k * wide
-    else:
-        wide, tiles, again = p.m, p.ni, p.b_reads > 1
-        row = p.bn * p.k * (tiles if again else 1) + p.k * wide
+    setup = setup_seconds(p, r)
+    hr = r.per_host_row
+    write_tile = (0.0 if dc else tail / r.write_bytes + r.per_load + rows * hr)
+    drain = copy(tail) + rows_c(rows, cols, 0) * row_s + write_tile
     c = p.bm * p.bn if p.reads_c else 0
     tile0 = (r.gemm_seconds(2 * p.bm * p.bn * p.k, p.nk, p.k, wc * p.bm * p.bn * adds)
              + r.check_seconds(w * ((p.bm + p.bn) * p.k + 2 * p.bm * p.bn), p.nk))
-    head = max((w * (p.bm * p.k + p.k * p.bn) + wc * c) / r.read_bytes + compute - tile0,
-               (w * row + wc * c * wide / (p.bn if p.row_major else p.bm)) / r.read_bytes
-               + compute
-               - r.gemm_seconds(2 * (p.bm if p.row_major else p.bn) * wide * p.k, p.nk * tiles,
-                                tiles * p.k, wc * (p.bm if p.row_major else p.bn) * wide * adds)
-               ) + drain
-    if p.row_major:
-        later, panels = p.ni - 1, p.bm * p.k + (p.k * p.bn if p.b_reads > 1 else 0) + c
-    else:
-        later, panels = p.nj - 1, p.k * p.bn + (p.bm * p.k if p.a_reads > 1 else 0) + c
-    burst = max(0.0, (w * (panels - c) + wc * c) / r.read_bytes - tile0)
-    return StageTimes(read=p.bytes_read / r.read_bytes, copy_in=copy(p.bytes_h2d),
-                      compute=compute, copy_out=copy(p.bytes_written),
-                      write=p.bytes_written / r.write_bytes,
-                      fill=first / r.read_bytes + copy(first), drain=drain, head=head,
-                      first=tile0, bursts=later * burst)
+    head = bursts = 0.0
+    if p.order != "resident-c":
+        # the first tile's panels and the first row's (column's) are read before its last gemm
+        if p.row_major:
+            wide, tiles, again = p.n, p.nj, p.a_reads > 1  # row 0: A row panel, all of B
+            row = (p.bm * p.k * (tiles if again else 1) * inflow[0] + p.k * wide * inflow[1])
+        else:
+            wide, tiles, again = p.m, p.ni, p.b_reads > 1
+            row = (p.bn * p.k * (tiles if again else 1) * inflow[1] + p.k * wide * inflow[0])
+        head = max((p.bm * p.k * inflow[0] + p.k * p.bn * inflow[1] + c * inflow[2])
+                   + compute - tile0,
+                   row + c * wide / (p.bn if p.row_major else p.bm) * inflow[2] + compute
+                   - r.gemm_seconds(2 * (p.bm if p.row_major else p.bn) * wide * p.k,
+                                    p.nk * tiles, tiles * p.k,
+                                    wc * (p.bm if p.row_major else p.bn) * wide * adds)
+                   ) + drain + setup
+        if p.row_major:
+            later = p.ni - 1
+            panels = (p.bm * p.k * inflow[0] + (p.k * p.bn * inflow[1] if p.b_reads > 1 else 0)
+                      + c * inflow[2])
+        else:
+            later = p.nj - 1
+            panels = (p.k * p.bn * inflow[1] + (p.bm * p.k * inflow[0] if p.a_reads > 1 else 0)
+                      + c * inflow[2])
+        bursts = later * max(0.0, panels - tile0)
+    # reads by the host: staged operands only, each read one call besides its bytes, and
+    # its stored rows one by one
+    loads = [(not da) * p.a_reads * p.ni * p.nk, (not db) * p.b_reads * p.nj * p.nk,
+             (not dc) * p.n_tiles * p.reads_c]
+    host_rows = ((not da) * p.a_reads * (p.k * p.ni if p.trans_a else p.m * p.nk)
+                 + (not db) * p.b_reads * (p.n * p.nk if p.trans_b else p.k * p.nj)
+                 + (not dc) * p.reads_c * p.m * p.nj)
+    first_rows = ((not da) * (p.bk if p.trans_a else p.bm)
+                  + (not db) * (p.bn if p.trans_b else p.bk))
+    read_bytes = (w * ((not da) * p.a_reads * p.m * p.k + (not db) * p.b_reads * p.k * p.n)
+                  + (wc * p.m * p.n if p.reads_c and not dc else 0))
+    # the rows of pitched copies in place: every panel of each pass over A and B, C's tiles
+    a_rows = p.a_reads * (p.k * p.ni if p.trans_a else p.m * p.nk) if rows_a(1, 1, 1) else 0
+    b_rows = p.b_reads * (p.n * p.nk if p.trans_b else p.k * p.nj) if rows_b(1, 1, 1) else 0
+    c_rows = p.m * p.nj if rows_c(1, 1, 1) else 0
+    return StageTimes(read=read_bytes / r.read_bytes + r.per_load * sum(loads)
+                      + hr * host_rows,
+                      copy_in=copy(p.bytes_h2d) + row_s * (a_rows + b_rows
+                                                           + (c_rows if p.reads_c else 0)),
+                      compute=compute,
+                      copy_out=copy(p.bytes_written) + row_s * c_rows,
+                      write=0.0 if dc else (p.bytes_written / r.write_bytes
+                                            + r.per_load * p.n_tiles + hr * p.m * p.nj),
+                      fill=setup + first_read / r.read_bytes + copy(first)
+                      + r.per_load * ((not da) + (not db)) + hr * first_rows,
+                      drain=drain, head=head, first=tile0, bursts=bursts, setup=setup)
 
 
 def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
     """The makespan of ``p``'s pipeline under ``r``, within ``stage_times``' bounds.
 
     Schedules of at most ``max_steps`` (default SIM_STEPS) steps are simulated whole
-    (:func:`simulate`). Longer ones are simulated over a prefix of whole periods (rows of the
-    tile order when two fit in ``max_steps``, else tiles, else steps) and extrapolated: the
-    last simulated period took ``f`` times its busiest stage's work, and the rest of the
-    schedule is taken to take ``f`` times its busiest stage's remaining work, then the drain
-    (when the period is a tile, every later row's first tile, which loads a new row panel, is
-    taken to take as long as the first one did, and its work is left out of the rest); never
-    less than any stage's end in the prefix plus its remaining work."""
+    (:func:`simulate`). Longer ones are simulated over a prefix and extrapolated. Resident-c:
+    its first panels in rounds (a K panel of every strip), the strips' last ``tail`` panels
+    after them; the rounds but the last two that fit are left out of the simulation and
+    added at the last simulated round's time. The other orders: a prefix of whole periods
+    (rows of the tile order when two fit in ``max_steps``, else tiles, else steps): the last
+    simulated period took ``f`` times its busiest stage's work, and the rest of the schedule
+    is taken to take ``f`` times its busiest stage's remaining work, then the drain (when the
+    period is a tile, every later row's first tile, which loads a new row panel, is taken to
+    take as long as the first one did, and its work is left out of the rest); never less
+    than any stage's end in the prefix plus its remaining work."""
     st = stage_times(p, r)
     limit = SIM_STEPS if max_steps is None else max_steps
     total = p.n_steps
     if total <= limit:
         est = simulate(p, r).end
+    elif p.order == "resident-c":
+        est = _resident_c_seconds(p, r, limit)
     else:
         row = (p.nj if p.row_major else p.ni) * p.nk
         period = row if 2 * row <= limit else p.nk if 2 * p.nk <= limit else 1
@@ -230,6 +346,18 @@ def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
     return min(max(est, st.lower_bound), st.upper_bound)
 
 
+def _resident_c_seconds(p: Plan, r: Rates, limit: int) -> float:
+    """Resident-c's makespan from a simulation of its first rounds and its whole tail: the
+    rounds left out are taken to take as long as the last simulated one."""
+    head = p.nk - p.tail
+    rounds = max(2, min(head, (limit - p.ni * p.tail) // max(1, p.ni)))
+    if rounds >= head:
+        return simulate(p, r).end
+    sim = simulate(p, r, period=p.ni, head_rounds=rounds)
+    (t0, *_), (t1, *_) = sim.marks[rounds - 2:rounds]
+    return sim.end + (head - rounds) * (t1 - t0)
+
+
 @dataclass(frozen=True)
 class Simulated:
     """After simulating a schedule or a prefix: when it ended, where each stage's server
@@ -241,89 +369,112 @@ class Simulated:
     marks: tuple[tuple[float, ...], ...]
 
 
-def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -> Simulated:
+def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
+             head_rounds: int | None = None) -> Simulated:
     """List-scheduling simulation of the executor's pipeline for ``p`` under ``r``.
 
-    Each stage is one server taking its work in schedule order: reads (``r.read_bytes``;
-    with staging they fill the host slots), copies in (``r.h2d_bytes``), gemms (``r.flops``
-    plus STEP_SECONDS), copies out (at the host-to-device rate) and writes of finished C
-    tiles (``r.write_bytes``); a gemm adding into its tile also moves the tile through the
-    compute memory (``r.memory_bytes``). The executor's limits hold: a step's loads are issued only
-    once the last users of their slots have been issued and the step is within
-    MAX_LOOKAHEAD of the one issuing; a read waits for its host slot's previous copy-in
-    (staging) or its device slot's previous gemm (without staging); a copy-in waits for the
-    previous gemm on its device slot; a tile's first gemm waits for the copy-out (the write,
-    without staging) of the tile that used its C slot before; a copy-out waits for the write
-    of the tile that used its host C buffer before, and so does the issuing of later steps.
-    Without staging the gemm runs on the issuing thread. O(steps)."""
+    Each stage is one server taking its work in schedule order: reads (``r.read_bytes`` and
+    ``r.per_load`` a read; with staging they fill the host slots), copies in
+    (``r.h2d_bytes``, and ``r.per_row`` a row of a pitched copy in place), gemms
+    (``r.flops`` plus ``r.per_step``), copies out (at the host-to-device rate) and writes
+    of finished C tiles (``r.write_bytes``); a gemm adding into its tile also moves the tile
+    through the compute memory (``r.memory_bytes``). Operands copied in place
+    (``p.in_place``) are not read or written by the host and use no host slot; the run starts
+    once ``p.registered`` is page-locked (:func:`setup_seconds`). The executor's limits hold:
+    a step's loads are issued only once the last users of their slots have been issued and
+    the step is within MAX_LOOKAHEAD of the one issuing; a read waits for its host slot's
+    previous copy-in (staging) or its device slot's previous gemm (without staging); a
+    copy-in waits for the previous gemm on its device slot; a tile's first gemm waits for the
+    copy-out (the write, without staging) of the tile that used its C slot before; a
+    copy-out waits for the write of the tile that used its host C buffer before, and so does
+    the issuing of later steps. Without staging the gemm runs on the issuing thread.
+    ``head_rounds``: resident-c with only that many of its first rounds. O(steps)."""
     w, staging, reads_c, last_kp = p.itemsize, p.staging, p.reads_c, p.nk - 1
     wc = p.c_itemsize
     fused = r.check_fused
-    rd, wr = r.read_bytes, r.write_bytes
+    rd, wr, load_s, hr = r.read_bytes, r.write_bytes, r.per_load, r.per_host_row
     h2d = r.h2d_bytes if staging and r.h2d_bytes else math.inf  # no copies: free
+    row_s = r.per_row if staging and r.h2d_bytes else 0.0
+    direct = direct_operands(p)
+    pitched = pitched_rows(p)
     depths = [k1 - k0 for k0, k1 in p.k_panels()]
-    read_end = cin_end = gemm_end = cout_end = write_end = issue = assign = 0.0
+    start0 = setup_seconds(p, r)
+    read_end = cin_end = gemm_end = cout_end = write_end = issue = assign = start0
     busy = [0.0] * 5  # seconds of work so far: read, copy_in, compute, copy_out, write
     issued: list[float] = []  # per step: when the issuing thread was done with it
-    gemms: list[float] = [0.0]  # per step + 1: end of its gemm (gemms[0]: none)
+    gemms: list[float] = [start0]  # per step + 1: end of its gemm (gemms[0]: none)
     # per operand (A, B, C) and slot: the last step using the device slot, the last step
     # loading into the host slot and the end of that load's copy-in
-    dev_user = [[-1] * p.a_slots, [-1] * p.b_slots, [-1] * C_SLOTS]
+    c_slots = p.c_slots
+    dev_user = [[-1] * p.a_slots, [-1] * p.b_slots, [-1] * c_slots]
     host_user = [[-1] * HOST_PANEL_SLOTS, [-1] * HOST_PANEL_SLOTS, [-1] * HOST_C_SLOTS]
-    host_copied = [[0.0] * HOST_PANEL_SLOTS, [0.0] * HOST_PANEL_SLOTS, [0.0] * HOST_C_SLOTS]
+    host_copied = [[start0] * HOST_PANEL_SLOTS, [start0] * HOST_PANEL_SLOTS,
+                   [start0] * HOST_C_SLOTS]
     host_next = [0, 0, 0]
-    c_copied = [0.0] * C_SLOTS  # copy-out end of the last tile in each C slot
-    c_written = [0.0] * C_SLOTS  # write end of the last tile in each C slot
+    c_copied = [start0] * c_slots  # copy-out end of the last tile in each C slot
+    # write end of the last tile through each host C buffer (staging), else each C slot
+    c_written = [start0] * (HOST_C_SLOTS if staging else c_slots)
     marks = []
-    sched = p._slot_schedule()
+    sched = p._slot_schedule(head_rounds=head_rounds)
     if max_steps is not None:
         sched = islice(sched, max_steps)
     for s, (t, kp, a_slot, load_a, b_slot, load_b, cs) in enumerate(sched):
         rows, cols, depth = t.r1 - t.r0, t.c1 - t.c0, depths[kp]
-        loads = []  # (operand 0/1/2 = A/B/C, device slot, bytes)
+        ck = p.host_c_slot(cs) if staging else cs
+        # (operand 0/1/2 = A/B/C, device slot, bytes, rows of a pitched copy, stored rows)
+        loads = []
         if load_a:
-            loads.append((0, a_slot, w * rows * depth))
+            loads.append((0, a_slot, w * rows * depth, pitched[0](rows, cols, depth),
+                          depth if p.trans_a else rows))
         if load_b:
-            loads.append((1, b_slot, w * depth * cols))
+            loads.append((1, b_slot, w * depth * cols, pitched[1](rows, cols, depth),
+                          cols if p.trans_b else depth))
         if kp == 0 and reads_c:
-            host_next[2] = cs
-            loads.append((2, cs, wc * rows * cols))
+            host_next[2] = ck
+            loads.append((2, cs, wc * rows * cols, pitched[2](rows, cols, depth), rows))
         # the loads go to the readers once their slots' last users were issued
         if s >= MAX_LOOKAHEAD and issued[s - MAX_LOOKAHEAD] > assign:
             assign = issued[s - MAX_LOOKAHEAD]
-        for op, slot, _ in loads:
+        for op, slot, *_ in loads:
             u = dev_user[op][slot]
             if u >= 0 and issued[u] > assign:
                 assign = issued[u]
-            u = host_user[op][host_next[op]] if staging else -1
+            u = host_user[op][host_next[op]] if staging and not direct[op] else -1
             if u >= 0 and issued[u] > assign:
                 assign = issued[u]
         start = issue
-        for op, slot, nbytes in loads:
-            if op == 2:
-                ready = c_written[slot]
+        for op, slot, nbytes, _, stored in loads:
+            if direct[op]:  # copied from the user's array: nothing to read
+                if assign > start:
+                    start = assign
+                continue
+            if op == 2:  # the host C buffer: its last write, and its last C copied in
+                ready = max(c_written[ck], host_copied[2][ck]) if staging else c_written[ck]
             elif staging:
                 ready = host_copied[op][host_next[op]]
             else:
                 ready = gemms[dev_user[op][slot] + 1]
-            read_end = max(read_end, assign, ready) + nbytes / rd
-            busy[0] += nbytes / rd
+            seconds = nbytes / rd + load_s + stored * hr
+            read_end = max(read_end, assign, ready) + seconds
+            busy[0] += seconds
             if read_end > start:
                 start = read_end
         # the issuing thread: copies in, the gemm, and after a tile's last gemm its copy-out
-        landed = sum(nbytes for op, _, nbytes in loads if op < 2) // w if fused else None
+        landed = sum(x[2] for x in loads if x[0] < 2) // w if fused else None
         gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c, landed,
                               wc)
         busy[2] += gemm
         if staging:
             ready = start
-            for op, slot, nbytes in loads:
+            for op, slot, nbytes, pitch_rows, _ in loads:
                 free = c_copied[slot] if op == 2 else gemms[dev_user[op][slot] + 1]
-                cin_end = ready = max(cin_end, start, free) + nbytes / h2d
-                busy[1] += nbytes / h2d
-                h = host_next[op]
-                host_user[op][h], host_copied[op][h] = s, cin_end
-                host_next[op] = (h + 1) % HOST_PANEL_SLOTS
+                seconds = nbytes / h2d + pitch_rows * row_s
+                cin_end = ready = max(cin_end, start, free) + seconds
+                busy[1] += seconds
+                if not direct[op]:
+                    h = host_next[op]
+                    host_user[op][h], host_copied[op][h] = s, cin_end
+                    host_next[op] = (h + 1) % HOST_PANEL_SLOTS
             if kp == 0 and not reads_c and c_copied[cs] > ready:
                 ready = c_copied[cs]
             gemm_end = (gemm_end if gemm_end > ready else ready) + gemm
@@ -336,16 +487,21 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0) -
             nbytes = wc * rows * cols
             done = gemm_end
             if staging:
-                if c_written[cs] > issue:
-                    issue = c_written[cs]
-                c_copied[cs] = cout_end = done = max(cout_end, gemm_end, issue) + nbytes / h2d
-                busy[3] += nbytes / h2d
-            c_written[cs] = write_end = (write_end if write_end > done else done) + nbytes / wr
-            busy[4] += nbytes / wr
+                if c_written[ck] > issue:
+                    issue = c_written[ck]
+                seconds = nbytes / h2d + pitched[2](rows, cols, depth) * row_s
+                c_copied[cs] = cout_end = done = max(cout_end, gemm_end, issue) + seconds
+                busy[3] += seconds
+            if direct[2]:  # copied out into the user's array: nothing to write
+                c_written[ck] = done
+            else:
+                seconds = nbytes / wr + load_s + rows * hr
+                c_written[ck] = write_end = (write_end if write_end > done else done) + seconds
+                busy[4] += seconds
         issued.append(issue)
         gemms.append(gemm_end)
         dev_user[0][a_slot] = dev_user[1][b_slot] = dev_user[2][cs] = s
         if period and (s + 1) % period == 0:
             marks.append((gemm_end, *busy))
-    return Simulated(end=max(write_end, gemm_end),
+    return Simulated(end=max(write_end, gemm_end, cout_end, *c_written),
                      ends=(read_end, cin_end, gemm_end, cout_end, write_end), marks=tuple(marks))

@@ -13,6 +13,13 @@ Loop orders (C is M x N, depth K):
 * ``resident-a``: a whole row panel of A (bm x K) stays on the device while the tiles of that
   row sweep over B: A is read once, B ceil(M/bm) times.
 * ``resident-b``: the mirror image, column-major tile order: B read once, A ceil(N/bn) times.
+* ``resident-c``: every C tile (row strips the width of C) stays on the device while the K
+  panels stream: for each of the first nk - tail K panels, its B panel is loaded once and every
+  strip adds its A panel times it; then the strips are finished one by one over the last
+  ``tail`` K panels, whose B panels stay, so that each finished strip is copied out while the
+  next computes. A and B are each read once, and the gemms start as soon as the first panels
+  land (the orders above read a whole row panel of A, or all of B, before their first tile is
+  done): the order for runs bound by the copies, where C fits on the device.
 
 The pipeline's slots and window are stated here once: the Plan sizes its memory by the slots,
 the executor allocates and fills them, and the pipeline model simulates them.
@@ -27,9 +34,12 @@ from typing import Iterator, Protocol
 
 from ..units import DTYPES, accumulate_dtype, format_bytes, format_seconds
 
-ORDERS = ("stream", "resident-a", "resident-b")
+ORDERS = ("stream", "resident-a", "resident-b", "resident-c")
+#: The operands, as ``Plan.in_place`` and ``Plan.registered`` name them.
+OPERANDS = "ABC"
 
-#: Device C tiles: one accumulating while the previous one is copied out and written.
+#: Device C tiles: one accumulating while the previous one is copied out and written (every
+#: tile of C in order resident-c).
 C_SLOTS = 2
 #: Host staging slots per operand (double buffering between the readers and the copy engine).
 HOST_PANEL_SLOTS = 2
@@ -114,6 +124,14 @@ class Plan:
     host_budget: int
     a_chunks: tuple[int, int] | None = None
     b_chunks: tuple[int, int] | None = None
+    #: Order resident-c: the last K panels over which the strips are finished one by one.
+    tail: int = 0
+    #: The operands ("A", "B", "C") whose copies use the user's arrays in place (page-locked
+    #: arrays, or arrays ``registered`` for the run): no host staging slots, no reads or writes
+    #: by the host. None: decided by the executor (arrays found page-locked), staging counted.
+    in_place: str | None = None
+    #: Of ``in_place``, the operands page-locked in place for the run (and released after).
+    registered: str = ""
     rates: Timing | None = field(default=None, compare=False)
 
     # ----- grid ---------------------------------------------------------------------------
@@ -158,7 +176,7 @@ class Plan:
         return Tile(i, j, r0, min(r0 + self.bm, self.m), c0, min(c0 + self.bn, self.n))
 
     def tiles(self) -> Iterator[Tile]:
-        """C tiles in execution order."""
+        """C tiles in the order they are finished."""
         if not self.row_major:
             for j in range(self.nj):
                 for i in range(self.ni):
@@ -171,14 +189,51 @@ class Plan:
     def k_panels(self) -> list[tuple[int, int]]:
         return [(k0, min(k0 + self.bk, self.k)) for k0 in range(0, self.k, self.bk)]
 
+    def order_steps(self, done=frozenset(),
+                    head_rounds: int | None = None) -> Iterator[tuple[Tile, int]]:
+        """(tile, K panel) of every gemm in schedule order, skipping the tiles in ``done``.
+        Resident-c: the first nk - tail panels of every tile, K panel by K panel (rounds),
+        then each tile's last ``tail`` panels, tile by tile (``head_rounds``: only that many
+        rounds, for the pipeline model); the other orders: tile by tile."""
+        tiles = (t for t in self.tiles() if t.index not in done)
+        if self.order == "resident-c":
+            tiles, head = list(tiles), self.nk - self.tail
+            for kp in range(head if head_rounds is None else min(head, head_rounds)):
+                for t in tiles:
+                    yield t, kp
+            for t in tiles:
+                for kp in range(head, self.nk):
+                    yield t, kp
+            return
+        for t in tiles:
+            for kp in range(self.nk):
+                yield t, kp
+
     # ----- slots --------------------------------------------------------------------------
     @property
     def a_slots(self) -> int:
-        return self.nk + 1 if self.order == "resident-a" else 2
+        """A panel slots: a row panel and one more (resident-a); one panel per strip and one
+        more (resident-c: a round's A panels load while the round before computes, and with
+        them the next B panel); else two."""
+        if self.order in ("resident-a", "resident-c"):
+            return (self.nk if self.order == "resident-a" else self.ni) + 1
+        return 2
 
     @property
     def b_slots(self) -> int:
-        return self.nk + 1 if self.order == "resident-b" else 2
+        if self.order == "resident-b":
+            return self.nk + 1
+        return self.tail + 1 if self.order == "resident-c" else 2
+
+    @property
+    def c_slots(self) -> int:
+        """Device C tiles: C_SLOTS, or every tile of C in order resident-c."""
+        return self.n_tiles if self.order == "resident-c" else C_SLOTS
+
+    def staged(self, op: str) -> bool:
+        """Whether operand ``op`` ("A", "B", "C") goes through host staging buffers (a staging
+        plan, and not copied in place)."""
+        return self.staging and (self.in_place is None or op not in self.in_place)
 
     @property
     def a_panel_shape(self) -> tuple[int, int]:
@@ -211,41 +266,47 @@ class Plan:
         for ti, t in enumerate(tiles):
             for kp, (k0, k1) in enumerate(panels):
                 yield Step(t, kp, k0, k1, kp == 0, kp == len(panels) - 1, n % self.a_slots, True,
-                           n % self.b_slots, True, ti % C_SLOTS)
+                           n % self.b_slots, True, ti % self.c_slots)
                 n += 1
 
-    def _slot_schedule(self, done=frozenset()) -> Iterator[tuple]:
+    def _slot_schedule(self, done=frozenset(), head_rounds: int | None = None) -> Iterator[tuple]:
         """``steps`` as plain tuples (tile, kp, a_slot, load_a, b_slot, load_b, c_slot): the one
-        place the slots are assigned, shared by ``steps`` and the pipeline model."""
+        place the slots are assigned, shared by ``steps`` and the pipeline model
+        (``head_rounds``: see ``order_steps``)."""
         a_cache: OrderedDict = OrderedDict()  # key -> slot, in LRU order
         b_cache: OrderedDict = OrderedDict()
-        a_slots, b_slots, nk = self.a_slots, self.b_slots, self.nk
-        c_slot = 0
-        for t in self.tiles():
-            if t.index in done:
-                continue
-            for kp in range(nk):
-                a_slot, load_a = _lru(a_cache, (t.i, kp), a_slots)
-                b_slot, load_b = _lru(b_cache, (t.j, kp), b_slots)
-                yield t, kp, a_slot, load_a, b_slot, load_b, c_slot
-            c_slot = (c_slot + 1) % C_SLOTS
+        c_cache: dict = {}  # tile -> C slot, taken in turn as tiles start
+        a_slots, b_slots, c_slots = self.a_slots, self.b_slots, self.c_slots
+        for t, kp in self.order_steps(done, head_rounds):
+            a_slot, load_a = _lru(a_cache, (t.i, kp), a_slots)
+            b_slot, load_b = _lru(b_cache, (t.j, kp), b_slots)
+            c_slot = c_cache.get(t.index)
+            if c_slot is None:
+                c_slot = c_cache[t.index] = len(c_cache) % c_slots
+            yield t, kp, a_slot, load_a, b_slot, load_b, c_slot
 
     # ----- memory -------------------------------------------------------------------------
     @property
     def device_bytes(self) -> int:
         """Bytes the compute side holds: C tiles and the A and B panel slots."""
         w = self.itemsize
-        return (self.c_itemsize * C_SLOTS * self.bm * self.bn
+        return (self.c_itemsize * self.c_slots * self.bm * self.bn
                 + w * (self.a_slots * self.bm * self.bk + self.b_slots * self.bk * self.bn))
 
     @property
     def host_bytes(self) -> int:
-        """Host staging bytes (pinned). Without staging, the compute buffers are host memory."""
+        """Host staging bytes (pinned) of the operands that are staged. Without staging, the
+        compute buffers are host memory."""
         if not self.staging:
             return self.device_bytes
-        w = self.itemsize
-        return (w * HOST_PANEL_SLOTS * (self.bm * self.bk + self.bk * self.bn)
-                + self.c_itemsize * HOST_C_SLOTS * self.bm * self.bn)
+        w, wc, bm, bn, bk = self.itemsize, self.c_itemsize, self.bm, self.bn, self.bk
+        return sum(size * slots * bytes_ for op, slots, size, bytes_ in (
+            ("A", HOST_PANEL_SLOTS, bm * bk, w), ("B", HOST_PANEL_SLOTS, bk * bn, w),
+            ("C", HOST_C_SLOTS, bm * bn, wc)) if self.staged(op))
+
+    def host_c_slot(self, c_slot: int) -> int:
+        """The host C buffer a device C slot's tiles pass through (staging plans)."""
+        return c_slot % HOST_C_SLOTS
 
     # ----- traffic ------------------------------------------------------------------------
     @property
@@ -258,14 +319,18 @@ class Plan:
 
         Row-major tiles touch the row panel A(i, 0..nk-1) nj times in a row: it stays when its
         nk panels fit in the slots. Column-major tiles cycle through all ni*nk panels of A per
-        tile column: A stays only when all of it fits.
+        tile column: A stays only when all of it fits. Resident-c strips span C's width: each
+        A panel is used once.
         """
         cycle = self.nk if self.row_major else self.ni * self.nk
         return 1 if self.nj == 1 or self.a_slots >= cycle else self.nj
 
     @property
     def b_reads(self) -> int:
-        """Mirror image of ``a_reads``."""
+        """Mirror image of ``a_reads``; resident-c uses each B panel for every strip in a row
+        (its first panels) or keeps it in one of tail + 1 slots (its last)."""
+        if self.order == "resident-c":
+            return 1
         cycle = self.nj * self.nk if self.row_major else self.nk
         return 1 if self.ni == 1 or self.b_slots >= cycle else self.ni
 
@@ -317,9 +382,11 @@ class Plan:
         return self.__dict__["_predicted"]
 
     def key(self) -> dict:
-        """What identifies the schedule (recorded in the resume journal)."""
-        return {f: getattr(self, f) for f in
-                ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c", "bm", "bn", "bk", "order")}
+        """What identifies the schedule (recorded in the resume journal; resident-c's tail
+        too)."""
+        fields = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c", "bm", "bn", "bk",
+                  "order") + (("tail",) if self.order == "resident-c" else ())
+        return {f: getattr(self, f) for f in fields}
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -338,11 +405,14 @@ class Plan:
                         + (f" (C in {self.c_dtype})" if self.c_dtype != self.dtype else "")),
             ("loop order", self.order),
             ("C tiles", f"{self.ni} x {self.nj} = {self.n_tiles} tiles of {self.bm} x {self.bn}"),
-            ("K panels", f"{self.nk} per tile, depth {self.bk}"),
+            ("K panels", f"{self.nk} per tile, depth {self.bk}"
+                         + (f"; the last {self.tail} tile by tile" if self.order == "resident-c"
+                            else "")),
             ("device memory", f"{format_bytes(self.device_bytes)} of {format_bytes(self.device_budget)}"
-                              f" (C {C_SLOTS}, A {self.a_slots}, B {self.b_slots} slots)"),
+                              f" (C {self.c_slots}, A {self.a_slots}, B {self.b_slots} slots)"),
             ("host staging", f"{format_bytes(self.host_bytes)} of {format_bytes(self.host_budget)}"
-                             + ("" if self.staging else " (shared with compute)")),
+                             + ("" if self.staging else " (shared with compute)")
+                             + self._in_place_note()),
             ("read", f"{format_bytes(self.bytes_read)} (A x{self.a_reads}, B x{self.b_reads}"
                      + (", C x1)" if self.reads_c else ")")),
             ("written", format_bytes(self.bytes_written)),
@@ -360,6 +430,15 @@ class Plan:
             rows.append(("predicted time", format_seconds(t)))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+    def _in_place_note(self) -> str:
+        """How the user's arrays are copied, for the printed plan."""
+        if not self.staging or not self.in_place:
+            return ""
+        ops = ", ".join(self.in_place)
+        reg = ", ".join(op for op in self.in_place if op in self.registered)
+        return f" ({ops} copied in place" + (f"; {reg} page-locked for the run)" if reg else ")")
 
 
 def _lru(cache: OrderedDict, key, capacity: int) -> tuple[int, bool]:

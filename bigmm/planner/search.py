@@ -21,8 +21,8 @@ from dataclasses import replace
 
 from ..errors import BudgetError, DtypeError, PlanError, ShapeError
 from ..units import DTYPES, format_bytes
-from .model import Rates, StageTimes, stage_times
-from .schedule import ORDERS, Plan
+from .model import SIM_STEPS, Rates, StageTimes, stage_times
+from .schedule import OPERANDS, ORDERS, Plan
 
 #: Fixed cost of one gemm step (launch, events, the executor's bookkeeping), counted as bytes
 #: moved when comparing schedules: about 40 us at 25 GB/s. Stops the planner from trading a few
@@ -36,6 +36,8 @@ SIM_PLANS = 32
 #: are also tried with deeper K panels.
 SIM_LARGE = 8
 DEEPEN = 4
+#: Resident-c candidates simulated (those with the lowest bounds).
+SIM_RESIDENT_C = 8
 
 
 def _check_dims(m: int, n: int, k: int) -> None:
@@ -108,7 +110,9 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               a_chunks: tuple[int, int] | None = None, b_chunks: tuple[int, int] | None = None,
               align: int = 256, max_bk: int = 4096, min_tile: int = 8,
               tile: tuple[int, int, int] | None = None, order: str | None = None,
-              rates: Rates | None = None, step_bytes: int = STEP_COST_BYTES) -> Plan:
+              rates: Rates | None = None, step_bytes: int = STEP_COST_BYTES,
+              tail: int | None = None, in_place: str | None = None,
+              registered: str = "") -> Plan:
     """Choose the schedule moving the fewest bytes within both budgets (cached: see
     :func:`_cached_plans`).
 
@@ -124,8 +128,16 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
 
     ``a_chunks``/``b_chunks`` are the stored datasets' chunk shapes (before transposition);
     tile edges are multiples of them where the budget allows. ``tile``=(bm, bn, bk) and
-    ``order`` fix the schedule (used to resume a run exactly as it started); they are checked
-    against the budgets like any other.
+    ``order`` fix the schedule (used to resume a run exactly as it started), with ``tail``
+    for resident-c (default 1); they are checked against the budgets like any other.
+
+    Order resident-c (every C strip on the device: :mod:`.schedule`) is a candidate when
+    choosing by time with staging, where the copies may bound the run.
+
+    ``in_place``: the operands ("A", "B", "C") copied in place from the user's arrays (no
+    host staging slots for them; the model counts no host reads or writes), None where the
+    executor decides; ``registered``: those of them page-locked for the run (its cost counts
+    in the predicted time: ``Rates.register_bytes``).
     """
     _check_dims(m, n, k)
     if dtype not in DTYPES:
@@ -136,19 +148,15 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
         if v is not None and (not isinstance(v, int) or v <= 0):
             raise BudgetError(f"Expected the {name} as a positive number of bytes. Got {v!r}.")
     host_budget = device_budget if host_budget is None else host_budget
+    in_place, registered = _check_in_place(in_place, registered)
     base = dict(m=m, n=n, k=k, dtype=dtype, trans_a=trans_a, trans_b=trans_b, reads_c=reads_c,
                 staging=staging, device_budget=device_budget, host_budget=host_budget,
                 a_chunks=tuple(a_chunks) if a_chunks else None,
-                b_chunks=tuple(b_chunks) if b_chunks else None, rates=rates)
+                b_chunks=tuple(b_chunks) if b_chunks else None, rates=rates,
+                in_place=in_place, registered=registered)
 
     if tile is not None:
-        bm, bn, bk = tile
-        for name, v, dim in (("bm", bm, m), ("bn", bn, n), ("bk", bk, k)):
-            if not isinstance(v, int) or v < 1:
-                raise PlanError(f"Expected tile size {name} to be a positive integer. Got {v!r}.")
-        plan = Plan(bm=min(bm, m), bn=min(bn, n), bk=min(bk, k), order=order or "stream", **base)
-        _check_fits(plan)
-        return plan
+        return _fixed(tile, order or "stream", tail, base)
 
     am, ak = _op_chunks(a_chunks, trans_a)
     bkc, bnc = _op_chunks(b_chunks, trans_b)
@@ -161,7 +169,12 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
         shallow = max(max_bk, uk)
         bks = [b for b in depths if b <= shallow] or [min(k, uk)]
         found = []
-        for o in ((order,) if order else ORDERS):
+        orders = (order,) if order else ORDERS
+        if "resident-c" in orders:
+            if order or (rates is not None and staging):
+                found += _resident_c(_candidates(m, um, min_tile), bks, base, step_bytes)
+            orders = tuple(o for o in orders if o != "resident-c")
+        for o in orders:
             for bm in _candidates(m, um, min_tile):
                 for bn in _candidates(n, un, min_tile):
                     if not _fits(Plan(bm=bm, bn=bn, bk=bks[-1], order=o, **base)):
@@ -176,18 +189,22 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
             if rates is None:
                 return min(found, key=lambda x: x[0])[1]
             return _fastest(found, rates, [b for b in depths if shallow < b <= 2 * shallow])
-    raise _too_small(Plan(bm=min(m, min_tile), bn=min(n, min_tile), bk=min(k, min_tile),
-                          order="stream", **base))
+    smallest = min(m, min_tile), min(n, min_tile), min(k, min_tile)
+    if order == "resident-c":  # strips C's width, and every one of them on the device
+        smallest = (smallest[0], n, smallest[2])
+    raise _too_small(Plan(bm=smallest[0], bn=smallest[1], bk=smallest[2],
+                          order=order or "stream", tail=1 if order == "resident-c" else 0,
+                          **base))
 
 
 def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = ()) -> Plan:
-    """The candidate with the shortest predicted makespan (ties: the byte score): the first
-    SIM_PLANS in order of ``StageTimes.guess`` and the SIM_LARGE with the fewest steps are
-    simulated (a candidate whose lower bound exceeds the best makespan found is not), and the
-    DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest first) that
-    fits (fewer C-tile updates and steps against a longer fill)."""
-    ranked = sorted(((stage_times(p, rates), score, p) for score, p in found),
-                    key=lambda x: (x[0].guess, x[1]))
+    """The candidate with the shortest predicted makespan (ties: the byte score). Of the
+    candidates in orders stream and resident-a/b, the first SIM_PLANS in order of
+    ``StageTimes.guess`` and the SIM_LARGE with the fewest steps are simulated, and the
+    DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest first)
+    that fits (fewer C-tile updates and steps against a longer fill); of the resident-c
+    candidates, the first SIM_RESIDENT_C by guess. A candidate whose lower bound exceeds the
+    best makespan found is not simulated."""
     timed: list[tuple[float, tuple, Plan]] = []
     best = math.inf
 
@@ -197,12 +214,15 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
             timed.append((p.predicted_seconds, score, p))
             best = min(best, timed[-1][0])
 
-    rest = []
-    for i, candidate in enumerate(ranked):
-        if len(timed) == SIM_PLANS:
-            rest = ranked[i:]
-            break
+    def ranked(resident_c: bool) -> list:
+        return sorted(((stage_times(p, rates), score, p) for score, p in found
+                       if (p.order == "resident-c") == resident_c),
+                      key=lambda x: (x[0].guess, x[1]))
+
+    tiles = ranked(False)
+    for candidate in tiles[:SIM_PLANS]:
         simulate_unless_bounded(*candidate)
+    rest = tiles[SIM_PLANS:]
     for candidate in sorted(rest, key=lambda x: (x[2].n_steps, x[0].guess, x[1]))[:SIM_LARGE]:
         simulate_unless_bounded(*candidate)
     timed.sort(key=lambda x: x[:2])
@@ -210,7 +230,73 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
         deeper = next((q for q in (replace(p, bk=bk) for bk in depths) if _fits(q)), None)
         if deeper is not None:
             timed.append((deeper.predicted_seconds, score, deeper))
+    for candidate in ranked(True)[:SIM_RESIDENT_C]:
+        simulate_unless_bounded(*candidate)
     return min(timed, key=lambda x: x[:2])[2]
+
+
+def _fixed(tile: tuple[int, int, int], order: str, tail: int | None, base: dict) -> Plan:
+    """The plan of an explicit tile and order (resident-c: strips C's width, ``tail`` K
+    panels finished strip by strip, default 1), checked against the budgets."""
+    bm, bn, bk = tile
+    for name, v in (("bm", bm), ("bn", bn), ("bk", bk)):
+        if not isinstance(v, int) or v < 1:
+            raise PlanError(f"Expected tile size {name} to be a positive integer. Got {v!r}.")
+    m, n, k = base["m"], base["n"], base["k"]
+    plan = Plan(bm=min(bm, m), bn=min(bn, n), bk=min(bk, k), order=order, **base)
+    if order == "resident-c":
+        if plan.bn != n:
+            raise PlanError(f"Expected tiles as wide as C ({n}) for order resident-c. "
+                            f"Got bn={bn}.")
+        tail = 1 if tail is None else tail
+        if not isinstance(tail, int) or not 1 <= tail <= plan.nk:
+            raise PlanError(f"Expected tail between 1 and {plan.nk} (the K panels) for order "
+                            f"resident-c. Got {tail!r}.")
+        plan = replace(plan, tail=tail)
+    _check_fits(plan)
+    return plan
+
+
+#: Resident-c's tails: the K panels finished strip by strip, as shares of all of them.
+TAIL_SHARES = (0.0, 0.125, 0.25, 0.5, 1.0)
+
+
+def _resident_c(bms: list[int], bks: list[int], base: dict, step_bytes: int) -> list:
+    """Resident-c candidates (score, plan): strips of each height in ``bms`` with the
+    deepest K panels of ``bks`` that fit, and the shallower half of that depth, each with
+    the tails of TAIL_SHARES that fit (at least one panel; at most SIM_STEPS strip steps in
+    the tail, which the model simulates whole)."""
+    m, n, k = base["m"], base["n"], base["k"]
+    found = []
+    for bm in bms:
+        ni = -(-m // bm)
+        if ni > SIM_STEPS // 4:
+            continue
+        fitting = [bk for bk in bks if _fits(Plan(bm=bm, bn=n, bk=bk, order="resident-c",
+                                                  tail=1, **base))]
+        for bk in fitting[:1] + [b for b in fitting[1:] if 2 * b <= fitting[0]][:1]:
+            nk = -(-k // bk)
+            for tail in sorted({max(1, math.ceil(share * nk)) for share in TAIL_SHARES}):
+                p = Plan(bm=bm, bn=n, bk=bk, order="resident-c", tail=tail, **base)
+                if ni * tail <= SIM_STEPS and _fits(p):
+                    found.append(((_cost(p, step_bytes), p.n_steps, -p.bk,
+                                   ORDERS.index(p.order)), p))
+    return found
+
+
+def _check_in_place(in_place: str | None, registered: str) -> tuple[str | None, str]:
+    """``in_place`` and ``registered`` as canonical operand strings ("AB", ...); PlanError
+    unless they name operands A, B and C, ``registered`` only among ``in_place``."""
+    for name, v in (("in_place", in_place), ("registered", registered)):
+        if v is not None and (not isinstance(v, str) or set(v) - set(OPERANDS)):
+            raise PlanError(f"Expected {name} as operand letters among 'ABC'. Got {v!r}.")
+    registered = "".join(op for op in OPERANDS if op in (registered or ""))
+    if registered and (in_place is None or set(registered) - set(in_place)):
+        raise PlanError(f"Expected registered operands among those in place. Got "
+                        f"registered={registered!r} with in_place={in_place!r}.")
+    if in_place is not None:
+        in_place = "".join(op for op in OPERANDS if op in in_place)
+    return in_place, registered
 
 
 def _cost(p: Plan, step_bytes: int = STEP_COST_BYTES) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 
 from bigmm import io
 from bigmm.backends.numpy import NumpyBackend
+from bigmm.errors import RegisterError
 from bigmm.executor import execute
 from bigmm.planner import make_plan
 from bigmm.testing import random_matrix, reference_gemm
@@ -147,6 +148,63 @@ class PinnedAsyncBackend(AsyncBackend):
         super().copy_out(dev, host, stream)
 
 
+class RegisteringAsyncBackend(PinnedAsyncBackend):
+    """PinnedAsyncBackend with the Registers ability: ``register`` page-locks a range (whole
+    pages, as the driver does; a range overlapping a locked one is refused, as the driver
+    refuses a page locked twice), ``refuse(ptr, nbytes, read_only)`` says which requests the
+    driver refuses. ``unregister`` releases a range only while no copy is queued or running;
+    a copy that runs on memory no longer locked is recorded in ``violations``."""
+
+    PAGE = 4096
+
+    def __init__(self, seed=0, refuse=None):
+        super().__init__(seed)
+        self.refuse = refuse
+        self.locked: dict[int, int] = {}
+        self.calls: list[tuple] = []
+        self.violations: list[str] = []
+        self.queued = 0  # copies queued and not yet run
+        self.lock = threading.Lock()
+
+    def register(self, ptr, nbytes, read_only=False):
+        self.calls.append(("register", ptr, nbytes, read_only))
+        lo = ptr - ptr % self.PAGE
+        hi = -(-(ptr + nbytes) // self.PAGE) * self.PAGE
+        if self.refuse is not None and self.refuse(ptr, nbytes, read_only):
+            raise RegisterError("Expected the driver to page-lock the range. Got refused.")
+        if any(a < hi and lo < b for a, b in self.pinned):
+            raise RegisterError("Expected pages not locked yet. Got a page locked twice.")
+        self.pinned.append((lo, hi))
+        self.locked[ptr] = hi - lo
+
+    def unregister(self, ptr):
+        assert self.queued == 0, "a range was released while copies were queued"
+        self.calls.append(("unregister", ptr))
+        lo = ptr - ptr % self.PAGE
+        self.pinned.remove((lo, lo + self.locked.pop(ptr)))
+
+    def _queue(self, stream, op, host):
+        with self.lock:
+            self.queued += 1
+
+        def run():
+            if not self.host_pinned(host):
+                self.violations.append(f"copy of {host.shape} from memory not locked")
+            op()
+            with self.lock:
+                self.queued -= 1
+
+        stream.q.put(run)
+
+    def copy_in(self, host, dev, stream):
+        assert self.host_pinned(host), "a pageable host array reached copy_in"
+        self._queue(stream, lambda: np.copyto(dev.arr, host), host)
+
+    def copy_out(self, dev, host, stream):
+        assert self.host_pinned(host), "a pageable host array reached copy_out"
+        self._queue(stream, lambda: np.copyto(host, dev.arr), host)
+
+
 class RecordingAsyncBackend(PinnedAsyncBackend):
     """PinnedAsyncBackend that records every gemm's shapes and beta, in issue order."""
 
@@ -172,8 +230,10 @@ def job_record(plan, alpha, beta):
 
 
 def run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alpha=1.0,
-         beta=0.0, order=None, budget_tiles=(16, 16, 24), layout=None, seed=0, **exec_kw):
-    """Write A, B (and C) to HDF5, run the executor, return (C read back, reference, stats)."""
+         beta=0.0, order=None, budget_tiles=(16, 16, 24), layout=None, seed=0, tail=None,
+         **exec_kw):
+    """Write A, B (and C) to HDF5, run the executor, return (C read back, reference, stats).
+    Order resident-c takes strips C's width (``budget_tiles``' bn is ignored) and ``tail``."""
     a = random_matrix((k, m) if ta else (m, k), dtype, seed)
     b = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
     c0 = random_matrix((m, n), dtype, seed + 2)
@@ -183,9 +243,12 @@ def run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alp
     spec_c = h5(tmp_path / "c.h5", "C", c0) if beta else str(tmp_path / "c.h5") + ":/C"
     bm, bn, bk = budget_tiles
     w = np.dtype(dtype).itemsize
+    budget = w * (2 * bm * bn + 2 * (bm + bn) * bk) * 4
+    if order == "resident-c":  # every strip of C on the device
+        bn, budget = n, w * ((m + 2 * bm) * n + (m + 2 * bm) * bk + (k + 2 * bk) * n) * 2
     plan = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb, reads_c=beta != 0,
-                     device_budget=w * (2 * bm * bn + 2 * (bm + bn) * bk) * 4,
-                     staging=backend.staging, align=8, tile=(bm, bn, bk), order=order)
+                     device_budget=budget, staging=backend.staging, align=8,
+                     tile=(bm, bn, bk), order=order, tail=tail)
     A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
     sink = io.open_output(spec_c, shape=(m, n), dtype=dtype, inputs=[A, B],
                           job=job_record(plan, alpha, beta), reads_c=beta != 0)

@@ -34,6 +34,9 @@ CASES = [
     (53, 29, 61, np.float64, True, False, 0.75, -2.0, "resident-a"),  # A row panel resident
     (29, 53, 61, np.float64, False, True, 1.0, 1.0, "resident-b"),  # B column panel resident
     (101, 3, 67, np.float32, False, False, 1.0, 0.0, "resident-a"),  # tall-skinny
+    (37, 41, 97, np.float64, False, False, -1.5, 0.0, "resident-c"),  # every C strip resident
+    (53, 29, 61, np.float32, True, True, 1.0, 0.5, "resident-c"),  # old C read into strips
+    # through two host C buffers in the first round
 ]
 
 
@@ -47,6 +50,25 @@ def test_product_matches_reference(tmp_path, bname, m, n, k, dtype, ta, tb, alph
     assert stats.tiles_done == plan.n_tiles and stats.tiles_skipped == 0
     assert stats.flops == plan.flops
     assert stats.bytes_written == plan.bytes_written
+
+
+TAILS = [
+    # (m, n, k, beta, tail): K panels of 24, strips of 16 rows
+    (70, 33, 97, 0.0, 1),  # one panel finished strip by strip
+    (70, 33, 97, 1.0, 3),  # three, old C read
+    (70, 33, 97, 0.0, 5),  # all of them: B wholly resident, strips one by one
+    (9, 33, 20, -1.0, 1),  # one strip, one panel
+]
+
+
+@pytest.mark.parametrize("bname", list(BACKENDS))
+@pytest.mark.parametrize("m,n,k,beta,tail", TAILS)
+def test_resident_c_tails(tmp_path, bname, m, n, k, beta, tail):
+    out, ref, stats, plan = run(tmp_path, BACKENDS[bname](), m=m, n=n, k=k, beta=beta,
+                                 alpha=0.5, order="resident-c", tail=tail, io_threads=2)
+    assert plan.order == "resident-c" and plan.tail == tail and plan.c_slots == plan.ni
+    assert relative_error(out, ref) <= tolerance(np.float64, k)
+    assert stats.bytes_read == plan.bytes_read == 8 * (m * k + k * n + (m * n if beta else 0))
 
 
 LAYOUTS = [

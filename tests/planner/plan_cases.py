@@ -27,6 +27,20 @@ def problems(draw):
                 a_chunks=draw(chunk), b_chunks=draw(chunk), align=draw(st.sampled_from([1, 16, 128])))
 
 
+@st.composite
+def resident_c(draw):
+    """Problems forced into order resident-c (strips as wide as C, a random tail), with a
+    budget that holds them."""
+    kw = draw(problems())
+    m, n, k = kw["m"], kw["n"], kw["k"]
+    bm, bk = draw(st.integers(1, m)), draw(st.integers(1, k))
+    nk = -(-k // bk)
+    w = 4 if kw["dtype"] == "float32" else 8
+    budget = w * ((m + 2 * bm) * n + (m + 2 * bm) * bk + (nk + 1) * bk * n) + 64
+    return dict(kw, device_budget=budget, host_budget=None, tile=(bm, n, bk),
+                order="resident-c", tail=draw(st.integers(1, nk)))
+
+
 def plan_or_none(kw):
     try:
         return make_plan(**kw)
@@ -38,10 +52,24 @@ def plan_or_none(kw):
 @st.composite
 def rates(draw):
     rate = st.floats(min_value=1e6, max_value=1e12)
+    fixed = st.sampled_from([0.0, 1e-6, 4e-5, 1e-3])
     return Rates(flops=draw(st.floats(min_value=1e8, max_value=1e15)), read_bytes=draw(rate),
                  write_bytes=draw(rate), h2d_bytes=draw(st.one_of(st.none(), rate)),
                  memory_bytes=draw(st.one_of(st.none(), rate)),
-                 wave_flops=draw(st.one_of(st.none(), st.floats(min_value=1e3, max_value=1e9))))
+                 wave_flops=draw(st.one_of(st.none(), st.floats(min_value=1e3, max_value=1e9))),
+                 per_step=draw(fixed), per_load=draw(fixed), per_row=draw(fixed),
+                 register_bytes=draw(st.one_of(st.none(), rate)))
+
+
+@st.composite
+def in_place(draw):
+    """(in_place, registered) of a plan: None (the executor decides), or operands copied in
+    place and some of them locked for the run."""
+    ops = draw(st.one_of(st.none(), st.sets(st.sampled_from("ABC"))))
+    if ops is None:
+        return None, ""
+    locked = draw(st.sets(st.sampled_from(sorted(ops)))) if ops else set()
+    return "".join(sorted(ops)), "".join(sorted(locked))
 
 
 GiB = 2**30

@@ -8,19 +8,22 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
-from plan_cases import GiB, H100_ARRAYS, H100_PINNED, N32, plan_or_none, problems, rates
+from hypothesis import strategies as st
+from plan_cases import (GiB, H100_ARRAYS, H100_PINNED, N32, in_place, plan_or_none, problems,
+                        rates, resident_c)
 
 from bigmm.planner import ORDERS, make_plan
 from bigmm.planner.model import (RATE_STEPS, SIM_STEPS, STEP_SECONDS, predict_seconds, simulate,
                               snap_rate, stage_times)
 
 
-@settings(max_examples=120, deadline=None)
-@given(problems(), rates())
-def test_simulated_makespan_lies_between_the_stage_bounds(kw, r):
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(problems(), resident_c()), rates(), in_place())
+def test_simulated_makespan_lies_between_the_stage_bounds(kw, r, ops):
     """No stage finishes its work sooner than alone, and the stages one after the other
-    bound the pipeline; the bounds the planner prunes with are true bounds."""
-    plan = plan_or_none(kw)
+    bound the pipeline; the bounds the planner prunes with are true bounds (every order,
+    operands copied in place or locked, fixed costs of steps, reads and rows)."""
+    plan = plan_or_none(dict(kw, in_place=ops[0], registered=ops[1]))
     if plan is None or plan.n_tiles * plan.nk > 3000:
         return
     st_ = stage_times(plan, r)
@@ -41,6 +44,8 @@ def test_simulated_makespan_lies_between_the_stage_bounds(kw, r):
 def test_extrapolation_matches_the_whole_simulation(m, n, k, budget):
     long = 0
     for order in ORDERS:
+        if order == "resident-c" and m * n * 4 > budget:  # all of C on the device
+            continue
         plan = make_plan(m, n, k, device_budget=budget, host_budget=32 * GiB,
                          rates=H100_ARRAYS, order=order)
         long += plan.n_tiles * plan.nk > SIM_STEPS
@@ -118,3 +123,63 @@ def test_calibrated_rates_snap_to_one_grid():
     a, b = r.snapped(), replace(r, flops=centre * 0.997, h2d_bytes=55e9 * 1.001).snapped()
     assert a == b and a.read_bytes == r.read_bytes and a.wave_flops == r.wave_flops
     assert make_plan(**N32, rates=a).key() == make_plan(**N32, rates=b).key()
+
+
+TF32_PINNED = replace(H100_PINNED, flops=370e12, wave_flops=2 * 128 * 256 * 132,
+                      per_row=2e-7, register_bytes=20e9)
+
+
+@pytest.mark.parametrize("m, n, k, budget, tile, tail", [
+    (32768, 32768, 32768, 8 * GiB, (1024, 32768, 512), 8),  # the 8 GiB job: 32 strips, 64
+    # panels
+    (81920, 81920, 81920, 40 * GiB, (2048, 81920, 2048), 10),  # larger than the GPU: rounds
+    # of 40 strips
+])
+def test_resident_c_extrapolation_matches_the_whole_simulation(m, n, k, budget, tile, tail):
+    plan = make_plan(m, n, k, device_budget=budget, host_budget=32 * GiB, rates=TF32_PINNED,
+                     tile=tile, order="resident-c", tail=tail, in_place="ABC")
+    assert plan.n_steps > SIM_STEPS
+    whole = predict_seconds(plan, TF32_PINNED, max_steps=10**9)
+    assert predict_seconds(plan, TF32_PINNED) == pytest.approx(whole, rel=0.02)
+
+
+def test_locking_delays_the_whole_run_by_its_time():
+    # the same schedule with the arrays locked first: every stage starts after the locking
+    args = dict(device_budget=8 * GiB, host_budget=32 * GiB, rates=TF32_PINNED,
+                tile=(4096, 8192, 4096), order="resident-a", in_place="ABC")
+    free = make_plan(16384, 16384, 16384, **args)
+    locked = make_plan(16384, 16384, 16384, **args, registered="ABC")
+    setup = 3 * 4 * 16384**2 / TF32_PINNED.register_bytes
+    assert locked.predicted_seconds == pytest.approx(free.predicted_seconds + setup)
+    assert make_plan(16384, 16384, 16384, **args, registered="A").predicted_seconds == \
+        pytest.approx(free.predicted_seconds + setup / 3)
+
+
+def test_pitched_copies_in_place_cost_their_rows():
+    # A's panels narrower than its rows are 2-D copies of bm rows each; B's panels span whole
+    # rows (one tile column), C's tiles too: only A pays
+    args = dict(device_budget=8 * GiB, host_budget=32 * GiB, tile=(4096, 8192, 2048),
+                order="stream", in_place="ABC")
+    flat = make_plan(8192, 8192, 8192, **args, rates=replace(TF32_PINNED, per_row=0.0))
+    rowed = make_plan(8192, 8192, 8192, **args, rates=TF32_PINNED)
+    bare, costed = stage_times(flat, flat.rates), stage_times(rowed, rowed.rates)
+    assert costed.copy_in - bare.copy_in == pytest.approx(
+        TF32_PINNED.per_row * rowed.a_reads * 8192 * rowed.nk)
+    assert costed.copy_out == bare.copy_out
+    staged = make_plan(8192, 8192, 8192, **dict(args, in_place=""), rates=TF32_PINNED)
+    assert stage_times(staged, staged.rates).copy_in == pytest.approx(
+        staged.bytes_h2d / TF32_PINNED.h2d_bytes)  # staged panels are contiguous
+
+
+def test_fixed_costs_of_steps_and_reads_count_per_step_and_per_read():
+    base = replace(H100_ARRAYS, per_step=0.0, per_load=0.0)
+    args = dict(device_budget=GiB, host_budget=GiB, tile=(512, 512, 512), order="stream",
+                staging=False)
+    p = make_plan(4096, 4096, 4096, **args, rates=base)
+    costly = replace(base, per_step=1e-3, per_load=2e-3)
+    bare, costed = stage_times(p, base), stage_times(p, costly)
+    assert costed.compute - bare.compute == pytest.approx(1e-3 * p.n_steps)
+    loads = p.a_reads * p.ni * p.nk + p.b_reads * p.nj * p.nk
+    assert costed.read - bare.read == pytest.approx(2e-3 * loads)
+    assert costed.write - bare.write == pytest.approx(2e-3 * p.n_tiles)
+    assert predict_seconds(p, costly) > predict_seconds(p, base) + 1e-3 * p.n_steps * 0.99

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from plan_cases import plan_or_none, problems
+from plan_cases import plan_or_none, problems, resident_c
 
 from bigmm.planner import make_plan
 
@@ -49,9 +49,11 @@ def test_k_panels_cover_k_once_and_budgets_hold(kw):
 
 
 @settings(max_examples=120, deadline=None)
-@given(problems(), st.data())
+@given(st.one_of(problems(), resident_c()), st.data())
 def test_steps_load_every_panel_into_a_free_slot(kw, data):
-    """Simulate the slots: every gemm finds its panels in place; loads match the traffic."""
+    """Simulate the slots: every gemm finds its panels in place; loads match the traffic;
+    every tile's K panels come in order (resident-c: its first ones in rounds over the
+    tiles, its last ``tail`` tile by tile)."""
     plan = plan_or_none(kw)
     if plan is None or plan.n_tiles * plan.nk > 4000:
         return
@@ -78,8 +80,16 @@ def test_steps_load_every_panel_into_a_free_slot(kw, data):
         last_use_a[step.a_slot] = last_use_b[step.b_slot] = s
         seen.append((step.tile.index, step.kp, step.first, step.last))
     expected = [(t.index, kp, kp == 0, kp == plan.nk - 1)
-                for t in tiles if t.index not in done for kp in range(plan.nk)]
+                for t, kp in plan.order_steps(done)]
     assert seen == expected
+    assert sorted(x[:2] for x in seen) == sorted(
+        (t.index, kp) for t in tiles if t.index not in done for kp in range(plan.nk))
+    if plan.order == "resident-c":
+        head = plan.nk - plan.tail
+        live = [t.index for t in tiles if t.index not in done]
+        assert [x[:2] for x in seen[:head * len(live)]] == [
+            (i, kp) for kp in range(head) for i in live]
+        assert len({s.c_slot for s in plan.steps(done=done)}) == len(live)  # all resident
     if not done:
         assert loads_a == plan.a_reads * plan.m * plan.k
         assert loads_b == plan.b_reads * plan.k * plan.n
@@ -98,6 +108,7 @@ def test_plan_prints_a_table_and_serialises():
     "stream",      # every tile streams its panels
     "resident-a",  # a row panel of A stays for its row of tiles
     "resident-b",  # a column panel of B stays for its column of tiles
+    "resident-c",  # every C strip stays, K panels streamed once
 ])
 def test_each_order_is_valid_when_forced(order):
     # small budget, odd shape: every forced order still covers C within budget
@@ -128,3 +139,28 @@ def test_the_predicted_time_comes_from_the_rates_the_plan_holds():
     assert replace(timed, rates=_Clock(2.0)).predicted_seconds == 2.0
     assert timed == plan and timed.key() == plan.key()
     assert "predicted time" in str(timed) and "predicted time" not in str(plan)
+
+
+@settings(max_examples=100, deadline=None)
+@given(resident_c())
+def test_resident_c_reads_each_input_once_and_holds_all_of_c(kw):
+    plan = plan_or_none(kw)
+    if plan is None:
+        return
+    assert (plan.a_reads, plan.b_reads) == (1, 1) and plan.bn == plan.n
+    assert plan.c_slots == plan.ni and plan.b_slots == plan.tail + 1
+    assert plan.device_bytes >= plan.itemsize * plan.m * plan.n
+    again = make_plan(**dict(kw, tile=(plan.bm, plan.bn, plan.bk), tail=plan.tail))
+    assert again == plan and again.key()["tail"] == plan.tail
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(tile=(8, 10, 8), order="resident-c"), ["as wide as C", "bn=10"]),  # strips of C
+    (dict(tile=(8, 30, 8), order="resident-c", tail=5), ["tail", "between 1 and 4"]),  # tail
+    (dict(in_place="AD"), ["in_place", "AD"]),  # an operand that is not one
+])
+def test_bad_resident_c_and_in_place_arguments_name_the_value(kwargs, words):
+    with pytest.raises(Exception) as exc:
+        make_plan(30, 30, 30, device_budget=1 << 20, **kwargs)
+    for w in words:
+        assert w in str(exc.value)

@@ -12,7 +12,7 @@ from plan_cases import (GiB, H100_ARRAYS, H100_DISK, H100_PINNED, N32, plan_or_n
                         rates)
 
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
-from bigmm.planner import make_plan
+from bigmm.planner import Rates, make_plan
 from bigmm.planner.model import predict_seconds, stage_times
 from bigmm.planner.search import STEP_COST_BYTES, cpu_step_bytes, even_edge
 
@@ -215,3 +215,55 @@ def test_the_last_waves_keep_tiles_large():
 def test_even_edges_cover_the_dimension_in_whole_units(dim, parts, unit, edge):
     assert even_edge(dim, parts, unit) == edge
     assert -(-dim // edge) <= parts and (edge % unit == 0 or edge == dim)
+
+
+#: TF32 tensor cores on an H100 with the arrays copied in place: the copies bound the run
+#: wherever inputs are read more than about twice.
+TF32_IN_PLACE = Rates(flops=367e12, read_bytes=15e9, write_bytes=5e9, h2d_bytes=54e9,
+                      memory_bytes=2.9e12, wave_flops=2.0 * 128 * 256 * 132, per_row=1e-7)
+#: The H100's CUDA cores (the own kernel, cuBLAS SGEMM) from arrays staged at the host's copy
+#: rate.
+CUDA_STAGED = Rates(flops=47e12, read_bytes=20e9, write_bytes=10e9, h2d_bytes=54e9,
+                    memory_bytes=2.9e12, wave_flops=2.0 * 128 * 128 * 264)
+
+
+@pytest.mark.parametrize("n, budget", [
+    (32768, 8 * GiB),    # the 8 GiB job: C (4 GiB) fits, each input read once
+    (16384, 2 * GiB),    # the same at a quarter of the size
+    (24576, 9 * GiB // 2),  # C takes half the budget
+])
+def test_copy_bound_plans_move_close_to_the_bound_and_use_the_budget(n, budget):
+    p = make_plan(n, n, n, device_budget=budget, host_budget=32 * GiB, rates=TF32_IN_PLACE,
+                  in_place="ABC")
+    assert p.bound_ratio <= 1.25 and p.device_bytes >= 0.5 * budget
+    # within 1.5x of the arithmetic alone or the copies alone (the model also counts C's
+    # traffic as the steps add into it, the last waves, the first panels and the last strip)
+    compute = p.flops / TF32_IN_PLACE.flops
+    link = p.bytes_h2d / TF32_IN_PLACE.h2d_bytes
+    assert p.predicted_seconds <= 1.5 * max(compute, link)
+    # against the old choice, which read B twice through a small C tile
+    old = make_plan(n, n, n, device_budget=budget, host_budget=32 * GiB, rates=TF32_IN_PLACE,
+                    in_place="ABC", order="resident-a", tile=(n // 2, 4096, 4096))
+    assert p.predicted_seconds < old.predicted_seconds
+
+
+def test_cost_per_flop_is_flat_from_32768_to_81920_on_cuda_cores():
+    # default budgets of an H100: 85% of 78 GiB on the device, a quarter of the RAM left
+    # once A, B and C are in it
+    per_flop = []
+    for n in (32768, 49152, 65536, 81920):
+        host = int(0.25 * (125 * GiB - 3 * 4 * n * n))
+        p = make_plan(n, n, n, device_budget=int(0.85 * 78 * GiB) >> 26 << 26,
+                      host_budget=max(host, GiB) >> 26 << 26, rates=CUDA_STAGED, in_place="")
+        per_flop.append(p.predicted_seconds / p.flops)
+    assert max(per_flop) <= 1.1 * min(per_flop)
+
+
+def test_resident_c_is_a_candidate_only_when_timed_with_staging():
+    # by bytes (no rates) or on the CPU the orders are those of before
+    for kw in (dict(), dict(rates=TF32_IN_PLACE, staging=False)):
+        p = make_plan(4096, 4096, 4096, device_budget=GiB, **kw)
+        assert p.order != "resident-c"
+    assert make_plan(4096, 4096, 4096, device_budget=GiB,
+                     rates=TF32_IN_PLACE).order in ("resident-c", "resident-a", "resident-b",
+                                                    "stream")
