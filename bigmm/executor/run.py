@@ -8,7 +8,9 @@ and hooks add work at named points of the steps (:mod:`.hooks`: the checks, inje
 
 Fill and drain. With staging and no hooks, the first step of a run is issued in K pieces
 (``tuning.RAMP``): its panels are read, copied in and multiplied piece by piece, so that the
-first gemm starts once an eighth of the first panels has landed. The last step of a run
+first gemm starts once an eighth of the first panels has landed; not a resumed run, whose
+first tile would round differently from the same tile of an uninterrupted run (a resumed C
+is bit for bit an uninterrupted run's). The last step of a run
 computes its tile in row pieces (``tuning.DRAIN``), and each piece is copied out and written
 while the next computes, so that the run ends an eighth of a tile after its last gemm.
 
@@ -156,7 +158,8 @@ class Run:
         self.pool = cf.ThreadPoolExecutor(self.io_threads, thread_name_prefix="bigmm-read")
         self.loader = Loader(self.plan, self.be, self.slots,
                              {"A": self.a, "B": self.b, "C": self.out}, self.pool, self.tally,
-                             self.clocks["read"], self.io_threads, self.cancel, self.pieced)
+                             self.clocks["read"], self.io_threads, self.cancel,
+                             self.pieced and not self.done_before)
         self.writer = Writer(self.be, self.out, self.clocks["write"], self.tally,
                              self.io_threads, np.dtype(self.out.dtype).itemsize)
         self.writer.start()
