@@ -319,6 +319,26 @@ def test_runs_on_two_datasets_of_one_file_at_once(tmp_path, job):
         assert relative_error(got, i * read(a) @ read(b)) < tolerance(np.float64, K)
 
 
+def test_a_file_created_by_another_run_between_open_and_create_is_opened(tmp_path):
+    # Mode "a" on a missing file opens, then creates exclusively: a file another run creates
+    # in between is an EEXIST from HDF5, and the open is tried again (the race of the test
+    # above, made certain).
+    path = str(tmp_path / "c.h5")
+    calls = []
+
+    def open_fn():
+        calls.append(1)
+        if len(calls) == 1:
+            with h5py.File(path, "w") as other:  # the other run
+                other["C1"] = np.arange(3.0)
+            return h5py.File(path, "x")  # this run's exclusive create
+        return h5py.File(path, "a")
+
+    with lock.h5_open_retry(open_fn, path, "C") as f:
+        assert list(f) == ["C1"]
+    assert len(calls) == 2
+
+
 def test_a_killed_run_never_blocks_its_resume(tmp_path, job):
     a, b = job
     c = killed(a, b, f"{tmp_path / 'c.h5'}:/C")

@@ -91,6 +91,10 @@ def h5_open_retry(open_fn, path: str, label: str, wait: float | None = None):
         try:
             return open_fn()
         except (BlockingIOError, OSError) as exc:
+            if getattr(exc, "errno", None) == errno.EEXIST and time.monotonic() <= deadline:
+                # mode "a" on a new file: another process created it between this open's
+                # attempt to open it and its exclusive create; open it again
+                continue
             if not _locked(exc) or time.monotonic() > deadline:
                 if _locked(exc):
                     raise OutputBusyError(
