@@ -33,7 +33,8 @@ CASES = [
     ("tf32x3", "bigmm", 1000, 900, 1100, False, False, 1.0, 0.0, 500_000, "h5", "h5"),
     # 3xTF32, A transposed, alpha and beta (old C read), arrays in and out
     ("tf32x3", "bigmm", 777, 1031, 1201, True, False, -1.5, 0.5, 1_000_000, "array", "array"),
-    # 3xTF32, both transposed, deep panels (the wgmma kernels, K >= 64), HDF5 in
+    # 3xTF32, both transposed, deep panels (the wgmma kernels, K >= 64), HDF5 in; C fits on
+    # the device (order resident-c)
     ("tf32x3", "bigmm", 1297, 613, 3001, True, True, 2.0, 0.0, 8_000_000, "h5", "array"),
     # TF32, B transposed, arrays in, HDF5 out
     ("tf32", "bigmm", 1000, 900, 1100, False, True, 1.0, 0.0, 500_000, "array", "h5"),
@@ -103,7 +104,8 @@ def test_out_of_core_product_in_each_precision(tmp_path, precision, kernel, m, n
     kw = dict(alpha=alpha, beta=beta, trans_a=ta, trans_b=tb, memory=memory, host_memory=HOST,
               backend="cupy", kernel=kernel, precision=precision)
     p = bigmm.plan(a_in, b_in, out, **kw)
-    assert p.n_tiles >= 4 and p.nk >= 2, str(p)
+    # many C tiles, or every tile resident on the device while its K panels stream
+    assert p.nk >= 2 and (p.n_tiles >= 4 or p.order == "resident-c"), str(p)
     assert p.arithmetic == {"float32": "IEEE float32 (CUDA cores)",
                             "tf32x3": "3xTF32 (float32 accuracy on tensor cores)"}.get(
         precision, p.arithmetic) and "CPU" not in p.arithmetic
