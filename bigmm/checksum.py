@@ -37,7 +37,7 @@ before the multiply, which an FMA does not: each product then carries a relative
 own, at most ``product`` (TF32: (1 + 2^-10)^2 - 1; 3xTF32: 2^-18), whatever K, and 3xTF32 adds
 three terms per product (``terms``). The backend states its gemm's :class:`Rounding`; the
 bound becomes ``SAFETY * (eps * n + product) * magnitude`` with n counting ``terms * K``
-additions. So TF32 checks allow about 2e-3 of the magnitude, not K times 2^-10. The price is
+additions. So TF32 checks allow about 4e-3 of the magnitude, not K times 2^-10. The price is
 that it scales with K and bm, so a fault is seen when it moves a column or row sum by more
 than that: a flipped high exponent bit, an Inf or NaN, a lost panel; an error in the last
 mantissa bits stays within rounding and is not.

@@ -42,8 +42,9 @@ memory and page-locking timed), :class:`~.base.Profiles`,
 run, read-only where the process may not write it; anything still locked is released at
 :meth:`close`).
 
-This module imports cupy at its top: the registry imports it only when the cupy backend is
-asked for.
+Its device-array helpers (bfloat16 as uint16 bits, extents, pitches, the gemm's operand
+checks) are in :mod:`.cupy_arrays`. This module imports cupy at its top: the registry imports
+it only when the cupy backend is asked for.
 """
 
 from __future__ import annotations
@@ -53,24 +54,24 @@ import time
 import cupy
 import numpy as np
 
-from ..errors import KernelError, OptionError, ShapeError
+from ..errors import OptionError, ShapeError
 from ..io.mapped import WIDE_STEP_BYTES
 from ..planner.model import Rates
 from ..precision import DEFAULT, ROUNDING, Rounding, kernel_precision
-from ..units import HALF_DTYPES, numpy_dtype
-from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
+from ..units import HALF_DTYPES
+from .base import flat_view, rows_contiguous
+from .cupy_arrays import (_check_gemm, _extent, _ld, _page_locked, _pitch, _scalars_by_pointer,
+                          device_dtype)
 from .cupy_pinned import PinnedCache, as_array, lock_range
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, DeviceToHost
-_MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory known to CUDA
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
 #: cudaDataType_t of GemmEx's operands, CUBLAS_COMPUTE_32F and CUBLAS_GEMM_DEFAULT.
 _CUDA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0}
 _COMPUTE_32F, _GEMM_DEFAULT = 68, -1
-_BF16 = numpy_dtype("bfloat16")
 _LANES = {"copy_in": "GPU copy-in stream", "compute": "GPU compute stream",
           "copy_out": "GPU copy-out stream"}
 
@@ -519,70 +520,3 @@ class _OnStream:
         self.stream.__exit__(*exc)
         self.device.__exit__(*exc)
         return False
-
-
-def device_dtype(dtype) -> np.dtype:
-    """The dtype of device arrays holding elements of ``dtype``: uint16 for bfloat16 (its
-    bits; cupy has no bfloat16), else ``dtype``."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.uint16) if dtype == _BF16 else dtype
-
-
-def _logical(dtype) -> np.dtype:
-    """The element dtype a device array of ``dtype`` holds: bfloat16 for uint16."""
-    dtype = np.dtype(dtype)
-    return _BF16 if dtype == np.uint16 else dtype
-
-
-def _page_locked(ptr: int) -> bool:
-    """Whether CUDA reports the host address ``ptr`` as page-locked (errors: not)."""
-    try:
-        attrs = cupy.cuda.runtime.pointerGetAttributes(ptr)
-    except Exception:  # older CUDA: cudaErrorInvalidValue for pageable memory
-        return False
-    kind = getattr(attrs, "type", None)  # cupy names the field "type" (CUDA >= 10) ...
-    if kind is None:
-        kind = getattr(attrs, "memoryType", None)  # ... or "memoryType" (older cupy)
-    return kind == _MEMORY_TYPE_HOST
-
-
-def _extent(arr) -> tuple[int, int]:
-    """[first byte, last byte + 1) of a 2-D (or flat) array with non-negative strides."""
-    lo = arr.ctypes.data
-    if arr.size == 0:
-        return lo, lo
-    return lo, lo + sum((n - 1) * st for n, st in zip(arr.shape, arr.strides)) + arr.itemsize
-
-
-def _pitch(x) -> int:
-    """Bytes between the starts of consecutive rows of a 2-D array with contiguous rows."""
-    rows, cols = x.shape
-    return x.strides[0] if rows > 1 else cols * x.itemsize
-
-
-def _scalars_by_pointer(fn) -> bool:
-    """Whether this cupy's cuBLAS wrapper takes alpha/beta as addresses (``size_t alpha`` in
-    its signature, cupy >= 14) rather than as values."""
-    doc = getattr(fn, "__doc__", None) or ""
-    return "size_t alpha" in doc or "float alpha" not in doc and "double alpha" not in doc
-
-
-def _ld(x) -> int:
-    """Leading dimension (elements between rows) of a row-major 2-D device array."""
-    rows, cols = x.shape
-    return max(x.strides[0] // x.itemsize if rows > 1 else cols, cols, 1)
-
-
-def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[str, tuple[int, int, int]]:
-    """(the operands' dtype name, (m, k, n)) after checking the operands are 2-D device arrays
-    with contiguous rows and matching shapes, a and b of one dtype (uint16: bfloat16) and c in
-    the dtype they accumulate in."""
-    for name, x in (("a", a), ("b", b), ("c", c)):
-        if not isinstance(x, cupy.ndarray):
-            raise KernelError(f"Expected {name} to be a cupy.ndarray on the GPU. "
-                              f"Got {type(x).__module__}.{type(x).__name__}.")
-        if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
-            raise ShapeError(f"Expected {name} as a 2-D array with contiguous rows. "
-                             f"Got shape {x.shape}, strides {x.strides}.")
-    name = check_gemm_dtypes(_logical(a.dtype), _logical(b.dtype), c.dtype)
-    return name, gemm_shape(a, b, c, trans_a, trans_b)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
 from ..units import HALF_DTYPES, accumulate_dtype, numpy_dtype
+from .cupy_arrays import device_dtype
 from .cupy_pinned import choose, lock_rate
 
 _H2D, _D2D = 1, 3  # cudaMemcpyHostToDevice, DeviceToDevice
@@ -116,8 +117,6 @@ def time_events(fn, stream, repeat: int = 5) -> float:
 
 def _direct(size: int, dtype: np.dtype) -> cupy.ndarray:
     """A flat device array with its own cudaMalloc, freed when the last view of it goes."""
-    from .cupy import device_dtype
-
     dtype = device_dtype(dtype)
     mem = cupy.cuda.Memory(size * dtype.itemsize)
     return cupy.ndarray((size,), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
