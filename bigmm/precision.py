@@ -108,7 +108,7 @@ def describe(precision: str, dtype: str, gpu: bool) -> str:
             text += f"; {precision} asked: the CPU computes in float32, at least as accurate"
         return text
     if dtype == "float64":
-        return "IEEE float64" + (" (CUDA cores)" if gpu else " (CPU)")
+        return "IEEE float64" + ("" if gpu else " (CPU)")
     if gpu:
         return f"{dtype} products on tensor cores, accumulated in float32"
     return f"float32 (CPU; {dtype} operands converted)"

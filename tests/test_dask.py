@@ -794,3 +794,16 @@ def test_cli_on_a_cluster_takes_a_precision(client, tmp_path, capsys):
     sc = f"{tmp_path / 'c.h5'}:/C32"
     assert cli.main(["multiply", sa, sb, "-o", sc, "--precision", "tf32x3", *where]) == 0
     assert relative_error(_read(sc)[0], reference_gemm(a32, b32)) <= tolerance(np.float32, 90)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32x3", "tf32"])
+def test_matmul_cupy_chunks_in_a_tensor_core_precision(precision):
+    import cupy
+
+    a, b = random_matrix((300, 500), np.float32, 47), random_matrix((500, 200), np.float32, 48)
+    A = da.from_array(cupy.asarray(a), chunks=(128, 96), asarray=False)
+    B = da.from_array(cupy.asarray(b), chunks=(70, 128), asarray=False)
+    got = cupy.asnumpy(bd.matmul(A, B, precision=precision).compute(scheduler="sync"))
+    bound = tolerance(np.float32, 500) if precision == "tf32x3" else 2e-3
+    assert relative_error(got, reference_gemm(a, b)) <= bound
