@@ -7,6 +7,8 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bigmm
 from bigmm import job
@@ -314,6 +316,47 @@ def _tf32_product(a, b):
     """op(A) @ op(B) as the TF32 tensor cores compute it: inputs truncated to TF32, exact
     products, accumulated in float64 here (more accurate than the hardware's float32)."""
     return (_tf32(a).astype(F64) @ _tf32(b).astype(F64)).astype(F32)
+
+
+def _tf32_rna(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32, to nearest with ties away (``cvt.rna.tf32.f32``)."""
+    bits = np.ascontiguousarray(x, F32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x1000) & 0xFFFFE000).astype(np.uint32).view(F32)
+
+
+def _split_product(a, b, to_tf32):
+    """3xTF32 as the kernels compute it, in float64 (x = big + small, small*small dropped)."""
+    def split(x):
+        big = to_tf32(x)
+        return big.astype(F64), to_tf32((x.astype(F64) - big).astype(F32)).astype(F64)
+
+    (ab, as_), (bb, bs) = split(a), split(b)
+    return (ab @ bb + ab @ bs + as_ @ bb).astype(F32)
+
+
+def _worst_check(c, a, b, rounding) -> float:
+    """The larger of the column and the row check's mismatch, in units of their bounds."""
+    return max(_column_check(c, a, b, rounding), _column_check(c.T, b.T, a.T, rounding))
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 40), k=st.integers(1, 400), n=st.integers(1, 40),
+       data=st.sampled_from(["normal", "positive", "wide"]),
+       rounding=st.sampled_from(["truncate", "nearest"]), seed=st.integers(0, 2**32 - 1))
+def test_correct_tensor_core_products_never_fail_their_checks(m, k, n, data, rounding, seed):
+    rng = np.random.default_rng(seed)
+
+    def draw(shape):
+        if data == "positive":
+            return rng.uniform(0.0, 1.0, shape).astype(F32)
+        x = rng.standard_normal(shape)
+        return (x * np.exp2(rng.integers(-20, 20, shape)) if data == "wide" else x).astype(F32)
+
+    a, b = draw((m, k)), draw((k, n))
+    to_tf32 = _tf32 if rounding == "truncate" else _tf32_rna
+    tf32 = (to_tf32(a).astype(F64) @ to_tf32(b).astype(F64)).astype(F32)
+    assert _worst_check(tf32, a, b, ROUNDING["tf32"]) <= 1.0
+    assert _worst_check(_split_product(a, b, to_tf32), a, b, ROUNDING["tf32x3"]) <= 1.0
 
 
 def test_tf32_products_pass_their_bound_where_float32s_would_cry_wolf():
