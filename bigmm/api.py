@@ -44,7 +44,7 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
            progress: Callable[[Progress], None] | None = None, resume: bool = False,
            overwrite: bool = False, io_threads: int | None = None, stats: bool = False,
            kernel: str | None = None, profile: bool | str | os.PathLike | Profile | None = None,
-           verify: str | None = None, out_dtype=None):
+           verify: str | None = None, out_dtype=None, precision: str | None = None):
     """C = alpha * op(A) @ op(B) + beta * C, out of core.
 
     ``a``, ``b``: "file.h5:/dataset" or "store.zarr[:/array]" specs, h5py Datasets, zarr
@@ -63,7 +63,11 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
     (an array, a Dataset, or a spec resumed or holding old C) decides its own dtype.
 
     ``kernel`` (GPU backend): "bigmm" (its own kernel, the default), "cublas", or
-    "cublas-tf32" (cuBLAS on TF32 tensor cores). ``profile``: record each stage's busy
+    "cublas-tf32" (cuBLAS on TF32 tensor cores: kernel "cublas" with precision "tf32").
+    ``precision`` (float32 operands; any case): "float32" (IEEE on the CUDA cores, the
+    default), "tf32x3" (float32's accuracy on the TF32 tensor cores, bigmm's kernel only) or
+    "tf32" (one TF32 pass: about 3e-4 relative error); on the CPU products are IEEE float32
+    whatever it says (see README, Precision). ``profile``: record each stage's busy
     intervals (a GPU's copies and kernels timed with CUDA events); the RunStats' busy times
     then come from them. True writes ``<prefix>.trace.json`` (Chrome trace; opens in Perfetto)
     and ``<prefix>.png`` (timeline, with matplotlib) where prefix is the output file plus
@@ -78,11 +82,12 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
     """
     threads = parse_io_threads(io_threads)
     verify = parse_verify(verify)
-    with _opened(a, b, backend, kernel) as (be, A, B, closing):
+    with _opened(a, b, backend, kernel, precision) as (be, A, B, closing):
         p, job = plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                           trans_b=trans_b, memory=memory, host_memory=host_memory,
                           resume=resume, calibrate=be.staging, verify=verify,
-                          out_dtype=out_dtype, io_threads=threads)
+                          out_dtype=out_dtype, io_threads=threads, kernel=kernel,
+                          precision=precision)
         if out is None:
             _check_array_result(p, output_dtype(None, p.dtype, out_dtype).itemsize)
         sink = open_output(out, p, job, A, B, overwrite=overwrite, resume=resume,
@@ -106,14 +111,15 @@ def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1
          beta: float = 0.0, trans_a: bool = False, trans_b: bool = False, memory: Size = None,
          host_memory: Size = None, backend: str = "auto",
          resume: bool = False, kernel: str | None = None, verify: str | None = None,
-         out_dtype=None) -> Plan:
+         out_dtype=None, precision: str | None = None) -> Plan:
     """The Plan ``matmul`` would run with the same arguments (opens inputs read-only, writes
     nothing; ``out_dtype`` is checked as ``matmul`` checks it)."""
     verify = parse_verify(verify)
-    with _opened(a, b, backend, kernel) as (be, A, B, _):
+    with _opened(a, b, backend, kernel, precision) as (be, A, B, _):
         p, _ = plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                         trans_b=trans_b, memory=memory, host_memory=host_memory,
-                        resume=resume, calibrate=True, verify=verify, out_dtype=out_dtype)
+                        resume=resume, calibrate=True, verify=verify, out_dtype=out_dtype,
+                        kernel=kernel, precision=precision)
     return p
 
 
@@ -121,14 +127,15 @@ def budget_note(a: Operand, b: Operand, out: Operand | None = None, *, alpha: fl
                 beta: float = 0.0, trans_a: bool = False, trans_b: bool = False,
                 memory: Size = None, host_memory: Size = None, backend: str = "auto",
                 kernel: str | None = None, verify: str | None = None, out_dtype=None,
-                plan: Plan | None = None) -> str | None:
+                plan: Plan | None = None, precision: str | None = None) -> str | None:
     """One line when the budgets given make the plan (``plan``, or the one :func:`plan`
     would return) predicted much slower than the default budgets would, with the budget that
     would help; None otherwise (see :func:`bigmm.job.budget_note`)."""
     verify = parse_verify(verify)
-    with _opened(a, b, backend, kernel) as (be, A, B, _):
+    with _opened(a, b, backend, kernel, precision) as (be, A, B, _):
         kw = dict(alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, resume=False,
-                  calibrate=True, verify=verify, out_dtype=out_dtype)
+                  calibrate=True, verify=verify, out_dtype=out_dtype, kernel=kernel,
+                  precision=precision)
         if plan is None:
             plan = plan_job(A, B, out, be, memory=memory, host_memory=host_memory, **kw)[0]
         return job_budget_note(A, B, out, be, plan, memory=memory, host_memory=host_memory,
@@ -136,10 +143,10 @@ def budget_note(a: Operand, b: Operand, out: Operand | None = None, *, alpha: fl
 
 
 @contextlib.contextmanager
-def _opened(a, b, backend: str, kernel: str | None):
+def _opened(a, b, backend: str, kernel: str | None, precision: str | None = None):
     """(backend, A, B, closing) for one call; everything in ``closing`` (the inputs first, and
     what the caller adds) and the backend are closed on the way out, quietly."""
-    be = resolve_backend(backend, kernel)
+    be = resolve_backend(backend, kernel, precision)
     closing: list = []
     try:
         A, B = open_inputs(a, b, closing, be)

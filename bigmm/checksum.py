@@ -30,7 +30,14 @@ in the dtype first (at most FUSED_ROUNDINGS more roundings of eps). Together the
 ``SAFETY * eps * (K + P + bm + 4 + FUSED_ROUNDINGS) * magnitude`` with SAFETY = 2 (eps >=
 eps64); an absolute floor of the same count of smallest subnormals covers products that
 underflow. The bound is
-rigorous: no data (mixed sign, all positive, long K) can fail it without a fault. The price is
+rigorous: no data (mixed sign, all positive, long K) can fail it without a fault.
+
+Tensor-core float32 products (``precision=``, :mod:`bigmm.precision`) round their inputs
+before the multiply, which an FMA does not: each product then carries a relative error of its
+own, at most ``product`` (TF32: (1 + 2^-10)^2 - 1; 3xTF32: 2^-18), whatever K, and 3xTF32 adds
+three terms per product (``terms``). The backend states its gemm's :class:`Rounding`; the
+bound becomes ``SAFETY * (eps * n + product) * magnitude`` with n counting ``terms * K``
+additions. So TF32 checks allow about 4e-3 of the magnitude, not K times 2^-10. The price is
 that it scales with K and bm, so a fault is seen when it moves a column or row sum by more
 than that: a flipped high exponent bit, an Inf or NaN, a lost panel; an error in the last
 mantissa bits stays within rounding and is not.
@@ -43,6 +50,7 @@ import numpy as np
 from .backends.base import Checksums, GemmChecks
 from .errors import OptionError
 from .planner import Plan, Step, Tile
+from .precision import Rounding
 from .runstats import Mismatch
 
 #: Values ``verify=`` takes (None: no checks).
@@ -64,12 +72,22 @@ def parse_verify(verify) -> str | None:
     raise OptionError(f"Expected verify to be None or 'checksum'. Got {verify!r}.")
 
 
-def bounds(eps: float, dtype, k: int, panels: int, summed: int) -> tuple[float, float]:
+def bounds(eps: float, dtype, k: int, panels: int, summed: int, *, terms: int = 1,
+           product: float = 0.0) -> tuple[float, float]:
     """(relative, absolute) tolerance of one checksum: |expected - actual| may reach
-    ``relative * magnitude + absolute`` without a fault (see the module docstring)."""
-    n = k + panels + summed + 4 + FUSED_ROUNDINGS
+    ``relative * magnitude + absolute`` without a fault, for a gemm whose additions round
+    with ``eps``, each product adding ``terms`` terms with a relative error of ``product``
+    from its inputs' rounding (a :class:`bigmm.precision.Rounding`; see the module
+    docstring)."""
+    n = terms * k + panels + summed + 4 + FUSED_ROUNDINGS
     tiny = float(np.finfo(dtype).smallest_subnormal)
-    return SAFETY * eps * n, SAFETY * n * max(summed, 1) * tiny
+    return SAFETY * (eps * n + product), SAFETY * n * max(summed, 1) * tiny
+
+
+def rounding_bounds(r: Rounding, dtype, k: int, panels: int, summed: int
+                    ) -> tuple[float, float]:
+    """:func:`bounds` for a gemm of rounding ``r``."""
+    return bounds(r.eps, dtype, k, panels, summed, terms=r.terms, product=r.product)
 
 
 class TileChecksums:
@@ -88,7 +106,7 @@ class TileChecksums:
         self.result = [be.device_buffer(4, _F64) for _ in range(plan.c_slots)]
         self.host = ([be.host_buffer(4, _F64) for _ in range(plan.c_slots)] if be.staging
                      else self.result)
-        self.eps = float(be.epsilon(np.dtype(plan.dtype)))
+        self.rounding = be.rounding(np.dtype(plan.dtype))
         self.panels = len(plan.k_panels())
         self._launches: dict[tuple, list] = {}
         #: Whether the backend's gemm does each step's updates (``step`` then hands them over).
@@ -173,10 +191,10 @@ class TileChecksums:
             k, dt = self.plan.k, np.dtype(self.plan.dtype)
             return [be.sums_launcher(c, act_col), be.sums_launcher(c.T, act_row),
                     be.compare_launcher(col, col_abs, act_col,
-                                        *bounds(self.eps, dt, k, self.panels, rows), res[0:2],
+                                        *rounding_bounds(self.rounding, dt, k, self.panels, rows), res[0:2],
                                         limit=float(np.finfo(dt).max)),
                     be.compare_launcher(row, row_abs, act_row,
-                                        *bounds(self.eps, dt, k, self.panels, cols), res[2:4],
+                                        *rounding_bounds(self.rounding, dt, k, self.panels, cols), res[2:4],
                                         limit=float(np.finfo(dt).max))]
 
         self._issue(("finish", st.c_slot, st.tile.shape), make, stream)

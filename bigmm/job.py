@@ -19,6 +19,7 @@ from .executor.loads import eligible
 from .io.source import ArraySource
 from .planner import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
 from .planner.model import snap_rate
+from .precision import check_dtype, describe, kernel_precision, parse_precision
 from .units import (DTYPES, HALF_DTYPES, accumulate_dtype, common_dtype, dtype_name,
                     format_seconds, numpy_dtype, parse_out_dtype, parse_size)
 
@@ -46,19 +47,37 @@ HOST_CALIBRATION = 8 << 20
 NOTE_SLOWER, NOTE_SECONDS, NOTE_NEAR, NOTE_STEP = 2.0, 1.0, 1.25, 4
 #: Keys of the journal's job that must match for a resume.
 _JOB_KEYS = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c")
+#: The precision a job record without one stands for (the default is not recorded).
+RECORDED_PRECISION = "float32"
 
 
-def resolve_backend(name: str, kernel: str | None):
-    """The backend, with ``kernel`` passed to it (only GPU backends take one)."""
+def resolve_backend(name: str, kernel: str | None, precision: str | None = None):
+    """The backend, with ``kernel`` and ``precision`` passed to it (only GPU backends take
+    them; the CPU computes float32 products in IEEE float32 whatever the precision:
+    :mod:`bigmm.precision`)."""
+    precision = parse_precision(precision)
+    kernel_precision(kernel, precision)  # the pairs no GPU runs are refused anywhere
     be = get_backend(name)
-    if kernel is None:
+    if kernel is None and precision is None:
         return be
     resolved = be.name
-    be.close()
     if not be.staging:
+        if kernel is None:
+            return be
+        be.close()
         raise OptionError(f"Expected kernel= only with a GPU backend. Got kernel={kernel!r} "
                           f"with backend {resolved!r}.")
-    return get_backend(resolved, kernel=kernel)
+    be.close()
+    options = {key: v for key, v in (("kernel", kernel), ("precision", precision))
+               if v is not None}
+    return get_backend(resolved, **options)
+
+
+def job_precision(kernel: str | None, precision: str | None, dtype: str) -> str:
+    """The precision of a job's float32 products (:func:`bigmm.precision.kernel_precision`),
+    checked against the operands' ``dtype``: OptionError for a precision other than the
+    default with operands that are not float32."""
+    return check_dtype(kernel_precision(kernel, precision), dtype)
 
 
 def open_inputs(a, b, closing: list, be=None):
@@ -77,7 +96,8 @@ def open_inputs(a, b, closing: list, be=None):
 
 def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memory, resume,
               calibrate: bool, verify: str | None = None,
-              io_threads: int | None = None, out_dtype=None) -> tuple[Plan, dict]:
+              io_threads: int | None = None, out_dtype=None, kernel: str | None = None,
+              precision: str | None = None) -> tuple[Plan, dict]:
     """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
     (and the operands' read and write speeds, the host's fixed costs per step and per read,
     and with ``verify`` its checksum costs) give the predicted time, and on a staging (GPU)
@@ -86,8 +106,11 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     (:func:`_host_paths`: staged, in place where page-locked, or page-locked for the run),
     whichever it predicts faster; ``matmul`` calibrates on staging backends only, so that on
     the CPU both plan by bytes moved. ``out_dtype``: C's dtype where C is new (checked here
-    against the operands and an existing output: :func:`output_dtype`)."""
+    against the operands and an existing output: :func:`output_dtype`). ``kernel`` and
+    ``precision`` as the backend was given them (:func:`job_precision`): the plan prints the
+    arithmetic, and the job record holds the precision."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
+    precision = job_precision(kernel, precision, dtype)
     alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
     if beta != 0 and out is None:
         raise ShapeError(f"Expected an existing C as out when beta != 0. Got out=None with "
@@ -115,7 +138,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     threads = be.gemm_threads() if isinstance(be, HostHints) else None
     if not be.staging and threads:  # a gemm call costs more with more BLAS threads
         args["step_bytes"] = cpu_step_bytes(threads)
-    fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
+    fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, precision) if resume
+             else {})
     paths = _host_paths(be, A, B, out, dtype, verify, rates) if rates is not None else [None]
     best = None
     for path in paths:  # the first of equally fast paths: fewer host copies, or none locked
@@ -132,7 +156,16 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             q = replace(q, rates=_checked(path_rates, checked))
         if best is None or (q.predicted_seconds or 0) < (best.predicted_seconds or 0):
             best = q
-    return best, job_record(best, alpha, beta)
+    return (_with_arithmetic(best, describe(precision, dtype, bool(be.staging))),
+            job_record(best, alpha, beta, precision))
+
+
+def _with_arithmetic(p: Plan, arithmetic: str) -> Plan:
+    """``p`` stating its arithmetic, its predicted time kept (not simulated again)."""
+    q = replace(p, arithmetic=arithmetic)
+    if "_predicted" in p.__dict__:
+        object.__setattr__(q, "_predicted", p.__dict__["_predicted"])
+    return q
 
 
 def _checked(rates: Rates | None, checked: Rates | None) -> Rates | None:
@@ -212,9 +245,14 @@ def size_arg(nbytes: int) -> str:
     return str(nbytes)
 
 
-def job_record(p: Plan, alpha: float, beta: float) -> dict:
-    """What identifies a run for its journal (the output adds its inputs' identities)."""
-    return {"plan": p.key(), "alpha": float(alpha), "beta": float(beta)}
+def job_record(p: Plan, alpha: float, beta: float, precision: str = "float32") -> dict:
+    """What identifies a run for its journal (the output adds its inputs' identities): the
+    schedule, alpha, beta and, where not the default (so that outputs and journals written
+    before the option still match), the precision of its float32 products."""
+    record = {"plan": p.key(), "alpha": float(alpha), "beta": float(beta)}
+    if precision != RECORDED_PRECISION:
+        record["precision"] = precision
+    return record
 
 
 def check_operands(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int, str]:
@@ -291,9 +329,11 @@ def _grain(nbytes: int) -> int:
     return nbytes - nbytes % BUDGET_GRAIN if nbytes >= 4 * BUDGET_GRAIN else nbytes
 
 
-def resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:
+def resumed_schedule(out, m, n, k, dtype, alpha, beta, args,
+                     precision: str = "float32") -> dict:
     """tile= and order= of the interrupted run recorded for ``out`` ({} where there is no
-    journal: the run starts, or finds the output complete); ResumeError if the job differs."""
+    journal: the run starts, or finds the output complete); ResumeError if the job differs
+    (a journal without a precision recorded RECORDED_PRECISION)."""
     if out is None:
         raise ResumeError("Expected an output to resume. Got out=None.")
     job = io.read_journal(out)
@@ -306,6 +346,9 @@ def resumed_schedule(out, m, n, k, dtype, alpha, beta, args) -> dict:
             if old.get(key) != now[key]]
     diff += [f"{key}: recorded {job.get(key)!r}, now {v!r}" for key, v in
              (("alpha", alpha), ("beta", beta)) if job.get(key) != v]
+    recorded = job.get("precision", RECORDED_PRECISION)
+    if recorded != precision:
+        diff.append(f"precision: recorded {recorded!r}, now {precision!r}")
     if diff:
         raise ResumeError(f"Expected the same job as the interrupted run on {output_label(out)}. "
                           f"Got a different one ({'; '.join(diff)}); start over with "

@@ -23,7 +23,10 @@ C to its own dtype (``eps_C``, which exceeds the first for a bfloat16 or float16
 reference is computed from the operands as stored (already rounded to their dtypes).
 ``max_rel_error`` is the largest ``|c_ij - ref_ij| / s_ij`` (for a Freivalds probe, the error
 of (C @ x)_i over ``sqrt(sum_j s_ij^2 x_j^2)``, the same bound carried through the sum); the
-check passes when it is at most ``tolerance = SAFETY * eps * sqrt(K + 2) + eps_C``.
+check passes when it is at most ``tolerance = SAFETY * eps * sqrt(K + 2) + eps_C``. A
+product computed on TF32 tensor cores (``precision``: :mod:`bigmm.precision`) rounds its
+inputs first, each product off by up to ``p`` of itself (TF32: about 2^-9; 3xTF32: 2^-18),
+which adds at most ``p * |a_i| |b_j|`` (Cauchy-Schwarz): the tolerance gains ``SAFETY * p``.
 
 This checks a finished product after the fact; ``bigmm.matmul(..., verify="checksum")``
 checks each C tile while it is computed (:mod:`bigmm.checksum`).
@@ -38,6 +41,7 @@ import numpy as np
 
 from .errors import OptionError, ShapeError
 from .io import Source, open_input
+from .precision import DEFAULT, ROUNDING, check_dtype, parse_precision
 from .units import accumulate_dtype, common_dtype, dtype_name
 
 #: Default M*N*K up to which every element is checked (about 2 GFLOP in float64).
@@ -108,8 +112,10 @@ class _Op:
 
 def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: bool = False,
            trans_b: bool = False, samples: int = SAMPLES, probes: int = PROBES, seed: int = 0,
-           exact_limit: int = EXACT_LIMIT, block_elements: int = BLOCK_ELEMENTS) -> VerifyResult:
+           exact_limit: int = EXACT_LIMIT, block_elements: int = BLOCK_ELEMENTS,
+           precision: str | None = None) -> VerifyResult:
     """Check C = alpha * op(A) @ op(B) + beta * C0 (``c0``: the C before the run, when beta != 0).
+    ``precision``: the arithmetic the float32 product was computed in (default "float32").
 
     Operands are specs ("file.h5:/path"), h5py datasets or arrays; an output left incomplete by
     an interrupted run raises IncompleteOutputError. See the module docstring for the methods.
@@ -127,7 +133,7 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
         opc = _Op(sources[2], False)
         opc0 = _Op(sources[3], False) if beta != 0 else None
         m, k, n = _check_shapes(opa, opb, opc, opc0)
-        tol = tolerance(sources[0].dtype, sources[1].dtype, sources[2].dtype, k)
+        tol = tolerance(sources[0].dtype, sources[1].dtype, sources[2].dtype, k, precision)
         job = _Job(opa, opb, opc, opc0, float(alpha), float(beta), block_elements)
         if m * n * k <= exact_limit:
             err, worst = job.exact()
@@ -143,12 +149,16 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
             s.close()
 
 
-def tolerance(a_dtype, b_dtype, c_dtype, k: int) -> float:
+def tolerance(a_dtype, b_dtype, c_dtype, k: int, precision: str | None = None) -> float:
     """The check's tolerance for A, B and C of these dtypes and depth ``k`` (module
     docstring): SAFETY * eps * sqrt(k + 2) of the dtype the products accumulate in, plus the
-    epsilon of C's dtype."""
-    acc = accumulate_dtype(common_dtype(dtype_name(a_dtype), dtype_name(b_dtype)))
-    return SAFETY * _eps(acc) * math.sqrt(k + 2) + _eps(dtype_name(c_dtype))
+    epsilon of C's dtype, plus SAFETY times the relative error of one product of float32
+    operands in ``precision``."""
+    operands = common_dtype(dtype_name(a_dtype), dtype_name(b_dtype))
+    precision = check_dtype(parse_precision(precision) or DEFAULT, operands)
+    product = ROUNDING[precision].product
+    return (SAFETY * (_eps(accumulate_dtype(operands)) * math.sqrt(k + 2) + product)
+            + _eps(dtype_name(c_dtype)))
 
 
 def _eps(name: str) -> float:

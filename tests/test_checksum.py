@@ -347,15 +347,51 @@ def test_gpu_no_false_positives(m, n, k, dtype, ta, tb, alpha, beta, budget, dat
     assert relative_error(c, ref) < tolerance(dtype, k)
 
 
+TF32_RUNS = [
+    # (kernel, precision): tensor-core products, whose inputs are rounded (the bound adds
+    # that rounding per product: bigmm.precision.ROUNDING)
+    ("cublas-tf32", None),  # cuBLAS's TF32 mode, as kernel="cublas-tf32" has always meant
+    ("cublas", "tf32"),  # the same, by precision
+    ("bigmm", "tf32"),  # bigmm's TF32 kernels: the checks in passes of their own
+    ("bigmm", "tf32x3"),  # bigmm's 3xTF32 kernels: float32's bound with three terms
+]
+
+
+def _tf32_backend(kernel, precision):
+    return get_backend("cupy", kernel=kernel, **({"precision": precision} if precision else {}))
+
+
 @pytest.mark.gpu
-def test_gpu_tf32_no_false_positives():
-    # TF32 products round their inputs to 10 mantissa bits: the bound uses 2**-10
-    be = get_backend("cupy", kernel="cublas-tf32")
+@pytest.mark.parametrize("kernel, precision", TF32_RUNS)
+@pytest.mark.parametrize("data", ["normal", "positive"])
+def test_gpu_tf32_no_false_positives(kernel, precision, data):
+    be = _tf32_backend(kernel, precision)
     try:
-        stats, c, ref, p = _run(611, 701, 1023, F32, budget=500_000, backend=be)
+        assert not be.fuses_checks
+        stats, c, ref, p = _run(611, 701, 1023, F32, budget=500_000, data=data, backend=be)
     finally:
         be.close()
     assert stats.tiles_checked == p.n_tiles and stats.checksum_mismatches == 0
+    assert relative_error(c, ref) < (tolerance(F32, 1023) if precision == "tf32x3" else 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel, precision", TF32_RUNS[1:])
+@pytest.mark.parametrize("where, tile, kp, element, check, dtype, ta, tb, beta",
+                         [f for f in FAULTS if f[5] == F32])
+def test_gpu_tf32_fault_detected_and_tile_recomputed(kernel, precision, where, tile, kp,
+                                                     element, check, dtype, ta, tb, beta):
+    faults = Faults(where, tile=tile, kp=kp, element=element)
+    be = _tf32_backend(kernel, precision)
+    try:
+        stats, c, ref, p = _run(300, 250, 700, dtype, trans_a=ta, trans_b=tb, beta=beta,
+                                budget=300_000, faults=faults, backend=be)
+    finally:
+        be.close()
+    assert len(faults.fired) == 1, faults.fired
+    assert stats.checksum_mismatches >= 1 and stats.tiles_recomputed == stats.checksum_mismatches
+    assert stats.mismatches[0].tile == tuple(faults.tile)
+    assert relative_error(c, ref) < (tolerance(F32, 700) if precision == "tf32x3" else 2e-3)
 
 
 # ----- which checksum kernel a view gets (no GPU needed) ------------------------------------

@@ -730,3 +730,80 @@ def test_cli_workers_on_zarr(client, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["workers"] == 2 and summary["tiles_done"] == summary["tiles_total"]
     assert cli.main(["verify", a, b, c]) == 0
+
+
+# ----- precision= -------------------------------------------------------------------------
+
+PRECISION_ERRORS = [
+    # (a dtype, b dtype, precision, message)
+    # not a precision
+    ("float32", "float32", "fp8", "Expected precision to be one of"),
+    # float64 runs in float64
+    ("float64", "float64", "tf32", "float64 operands"),
+    # float32 @ float64 is multiplied in float64
+    ("float32", "float64", "tf32x3", "float64 operands"),
+]
+
+
+@pytest.mark.parametrize("ta, tb, precision, message", PRECISION_ERRORS)
+def test_matmul_precision_errors(ta, tb, precision, message):
+    a, b = da.from_array(np.ones((3, 4), ta)), da.from_array(np.ones((4, 2), tb))
+    with pytest.raises(OptionError, match=message):
+        bd.matmul(a, b, precision=precision)
+
+
+@pytest.mark.parametrize("precision", ["float32", "TF32x3", "tf32"])
+def test_matmul_numpy_chunks_in_any_precision_are_float32(client, precision):
+    a, b = random_matrix((61, 83), np.float32, 41), random_matrix((83, 47), np.float32, 42)
+    C = bd.matmul(da.from_array(a, chunks=(20, 30)), da.from_array(b, chunks=(30, 25)),
+                  precision=precision)
+    got = C.compute()
+    assert got.dtype == np.float32
+    assert relative_error(got, reference_gemm(a, b)) <= tolerance(np.float32, 83)
+
+
+def test_files_precision_errors_and_resume(client, tmp_path):
+    a, b = random_matrix((96, 70), np.float32, 43), random_matrix((70, 88), np.float32, 44)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    sc = f"{tmp_path / 'c.h5'}:/C"
+    kw = dict(client=client, memory="40KiB", backend="numpy")
+    with pytest.raises(OptionError, match="Expected precision to be one of"):
+        bd.matmul_files(sa, sb, sc, precision="half", **kw)
+    with pytest.raises(OptionError, match="cuBLAS has no float32-accurate"):
+        bd.matmul_files(sa, sb, sc, kernel="cublas", precision="tf32x3", **kw)
+    with pytest.raises(Interrupted, match="resumable"):
+        bd.matmul_files(sa, sb, sc, precision="tf32", progress=_stop_after(2), **kw)
+    assert parse_journal(journal_path(parse_spec(sc)))[0]["job"]["precision"] == "tf32"
+    with pytest.raises(bigmm.errors.ResumeError, match="precision: recorded 'tf32'"):
+        bd.matmul_files(sa, sb, sc, resume=True, **kw)
+    _, stats = bd.matmul_files(sa, sb, sc, resume=True, precision="TF32", stats=True, **kw)
+    assert stats.tiles_skipped >= 2
+    assert relative_error(_read(sc)[0], reference_gemm(a, b)) <= tolerance(np.float32, 70)
+
+
+def test_cli_on_a_cluster_takes_a_precision(client, tmp_path, capsys):
+    a, b = random_matrix((70, 90), np.float64, 45), random_matrix((90, 50), np.float64, 46)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    where = ["--scheduler", client.scheduler.address, "--backend", "numpy", "-q"]
+    rc = cli.main(["multiply", sa, sb, "-o", f"{tmp_path / 'c.h5'}:/C", "--precision", "tf32",
+                   *where])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--precision 'float32'" in err and "float64 operands" in err
+    a32, b32 = (x.astype(np.float32) for x in (a, b))
+    sa, sb = _h5(tmp_path / "a.h5", "A32", a32), _h5(tmp_path / "b.h5", "B32", b32)
+    sc = f"{tmp_path / 'c.h5'}:/C32"
+    assert cli.main(["multiply", sa, sb, "-o", sc, "--precision", "tf32x3", *where]) == 0
+    assert relative_error(_read(sc)[0], reference_gemm(a32, b32)) <= tolerance(np.float32, 90)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32x3", "tf32"])
+def test_matmul_cupy_chunks_in_a_tensor_core_precision(precision):
+    import cupy
+
+    a, b = random_matrix((300, 500), np.float32, 47), random_matrix((500, 200), np.float32, 48)
+    A = da.from_array(cupy.asarray(a), chunks=(128, 96), asarray=False)
+    B = da.from_array(cupy.asarray(b), chunks=(70, 128), asarray=False)
+    got = cupy.asnumpy(bd.matmul(A, B, precision=precision).compute(scheduler="sync"))
+    bound = tolerance(np.float32, 500) if precision == "tf32x3" else 2e-3
+    assert relative_error(got, reference_gemm(a, b)) <= bound

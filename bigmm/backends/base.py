@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import DtypeError, ShapeError
 from ..planner.model import Rates
+from ..precision import Rounding
 from ..units import DTYPES, accumulate_dtype, dtype_name, numpy_dtype
 
 #: The operand dtypes every backend's gemm takes (a and b of one of them); c is in the dtype
@@ -163,9 +164,11 @@ class Checksums(Protocol):
         ``magnitude_j * (1 + rel_tol)`` reaches ``limit`` (the dtype's largest finite value):
         then an element of C may truly have overflowed, and it counts 0."""
 
-    def epsilon(self, dtype: np.dtype) -> float:
-        """Relative rounding unit of one product term of ``gemm`` (the dtype's machine
-        epsilon, or more where the products round their inputs, as TF32 does)."""
+    def rounding(self, dtype: np.dtype) -> Rounding:
+        """How ``gemm`` rounds products of ``dtype`` operands: the epsilon of its additions,
+        the terms per product and the relative error of a product from its inputs' rounding
+        (:class:`bigmm.precision.Rounding`: TF32 tensor cores round the inputs, an FMA does
+        not)."""
 
     def run_on(self, stream: Any) -> Any:
         """A context manager in which array operations on device arrays are issued on

@@ -17,8 +17,11 @@ waiting for a buffer to be free or full).
   (:attr:`device_bytes`), freed at :meth:`close`.
 * ``kernel``: "bigmm" (default; :mod:`.cuda_kernels`, without split-K, whose workspace would
   come from cupy's memory pool, outside the budget), "cublas" (cuBLAS SGEMM/DGEMM on this
-  backend's own handle) or "cublas-tf32" (the same with TF32 tensor cores for float32: about
-  10 bits of mantissa in the products, relative errors near 1e-3 instead of 1e-6).
+  backend's own handle) or "cublas-tf32" (kernel "cublas" with precision "tf32").
+* ``precision`` (:mod:`bigmm.precision`) of float32 products: "float32" (default; IEEE on
+  the CUDA cores), "tf32x3" (bigmm's 3xTF32 kernels: float32's accuracy on the tensor cores;
+  not with cuBLAS) or "tf32" (bigmm's TF32 kernels, or cuBLAS's TF32 math mode: inputs
+  rounded to 11 significant bits). Other dtypes take the default only.
 * float16 and bfloat16 operands are multiplied by ``cublasGemmEx`` whatever the kernel: A and
   B in their 16-bit type on tensor cores, products accumulated in float32
   (``CUBLAS_COMPUTE_32F``), C in float32. CuPy has no bfloat16 dtype: bfloat16 device arrays
@@ -31,52 +34,49 @@ waiting for a buffer to be free or full).
   through an anchor event and added to the :class:`~bigmm.profile.Profile`.
 
 Besides the core :class:`~.base.Backend` it is :class:`~.base.Checksums` (kernels/
-abft_checksum.cu; bigmm's kernel fuses a step's updates), :class:`~.base.Calibrates` (its
-gemm, copies, pitched copies, device memory and page-locking timed), :class:`~.base.Profiles`,
+abft_checksum.cu; bigmm's float32-precision kernel fuses a step's updates),
+:class:`~.base.Calibrates` (:mod:`.cupy_rates`: its gemm, copies, pitched copies, device
+memory and page-locking timed), :class:`~.base.Profiles`,
 :class:`~.base.HostHints` (wide blocks for copies out of file maps) and
 :class:`~.base.Registers` (``cudaHostRegister``: a user's array page-locked in place for a
 run, read-only where the process may not write it; anything still locked is released at
 :meth:`close`).
 
-This module imports cupy at its top: the registry imports it only when the cupy backend is
-asked for.
+Its device-array helpers (bfloat16 as uint16 bits, extents, pitches, the gemm's operand
+checks) are in :mod:`.cupy_arrays`. This module imports cupy at its top: the registry imports
+it only when the cupy backend is asked for.
 """
 
 from __future__ import annotations
 
-import math
 import time
 
 import cupy
 import numpy as np
 
-from ..errors import KernelError, OptionError, ShapeError
+from ..errors import OptionError, ShapeError
 from ..io.mapped import WIDE_STEP_BYTES
-from ..planner.model import READ_RATE, WRITE_RATE, Rates
-from ..units import HALF_DTYPES, accumulate_dtype, numpy_dtype
-from .base import check_gemm_dtypes, flat_view, gemm_shape, rows_contiguous
-from .cupy_pinned import PinnedCache, as_array, choose, lock_range, lock_rate
+from ..planner.model import Rates
+from ..precision import DEFAULT, ROUNDING, Rounding, kernel_precision
+from ..units import HALF_DTYPES
+from .base import flat_view, rows_contiguous
+from .cupy_arrays import (_check_gemm, _extent, _ld, _page_locked, _pitch, _scalars_by_pointer,
+                          device_dtype)
+from .cupy_pinned import PinnedCache, as_array, lock_range
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
-_H2D, _D2H, _D2D = 1, 2, 3  # cudaMemcpyHostToDevice, DeviceToHost, DeviceToDevice
-_MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory known to CUDA
+_H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, DeviceToHost
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
 #: cudaDataType_t of GemmEx's operands, CUBLAS_COMPUTE_32F and CUBLAS_GEMM_DEFAULT.
 _CUDA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0}
 _COMPUTE_32F, _GEMM_DEFAULT = 68, -1
-_BF16 = numpy_dtype("bfloat16")
-_HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
-#: Bytes per row of the pitched copies timed at calibration (a 4096-wide float32 panel) and
-#: bytes of the host array page-locked and released there.
-_ROW_BYTES, _LOCK_BYTES = 16 << 10, 64 << 20
 _LANES = {"copy_in": "GPU copy-in stream", "compute": "GPU compute stream",
           "copy_out": "GPU copy-out stream"}
 
 
 _PINNED = PinnedCache()
-_RATES: dict[tuple, Rates] = {}
 
 
 def release_pinned() -> None:
@@ -110,12 +110,14 @@ class CupyBackend:
         """None: the gemm runs on the GPU, not on host threads."""
         return None
 
-    def __init__(self, *, kernel: str = "bigmm", device: int | None = None,
-                 keep_pinned: bool = True):
+    def __init__(self, *, kernel: str = "bigmm", precision: str | None = None,
+                 device: int | None = None, keep_pinned: bool = True):
         if not isinstance(kernel, str) or kernel.lower() not in KERNELS:
             raise OptionError(f"Expected kernel to be one of {', '.join(KERNELS)}. "
                               f"Got {kernel!r}.")
         self.kernel = kernel.lower()
+        #: The arithmetic of float32 products (see :mod:`bigmm.precision`).
+        self.precision = kernel_precision(self.kernel, precision)
         self._device = cupy.cuda.Device(device)
         self.keep_pinned = keep_pinned
         self._pinned: list = []  # (start, end, block) of this backend's pinned blocks
@@ -138,11 +140,14 @@ class CupyBackend:
         return self._device.id
 
     def describe(self) -> str:
-        """The device and kernel, e.g. "NVIDIA H100 80GB HBM3 (device 0), kernel bigmm"."""
+        """The device, kernel and (where not the default) precision, e.g. "NVIDIA H100 80GB
+        HBM3 (device 0), kernel bigmm, precision tf32x3"."""
         props = cupy.cuda.runtime.getDeviceProperties(self._device.id)
         name = props["name"]
         name = name.decode() if isinstance(name, bytes) else str(name)
-        return f"{name} (device {self._device.id}), kernel {self.kernel}"
+        shown = self.precision != DEFAULT and self.kernel != "cublas-tf32"
+        return (f"{name} (device {self._device.id}), kernel {self.kernel}"
+                + (f", precision {self.precision}" if shown else ""))
 
     # ----- buffers --------------------------------------------------------------------------
     def host_buffer(self, size: int, dtype) -> np.ndarray:
@@ -275,8 +280,9 @@ class CupyBackend:
     # ----- compute --------------------------------------------------------------------------
     @property
     def fuses_checks(self) -> bool:
-        """Whether gemm takes ``checks`` (bigmm's kernel; cuBLAS's cannot do them)."""
-        return self.kernel == "bigmm"
+        """Whether gemm takes ``checks`` (bigmm's kernel in precision float32: cuBLAS's and
+        the tensor-core kernels cannot do them)."""
+        return self.kernel == "bigmm" and self.precision == DEFAULT
 
     def gemm(self, a, b, c, alpha: float, beta: float, trans_a: bool, trans_b: bool,
              stream=None, checks=None) -> None:
@@ -293,16 +299,21 @@ class CupyBackend:
         name, (m, k, n) = _check_gemm(a, b, c, trans_a, trans_b)
         half = name in HALF_DTYPES
         if checks is not None and (half or not self.fuses_checks):
-            raise OptionError(f"Expected checks= only with kernel='bigmm' and float32 or "
-                              f"float64. Got kernel={self.kernel!r}, {name}.")
+            raise OptionError(f"Expected checks= only with kernel='bigmm', precision "
+                              f"'float32' and float32 or float64. Got kernel={self.kernel!r}, "
+                              f"precision={self.precision!r}, {name}.")
+        if name != "float32" and self.precision != DEFAULT:
+            raise OptionError(f"Expected float32 operands for precision={self.precision!r}. "
+                              f"Got {name}.")
         alpha, beta, trans_a, trans_b = float(alpha), float(beta), bool(trans_a), bool(trans_b)
         if half:
             def launch(stream) -> None:
                 self._gemm_ex(name, a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream)
         elif self.kernel == "bigmm":
             with self._device:
-                launch = self._kernels.prepare_gemm(a, b, c, alpha, beta, trans_a, trans_b,
-                                                    split_k=1, checks=checks)
+                launch = self._kernels.prepare_gemm(
+                    a, b, c, alpha, beta, trans_a, trans_b, split_k=1, checks=checks,
+                    precision=self.precision if name == "float32" else None)
         else:
             def launch(stream) -> None:
                 self._cublas(a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream)
@@ -351,7 +362,7 @@ class CupyBackend:
 
             self._handle = cublas.create()
             cublas.setMathMode(self._handle,
-                               _TF32_MATH if self.kernel == "cublas-tf32" else _DEFAULT_MATH)
+                               _TF32_MATH if self.precision == "tf32" else _DEFAULT_MATH)
         return self._handle
 
     # ----- checksums ------------------------------------------------------------------------
@@ -398,15 +409,16 @@ class CupyBackend:
 
         return run
 
-    def epsilon(self, dtype) -> float:
-        """The dtype's machine epsilon; 2**-10 for float32 products on TF32 tensor cores
-        (inputs rounded to 10 mantissa bits); float32's for half-precision operands (their
-        products are exact in float32, and accumulate in it)."""
-        if self.kernel == "cublas-tf32" and np.dtype(dtype) == np.float32:
-            return 2.0 ** -10
-        if str(np.dtype(dtype)) in HALF_DTYPES:
-            return float(np.finfo(np.float32).eps)
-        return float(np.finfo(dtype).eps)
+    def rounding(self, dtype) -> Rounding:
+        """float32 products: their precision's (:data:`bigmm.precision.ROUNDING`: TF32
+        rounds the inputs); half-precision ones: float32's (their products are exact in
+        float32, and accumulate in it); float64: IEEE."""
+        name = str(np.dtype(dtype))
+        if name == "float32":
+            return ROUNDING[self.precision]
+        if name in HALF_DTYPES:
+            return Rounding(float(np.finfo(np.float32).eps))
+        return Rounding(float(np.finfo(dtype).eps))
 
     def run_on(self, stream):
         return _OnStream(self._device, stream)
@@ -463,94 +475,11 @@ class CupyBackend:
         return int(free)
 
     def rates(self, dtype: str, limit: int | None = None) -> Rates:
-        """Rates for the predicted time: this kernel's gemm (and its waves of thread blocks),
-        pinned host-to-device copies (whole, and pitched in rows of 16 KiB: the cost of a
-        row), device memory (a copy within it), allocating pinned memory and page-locking a
-        host array in place (and releasing them), measured once per process and size (a
-        4096^3 product, a 256 MiB copy in, a 128 MiB copy on the device, 64 MiB pinned and a
-        64 MiB array locked, timed with events and the host clock; smaller when ``limit``,
-        the bytes the run may hold on the device and in pinned memory, is less, so that
-        planning stays within the run's budgets)."""
-        item = numpy_dtype(str(dtype)).itemsize
-        nbytes = 256 << 20 if limit is None else max(1 << 20, min(256 << 20, int(limit) // 2))
-        n = min(4096, math.isqrt(nbytes // item))  # an n^2 operand fits in the copied buffer
-        key = (self._device.id, self.kernel, str(dtype), nbytes, n)
-        if key not in _RATES:
-            _RATES[key] = self._calibrate(numpy_dtype(str(dtype)), nbytes, n)
-        return _RATES[key]
+        """Rates for the predicted time, measured once per process, precision and size
+        (:func:`.cupy_rates.rates`)."""
+        from . import cupy_rates
 
-    def _calibrate(self, dtype: np.dtype, nbytes: int, n: int) -> Rates:
-        with self._device:
-            s = cupy.cuda.Stream(non_blocking=True)
-            pinned = cupy.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE)
-            host = np.ndarray((nbytes // dtype.itemsize,), dtype,
-                              buffer=cupy.cuda.PinnedMemoryPointer(pinned, 0))
-            block = np.random.default_rng(0).standard_normal(1 << 16).astype(dtype)
-            host[: host.size - host.size % block.size].reshape(-1, block.size)[:] = block
-            host[host.size - host.size % block.size:] = 1.0
-            dev = _direct(host.size, dtype)
-            c = _direct(n * n, numpy_dtype(accumulate_dtype(str(dtype)))).reshape(n, n)
-            t_copy = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
-                dev.data.ptr, host.ctypes.data, nbytes, _H2D, s.ptr), s)
-            rows = nbytes // (2 * _ROW_BYTES)  # every other row of the buffer, pitched
-            t_rows = self._time(lambda: cupy.cuda.runtime.memcpy2DAsync(
-                dev.data.ptr, _ROW_BYTES, host.ctypes.data, 2 * _ROW_BYTES, _ROW_BYTES, rows,
-                _H2D, s.ptr), s) if rows else 0.0
-            half = nbytes // 2
-            t_move = self._time(lambda: cupy.cuda.runtime.memcpyAsync(
-                dev.data.ptr + half, dev.data.ptr, half, _D2D, s.ptr), s)
-            x = dev[: n * n].reshape(n, n)
-            t_gemm = self._time(lambda: self.gemm(x, x, c, 1.0, 0.0, False, False, s), s)
-        # a product smaller than 4096^3 (a budget under 64 MiB) is too short to tell what
-        # a step's C traffic and last wave cost: those terms are left out
-        full = n == 4096
-        h2d = nbytes / t_copy
-        per_row = max(0.0, t_rows - rows * _ROW_BYTES / h2d) / rows if rows else 0.0
-        return Rates(flops=2 * n**3 / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
-                     h2d_bytes=h2d,
-                     memory_bytes=2 * half / t_move if full else None,
-                     wave_flops=(self._wave_flops(dtype)
-                                 if full and str(dtype) not in HALF_DTYPES else None),
-                     per_row=per_row, register_bytes=self._lock_rate(min(nbytes, _LOCK_BYTES)),
-                     pin_bytes=self._pin_rate(min(nbytes, _LOCK_BYTES)))
-
-    def _pin_rate(self, nbytes: int) -> float | None:
-        """Bytes per second of making a staging block of ``nbytes`` and freeing it, the faster
-        of the two ways (:func:`.cupy_pinned.choose`), which later blocks are made."""
-        with self._device:
-            return choose(nbytes)
-
-    def _lock_rate(self, nbytes: int) -> float | None:
-        """See :func:`.cupy_pinned.lock_rate`."""
-        with self._device:
-            return lock_rate(nbytes)
-
-    def _wave_flops(self, dtype: np.dtype) -> float:
-        """Flops per unit of depth of one wave of thread blocks of the own kernel on large
-        tiles: blocks per SM times SMs times a block's tile. cuBLAS's kernels are not visible
-        and are taken as the same."""
-        from . import cuda_kernels
-
-        big = 16384
-        cfg = cuda_kernels.select_config(str(dtype), big, big, big)
-        sms = cuda_kernels.sm_count_of(self._device.id)
-        return 2.0 * cfg.bm * cfg.bn * max(1, cfg.min_blocks) * sms
-
-    @staticmethod
-    def _time(fn, stream, repeat: int = 5) -> float:
-        """The fastest of ``repeat`` calls, each timed with events, after two untimed ones
-        (the kernel compiled; the first copies of a process ran up to 30% slower)."""
-        fn()
-        fn()
-        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-        best = math.inf
-        for _ in range(repeat):
-            e0.record(stream)
-            fn()
-            e1.record(stream)
-            e1.synchronize()
-            best = min(best, cupy.cuda.get_elapsed_time(e0, e1) / 1e3)
-        return max(best, 1e-9)
+        return cupy_rates.rates(self, dtype, limit)
 
     def close(self) -> None:
         """Wait for this backend's streams, then free its device buffers (now, not when the
@@ -591,77 +520,3 @@ class _OnStream:
         self.stream.__exit__(*exc)
         self.device.__exit__(*exc)
         return False
-
-
-def device_dtype(dtype) -> np.dtype:
-    """The dtype of device arrays holding elements of ``dtype``: uint16 for bfloat16 (its
-    bits; cupy has no bfloat16), else ``dtype``."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.uint16) if dtype == _BF16 else dtype
-
-
-def _logical(dtype) -> np.dtype:
-    """The element dtype a device array of ``dtype`` holds: bfloat16 for uint16."""
-    dtype = np.dtype(dtype)
-    return _BF16 if dtype == np.uint16 else dtype
-
-
-def _direct(size: int, dtype: np.dtype) -> cupy.ndarray:
-    """A flat device array with its own cudaMalloc, freed when the last view of it goes."""
-    dtype = device_dtype(dtype)
-    mem = cupy.cuda.Memory(size * dtype.itemsize)
-    return cupy.ndarray((size,), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
-
-
-def _page_locked(ptr: int) -> bool:
-    """Whether CUDA reports the host address ``ptr`` as page-locked (errors: not)."""
-    try:
-        attrs = cupy.cuda.runtime.pointerGetAttributes(ptr)
-    except Exception:  # older CUDA: cudaErrorInvalidValue for pageable memory
-        return False
-    kind = getattr(attrs, "type", None)  # cupy names the field "type" (CUDA >= 10) ...
-    if kind is None:
-        kind = getattr(attrs, "memoryType", None)  # ... or "memoryType" (older cupy)
-    return kind == _MEMORY_TYPE_HOST
-
-
-def _extent(arr) -> tuple[int, int]:
-    """[first byte, last byte + 1) of a 2-D (or flat) array with non-negative strides."""
-    lo = arr.ctypes.data
-    if arr.size == 0:
-        return lo, lo
-    return lo, lo + sum((n - 1) * st for n, st in zip(arr.shape, arr.strides)) + arr.itemsize
-
-
-def _pitch(x) -> int:
-    """Bytes between the starts of consecutive rows of a 2-D array with contiguous rows."""
-    rows, cols = x.shape
-    return x.strides[0] if rows > 1 else cols * x.itemsize
-
-
-def _scalars_by_pointer(fn) -> bool:
-    """Whether this cupy's cuBLAS wrapper takes alpha/beta as addresses (``size_t alpha`` in
-    its signature, cupy >= 14) rather than as values."""
-    doc = getattr(fn, "__doc__", None) or ""
-    return "size_t alpha" in doc or "float alpha" not in doc and "double alpha" not in doc
-
-
-def _ld(x) -> int:
-    """Leading dimension (elements between rows) of a row-major 2-D device array."""
-    rows, cols = x.shape
-    return max(x.strides[0] // x.itemsize if rows > 1 else cols, cols, 1)
-
-
-def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[str, tuple[int, int, int]]:
-    """(the operands' dtype name, (m, k, n)) after checking the operands are 2-D device arrays
-    with contiguous rows and matching shapes, a and b of one dtype (uint16: bfloat16) and c in
-    the dtype they accumulate in."""
-    for name, x in (("a", a), ("b", b), ("c", c)):
-        if not isinstance(x, cupy.ndarray):
-            raise KernelError(f"Expected {name} to be a cupy.ndarray on the GPU. "
-                              f"Got {type(x).__module__}.{type(x).__name__}.")
-        if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
-            raise ShapeError(f"Expected {name} as a 2-D array with contiguous rows. "
-                             f"Got shape {x.shape}, strides {x.strides}.")
-    name = check_gemm_dtypes(_logical(a.dtype), _logical(b.dtype), c.dtype)
-    return name, gemm_shape(a, b, c, trans_a, trans_b)

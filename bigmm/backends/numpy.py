@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, OptionError, ShapeError
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
+from ..precision import Rounding
 from ..units import HALF_DTYPES, accumulate_dtype, numpy_dtype
 from .base import check_gemm_dtypes, flat_view, gemm_shape
 
@@ -228,8 +229,11 @@ class NumpyBackend:
         result[0] = ratio[at] if ratio.size else 0.0
         result[1] = at
 
-    def epsilon(self, dtype) -> float:
-        return float(np.finfo(dtype).eps)
+    def rounding(self, dtype) -> Rounding:
+        """IEEE arithmetic in the dtype (half-precision operands: float32, exact products)
+        whatever the precision asked."""
+        name = "float32" if str(np.dtype(dtype)) in HALF_DTYPES else np.dtype(dtype)
+        return Rounding(float(np.finfo(name).eps))
 
     def run_on(self, stream: Any):
         return contextlib.nullcontext()

@@ -31,7 +31,7 @@ FLAGS = (("resume=True", "--resume"), ("overwrite=True", "--overwrite"),
          ("io_threads=", "--io-threads "), ("trans_a=True", "--trans-a"),
          ("trans_b=True", "--trans-b"), ("kernel=", "--kernel "), ("verify=", "--verify "),
          ("alpha=", "--alpha "), ("beta=", "--beta "), ("backend=", "--backend "),
-         ("out_dtype=", "--out-dtype "))
+         ("out_dtype=", "--out-dtype "), ("precision=", "--precision "))
 
 
 def as_flags(text: str) -> str:

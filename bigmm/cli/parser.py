@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
+from ..precision import PRECISIONS
 from ..units import DTYPES
 from ._common import EXIT_ERROR
 
@@ -116,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest M*N*K checked element by element")
     v.add_argument("--seed", type=int, default=0,
                    help="seed of the sampled rows and probe vectors (default: %(default)s)")
+    v.add_argument("--precision", default=None, type=str.lower, choices=PRECISIONS,
+                   help="the arithmetic C was multiplied in (as given to multiply; tf32 "
+                        "widens the tolerance by its rounding of the inputs)")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_verify)
 
@@ -144,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: cupy where a GPU is usable (default: %(default)s)")
     b.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
                    help="GPU tile products (as for multiply)")
+    _precision(b)
     b.add_argument("--dir", default=None, help="directory for the operands (default: a temp dir)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
@@ -172,8 +177,17 @@ def _job_options(p) -> None:
     p.add_argument("--trans-b", action="store_true", help="use B transposed")
     p.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
                    help="GPU tile products: bigmm's kernel (default), cublas, or cublas-tf32 "
-                        "(TF32 tensor cores)")
+                        "(cublas with --precision tf32)")
+    _precision(p)
     p.add_argument("--out-dtype", default=None, choices=tuple(DTYPES),
                    help="dtype of a new C: float32 (the default) or the operands' dtype for "
                         "float16 and bfloat16 operands; mixed operands give NumPy's result "
                         "type; an existing C keeps its own")
+
+
+def _precision(p) -> None:
+    p.add_argument("--precision", default=None, type=str.lower, choices=PRECISIONS,
+                   help="arithmetic of float32 products: float32 (IEEE on CUDA cores, the "
+                        "default), tf32x3 (float32 accuracy on TF32 tensor cores, kernel "
+                        "bigmm), tf32 (one TF32 pass, about 3e-4 relative error); the CPU "
+                        "computes in float32 whatever it says")

@@ -20,6 +20,8 @@ def _job_kwargs(args) -> dict:
         kwargs["verify"] = args.verify
     if getattr(args, "out_dtype", None) is not None:
         kwargs["out_dtype"] = args.out_dtype
+    if getattr(args, "precision", None) is not None:
+        kwargs["precision"] = args.precision
     return kwargs
 
 

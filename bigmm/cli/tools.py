@@ -39,7 +39,8 @@ def cmd_verify(args) -> int:
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     result = verify(args.a, args.b, args.c, alpha=args.alpha, beta=args.beta, c0=args.c0,
-                    trans_a=args.trans_a, trans_b=args.trans_b, seed=args.seed, **kwargs)
+                    trans_a=args.trans_a, trans_b=args.trans_b, seed=args.seed,
+                    precision=args.precision, **kwargs)
     print(json.dumps(result.to_dict(), indent=2) if args.json else str(result))
     return 0 if result.passed else EXIT_FAIL
 
@@ -89,19 +90,20 @@ def cmd_bench(args) -> int:
             generate(spec, (n, n), dtype=args.dtype, seed=seed, overwrite=True)
         memory = parse_size(args.memory, name="--memory") or max(2 * w * n * n // 4, 1 << 20)
         out, stats = api.matmul(a, b, c, memory=memory, backend=name, overwrite=True,
-                                stats=True, kernel=args.kernel)
-        check = verify(a, b, c)
-        t_core = in_core_seconds(a, b, name, args.kernel)
+                                stats=True, kernel=args.kernel, precision=args.precision)
+        check = verify(a, b, c, precision=args.precision)
+        t_core = in_core_seconds(a, b, name, args.kernel, args.precision)
     flops = 2.0 * n ** 3
     result = {"n": n, "dtype": args.dtype, "memory": int(memory), "backend": name,
-              "kernel": args.kernel,
+              "kernel": args.kernel, "precision": args.precision,
               "verified": check.passed, "bigmm_seconds": stats.seconds,
               "bigmm_tflops": flops / stats.seconds / 1e12, "in_core_seconds": t_core,
               "in_core_tflops": flops / t_core / 1e12, "ratio_to_in_core": t_core / stats.seconds}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"n={n} {args.dtype}, budget {format_bytes(memory)}, backend {name}, "
+        arith = f", precision {args.precision}" if args.precision else ""
+        print(f"n={n} {args.dtype}, budget {format_bytes(memory)}, backend {name}{arith}, "
               f"product {'verified' if check.passed else 'WRONG'}")
         print(f"bigmm out of core (HDF5 to HDF5): {format_seconds(stats.seconds)}, "
               f"{result['bigmm_tflops']:.3f} TFLOP/s")
@@ -111,12 +113,14 @@ def cmd_bench(args) -> int:
     return 0 if check.passed else EXIT_FAIL
 
 
-def in_core_seconds(a: str, b: str, backend: str, kernel: str | None = None) -> float:
-    """Seconds of one gemm of the whole operands in the backend's memory (after a warm-up)."""
-    from ..backends import get_backend
+def in_core_seconds(a: str, b: str, backend: str, kernel: str | None = None,
+                    precision: str | None = None) -> float:
+    """Seconds of one gemm of the whole operands in the backend's memory (after a warm-up),
+    with the same kernel and precision."""
     from ..io import open_input
+    from ..job import resolve_backend
 
-    be = get_backend(backend, **({"kernel": kernel} if kernel else {}))
+    be = resolve_backend(backend, kernel, precision)
     try:
         views = []
         for spec in (a, b, None):

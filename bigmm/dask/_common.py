@@ -30,6 +30,10 @@ def distributed():
 
 
 @functools.lru_cache(maxsize=None)
-def backend(name: str):
-    """One backend per process and name (tasks share it; buffers are per call)."""
-    return get_backend(name)
+def backend(name: str, precision: str | None = None):
+    """One backend per process, name and precision (tasks share it; buffers are per call)."""
+    if precision is None:
+        return get_backend(name)
+    from ..job import resolve_backend
+
+    return resolve_backend(name, None, precision)

@@ -10,6 +10,7 @@ from ..job import parse_scalar
 from ..backends import BACKENDS
 from ..errors import BackendUnavailable, DtypeError, ShapeError
 from ..planner import make_plan
+from ..precision import DEFAULT, check_dtype, parse_precision
 from ..units import (DTYPES, accumulate_dtype, common_dtype, dtype_name, numpy_dtype,
                      parse_out_dtype, parse_size)
 from ._common import backend as _backend
@@ -33,10 +34,11 @@ class _Step:
     backend: str
     acc: str = "float64"
     out: str | None = None
+    precision: str | None = None
 
 
 def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = False,
-           memory=None, backend: str = "auto", out_dtype=None):
+           memory=None, backend: str = "auto", out_dtype=None, precision: str | None = None):
     """alpha * op(a) @ op(b) for 2-D dask arrays, as a dask array of bigmm accumulate tasks.
 
     Output block (i, j) has op(a)'s i-th row chunk and op(b)'s j-th column chunk. It is the end
@@ -55,6 +57,8 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
 
     ``backend``: "auto" (from the chunk type: CuPy chunks -> "cupy", else "numpy"), "numpy"
     or "cupy". The chunk type is preserved (the result's ``meta`` is that of ``a``).
+    ``precision``: the arithmetic of float32 products, as in :func:`bigmm.matmul` (CuPy
+    chunks; NumPy chunks are multiplied in IEEE float32 whatever it says).
 
     Dtypes as in :func:`bigmm.matmul`: float16, bfloat16, float32 and float64; mixed inputs
     are multiplied in NumPy's ``result_type`` (float32 @ float64 in float64, the other
@@ -76,6 +80,8 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
             raise ShapeError(f"Expected known chunk sizes for {name}. Got unknown ones "
                              f"(call {name}.compute_chunk_sizes() first).")
     dtype = _common_float(a.dtype, b.dtype)
+    precision = parse_precision(precision)
+    check_dtype(precision or DEFAULT, dtype.name)
     out_name = parse_out_dtype(out_dtype, dtype.name)
     acc = accumulate_dtype(dtype.name)
     a, b = (x if x.dtype == dtype else x.astype(dtype) for x in (a, b))
@@ -95,7 +101,7 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
     cols = b.chunks[0] if trans_b else b.chunks[1]
     ka = a.chunks[0] if trans_a else a.chunks[1]
     kb_ = b.chunks[1] if trans_b else b.chunks[0]
-    token = tokenize(a, b, alpha, trans_a, trans_b, be_name, out_name)
+    token = tokenize(a, b, alpha, trans_a, trans_b, be_name, out_name, precision)
     out, acc_key = f"bigmm-matmul-{token}", f"bigmm-accumulate-{token}"
     pieces = _k_pieces(ka, kb_)
     dsk: dict = {}
@@ -111,7 +117,7 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
                 last = s == len(pieces) - 1
                 key = (out, i, j) if last else (acc_key, i, j, s)
                 step = _Step(a_k, b_k, alpha, bool(trans_a), bool(trans_b), be_name, acc,
-                             out_name if last and out_name != acc else None)
+                             out_name if last and out_name != acc else None, precision)
                 dsk[key] = (_accumulate, prev, akey, bkey, step)
                 prev = key
     graph = HighLevelGraph.from_collections(out, dsk, dependencies=[a, b])
@@ -195,7 +201,7 @@ def _accumulate(prev, a_blk, b_blk, step: _Step):
     The block is allocated by the chunks' own array library (``empty_like`` dispatches to
     CuPy for CuPy chunks), not by the backend, whose buffers live only as long as a run.
     """
-    be = _backend(step.backend)
+    be = _backend(step.backend, step.precision)
     a, ta = _operand(a_blk, step.a_k, 0 if step.trans_a else 1, step.trans_a)
     b, tb = _operand(b_blk, step.b_k, 1 if step.trans_b else 0, step.trans_b)
     m = a.shape[1] if ta else a.shape[0]

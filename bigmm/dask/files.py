@@ -24,9 +24,9 @@ from typing import Callable
 import numpy as np
 
 from .. import io
-from ..job import (check_operands, complete_stats, job_record, open_inputs, open_output,
-                   parse_io_threads, parse_scalar, resolve_backend, resolve_budgets,
-                   resumed_schedule)
+from ..job import (check_operands, complete_stats, job_precision, job_record, open_inputs,
+                   open_output, parse_io_threads, parse_scalar, resolve_backend,
+                   resolve_budgets, resumed_schedule)
 from ..backends import get_backend
 from ..checksum import parse_verify
 from ..errors import BudgetError, Interrupted, OptionError
@@ -34,6 +34,7 @@ from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
 from ..io.region import RawRegion, RegionSink
 from ..io.zarrsink import ZarrRegion, ZarrRegionSink
 from ..planner import Plan, Tile, even_edge, make_plan
+from ..precision import parse_precision
 from ..units import numpy_dtype
 from ._common import RESOURCE
 from ._common import distributed as _distributed
@@ -78,6 +79,7 @@ class _TileJob:
     io_threads: int | None
     verify: str | None = None  # "checksum": each task checks its tile (bigmm.checksum)
     out_dtype: str | None = None  # C's dtype (None: the operands')
+    precision: str | None = None  # of float32 products (None: the default)
 
 
 class _Region(io.Source):
@@ -150,7 +152,7 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | ZarrRegion | None = No
     write. Old C (beta != 0) is read per sub-tile from ``job.old_c`` here, or from ``old``
     where the caller holds C's file open in h5py and sends it.
     """
-    be = resolve_backend(job.backend, job.kernel)  # its buffers live until close()
+    be = resolve_backend(job.backend, job.kernel, job.precision)  # buffers live until close()
     k, dt = job.k, numpy_dtype(job.out_dtype or job.dtype)
     opened: list = []
     c = None
@@ -297,7 +299,7 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
                  backend: str = "auto", progress: Callable[[Progress], None] | None = None,
                  resume: bool = False, overwrite: bool = False, io_threads: int | None = None,
                  stats: bool = False, kernel: str | None = None, verify: str | None = None,
-                 out_dtype=None):
+                 out_dtype=None, precision: str | None = None):
     """C = alpha * op(A) @ op(B) + beta * C on HDF5 files or Zarr stores, as C-tile tasks on a
     dask cluster.
 
@@ -321,7 +323,8 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
     A lost worker's tiles are recomputed by dask. At most WINDOW_PER_SLOT tasks per task slot
     are in flight.
 
-    ``kernel``: the GPU kernel, as in :func:`bigmm.matmul`. Returns the output spec, or
+    ``kernel`` and ``precision``: the GPU kernel and the arithmetic of float32 products, as
+    in :func:`bigmm.matmul`. Returns the output spec, or
     (spec, RunStats) with ``stats=True`` (busy times summed over the tasks; ``write_busy``
     adds this process's writing and journaling).
     """
@@ -329,13 +332,14 @@ def matmul_files(a, b, out, *, client=None, alpha: float = 1.0, beta: float = 0.
                                    trans_a=trans_a, trans_b=trans_b, memory=memory,
                                    host_memory=host_memory, backend=backend, kernel=kernel,
                                    progress=progress, resume=resume, overwrite=overwrite,
-                                   io_threads=io_threads, verify=verify, out_dtype=out_dtype)
+                                   io_threads=io_threads, verify=verify, out_dtype=out_dtype,
+                                   precision=precision)
     return (result, run) if stats else result
 
 
 def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_memory,
                backend, progress, resume, overwrite, io_threads, kernel=None, verify=None,
-               out_dtype=None):
+               out_dtype=None, precision=None):
     """:func:`matmul_files`, returning (output spec, Plan, RunStats, the workers' backend
     name): what ``bigmm multiply --workers/--scheduler`` reports."""
     client = _get_client(client)
@@ -355,16 +359,18 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
         B = io.open_input(b, name="B")
         closing.append(B)
         m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
+        chosen = job_precision(kernel, precision, dtype)
         alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
         args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                     device_budget=budgets.device, host_budget=budgets.host,
                     staging=budgets.staging, a_chunks=A.chunks, b_chunks=B.chunks)
-        fixed = resumed_schedule(out, m, n, k, dtype, alpha, beta, args) if resume else {}
+        fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, chosen) if resume
+                 else {})
         if fixed:
             plan = make_plan(m, n, k, dtype, **args, **fixed)
         else:
             plan = _grid(make_plan(m, n, k, dtype, **args, order="stream"), slots)
-        sink = open_output(out, plan, job_record(plan, alpha, beta), A, B,
+        sink = open_output(out, plan, job_record(plan, alpha, beta, chosen), A, B,
                            overwrite=overwrite, resume=resume, out_dtype=out_dtype)
         closing.append(sink)
         if sink.complete:  # resumed after it had finished: nothing to do
@@ -373,7 +379,7 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
         tj = _TileJob(a_path, b_path, old_c, k, dtype, plan.trans_a, plan.trans_b,
                       (plan.bm, plan.bn, plan.bk), alpha, beta, backend, kernel,
                       budgets.device, budgets.host, io_threads, parse_verify(verify),
-                      sink.dtype.name)
+                      sink.dtype.name, parse_precision(precision))
         run = _Tiles(client, tj, plan, sink, progress, slots, tagged).run()
         sink.finish()
         result = sink.result

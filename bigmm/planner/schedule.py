@@ -133,6 +133,9 @@ class Plan:
     #: Of ``in_place``, the operands page-locked in place for the run (and released after).
     registered: str = ""
     rates: Timing | None = field(default=None, compare=False)
+    #: How the products are computed, as printed (e.g. "3xTF32 (float32 accuracy on tensor
+    #: cores)"; the job sets it from the backend and the precision asked; "" not stated).
+    arithmetic: str = field(default="", compare=False)
 
     # ----- grid ---------------------------------------------------------------------------
     @property
@@ -403,6 +406,7 @@ class Plan:
         rows = [
             ("product", f"C[{self.m} x {self.n}] = {ta} @ {tb}, depth {self.k}, {self.dtype}"
                         + (f" (C in {self.c_dtype})" if self.c_dtype != self.dtype else "")),
+            *([("arithmetic", self.arithmetic)] if self.arithmetic else []),
             ("loop order", self.order),
             ("C tiles", f"{self.ni} x {self.nj} = {self.n_tiles} tiles of {self.bm} x {self.bn}"),
             ("K panels", f"{self.nk} per tile, depth {self.bk}"

@@ -179,12 +179,12 @@ def test_half_gemm_on_tensor_cores_from_staged_panels(dtype, m, n, k, alpha, bet
         be.close()
 
 
-def test_half_rates_and_epsilon():
+def test_half_rates_and_rounding():
     be = _backend()
     try:
         r = be.rates("bfloat16", 64 << 20)
         assert r.flops > 1e12 and r.h2d_bytes > 1e9
-        assert be.epsilon(numpy_dtype("bfloat16")) == float(np.finfo(np.float32).eps)
+        assert be.rounding(numpy_dtype("bfloat16")).eps == float(np.finfo(np.float32).eps)
     finally:
         be.close()
 

@@ -1,0 +1,122 @@
+"""The cupy backend's calibration: its rates for the planner's time model, measured once per
+process, device, kernel, precision and size.
+
+A backend's gemm (its kernel and precision: TF32 tensor cores run several times faster than
+IEEE float32 on the CUDA cores), pinned host-to-device copies (whole, and pitched: the cost of
+a row), device memory (a copy within it), allocating pinned memory and page-locking a host
+array in place are each timed with CUDA events and the host clock.
+
+This module imports cupy at its top: only the cupy backend imports it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy
+import numpy as np
+
+from ..planner.model import READ_RATE, WRITE_RATE, Rates
+from ..units import HALF_DTYPES, accumulate_dtype, numpy_dtype
+from .cupy_arrays import device_dtype
+from .cupy_pinned import choose, lock_rate
+
+_H2D, _D2D = 1, 3  # cudaMemcpyHostToDevice, DeviceToDevice
+_HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
+#: Bytes per row of the pitched copies timed (a 4096-wide float32 panel) and bytes of the host
+#: array page-locked and released.
+ROW_BYTES, LOCK_BYTES = 16 << 10, 64 << 20
+
+_RATES: dict[tuple, Rates] = {}
+
+
+def rates(be, dtype: str, limit: int | None = None) -> Rates:
+    """Rates of the cupy backend ``be`` for ``dtype`` operands: its gemm (its kernel and
+    precision, and the waves of its thread blocks), pinned host-to-device copies (whole, and
+    pitched in rows of 16 KiB: the cost of a row), device memory (a copy within it),
+    allocating pinned memory and page-locking a host array in place (and releasing them),
+    measured once per process and size (a 4096^3 product, a 256 MiB copy in, a 128 MiB copy
+    on the device, 64 MiB pinned and a 64 MiB array locked, timed with events and the host
+    clock; smaller when ``limit``, the bytes the run may hold on the device and in pinned
+    memory, is less, so that planning stays within the run's budgets)."""
+    item = numpy_dtype(str(dtype)).itemsize
+    nbytes = 256 << 20 if limit is None else max(1 << 20, min(256 << 20, int(limit) // 2))
+    n = min(4096, math.isqrt(nbytes // item))  # an n^2 operand fits in the copied buffer
+    key = (be.device_id, be.kernel, be.precision, str(dtype), nbytes, n)
+    if key not in _RATES:
+        _RATES[key] = _calibrate(be, numpy_dtype(str(dtype)), nbytes, n)
+    return _RATES[key]
+
+
+def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
+    with cupy.cuda.Device(be.device_id):
+        s = cupy.cuda.Stream(non_blocking=True)
+        pinned = cupy.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE)
+        host = np.ndarray((nbytes // dtype.itemsize,), dtype,
+                          buffer=cupy.cuda.PinnedMemoryPointer(pinned, 0))
+        block = np.random.default_rng(0).standard_normal(1 << 16).astype(dtype)
+        host[: host.size - host.size % block.size].reshape(-1, block.size)[:] = block
+        host[host.size - host.size % block.size:] = 1.0
+        dev = _direct(host.size, dtype)
+        c = _direct(n * n, numpy_dtype(accumulate_dtype(str(dtype)))).reshape(n, n)
+        t_copy = time_events(lambda: cupy.cuda.runtime.memcpyAsync(
+            dev.data.ptr, host.ctypes.data, nbytes, _H2D, s.ptr), s)
+        rows = nbytes // (2 * ROW_BYTES)  # every other row of the buffer, pitched
+        t_rows = time_events(lambda: cupy.cuda.runtime.memcpy2DAsync(
+            dev.data.ptr, ROW_BYTES, host.ctypes.data, 2 * ROW_BYTES, ROW_BYTES, rows,
+            _H2D, s.ptr), s) if rows else 0.0
+        half = nbytes // 2
+        t_move = time_events(lambda: cupy.cuda.runtime.memcpyAsync(
+            dev.data.ptr + half, dev.data.ptr, half, _D2D, s.ptr), s)
+        x = dev[: n * n].reshape(n, n)
+        t_gemm = time_events(lambda: be.gemm(x, x, c, 1.0, 0.0, False, False, s), s)
+        pin = choose(min(nbytes, LOCK_BYTES))  # the faster way: later blocks are made so
+        lock = lock_rate(min(nbytes, LOCK_BYTES))
+    # a product smaller than 4096^3 (a budget under 64 MiB) is too short to tell what
+    # a step's C traffic and last wave cost: those terms are left out
+    full = n == 4096
+    h2d = nbytes / t_copy
+    per_row = max(0.0, t_rows - rows * ROW_BYTES / h2d) / rows if rows else 0.0
+    return Rates(flops=2 * n**3 / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
+                 h2d_bytes=h2d,
+                 memory_bytes=2 * half / t_move if full else None,
+                 wave_flops=(wave_flops(be, dtype)
+                             if full and str(dtype) not in HALF_DTYPES else None),
+                 per_row=per_row, register_bytes=lock, pin_bytes=pin)
+
+
+def wave_flops(be, dtype: np.dtype) -> float:
+    """Flops per unit of depth of one wave of thread blocks of the own kernel on large tiles
+    (of ``be``'s precision for float32): blocks per SM times SMs times a block's tile.
+    cuBLAS's kernels are not visible and are taken as the same."""
+    from . import cuda_kernels
+
+    big = 16384
+    precision = be.precision if str(dtype) == "float32" else None
+    with cupy.cuda.Device(be.device_id):
+        cfg = cuda_kernels.select_config(str(dtype), big, big, big, precision=precision)
+    sms = cuda_kernels.sm_count_of(be.device_id)
+    return 2.0 * cfg.bm * cfg.bn * max(1, cfg.min_blocks) * sms
+
+
+def time_events(fn, stream, repeat: int = 5) -> float:
+    """The fastest of ``repeat`` calls, each timed with events, after two untimed ones (the
+    kernel compiled; the first copies of a process ran up to 30% slower)."""
+    fn()
+    fn()
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    best = math.inf
+    for _ in range(repeat):
+        e0.record(stream)
+        fn()
+        e1.record(stream)
+        e1.synchronize()
+        best = min(best, cupy.cuda.get_elapsed_time(e0, e1) / 1e3)
+    return max(best, 1e-9)
+
+
+def _direct(size: int, dtype: np.dtype) -> cupy.ndarray:
+    """A flat device array with its own cudaMalloc, freed when the last view of it goes."""
+    dtype = device_dtype(dtype)
+    mem = cupy.cuda.Memory(size * dtype.itemsize)
+    return cupy.ndarray((size,), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
