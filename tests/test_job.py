@@ -294,7 +294,7 @@ def test_two_runs_on_one_output(tmp_path, job):
     a, b = job
     c = f"{tmp_path / 'c.h5'}:/C"
     common = ("--memory", BUDGET, "--backend", "numpy", "--overwrite")
-    first = cli("multiply", a, b, "-o", c, "--alpha", "2", *common, pause=0.1, wait=False)
+    first = cli("multiply", a, b, "-o", c, "--alpha", "2", *common, pause=0.5, wait=False)
     deadline = time.monotonic() + 60
     while read_journal(c) is None and time.monotonic() < deadline:
         time.sleep(0.02)
