@@ -143,8 +143,18 @@ class Probe:
         return worst if np.isfinite(worst) else float("inf")
 
 
+def options(kernel: str | None) -> dict:
+    """``kernel=`` and ``precision=`` of a ``--kernels`` name: "bigmm/tf32x3" is kernel
+    "bigmm" with precision "tf32x3"."""
+    if kernel is None:
+        return {"kernel": None}
+    name, _, precision = kernel.partition("/")
+    return {"kernel": name, **({"precision": precision} if precision else {})}
+
+
 def bound(kernel: str | None, n: int) -> float:
-    return TF32_TOLERANCE if kernel and "tf32" in kernel else tolerance(F32, n)
+    tf32 = kernel and ("tf32" in kernel and not kernel.endswith("tf32x3"))
+    return TF32_TOLERANCE if tf32 else tolerance(F32, n)
 
 
 # ----- in core --------------------------------------------------------------------------------
@@ -159,7 +169,7 @@ def in_core(kernel: str, n: int, repeat: int) -> dict:
 
     from bigmm.backends import get_backend
 
-    be = get_backend("cupy", kernel=kernel)
+    be = get_backend("cupy", **options(kernel))
     a = b = c = None
     try:
         s = be.stream()
@@ -242,7 +252,7 @@ def plan_facts(p) -> dict:
 
 def run_row(job: str, a, b, c, kernel: str | None, memory, probe: Probe, threads: int) -> dict:
     """One checked, timed bigmm.matmul of a @ b into c (``kernel`` None: the NumPy backend)."""
-    kw = dict(backend="cupy" if kernel else "numpy", kernel=kernel, memory=memory)
+    kw = dict(backend="cupy" if kernel else "numpy", **options(kernel), memory=memory)
     p = bigmm.plan(a, b, c, **kw)
     poison(c, threads)
     t0 = time.perf_counter()
@@ -319,7 +329,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="32768,49152,65536,81920")
     ap.add_argument("--kernels", default="cublas-tf32,cublas,bigmm",
-                    help="kernels in the order each size runs them")
+                    help="kernels in the order each size runs them; kernel/precision for "
+                         "another precision (bigmm/tf32x3)")
     ap.add_argument("--job-n", type=int, default=32768)
     ap.add_argument("--job-memory", default="8GiB")
     ap.add_argument("--in-core-n", type=int, default=None,
@@ -397,16 +408,16 @@ def main(argv=None) -> int:
         del x
     kernels = [k for k in args.kernels.split(",") if k] if not args.cpu else [None]
     for k in kernels:
-        if k not in KERNELS:
+        if options(k)["kernel"] not in KERNELS:
             res["rows"].append({"job": "all", "kernel": k,
                                 "skipped": "not a kernel the cupy backend takes"})
-    kernels = [k for k in kernels if k in KERNELS]
+    kernels = [k for k in kernels if options(k)["kernel"] in KERNELS]
 
     # warm-up: kernels compiled, calibrations taken, on small views
     for k in kernels:
         w = min(4096, top)
         bigmm.matmul(square(flat["A"], w), square(flat["B"], w), square(flat["C"], w),
-                     backend="cupy" if k else "numpy", kernel=k)
+                     backend="cupy" if k else "numpy", **options(k))
     res["warm_up_seconds"] = time.perf_counter() - start - res["generate_seconds"]
 
     # in-core rates
@@ -441,7 +452,7 @@ def main(argv=None) -> int:
         a, b, c = arrays
         free_device()
         try:
-            p = bigmm.plan(a, b, c, backend="cupy" if kernel else "numpy", kernel=kernel,
+            p = bigmm.plan(a, b, c, backend="cupy" if kernel else "numpy", **options(kernel),
                            memory=memory)
             need = p.predicted_seconds * 1.3 + c.nbytes * CHECK_SECONDS_PER_BYTE + 2
             if need > left():
