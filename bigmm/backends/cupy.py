@@ -345,6 +345,18 @@ class CupyBackend:
                           scalars.ctypes.data + scalars.itemsize, c.data.ptr, c32, _ld(c),
                           _COMPUTE_32F, _GEMM_DEFAULT)
 
+    #: How the diagonal tiles of Gram plans are updated (:mod:`.cupy_syrk`'s MODES).
+    syrk_mode = "cublas"
+
+    def syrk(self, a, c, alpha: float, beta: float, trans: bool, stream=None) -> None:
+        """See :meth:`bigmm.backends.base.Syrk.syrk` (:mod:`.cupy_syrk`)."""
+        from .cupy_syrk import syrk
+
+        with self._device:
+            syrk(self, self._cublas_handle, a, c, float(alpha), float(beta), bool(trans),
+                 stream if stream is not None else cupy.cuda.get_current_stream(),
+                 self.syrk_mode)
+
     def _cublas_handle(self) -> int:
         if self._handle is None:
             from cupy_backends.cuda.libs import cublas

@@ -16,11 +16,27 @@ import queue
 import threading
 import time
 
+import numpy as np
+
 from ..errors import BigmmError, WriteError
 from ..planner import Tile
 from ..runstats import Tally
 from . import tuning
 from .tuning import io_pieces
+
+
+#: Rows of a diagonal tile's lower triangle filled at a time (bounds the temporaries).
+FILL_ROWS = 512
+
+
+def fill_lower(src, r0: int, r1: int, zeros: bool) -> None:
+    """Rows [r0, r1) of the square tile ``src`` (whose rows above r0 are complete): the
+    strictly lower triangle set from the upper (``src[r, c] = src[c, r]`` for c < r), or to
+    zeros."""
+    for q0 in range(r0, r1, FILL_ROWS):
+        q1 = min(r1, q0 + FILL_ROWS)
+        below = np.arange(q1)[None, :] < np.arange(q0, q1)[:, None]
+        np.copyto(src[q0:q1, :q1], 0 if zeros else src[:q1, q0:q1].T, where=below)
 
 
 class Writer(threading.Thread):
@@ -30,10 +46,15 @@ class Writer(threading.Thread):
     element of the output). Large tiles go to a sink that takes parallel writes in row pieces
     on ``threads`` threads."""
 
-    def __init__(self, be, out, clock, tally: Tally, threads: int, itemsize: int):
+    def __init__(self, be, out, clock, tally: Tally, threads: int, itemsize: int,
+                 symmetric: str | None = None):
         super().__init__(name="bigmm-write", daemon=True)
         self.be, self.out, self.clock, self.tally = be, out, clock, tally
         self.threads, self.itemsize = threads, itemsize
+        #: A Gram plan's tiles (i <= j): "mirror" (the lower triangle of a diagonal tile filled
+        #: from its upper, an off-diagonal tile written transposed at (j, i) too) or "upper"
+        #: (C's strictly lower triangle written as zeros); None: neither.
+        self.symmetric = symmetric
         self.q: queue.Queue = queue.Queue()
         #: Tiles written, in order, for the run's progress reports.
         self.finished: queue.Queue = queue.Queue()
@@ -116,11 +137,20 @@ class Writer(threading.Thread):
         if src is None:  # copied out into the output array itself
             self.tally.add(bytes_written=tile.shape[0] * tile.shape[1] * self.itemsize)
             return True
+        diagonal = self.symmetric is not None and tile.i == tile.j
         try:
             for r0, r1, event in marks:
                 self.be.synchronize(event)
                 with self.clock:
+                    if diagonal:
+                        fill_lower(src, r0, r1, self.symmetric == "upper")
                     self._write_rows(tile, tile.r0 + r0, tile.r0 + r1, src[r0:r1])
+            if self.symmetric is not None and not diagonal:  # the tile at (j, i)
+                below = (src.T.copy() if self.symmetric == "mirror"
+                         else np.zeros(src.shape[::-1], src.dtype))
+                with self.clock:
+                    self._put(tile.c0, tile.c1, tile.r0, tile.r1, below)
+                self.tally.add(bytes_written=src.size * self.itemsize)
         except BigmmError:
             raise
         except Exception as e:
