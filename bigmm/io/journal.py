@@ -63,6 +63,8 @@ def finished_job(job: dict) -> dict:
     plan = job.get("plan") or {}
     opts = {key: plan.get(key) for key in JOB_FIELDS} if isinstance(plan, dict) else {"plan": plan}
     opts.update(alpha=job.get("alpha"), beta=job.get("beta"))
+    if isinstance(plan, dict) and plan.get("upper"):  # a Gram product's zeros below
+        opts["upper"] = True
     inputs = job.get("inputs") or {}
     return normalise({"job": opts, "inputs": {k: inputs[k] for k in ("A", "B") if k in inputs}})
 

@@ -390,8 +390,8 @@ def _job_differences(record: dict | None, job: dict) -> list[str]:
         return ["it was not written by bigmm (no job recorded)"]
     out = []
     old, now = record.get("job") or {}, finished_job(job)["job"]
-    out += [f"{key} {now.get(key)!r} (the output's {old.get(key)!r})" for key in sorted(now)
-            if old.get(key) != now.get(key)]
+    out += [f"{key} {now.get(key)!r} (the output's {old.get(key)!r})"
+            for key in sorted(set(now) | set(old)) if old.get(key) != now.get(key)]
     for name in job["inputs"]:
         rec, cur = (record.get("inputs") or {}).get(name), job["inputs"][name]
         diff = ["no record"] if rec is None else differences(rec, cur)

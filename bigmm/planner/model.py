@@ -503,7 +503,9 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
                 busy[4] += seconds
         issued.append(issue)
         gemms.append(gemm_end)
-        dev_user[0][a_slot] = dev_user[1][b_slot] = dev_user[2][cs] = s
+        dev_user[0][a_slot] = dev_user[2][cs] = s
+        if not (p.symmetric and t.i == t.j):  # a diagonal tile of a Gram plan uses no B slot
+            dev_user[1][b_slot] = s
         if period and (s + 1) % period == 0:
             marks.append((gemm_end, *busy))
     return Simulated(end=max(write_end, gemm_end, cout_end, *c_written),
