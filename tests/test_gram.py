@@ -222,6 +222,7 @@ def test_cli_plan_and_verify(tmp_path, capsys):
 @pytest.mark.parametrize("shape,trans,dtype,memory,mode", [
     ((20011, 515), True, np.float32, "64MiB", "cublas"),  # tall-skinny, one tile: A once
     ((20011, 515), True, np.float32, "64MiB", "blocks"),  # diagonal by sub-block gemms
+    ((20011, 1031), True, np.float32, "64MiB", "split"),  # 2 x 2: syrk, gemm above
     ((515, 20011), False, np.float64, "64MiB", "cublas"),  # A A^T, float64
     ((3001, 1999), True, np.float32, "24MiB", "cublas"),  # several tiles, mirrored
     ((3001, 1999), False, np.float32, "24MiB", "cublas"),  # A A^T, several tiles

@@ -16,9 +16,10 @@ import numpy as np
 from ..errors import ShapeError
 from .syrk_blocks import syrk_by_blocks
 
-#: How diagonal tiles are updated: "cublas" (cublasSsyrk/Dsyrk) or "blocks" (sub-block gemms
-#: with the backend's own gemm kernel).
-MODES = ("cublas", "blocks")
+#: How diagonal tiles are updated: "cublas" (cublasSsyrk/Dsyrk), "blocks" (the upper
+#: sub-blocks by the backend's own gemm kernel) or "split" (2 x 2 blocks: the diagonal ones
+#: by cuBLAS syrk, the one above by the backend's gemm).
+MODES = ("cublas", "blocks", "split")
 _FILL_LOWER = 0  # cublasFillMode_t
 _OP_N, _OP_T = 0, 1
 
@@ -32,8 +33,20 @@ def syrk(be, handle, a, c, alpha: float, beta: float, trans: bool, stream, mode:
     if mode == "blocks" or c.dtype not in (np.float32, np.float64) or a.dtype != c.dtype:
         syrk_by_blocks(be.gemm, a, c, alpha, beta, trans, stream)
         return
+    if mode == "split" and n >= 512:
+        def diagonal(a, c, alpha, beta, trans, stream):
+            _cublas_syrk(handle, a, c, alpha, beta, trans, stream)
+
+        syrk_by_blocks(be.gemm, a, c, alpha, beta, trans, stream, parts=2, diagonal=diagonal)
+        return
+    _cublas_syrk(handle, a, c, alpha, beta, trans, stream)
+
+
+def _cublas_syrk(handle, a, c, alpha: float, beta: float, trans: bool, stream) -> None:
+    """cublasSsyrk/Dsyrk of the upper triangle (row-major) of c."""
     from cupy_backends.cuda.libs import cublas
 
+    n, k = _check(a, c, trans)
     fn = cublas.ssyrk if c.dtype == np.float32 else cublas.dsyrk
     scalars = np.array([alpha, beta], dtype=c.dtype)  # host pointer mode: read during the call
     h = handle()

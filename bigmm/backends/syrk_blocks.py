@@ -24,13 +24,19 @@ def upper_blocks(n: int, parts: int = PARTS) -> list[tuple[int, int, int, int]]:
 
 
 def syrk_by_blocks(gemm: Callable, a: Any, c: Any, alpha: float, beta: float, trans: bool,
-                   stream: Any = None, parts: int = PARTS) -> None:
+                   stream: Any = None, parts: int = PARTS, diagonal: Callable | None = None
+                   ) -> None:
     """The upper triangle of c = alpha * op(a) op(a)^T + beta * c through
     ``gemm(a, b, c, alpha, beta, trans_a, trans_b, stream)`` (a backend's) on views: for
-    ``trans`` (a is k x n) the blocks a[:, rows]^T a[:, cols], else a[rows] a[cols]^T."""
+    ``trans`` (a is k x n) the blocks a[:, rows]^T a[:, cols], else a[rows] a[cols]^T;
+    ``diagonal(a, c, alpha, beta, trans, stream)``, where given, updates the diagonal blocks
+    (a syrk of their own) instead."""
     n = c.shape[0]
     for r0, r1, c0, c1 in upper_blocks(n, parts):
-        if trans:
+        if diagonal is not None and r0 == c0:
+            diagonal(a[:, r0:r1] if trans else a[r0:r1], c[r0:r1, c0:c1], alpha, beta, trans,
+                     stream)
+        elif trans:
             gemm(a[:, r0:r1], a[:, c0:c1], c[r0:r1, c0:c1], alpha, beta, True, False, stream)
         else:
             gemm(a[r0:r1], a[c0:c1], c[r0:r1, c0:c1], alpha, beta, False, True, stream)

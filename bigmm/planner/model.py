@@ -254,7 +254,9 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     write_tile = (0.0 if dc else tail / r.write_bytes + r.per_load + rows * hr)
     drain = copy(tail) + rows_c(rows, cols, 0) * row_s + write_tile
     c = p.bm * p.bn if p.reads_c else 0
-    tile0 = (r.gemm_seconds(2 * p.bm * p.bn * p.k, p.nk, p.k, wc * p.bm * p.bn * adds)
+    # a Gram plan's first tile is diagonal: the flops of its upper triangle (and its row's)
+    halved = p.bm * (p.bm - 1) * p.k if p.symmetric else 0
+    tile0 = (r.gemm_seconds(2 * p.bm * p.bn * p.k - halved, p.nk, p.k, wc * p.bm * p.bn * adds)
              + r.check_seconds(w * ((p.bm + p.bn) * p.k + 2 * p.bm * p.bn), p.nk))
     head = bursts = 0.0
     if p.order != "resident-c":
@@ -268,7 +270,7 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
         head = max((p.bm * p.k * inflow[0] + p.k * p.bn * inflow[1] + c * inflow[2])
                    + compute - tile0,
                    row + c * wide / (p.bn if p.row_major else p.bm) * inflow[2] + compute
-                   - r.gemm_seconds(2 * (p.bm if p.row_major else p.bn) * wide * p.k,
+                   - r.gemm_seconds(2 * (p.bm if p.row_major else p.bn) * wide * p.k - halved,
                                     p.nk * tiles, tiles * p.k,
                                     wc * (p.bm if p.row_major else p.bn) * wide * adds)
                    ) + drain + setup
