@@ -22,21 +22,8 @@ from ..errors import BigmmError, WriteError
 from ..planner import Tile
 from ..runstats import Tally
 from . import tuning
+from .mirror import fill_lower, transposed
 from .tuning import io_pieces
-
-
-#: Rows of a diagonal tile's lower triangle filled at a time (bounds the temporaries).
-FILL_ROWS = 512
-
-
-def fill_lower(src, r0: int, r1: int, zeros: bool) -> None:
-    """Rows [r0, r1) of the square tile ``src`` (whose rows above r0 are complete): the
-    strictly lower triangle set from the upper (``src[r, c] = src[c, r]`` for c < r), or to
-    zeros."""
-    for q0 in range(r0, r1, FILL_ROWS):
-        q1 = min(r1, q0 + FILL_ROWS)
-        below = np.arange(q1)[None, :] < np.arange(q0, q1)[:, None]
-        np.copyto(src[q0:q1, :q1], 0 if zeros else src[:q1, q0:q1].T, where=below)
 
 
 class Writer(threading.Thread):
@@ -143,10 +130,10 @@ class Writer(threading.Thread):
                 self.be.synchronize(event)
                 with self.clock:
                     if diagonal:
-                        fill_lower(src, r0, r1, self.symmetric == "upper")
+                        fill_lower(src, r0, r1, self.symmetric == "upper", self._pool())
                     self._write_rows(tile, tile.r0 + r0, tile.r0 + r1, src[r0:r1])
             if self.symmetric is not None and not diagonal:  # the tile at (j, i)
-                below = (src.T.copy() if self.symmetric == "mirror"
+                below = (transposed(src, self._pool()) if self.symmetric == "mirror"
                          else np.zeros(src.shape[::-1], src.dtype))
                 with self.clock:
                     self._put(tile.c0, tile.c1, tile.r0, tile.r1, below)
@@ -170,12 +157,16 @@ class Writer(threading.Thread):
         if len(pieces) == 1:
             self._put(r0, r1, tile.c0, tile.c1, src)
             return
-        if self.pool is None:
-            self.pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="bigmm-copy")
-        futures = [self.pool.submit(self._put, p0, p1, tile.c0, tile.c1,
+        futures = [self._pool().submit(self._put, p0, p1, tile.c0, tile.c1,
                                     src[p0 - r0:p1 - r0]) for p0, p1 in pieces]
         for f in futures:
             f.result()
+
+    def _pool(self) -> cf.ThreadPoolExecutor:
+        """The writer's threads for the pieces of large tiles (and a Gram plan's mirrors)."""
+        if self.pool is None:
+            self.pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="bigmm-copy")
+        return self.pool
 
     def _put(self, r0: int, r1: int, c0: int, c1: int, src) -> None:
         """One write, ``src`` converted to the output's dtype first where it differs."""
