@@ -4,8 +4,9 @@
 C = alpha * op(A) @ op(B) + beta * C out of core and returns the output (a spec string for
 files, an array for arrays). ``gram("a.h5:/A", out="c.h5:/C")`` computes the symmetric
 C = alpha * A^T A + beta * C (or A A^T) with half the work; ``matmul`` of one operand's data
-with opposite transposes takes the same path. Resolving the job (operands, budgets, rates, the plan, resume) is
-:mod:`bigmm.job`'s; this module adds the defaults, profiling and the result.
+with opposite transposes takes the same path. Resolving the job (operands, budgets, rates,
+the plan, resume) is :mod:`bigmm.job`'s; this module adds the defaults, profiling and the
+result.
 """
 
 from __future__ import annotations
