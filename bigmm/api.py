@@ -1,9 +1,12 @@
-"""The Python API: ``matmul`` and ``plan``.
+"""The Python API: ``matmul``, ``gram`` and ``plan``.
 
 ``matmul("a.h5:/A", "b.h5:/B", out="c.h5:/C", memory="8GiB")`` computes
 C = alpha * op(A) @ op(B) + beta * C out of core and returns the output (a spec string for
-files, an array for arrays). Resolving the job (operands, budgets, rates, the plan, resume) is
-:mod:`bigmm.job`'s; this module adds the defaults, profiling and the result.
+files, an array for arrays). ``gram("a.h5:/A", out="c.h5:/C")`` computes the symmetric
+C = alpha * A^T A + beta * C (or A A^T) with half the work; ``matmul`` of one operand's data
+with opposite transposes takes the same path. Resolving the job (operands, budgets, rates,
+the plan, resume) is :mod:`bigmm.job`'s; this module adds the defaults, profiling and the
+result.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
            progress: Callable[[Progress], None] | None = None, resume: bool = False,
            overwrite: bool = False, io_threads: int | None = None, stats: bool = False,
            kernel: str | None = None, profile: bool | str | os.PathLike | Profile | None = None,
-           verify: str | None = None, out_dtype=None, precision: str | None = None):
+           verify: str | None = None, out_dtype=None, precision: str | None = None,
+           gram: bool | None = None):
     """C = alpha * op(A) @ op(B) + beta * C, out of core.
 
     ``a``, ``b``: "file.h5:/dataset" or "store.zarr[:/array]" specs, h5py Datasets, zarr
@@ -79,15 +83,61 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
     rounding bound) and compute a tile that fails again; a second failure raises
     :class:`bigmm.errors.ChecksumError`. The RunStats count the checks, mismatches and
     recomputed tiles. Off by default (None): see README, Checksums during the run.
+
+    ``gram``: where A and B are the same data (the same object or array, or the same dataset
+    of the same file) with opposite transposes, C = A^T A (A A^T) is computed as :func:`gram`
+    computes it, with half the work (None: detected, unless ``verify`` is asked for; False:
+    the general product; True: required, an OptionError otherwise).
     """
+    return _multiply(a, b, out, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
+                     memory=memory, host_memory=host_memory, backend=backend,
+                     progress=progress, resume=resume, overwrite=overwrite,
+                     io_threads=io_threads, stats=stats, kernel=kernel, profile=profile,
+                     verify=verify, out_dtype=out_dtype, precision=precision, gram=gram,
+                     upper=False)
+
+
+def gram(a: Operand, out: Operand | None = None, *, trans: bool = True, upper: bool = False,
+         alpha: float = 1.0, beta: float = 0.0, memory: Size = None, host_memory: Size = None,
+         backend: str = "auto", progress: Callable[[Progress], None] | None = None,
+         resume: bool = False, overwrite: bool = False, io_threads: int | None = None,
+         stats: bool = False, kernel: str | None = None,
+         profile: bool | str | os.PathLike | Profile | None = None, out_dtype=None,
+         precision: str | None = None):
+    """The Gram product C = alpha * A^T A + beta * C (``trans=True``, C n x n for A m x n) or
+    C = alpha * A A^T + beta * C (``trans=False``, C m x m), out of core, with half the work.
+
+    Only the tiles of C on and above the diagonal are computed (a diagonal tile by a rank-k
+    update of its upper triangle: BLAS/cuBLAS syrk); every tile below the diagonal is written
+    as the transpose of its mirror. ``upper=True`` writes C's strictly lower triangle as
+    zeros instead (no transposes). beta != 0 reads the old C's
+    tiles on and above the diagonal only (old C must be symmetric). A is read once where C
+    fits on the device (one tile of C: the tall-skinny case). The other arguments are
+    :func:`matmul`'s; ``verify="checksum"`` is not available for Gram products.
+    """
+    return _multiply(a, a, out, alpha=alpha, beta=beta, trans_a=bool(trans),
+                     trans_b=not trans, memory=memory, host_memory=host_memory,
+                     backend=backend, progress=progress, resume=resume, overwrite=overwrite,
+                     io_threads=io_threads, stats=stats, kernel=kernel, profile=profile,
+                     verify=None, out_dtype=out_dtype, precision=precision, gram=True,
+                     upper=upper)
+
+
+def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, backend,
+              progress, resume, overwrite, io_threads, stats, kernel, profile, verify,
+              out_dtype, precision, gram, upper):
+    """``matmul`` and ``gram``: one run."""
     threads = parse_io_threads(io_threads)
     verify = parse_verify(verify)
     with _opened(a, b, backend, kernel, precision) as (be, A, B, closing):
+        symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify)
+        if symmetric:
+            B = A
         p, job = plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                           trans_b=trans_b, memory=memory, host_memory=host_memory,
                           resume=resume, calibrate=be.staging, verify=verify,
                           out_dtype=out_dtype, io_threads=threads, kernel=kernel,
-                          precision=precision)
+                          precision=precision, symmetric=symmetric, upper=upper)
         if out is None:
             _check_array_result(p, output_dtype(None, p.dtype, out_dtype).itemsize)
         sink = open_output(out, p, job, A, B, overwrite=overwrite, resume=resume,
@@ -111,16 +161,36 @@ def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1
          beta: float = 0.0, trans_a: bool = False, trans_b: bool = False, memory: Size = None,
          host_memory: Size = None, backend: str = "auto",
          resume: bool = False, kernel: str | None = None, verify: str | None = None,
-         out_dtype=None, precision: str | None = None) -> Plan:
+         out_dtype=None, precision: str | None = None, gram: bool | None = None,
+         upper: bool = False) -> Plan:
     """The Plan ``matmul`` would run with the same arguments (opens inputs read-only, writes
-    nothing; ``out_dtype`` is checked as ``matmul`` checks it)."""
+    nothing; ``out_dtype`` is checked as ``matmul`` checks it); with ``gram=True`` (or the
+    same data with opposite transposes, detected) and ``upper``, the Plan of :func:`gram`."""
     verify = parse_verify(verify)
     with _opened(a, b, backend, kernel, precision) as (be, A, B, _):
-        p, _ = plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
-                        trans_b=trans_b, memory=memory, host_memory=host_memory,
-                        resume=resume, calibrate=True, verify=verify, out_dtype=out_dtype,
-                        kernel=kernel, precision=precision)
+        symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify)
+        p, _ = plan_job(A, A if symmetric else B, out, be, alpha=alpha, beta=beta,
+                        trans_a=trans_a, trans_b=trans_b, memory=memory,
+                        host_memory=host_memory, resume=resume, calibrate=True,
+                        verify=verify, out_dtype=out_dtype, kernel=kernel,
+                        precision=precision, symmetric=symmetric, upper=upper and symmetric)
     return p
+
+
+def _symmetric(A, B, trans_a: bool, trans_b: bool, gram: bool | None, verify) -> bool:
+    """Whether the product of opened A and B runs as a Gram product (see ``matmul``'s
+    ``gram``)."""
+    same = bool(trans_a) != bool(trans_b) and io.same_data(A, B)
+    if gram is None:
+        return same and verify is None
+    if gram and not same:
+        raise OptionError(f"Expected one operand's data with opposite transposes for a Gram "
+                          f"product. Got {A.label} and {B.label} with trans_a={trans_a}, "
+                          f"trans_b={trans_b}.")
+    if gram and verify is not None:
+        raise OptionError(f"Expected verify=None for a Gram product (the checksums check "
+                          f"general products). Got verify={verify!r}.")
+    return bool(gram)
 
 
 def budget_note(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1.0,

@@ -97,7 +97,8 @@ def open_inputs(a, b, closing: list, be=None):
 def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memory, resume,
               calibrate: bool, verify: str | None = None,
               io_threads: int | None = None, out_dtype=None, kernel: str | None = None,
-              precision: str | None = None) -> tuple[Plan, dict]:
+              precision: str | None = None, symmetric: bool = False,
+              upper: bool = False) -> tuple[Plan, dict]:
     """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
     (and the operands' read and write speeds, the host's fixed costs per step and per read,
     and with ``verify`` its checksum costs) give the predicted time, and on a staging (GPU)
@@ -108,9 +109,13 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     the CPU both plan by bytes moved. ``out_dtype``: C's dtype where C is new (checked here
     against the operands and an existing output: :func:`output_dtype`). ``kernel`` and
     ``precision`` as the backend was given them (:func:`job_precision`): the plan prints the
-    arithmetic, and the job record holds the precision."""
+    arithmetic, and the job record holds the precision. ``symmetric``: a Gram plan (B is A,
+    opposite transposes; ``upper``: its lower triangle not written)."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
     precision = job_precision(kernel, precision, dtype)
+    if symmetric and verify is not None:
+        raise OptionError(f"Expected verify=None for a Gram product (the checksums check "
+                          f"general products). Got verify={verify!r}.")
     alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
     if beta != 0 and out is None:
         raise ShapeError(f"Expected an existing C as out when beta != 0. Got out=None with "
@@ -134,13 +139,15 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                 device_budget=device, host_budget=host, staging=be.staging,
                 a_chunks=A.chunks, b_chunks=B.chunks,
-                rates=rates if be.staging else None)  # CPU: the fewest bytes, as matmul plans
+                rates=rates if be.staging else None,  # CPU: the fewest bytes, as matmul plans
+                symmetric=bool(symmetric), upper=bool(upper))
     threads = be.gemm_threads() if isinstance(be, HostHints) else None
     if not be.staging and threads:  # a gemm call costs more with more BLAS threads
         args["step_bytes"] = cpu_step_bytes(threads)
     fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, precision) if resume
              else {})
-    paths = _host_paths(be, A, B, out, dtype, verify, rates) if rates is not None else [None]
+    paths = (_host_paths(be, A, B, None if symmetric else out, dtype, verify, rates)
+             if rates is not None else [None])  # a Gram plan's C: mirrored by the writer
     best = None
     for path in paths:  # the first of equally fast paths: fewer host copies, or none locked
         path_rates = rates and _io_rates(rates, A, B, out, path[0] if path else "", readers,
@@ -341,9 +348,11 @@ def resumed_schedule(out, m, n, k, dtype, alpha, beta, args,
         return {}
     old = job.get("plan", {})
     now = dict(m=m, n=n, k=k, dtype=dtype, trans_a=args["trans_a"], trans_b=args["trans_b"],
-               reads_c=args["reads_c"])
-    diff = [f"{key}: recorded {old.get(key)!r}, now {now[key]!r}" for key in _JOB_KEYS
-            if old.get(key) != now[key]]
+               reads_c=args["reads_c"], symmetric=args.get("symmetric", False),
+               upper=args.get("upper", False))
+    was = dict(old, symmetric=old.get("symmetric", False), upper=old.get("upper", False))
+    diff = [f"{key}: recorded {was.get(key)!r}, now {now[key]!r}"
+            for key in _JOB_KEYS + ("symmetric", "upper") if was.get(key) != now[key]]
     diff += [f"{key}: recorded {job.get(key)!r}, now {v!r}" for key, v in
              (("alpha", alpha), ("beta", beta)) if job.get(key) != v]
     recorded = job.get("precision", RECORDED_PRECISION)

@@ -85,6 +85,32 @@ class CublasXt:
                        a.ctypes.data, k, ctypes.byref(be), c.ctypes.data, n), "cublasXtSgemm")
         return c
 
+    def syrk(self, a: np.ndarray, c: np.ndarray, alpha: float = 1.0, beta: float = 0.0,
+             trans: bool = True) -> np.ndarray:
+        """The upper triangle (row-major) of c = alpha * a^T a + beta * c (``trans``, c n x n
+        for a m x n) or alpha * a a^T + beta * c, for C-contiguous host arrays
+        (``cublasXtSsyrk``/``Dsyrk``: the column-major lower triangle); blocks until done."""
+        for x in (a, c):
+            if not x.flags.c_contiguous or x.dtype != c.dtype:
+                raise ValueError("expected C-contiguous arrays of one dtype")
+        rows, cols = a.shape
+        n, k = (cols, rows) if trans else (rows, cols)
+        if c.shape != (n, n):
+            raise ValueError(f"shapes {a.shape} -> {c.shape} do not match")
+        name = {np.dtype(np.float32): "cublasXtSsyrk", np.dtype(np.float64): "cublasXtDsyrk"}
+        real = ctypes.c_float if c.dtype == np.float32 else ctypes.c_double
+        fn = getattr(self.lib, name[c.dtype])
+        sz = ctypes.c_size_t
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, sz, sz,
+                       ctypes.POINTER(real), ctypes.c_void_p, sz, ctypes.POINTER(real),
+                       ctypes.c_void_p, sz]
+        fn.restype = ctypes.c_int
+        al, be = real(alpha), real(beta)
+        # row-major a (rows x cols) is the column-major cols x rows a^T, ld cols
+        self._check(fn(self.handle, 0, _OP_N if trans else 1, n, k, ctypes.byref(al),
+                       a.ctypes.data, cols, ctypes.byref(be), c.ctypes.data, n), name[c.dtype])
+        return c
+
     def close(self) -> None:
         if self.handle:
             self.lib.cublasXtDestroy(self.handle)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 #: Subcommands that take --backend (the test runs them on the NumPy backend).
-BACKEND_COMMANDS = {"multiply", "plan", "demo", "bench"}
+BACKEND_COMMANDS = {"multiply", "gram", "plan", "demo", "bench"}
 #: Output lines of console blocks that differ between machines, by their first words.
 MACHINE_DEPENDENT = ("predicted time",)
 SKIP = re.compile(r"^<!--\s*skip-test\b.*-->\s*$")

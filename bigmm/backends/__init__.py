@@ -11,10 +11,10 @@ import importlib
 import importlib.util
 
 from ..errors import BackendUnavailable
-from .base import Backend, Calibrates, Checksums, HostHints, Profiles, Registers
+from .base import Backend, Calibrates, Checksums, HostHints, Profiles, Registers, Syrk
 
 __all__ = ["BACKENDS", "Backend", "Calibrates", "Checksums", "HostHints", "Profiles",
-           "Registers", "get_backend", "probe_cuda"]
+           "Registers", "Syrk", "get_backend", "probe_cuda"]
 
 #: Names ``get_backend`` accepts.
 BACKENDS = ("auto", "numpy", "cupy")

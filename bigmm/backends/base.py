@@ -11,7 +11,9 @@ events. Optional abilities are protocols of their own, which code tests for expl
 * :class:`HostHints`: how the host work around it is best sized (reader threads, map blocks,
   the threads its gemm computes with);
 * :class:`Registers`: page-locking a user's host memory in place for a run, so that copies
-  use the user's arrays without staging.
+  use the user's arrays without staging;
+* :class:`Syrk`: a rank-k update of a square tile's upper triangle (BLAS syrk), the diagonal
+  tiles of Gram plans at half a gemm's flops.
 
 Buffers are allocated once per run as flat 1-D arrays; a panel or tile is a contiguous view of
 a buffer's first rows*cols elements (``view``), so edge tiles need no strided kernels or copies.
@@ -225,6 +227,21 @@ class Registers(Protocol):
 
     def unregister(self, ptr: int) -> None:
         """Release a range locked by :meth:`register` at ``ptr`` (no copy may still use it)."""
+
+
+@runtime_checkable
+class Syrk(Protocol):
+    """A backend that updates the upper triangle of a square tile by a rank-k product of one
+    panel with itself (BLAS ``syrk``): half the flops of the gemm of the panel with its own
+    transpose. Without it, the diagonal tiles of a Gram plan are multiplied whole by
+    ``gemm``."""
+
+    def syrk(self, a: Any, c: Any, alpha: float, beta: float, trans: bool,
+             stream: Any = None) -> None:
+        """The upper triangle of the square ``c`` (row-major: ``c[i, j]`` for ``j >= i``) =
+        alpha * op(a) @ op(a)^T + beta * c on ``stream``, op(a) = a^T when ``trans`` (c = alpha
+        a^T a + beta c) else a (c = alpha a a^T + beta c); beta == 0 never reads c. The strictly
+        lower triangle of c is left undefined (untouched, or overwritten)."""
 
 
 def rows_contiguous(x) -> bool:

@@ -356,6 +356,21 @@ class CupyBackend:
                           scalars.ctypes.data + scalars.itemsize, c.data.ptr, c32, _ld(c),
                           _COMPUTE_32F, _GEMM_DEFAULT)
 
+    #: How the diagonal tiles of Gram plans are updated (:mod:`.cupy_syrk`'s MODES): "split"
+    #: (2 x 2 blocks, cuBLAS syrk on the diagonal ones) measured 2% faster than one cuBLAS
+    #: ssyrk per 4096^2 step (H100, depth 3584: 1.435 against 1.468 ms), sub-block gemms by
+    #: bigmm's kernel 2.3x slower.
+    syrk_mode = "split"
+
+    def syrk(self, a, c, alpha: float, beta: float, trans: bool, stream=None) -> None:
+        """See :meth:`bigmm.backends.base.Syrk.syrk` (:mod:`.cupy_syrk`)."""
+        from .cupy_syrk import syrk
+
+        with self._device:
+            syrk(self, self._cublas_handle, a, c, float(alpha), float(beta), bool(trans),
+                 stream if stream is not None else cupy.cuda.get_current_stream(),
+                 self.syrk_mode)
+
     def _cublas_handle(self) -> int:
         if self._handle is None:
             from cupy_backends.cuda.libs import cublas

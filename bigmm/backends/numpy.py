@@ -160,6 +160,12 @@ class NumpyBackend:
                                                   trans_b)
         return lambda stream=None: run(a, b, c, m, n, k, alpha, beta, trans_a, trans_b)
 
+    def syrk(self, a: np.ndarray, c: np.ndarray, alpha: float, beta: float, trans: bool,
+             stream: Any = None) -> None:
+        """See :meth:`bigmm.backends.base.Syrk.syrk`: BLAS ``ssyrk``/``dsyrk`` through
+        scipy.linalg.blas (half-precision panels converted to float32 first, exactly)."""
+        _syrk(a, c, float(alpha), float(beta), bool(trans))
+
     # ----- calibration ----------------------------------------------------------------------
     def rates(self, dtype: str, limit: int | None = None) -> Rates:
         """Rates for the predicted time: the gemm's flops from the best of three n x n
@@ -269,6 +275,29 @@ def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[str, tuple[int, 
     if not c.flags.writeable:
         raise ShapeError("Expected c to be writeable. Got a read-only array.")
     return dtype, gemm_shape(a, b, c, trans_a, trans_b)
+
+
+def _syrk(a: np.ndarray, c: np.ndarray, alpha: float, beta: float, trans: bool) -> None:
+    """Row-major c's upper triangle is the column-major c.T's lower: BLAS syrk on the
+    Fortran-ordered views a.T and c.T (no copies), in place."""
+    from scipy.linalg import blas
+
+    n = c.shape[0]
+    if c.ndim != 2 or c.shape != (n, n) or not c.flags.c_contiguous:
+        raise ShapeError(f"Expected a square C-contiguous c. Got shape {c.shape}, strides "
+                         f"{c.strides}.")
+    if a.dtype != c.dtype:  # float16 or bfloat16 panels of a float32 C
+        a = np.asarray(a, dtype=c.dtype)
+    if n == 0:
+        return
+    fn = blas.ssyrk if c.dtype == np.float32 else blas.dsyrk
+    if (a.shape[0] if trans else a.shape[1]) == 0:  # depth 0: c = beta * c
+        c *= beta
+        return
+    # a^T a = x x^T for x = a.T (n x k, trans=0); a a^T = x^T x for x = a.T (k x n, trans=1)
+    out = fn(alpha, a.T, beta=beta, c=c.T, trans=0 if trans else 1, lower=1, overwrite_c=1)
+    if not np.shares_memory(out, c):  # scipy copied: write the triangle back
+        c.T[...] = np.where(np.tril(np.ones((n, n), bool)), out, c.T)
 
 
 def _half_gemm(run, a, b, c, m, n, k, alpha, beta, trans_a, trans_b) -> None:

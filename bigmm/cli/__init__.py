@@ -1,4 +1,4 @@
-"""The ``bigmm`` command: multiply | plan | generate | verify | demo | bench.
+"""The ``bigmm`` command: multiply | gram | plan | generate | verify | demo | bench.
 
 Every error a user can cause ends in one line on stderr (``bigmm: error: ...``) and exit status 2;
 ``--debug`` shows the traceback instead. ``verify`` exits 0 on pass and 1 on fail. An interrupted

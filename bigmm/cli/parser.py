@@ -10,6 +10,7 @@ from ..units import DTYPES
 from ._common import EXIT_ERROR
 
 BACKENDS = ("auto", "numpy", "cupy")
+from . import gram
 from .run import cmd_multiply, cmd_plan
 from .tools import cmd_bench, cmd_demo, cmd_generate, cmd_verify
 
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--verify", default=None, choices=("checksum",),
                     help="plan for a run with checksums (their time counts on a GPU)")
     pl.set_defaults(func=cmd_plan)
+
+    gram.add_parser(sub, common, BACKENDS, tuple(DTYPES))
 
     g = sub.add_parser("generate", parents=[common], help="write a seeded random matrix",
                        description="Write a seeded standard-normal matrix to HDF5 or Zarr.")

@@ -87,8 +87,9 @@ def step_seconds(be, threads: int, a, b) -> float:
     sources ``a`` and ``b``, on cores the gemm shares): a run of STEP_TILE tiles over the
     first STEP_JOB rows and columns of ``a`` and ``b``, whose arithmetic is negligible, over
     its steps (the best of two; cached per backend kind, threads and sources)."""
-    return _step_seconds(type(be), threads, _Corner(a, *STEP_JOB[::2]),
-                         _Corner(b, *STEP_JOB[2:0:-1]))
+    m, k, n = STEP_JOB
+    k = min(k, a.shape[1], b.shape[0])  # the corners' inner dimensions agree
+    return _step_seconds(type(be), threads, _Corner(a, m, k), _Corner(b, k, n))
 
 
 @functools.lru_cache(maxsize=16)

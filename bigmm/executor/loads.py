@@ -81,7 +81,8 @@ class Slots:
         dev = {"A": [be.device_buffer(p.bm * p.bk, dt) for _ in range(p.a_slots)],
                "B": [be.device_buffer(p.bk * p.bn, dt) for _ in range(p.b_slots)],
                "C": [be.device_buffer(p.bm * p.bn, ct) for _ in range(p.c_slots)]}
-        sizes = {"A": (p.bm * p.bk, HOST_PANEL_SLOTS, dt), "B": (p.bk * p.bn, HOST_PANEL_SLOTS, dt),
+        sizes = {"A": (p.bm * p.bk, HOST_PANEL_SLOTS, dt),
+                 "B": (p.bk * p.bn, HOST_PANEL_SLOTS if p.b_slots else 0, dt),
                  "C": (p.bm * p.bn, HOST_C_SLOTS, ct)}
         host = {op: [be.host_buffer(size, t) for _ in range(slots)]
                 for op, (size, slots, t) in sizes.items() if be.staging and direct[op] is None}
@@ -96,7 +97,8 @@ class Slots:
 def _arrays(a, b, out, checked: bool) -> dict[str, np.ndarray | None]:
     """Per operand, the user's NumPy array behind io ``a``, ``b`` or ``out`` (None for other
     sources and sinks, and for C when ``checked``: a tile that fails its check must not reach
-    the output, whose old C its recomputation may read)."""
+    the output, whose old C its recomputation may read; and for a Gram plan's C, whose tiles
+    the writer mirrors)."""
     def array(op: str, io) -> np.ndarray | None:
         if op == "C" and checked:
             return None
@@ -117,7 +119,7 @@ def direct_arrays(be, p: Plan, a, b, out, checked: bool) -> dict[str, Any]:
     ``checked``)."""
     return {op: x if x is not None and (p.in_place is None or op in p.in_place)
             and in_place(be, x, _dtype(p, op), op == "C") else None
-            for op, x in _arrays(a, b, out, checked).items()}
+            for op, x in _arrays(a, b, out, checked or p.symmetric).items()}
 
 
 def to_lock(be, p: Plan, a, b, out, checked: bool) -> dict[str, np.ndarray]:
@@ -127,7 +129,7 @@ def to_lock(be, p: Plan, a, b, out, checked: bool) -> dict[str, np.ndarray]:
         return {}
     return {op: x for op, x in _arrays(a, b, out, checked).items()
             if x is not None and op in p.registered and eligible(x, _dtype(p, op), op == "C")
-            and not be.host_pinned(x)}
+            and not be.host_pinned(x) and not (op == "C" and p.symmetric)}
 
 
 @dataclass

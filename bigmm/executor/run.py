@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..backends.base import Checksums
+from ..backends.base import Checksums, Syrk
 from ..checksum import parse_verify
 from ..errors import DtypeError, Interrupted, OptionError, ShapeError
 from ..units import HALF_DTYPES, common_dtype, dtype_name
@@ -161,7 +161,9 @@ class Run:
                              self.clocks["read"], self.io_threads, self.cancel,
                              self.pieced and not self.done_before)
         self.writer = Writer(self.be, self.out, self.clocks["write"], self.tally,
-                             self.io_threads, np.dtype(self.out.dtype).itemsize)
+                             self.io_threads, np.dtype(self.out.dtype).itemsize,
+                             symmetric=(("upper" if self.plan.upper else "mirror")
+                                        if self.plan.symmetric else None))
         self.writer.start()
         try:
             self.issued = 0
@@ -216,15 +218,17 @@ class Run:
     def _issue(self, entry: Entry) -> None:
         st, p, be, slots = entry.step, self.plan, self.be, self.slots
         t = st.tile
+        diagonal = p.diagonal(t)
         a = be.view(slots.dev["A"][st.a_slot],
                     (st.k1 - st.k0, t.r1 - t.r0) if p.trans_a else (t.r1 - t.r0, st.k1 - st.k0))
-        b = be.view(slots.dev["B"][st.b_slot],
-                    (t.c1 - t.c0, st.k1 - st.k0) if p.trans_b else (st.k1 - st.k0, t.c1 - t.c0))
+        b = a if diagonal else be.view(
+            slots.dev["B"][st.b_slot],
+            (t.c1 - t.c0, st.k1 - st.k0) if p.trans_b else (st.k1 - st.k0, t.c1 - t.c0))
         c = be.view(slots.dev["C"][st.c_slot], t.shape)
         # the run's last step: its tile in row pieces, each copied out and written while the
-        # next computes (staging, no hooks)
+        # next computes (staging, no hooks; not a diagonal tile, updated as a whole)
         rows = [(0, t.r1 - t.r0)]
-        if st.last and self.loader.drained and self.pieced:
+        if st.last and self.loader.drained and self.pieced and not diagonal:
             rows = split_range(t.r1 - t.r0, DRAIN)
         whole = len(entry.pieces) == 1 and len(rows) == 1
         for i, (q0, q1) in enumerate(entry.pieces):
@@ -241,13 +245,18 @@ class Run:
                 if whole:
                     marks = [(0, t.r1 - t.r0, self._compute(st, a, b, c, beta))]
                 else:
-                    marks = self._compute_pieces(
-                        k_slice(a, k_axis(p, "A"), q0 - st.k0, q1 - st.k0),
-                        k_slice(b, k_axis(p, "B"), q0 - st.k0, q1 - st.k0),
-                        c, beta, rows if last else [(0, t.r1 - t.r0)])
+                    ak = k_slice(a, k_axis(p, "A"), q0 - st.k0, q1 - st.k0)
+                    marks = (self._compute_pieces(
+                        ak, k_slice(b, k_axis(p, "B"), q0 - st.k0, q1 - st.k0),
+                        c, beta, rows if last else [(0, t.r1 - t.r0)]) if not diagonal
+                        else [(0, t.r1 - t.r0, self._rank_k(ak, c, beta, self.s_compute))])
         event = marks[-1][2]
-        slots.events[("A", st.a_slot)] = slots.events[("B", st.b_slot)] = event
-        self.tally.add(flops=2 * (t.r1 - t.r0) * (t.c1 - t.c0) * (st.k1 - st.k0))
+        slots.events[("A", st.a_slot)] = event
+        if not diagonal:
+            slots.events[("B", st.b_slot)] = event
+        rows_, cols_ = t.shape
+        self.tally.add(flops=(rows_ * (rows_ + 1) if diagonal and isinstance(be, Syrk)
+                              else 2 * rows_ * cols_) * (st.k1 - st.k0))
         if st.last:
             self._finish_tile(st, c, marks)
 
@@ -258,7 +267,10 @@ class Run:
         for hook in self.hooks:
             hook.landed(st, a, b, s)
         fused = self.checks.gemm_checks(st, a, b, c, s) if self.checks is not None else None
-        self._gemm(st, a, b, c, beta, fused)(s)
+        if self.plan.diagonal(st.tile):
+            self._rank_k(a, c, beta, s)
+        else:
+            self._gemm(st, a, b, c, beta, fused)(s)
         if st.last:
             for hook in reversed(self.hooks):
                 hook.finished(st, c, s)
@@ -273,6 +285,17 @@ class Run:
             be.gemm(ar, b, c[r0:r1], self.alpha, beta, p.trans_a, p.trans_b, s)
             marks.append((r0, r1, be.record(s)))
         return marks
+
+    def _rank_k(self, a, c, beta: float, s):
+        """A diagonal tile of a Gram plan: c = alpha * op(a) op(a)^T + beta * c, its upper
+        triangle by the backend's syrk (:class:`~bigmm.backends.base.Syrk`), else the whole
+        tile by gemm; returns the event after it."""
+        p = self.plan
+        if isinstance(self.be, Syrk):
+            self.be.syrk(a, c, self.alpha, beta, p.trans_a, s)
+        else:
+            self.be.gemm(a, a, c, self.alpha, beta, p.trans_a, not p.trans_a, s)
+        return self.be.record(s)
 
     def _gemm(self, st: Step, a, b, c, beta: float, fused):
         """The step's gemm as a launch taking the stream, set up once per slots and shapes

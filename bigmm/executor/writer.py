@@ -16,10 +16,13 @@ import queue
 import threading
 import time
 
+import numpy as np
+
 from ..errors import BigmmError, WriteError
 from ..planner import Tile
 from ..runstats import Tally
 from . import tuning
+from .mirror import fill_lower, transposed
 from .tuning import io_pieces
 
 
@@ -30,10 +33,15 @@ class Writer(threading.Thread):
     element of the output). Large tiles go to a sink that takes parallel writes in row pieces
     on ``threads`` threads."""
 
-    def __init__(self, be, out, clock, tally: Tally, threads: int, itemsize: int):
+    def __init__(self, be, out, clock, tally: Tally, threads: int, itemsize: int,
+                 symmetric: str | None = None):
         super().__init__(name="bigmm-write", daemon=True)
         self.be, self.out, self.clock, self.tally = be, out, clock, tally
         self.threads, self.itemsize = threads, itemsize
+        #: A Gram plan's tiles (i <= j): "mirror" (the lower triangle of a diagonal tile filled
+        #: from its upper, an off-diagonal tile written transposed at (j, i) too) or "upper"
+        #: (C's strictly lower triangle written as zeros); None: neither.
+        self.symmetric = symmetric
         self.q: queue.Queue = queue.Queue()
         #: Tiles written, in order, for the run's progress reports.
         self.finished: queue.Queue = queue.Queue()
@@ -116,11 +124,20 @@ class Writer(threading.Thread):
         if src is None:  # copied out into the output array itself
             self.tally.add(bytes_written=tile.shape[0] * tile.shape[1] * self.itemsize)
             return True
+        diagonal = self.symmetric is not None and tile.i == tile.j
         try:
             for r0, r1, event in marks:
                 self.be.synchronize(event)
                 with self.clock:
+                    if diagonal:
+                        fill_lower(src, r0, r1, self.symmetric == "upper", self._pool())
                     self._write_rows(tile, tile.r0 + r0, tile.r0 + r1, src[r0:r1])
+            if self.symmetric is not None and not diagonal:  # the tile at (j, i)
+                below = (transposed(src, self._pool()) if self.symmetric == "mirror"
+                         else np.zeros(src.shape[::-1], src.dtype))
+                with self.clock:
+                    self._put(tile.c0, tile.c1, tile.r0, tile.r1, below)
+                self.tally.add(bytes_written=src.size * self.itemsize)
         except BigmmError:
             raise
         except Exception as e:
@@ -140,12 +157,16 @@ class Writer(threading.Thread):
         if len(pieces) == 1:
             self._put(r0, r1, tile.c0, tile.c1, src)
             return
-        if self.pool is None:
-            self.pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="bigmm-copy")
-        futures = [self.pool.submit(self._put, p0, p1, tile.c0, tile.c1,
+        futures = [self._pool().submit(self._put, p0, p1, tile.c0, tile.c1,
                                     src[p0 - r0:p1 - r0]) for p0, p1 in pieces]
         for f in futures:
             f.result()
+
+    def _pool(self) -> cf.ThreadPoolExecutor:
+        """The writer's threads for the pieces of large tiles (and a Gram plan's mirrors)."""
+        if self.pool is None:
+            self.pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="bigmm-copy")
+        return self.pool
 
     def _put(self, r0: int, r1: int, c0: int, c1: int, src) -> None:
         """One write, ``src`` converted to the output's dtype first where it differs."""

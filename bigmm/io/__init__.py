@@ -16,6 +16,7 @@ from __future__ import annotations
 from . import generate
 from ._h5 import dtype_name as describe_dtype
 from ._h5 import h5_type, stored_dtype
+from .identity import same_data
 from .layout import Layout, probe_layout
 from .output import existing_dtype, open_output, read_journal
 from .sink import Sink
@@ -23,5 +24,6 @@ from .source import Source, open_input
 from .spec import Spec, parse_spec
 
 __all__ = ["Layout", "Sink", "Source", "Spec", "describe_dtype", "existing_dtype", "generate",
+           "same_data",
            "h5_type", "open_input", "open_output", "parse_spec", "probe_layout", "read_journal",
            "stored_dtype"]

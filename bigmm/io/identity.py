@@ -50,6 +50,24 @@ def describe(src, *, volatile: bool = False) -> dict:
     return rec
 
 
+def same_data(a, b) -> bool:
+    """Whether two opened Sources are one operand's data: the same object, NumPy arrays over
+    the same memory with the same shape, strides and dtype, or the same stored object in the
+    same file (by device, inode and object, never by spelling)."""
+    if a is b:
+        return True
+    x, y = getattr(a, "array", None), getattr(b, "array", None)
+    if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
+        return (x is y or (x.__array_interface__["data"][0] == y.__array_interface__["data"][0]
+                           and x.shape == y.shape and x.strides == y.strides
+                           and x.dtype == y.dtype))
+    wa, wb = a.where(), b.where()
+    if wa is None or wb is None:
+        return False
+    return ((wa["file"]["dev"], wa["file"]["ino"], wa["object"])
+            == (wb["file"]["dev"], wb["file"]["ino"], wb["object"]))
+
+
 def differences(recorded: dict, now: dict, *, volatile: bool = False) -> list[str]:
     """What differs between two identity records of one operand (empty: the same data)."""
     out = []

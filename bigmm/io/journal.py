@@ -65,6 +65,8 @@ def finished_job(job: dict) -> dict:
     opts.update(alpha=job.get("alpha"), beta=job.get("beta"))
     if "precision" in job:  # recorded where not the default
         opts["precision"] = job["precision"]
+    if isinstance(plan, dict) and plan.get("upper"):  # a Gram product's zeros below
+        opts["upper"] = True
     inputs = job.get("inputs") or {}
     return normalise({"job": opts, "inputs": {k: inputs[k] for k in ("A", "B") if k in inputs}})
 

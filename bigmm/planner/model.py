@@ -243,18 +243,20 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     steps = p.n_steps
     # every tile sums its panels once per step (fused: each panel once per load) and itself
     # twice
-    summed = ((p.a_reads * p.m * p.k + p.b_reads * p.k * p.n) if r.check_fused
+    summed = ((p.a_passes * p.m * p.k + p.b_passes * p.k * p.n) if r.check_fused
               else p.k * (p.nj * p.m + p.ni * p.n)) + 2 * p.m * p.n
     # every step after a tile's first adds into the tile (and the first too when it reads C)
     adds = p.nk - 1 + (1 if p.reads_c else 0)
-    compute = (r.gemm_seconds(p.flops, steps, p.n_tiles * p.k, wc * p.m * p.n * adds)
+    compute = (r.gemm_seconds(p.flops, steps, p.n_tiles * p.k, wc * p.c_elements * adds)
                + r.check_seconds(w * summed, steps))
     setup = setup_seconds(p, r)
     hr = r.per_host_row
     write_tile = (0.0 if dc else tail / r.write_bytes + r.per_load + rows * hr)
     drain = copy(tail) + rows_c(rows, cols, 0) * row_s + write_tile
     c = p.bm * p.bn if p.reads_c else 0
-    tile0 = (r.gemm_seconds(2 * p.bm * p.bn * p.k, p.nk, p.k, wc * p.bm * p.bn * adds)
+    # a Gram plan's first tile is diagonal: the flops of its upper triangle (and its row's)
+    halved = p.bm * (p.bm - 1) * p.k if p.symmetric else 0
+    tile0 = (r.gemm_seconds(2 * p.bm * p.bn * p.k - halved, p.nk, p.k, wc * p.bm * p.bn * adds)
              + r.check_seconds(w * ((p.bm + p.bn) * p.k + 2 * p.bm * p.bn), p.nk))
     head = bursts = 0.0
     if p.order != "resident-c":
@@ -268,7 +270,7 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
         head = max((p.bm * p.k * inflow[0] + p.k * p.bn * inflow[1] + c * inflow[2])
                    + compute - tile0,
                    row + c * wide / (p.bn if p.row_major else p.bm) * inflow[2] + compute
-                   - r.gemm_seconds(2 * (p.bm if p.row_major else p.bn) * wide * p.k,
+                   - r.gemm_seconds(2 * (p.bm if p.row_major else p.bn) * wide * p.k - halved,
                                     p.nk * tiles, tiles * p.k,
                                     wc * (p.bm if p.row_major else p.bn) * wide * adds)
                    ) + drain + setup
@@ -283,25 +285,25 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
         bursts = later * max(0.0, panels - tile0)
     # reads by the host: staged operands only, each read one call besides its bytes, and
     # its stored rows one by one
-    loads = [(not da) * p.a_reads * p.ni * p.nk, (not db) * p.b_reads * p.nj * p.nk,
+    loads = [(not da) * p.a_passes * p.ni * p.nk, (not db) * p.b_passes * p.nj * p.nk,
              (not dc) * p.n_tiles * p.reads_c]
-    host_rows = ((not da) * p.a_reads * (p.k * p.ni if p.trans_a else p.m * p.nk)
-                 + (not db) * p.b_reads * (p.n * p.nk if p.trans_b else p.k * p.nj)
+    host_rows = ((not da) * p.a_passes * (p.k * p.ni if p.trans_a else p.m * p.nk)
+                 + (not db) * p.b_passes * (p.n * p.nk if p.trans_b else p.k * p.nj)
                  + (not dc) * p.reads_c * p.m * p.nj)
     first_rows = ((not da) * (p.bk if p.trans_a else p.bm)
                   + (not db) * (p.bn if p.trans_b else p.bk))
-    read_bytes = (w * ((not da) * p.a_reads * p.m * p.k + (not db) * p.b_reads * p.k * p.n)
-                  + (wc * p.m * p.n if p.reads_c and not dc else 0))
+    read_bytes = (w * ((not da) * p.a_passes * p.m * p.k + (not db) * p.b_passes * p.k * p.n)
+                  + (wc * p.c_elements if p.reads_c and not dc else 0))
     # the rows of pitched copies in place: every panel of each pass over A and B, C's tiles
-    a_rows = p.a_reads * (p.k * p.ni if p.trans_a else p.m * p.nk) if rows_a(1, 1, 1) else 0
-    b_rows = p.b_reads * (p.n * p.nk if p.trans_b else p.k * p.nj) if rows_b(1, 1, 1) else 0
+    a_rows = p.a_passes * (p.k * p.ni if p.trans_a else p.m * p.nk) if rows_a(1, 1, 1) else 0
+    b_rows = p.b_passes * (p.n * p.nk if p.trans_b else p.k * p.nj) if rows_b(1, 1, 1) else 0
     c_rows = p.m * p.nj if rows_c(1, 1, 1) else 0
     return StageTimes(read=read_bytes / r.read_bytes + r.per_load * sum(loads)
                       + hr * host_rows,
                       copy_in=copy(p.bytes_h2d) + row_s * (a_rows + b_rows
                                                            + (c_rows if p.reads_c else 0)),
                       compute=compute,
-                      copy_out=copy(p.bytes_written) + row_s * c_rows,
+                      copy_out=copy(wc * p.c_elements) + row_s * c_rows,
                       write=0.0 if dc else (p.bytes_written / r.write_bytes
                                             + r.per_load * p.n_tiles + hr * p.m * p.nj),
                       fill=setup + first_read / r.read_bytes + copy(first)
@@ -463,6 +465,8 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
         landed = sum(x[2] for x in loads if x[0] < 2) // w if fused else None
         gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c, landed,
                               wc)
+        if p.symmetric and t.i == t.j:  # a rank-k update of the upper triangle
+            gemm -= (rows * cols - rows * (rows + 1) // 2) * 2 * depth / r.flops
         busy[2] += gemm
         if staging:
             ready = start
@@ -495,12 +499,15 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
             if direct[2]:  # copied out into the user's array: nothing to write
                 c_written[ck] = done
             else:
-                seconds = nbytes / wr + load_s + rows * hr
+                mirrored = p.symmetric and t.i != t.j  # its mirror (or zeros) written too
+                seconds = (1 + mirrored) * (nbytes / wr + load_s + rows * hr)
                 c_written[ck] = write_end = (write_end if write_end > done else done) + seconds
                 busy[4] += seconds
         issued.append(issue)
         gemms.append(gemm_end)
-        dev_user[0][a_slot] = dev_user[1][b_slot] = dev_user[2][cs] = s
+        dev_user[0][a_slot] = dev_user[2][cs] = s
+        if not (p.symmetric and t.i == t.j):  # a diagonal tile of a Gram plan uses no B slot
+            dev_user[1][b_slot] = s
         if period and (s + 1) % period == 0:
             marks.append((gemm_end, *busy))
     return Simulated(end=max(write_end, gemm_end, cout_end, *c_written),

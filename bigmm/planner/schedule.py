@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator, Protocol
 
 from ..units import DTYPES, accumulate_dtype, format_bytes, format_seconds
+from . import gram
 
 ORDERS = ("stream", "resident-a", "resident-b", "resident-c")
 #: The operands, as ``Plan.in_place`` and ``Plan.registered`` name them.
@@ -132,6 +133,10 @@ class Plan:
     in_place: str | None = None
     #: Of ``in_place``, the operands page-locked in place for the run (and released after).
     registered: str = ""
+    #: A Gram plan (see the module docstring): only tiles i <= j; ``upper``: C's strictly
+    #: lower triangle written as zeros, not mirrored.
+    symmetric: bool = False
+    upper: bool = False
     rates: Timing | None = field(default=None, compare=False)
     #: How the products are computed, as printed (e.g. "3xTF32 (float32 accuracy on tensor
     #: cores)"; the job sets it from the backend and the precision asked; "" not stated).
@@ -167,7 +172,14 @@ class Plan:
 
     @property
     def n_tiles(self) -> int:
+        """Tiles computed (a Gram plan's: those on and above the diagonal)."""
+        if self.symmetric:
+            return self.ni * (self.ni + 1) // 2
         return self.ni * self.nj
+
+    def diagonal(self, t: Tile) -> bool:
+        """Whether ``t`` is a diagonal tile of a Gram plan (computed by a rank-k update)."""
+        return self.symmetric and t.i == t.j
 
     @property
     def n_steps(self) -> int:
@@ -179,14 +191,15 @@ class Plan:
         return Tile(i, j, r0, min(r0 + self.bm, self.m), c0, min(c0 + self.bn, self.n))
 
     def tiles(self) -> Iterator[Tile]:
-        """C tiles in the order they are finished."""
+        """C tiles in the order they are finished (a Gram plan's: i <= j only)."""
+        sym = self.symmetric
         if not self.row_major:
             for j in range(self.nj):
-                for i in range(self.ni):
+                for i in range(j + 1 if sym else self.ni):
                     yield self.tile(i, j)
         else:
             for i in range(self.ni):
-                for j in range(self.nj):
+                for j in range(i if sym else 0, self.nj):
                     yield self.tile(i, j)
 
     def k_panels(self) -> list[tuple[int, int]]:
@@ -224,6 +237,9 @@ class Plan:
 
     @property
     def b_slots(self) -> int:
+        """B panel slots (none in a Gram plan of one tile row: its only tiles are diagonal)."""
+        if self.symmetric and self.ni == 1:
+            return 0
         if self.order == "resident-b":
             return self.nk + 1
         return self.tail + 1 if self.order == "resident-c" else 2
@@ -282,7 +298,10 @@ class Plan:
         a_slots, b_slots, c_slots = self.a_slots, self.b_slots, self.c_slots
         for t, kp in self.order_steps(done, head_rounds):
             a_slot, load_a = _lru(a_cache, (t.i, kp), a_slots)
-            b_slot, load_b = _lru(b_cache, (t.j, kp), b_slots)
+            if self.diagonal(t):  # op(B)'s panel is op(A)'s: nothing to load
+                b_slot, load_b = 0, False
+            else:
+                b_slot, load_b = _lru(b_cache, (t.j, kp), b_slots)
             c_slot = c_cache.get(t.index)
             if c_slot is None:
                 c_slot = c_cache[t.index] = len(c_cache) % c_slots
@@ -303,8 +322,9 @@ class Plan:
         if not self.staging:
             return self.device_bytes
         w, wc, bm, bn, bk = self.itemsize, self.c_itemsize, self.bm, self.bn, self.bk
+        b_host = HOST_PANEL_SLOTS if self.b_slots else 0
         return sum(size * slots * bytes_ for op, slots, size, bytes_ in (
-            ("A", HOST_PANEL_SLOTS, bm * bk, w), ("B", HOST_PANEL_SLOTS, bk * bn, w),
+            ("A", HOST_PANEL_SLOTS, bm * bk, w), ("B", b_host, bk * bn, w),
             ("C", HOST_C_SLOTS, bm * bn, wc)) if self.staged(op))
 
     def host_c_slot(self, c_slot: int) -> int:
@@ -338,12 +358,32 @@ class Plan:
         return 1 if self.ni == 1 or self.b_slots >= cycle else self.ni
 
     @property
+    def a_passes(self) -> float:
+        """Elements of A read over the elements of A (``a_reads``, or a Gram plan's count:
+        :func:`.gram.passes`)."""
+        return gram.passes(self)[0] if self.symmetric else self.a_reads
+
+    @property
+    def b_passes(self) -> float:
+        """Elements of B read over the elements of B (a Gram plan's B is A: its diagonal
+        tiles read none)."""
+        return gram.passes(self)[1] if self.symmetric else self.b_reads
+
+    @property
+    def c_elements(self) -> int:
+        """Elements of C in the tiles computed (and read, where C is read)."""
+        return gram.upper_elements(self) if self.symmetric else self.m * self.n
+
+    @property
     def bytes_read(self) -> int:
-        c = self.c_itemsize * self.m * self.n if self.reads_c else 0
-        return self.itemsize * (self.a_reads * self.m * self.k + self.b_reads * self.k * self.n) + c
+        c = self.c_itemsize * self.c_elements if self.reads_c else 0
+        return round(self.itemsize * (self.a_passes * self.m * self.k
+                                      + self.b_passes * self.k * self.n)) + c
 
     @property
     def bytes_written(self) -> int:
+        """C's bytes written: all of C (a Gram plan writes the tiles below the diagonal from
+        those above, or as zeros with ``upper``)."""
         return self.c_itemsize * self.m * self.n
 
     @property
@@ -353,25 +393,29 @@ class Plan:
 
     @property
     def flops(self) -> int:
+        """Flops done: 2mnk, or a Gram plan's n(n+1)k (the upper triangle's elements)."""
+        if self.symmetric:
+            return self.n * (self.n + 1) * self.k
         return 2 * self.m * self.n * self.k
 
     @property
     def lower_bound_bytes(self) -> float:
-        """Communication lower bound 2*M*N*K/sqrt(S) words (S = device budget in elements).
+        """Communication lower bound 2*M*N*K/sqrt(S) words (S = device budget in elements;
+        half that for a Gram plan).
 
-        Also at least the compulsory traffic: each input read once and C written once.
+        Also at least the compulsory traffic: each input read once (a Gram plan's A once).
         """
         w = self.itemsize
         s = self.device_budget / w
-        hk = 2 * self.m * self.n * self.k / math.sqrt(s)
-        compulsory = self.m * self.k + self.k * self.n
+        hk = (1 if self.symmetric else 2) * self.m * self.n * self.k / math.sqrt(s)
+        compulsory = self.k * self.n if self.symmetric else self.m * self.k + self.k * self.n
         return w * max(hk, compulsory)
 
     @property
     def bound_ratio(self) -> float:
         """Input bytes moved over the lower bound (1.0 is optimal)."""
         w = self.itemsize
-        moved = w * (self.a_reads * self.m * self.k + self.b_reads * self.k * self.n)
+        moved = w * (self.a_passes * self.m * self.k + self.b_passes * self.k * self.n)
         return moved / self.lower_bound_bytes
 
     @property
@@ -388,7 +432,8 @@ class Plan:
         """What identifies the schedule (recorded in the resume journal; resident-c's tail
         too)."""
         fields = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c", "bm", "bn", "bk",
-                  "order") + (("tail",) if self.order == "resident-c" else ())
+                  "order") + (("tail",) if self.order == "resident-c" else ()) + (
+                  ("symmetric", "upper") if self.symmetric else ())
         return {f: getattr(self, f) for f in fields}
 
     def to_dict(self) -> dict:
@@ -403,12 +448,19 @@ class Plan:
 
     def __str__(self) -> str:
         ta, tb = ("A^T" if self.trans_a else "A"), ("B^T" if self.trans_b else "B")
+        if self.symmetric:
+            tb = "A" if self.trans_a else "A^T"
         rows = [
             ("product", f"C[{self.m} x {self.n}] = {ta} @ {tb}, depth {self.k}, {self.dtype}"
-                        + (f" (C in {self.c_dtype})" if self.c_dtype != self.dtype else "")),
+                        + (f" (C in {self.c_dtype})" if self.c_dtype != self.dtype else "")
+                        + (", Gram (symmetric)" if self.symmetric else "")),
             *([("arithmetic", self.arithmetic)] if self.arithmetic else []),
             ("loop order", self.order),
-            ("C tiles", f"{self.ni} x {self.nj} = {self.n_tiles} tiles of {self.bm} x {self.bn}"),
+            ("C tiles", f"{self.ni} x {self.nj} = {self.n_tiles} tiles of {self.bm} x {self.bn}"
+                        if not self.symmetric else
+                        f"{self.n_tiles} of {self.ni} x {self.nj} tiles of {self.bm} x {self.bn}"
+                        f" (on and above the diagonal; "
+                        + ("zeros below)" if self.upper else "mirrored below)")),
             ("K panels", f"{self.nk} per tile, depth {self.bk}"
                          + (f"; the last {self.tail} tile by tile" if self.order == "resident-c"
                             else "")),
@@ -417,12 +469,15 @@ class Plan:
             ("host staging", f"{format_bytes(self.host_bytes)} of {format_bytes(self.host_budget)}"
                              + ("" if self.staging else " (shared with compute)")
                              + self._in_place_note()),
-            ("read", f"{format_bytes(self.bytes_read)} (A x{self.a_reads}, B x{self.b_reads}"
+            ("read", f"{format_bytes(self.bytes_read)} (A x{_times(self.a_passes)}, "
+                     f"B x{_times(self.b_passes)}"
                      + (", C x1)" if self.reads_c else ")")),
             ("written", format_bytes(self.bytes_written)),
             ("lower bound", f"{format_bytes(self.lower_bound_bytes)}; plan moves "
                             f"{self.bound_ratio:.2f}x the bound"),
-            ("flops", f"{self.flops:.3e}"),
+            ("flops", f"{self.flops:.3e}" + (f" (the upper triangle: the general product "
+                                              f"does {2 * self.m * self.n * self.k:.3e})"
+                                              if self.symmetric else "")),
         ]
         if self.a_chunks or self.b_chunks:
             def chunks(c) -> str:
@@ -443,6 +498,11 @@ class Plan:
         ops = ", ".join(self.in_place)
         reg = ", ".join(op for op in self.in_place if op in self.registered)
         return f" ({ops} copied in place" + (f"; {reg} page-locked for the run)" if reg else ")")
+
+
+def _times(passes: float) -> str:
+    """A count of passes as printed: whole counts as integers."""
+    return str(int(passes)) if float(passes).is_integer() else f"{passes:.2f}"
 
 
 def _lru(cache: OrderedDict, key, capacity: int) -> tuple[int, bool]:

@@ -112,7 +112,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               tile: tuple[int, int, int] | None = None, order: str | None = None,
               rates: Rates | None = None, step_bytes: int = STEP_COST_BYTES,
               tail: int | None = None, in_place: str | None = None,
-              registered: str = "") -> Plan:
+              registered: str = "", symmetric: bool = False, upper: bool = False) -> Plan:
     """Choose the schedule moving the fewest bytes within both budgets (cached: see
     :func:`_cached_plans`).
 
@@ -138,8 +138,13 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     host staging slots for them; the model counts no host reads or writes), None where the
     executor decides; ``registered``: those of them page-locked for the run (its cost counts
     in the predicted time: ``Rates.register_bytes``).
+
+    ``symmetric``: a Gram plan (B is A, m == n, ``trans_b == not trans_a``: see
+    :mod:`.schedule`): square tiles only, and resident-c only as one tile; ``upper``: its
+    lower triangle is not written.
     """
     _check_dims(m, n, k)
+    _check_symmetric(m, n, trans_a, trans_b, symmetric, upper)
     if dtype not in DTYPES:
         raise DtypeError(f"Expected dtype {', '.join(DTYPES)}. Got {dtype!r}.")
     if order is not None and order not in ORDERS:
@@ -153,7 +158,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                 staging=staging, device_budget=device_budget, host_budget=host_budget,
                 a_chunks=tuple(a_chunks) if a_chunks else None,
                 b_chunks=tuple(b_chunks) if b_chunks else None, rates=rates,
-                in_place=in_place, registered=registered)
+                in_place=in_place, registered=registered, symmetric=bool(symmetric),
+                upper=bool(upper))
 
     if tile is not None:
         return _fixed(tile, order or "stream", tail, base)
@@ -172,11 +178,12 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
         orders = (order,) if order else ORDERS
         if "resident-c" in orders:
             if order or (rates is not None and staging):
-                found += _resident_c(_candidates(m, um, min_tile), bks, base, step_bytes)
+                found += _resident_c([m] if symmetric else _candidates(m, um, min_tile), bks,
+                                     base, step_bytes)
             orders = tuple(o for o in orders if o != "resident-c")
         for o in orders:
             for bm in _candidates(m, um, min_tile):
-                for bn in _candidates(n, un, min_tile):
+                for bn in ([bm] if symmetric else _candidates(n, un, min_tile)):
                     if not _fits(Plan(bm=bm, bn=bn, bk=bks[-1], order=o, **base)):
                         continue
                     for bk in bks:  # largest first: the first that fits is the best for (bm, bn)
@@ -244,6 +251,9 @@ def _fixed(tile: tuple[int, int, int], order: str, tail: int | None, base: dict)
             raise PlanError(f"Expected tile size {name} to be a positive integer. Got {v!r}.")
     m, n, k = base["m"], base["n"], base["k"]
     plan = Plan(bm=min(bm, m), bn=min(bn, n), bk=min(bk, k), order=order, **base)
+    if plan.symmetric and plan.bm != plan.bn:
+        raise PlanError(f"Expected square tiles (bm == bn) for a Gram plan. Got bm={bm}, "
+                        f"bn={bn}.")
     if order == "resident-c":
         if plan.bn != n:
             raise PlanError(f"Expected tiles as wide as C ({n}) for order resident-c. "
@@ -282,6 +292,18 @@ def _resident_c(bms: list[int], bks: list[int], base: dict, step_bytes: int) -> 
                     found.append(((_cost(p, step_bytes), p.n_steps, -p.bk,
                                    ORDERS.index(p.order)), p))
     return found
+
+
+def _check_symmetric(m: int, n: int, trans_a: bool, trans_b: bool, symmetric: bool,
+                     upper: bool) -> None:
+    """PlanError unless a Gram plan's C is square and its transposes opposite (C = A^T A or
+    A A^T), and ``upper`` comes only with one."""
+    if upper and not symmetric:
+        raise PlanError("Expected upper=True only for a Gram plan (symmetric=True). "
+                        "Got symmetric=False.")
+    if symmetric and (m != n or bool(trans_a) == bool(trans_b)):
+        raise PlanError(f"Expected a square C and opposite transposes for a Gram plan. Got C "
+                        f"{m} x {n}, trans_a={trans_a}, trans_b={trans_b}.")
 
 
 def _check_in_place(in_place: str | None, registered: str) -> tuple[str | None, str]:

@@ -1,0 +1,82 @@
+"""``bigmm gram``: the Gram product C = alpha * A^T A + beta * C (or A A^T) of one operand."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from ..precision import PRECISIONS
+from ._common import EXIT_INTERRUPTED, err
+from .report import format_summary, progress_reporter, run_summary
+from .run import backend_name
+
+
+def add_parser(sub, common, backends, dtypes) -> None:
+    """The ``gram`` command's parser, under ``sub``."""
+    g = sub.add_parser("gram", parents=[common], help="C = alpha*A^T@A + beta*C (half the work)",
+                       description="The symmetric Gram product of one HDF5 or Zarr matrix out "
+                                   "of core: only the tiles on and above the diagonal are "
+                                   "computed, the others written as their mirrors.")
+    g.add_argument("a", metavar="A", help="operand spec file.h5:/A or store.zarr[:/A]")
+    g.add_argument("-o", "--out", required=True, metavar="C",
+                   help="output spec file.h5:/C, store.zarr or store.zarr:/C")
+    g.add_argument("--aat", action="store_true",
+                   help="C = A @ A^T (m x m) instead of A^T @ A (n x n)")
+    g.add_argument("--upper", action="store_true",
+                   help="write the strictly lower triangle of C as zeros instead of mirroring")
+    g.add_argument("--plan", action="store_true", help="print the plan only; write nothing")
+    g.add_argument("--memory", default=None, help="device memory budget, e.g. 8GiB")
+    g.add_argument("--host-memory", default=None, help="host staging budget of a GPU run")
+    g.add_argument("--backend", default="auto", choices=backends,
+                   help="auto: cupy where a GPU is usable, else numpy (default: %(default)s)")
+    g.add_argument("--alpha", type=float, default=1.0, help="(default: %(default)s)")
+    g.add_argument("--beta", type=float, default=0.0,
+                   help="beta != 0 reads the existing C's upper tiles (default: %(default)s)")
+    g.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
+                   help="GPU tile products of the tiles off the diagonal")
+    g.add_argument("--precision", default=None, type=str.lower, choices=PRECISIONS,
+                   help="arithmetic of the tile products off the diagonal (see multiply); "
+                        "diagonal tiles are float32 syrk updates")
+    g.add_argument("--out-dtype", default=None, choices=dtypes, help="dtype of a new C")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    g.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    g.add_argument("--io-threads", type=int, default=None, help="disk I/O threads")
+    g.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    g.add_argument("-q", "--quiet", action="store_true", help="no summary (errors only)")
+    g.set_defaults(func=cmd_gram)
+
+
+def cmd_gram(args) -> int:
+    from .. import api
+
+    trans = not args.aat
+    kwargs = dict(alpha=args.alpha, beta=args.beta, memory=args.memory,
+                  host_memory=args.host_memory, backend=args.backend, kernel=args.kernel)
+    if args.out_dtype is not None:
+        kwargs["out_dtype"] = args.out_dtype
+    if args.precision is not None:
+        kwargs["precision"] = args.precision
+    plan = api.plan(args.a, args.a, args.out, trans_a=trans, trans_b=not trans, gram=True,
+                    upper=args.upper, resume=args.resume, **kwargs)
+    if args.plan:
+        print(json.dumps(plan.to_dict(), indent=2, default=str) if args.json else plan)
+        return 0
+    with progress_reporter(args.quiet, plan.flops) as progress:
+        try:
+            out, stats = api.gram(args.a, args.out, trans=trans, upper=args.upper,
+                                  progress=progress, resume=args.resume,
+                                  overwrite=args.overwrite, io_threads=args.io_threads,
+                                  stats=True, **kwargs)
+        except KeyboardInterrupt:
+            progress.stop()
+            words = [w for w in args.argv if w not in ("--overwrite", "--resume")]
+            err(f"interrupted; {args.out} is resumable: "
+                f"{'bigmm ' + shlex.join(words + ['--resume'])}")
+            return EXIT_INTERRUPTED
+    summary = run_summary(plan, stats, out, args.a, args.a, backend_name(args.backend))
+    summary["gram"] = {"form": "A^T A" if trans else "A A^T", "upper": bool(args.upper)}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    elif not args.quiet:
+        print(format_summary(summary))
+    return 0
