@@ -5,7 +5,8 @@ The sources live in the top-level ``kernels/`` folder (shipped in the wheel as
 ``bigmm/kernels``).  Each (dtype, tile shape) is one ``cupy.RawModule`` compiled by NVRTC with
 the tile parameters as ``-D`` macros; it holds nine ``extern "C"`` entry points, one per pair of
 operand load modes, so no C++ template names cross into Python.  Modules are compiled once per
-process and device; cupy keeps the compiled binaries in its disk cache (``CUPY_CACHE_DIR``,
+process and device, by NVRTC with ``-ftz=false`` (float32 subnormals kept, as IEEE float32 and
+cuBLAS keep them); the binaries are kept in cupy's disk cache folder (``CUPY_CACHE_DIR``,
 default ``~/.cupy/kernel_cache``), keyed by the full source text and options.
 
 The tile shape for a product comes from ``kernel_table.json`` beside this module, written by
@@ -79,35 +80,27 @@ def _module(filename: str, options: tuple[str, ...]):
     key = (filename, options, _device_id())
     module = _modules.get(key)
     if module is None:
-        import cupy
-
-        if any(o.startswith("-arch=") for o in options):
-            module = _arch_module(kernel_source(filename), _COMPILE_OPTIONS + options)
-        else:
-            module = cupy.RawModule(code=kernel_source(filename), options=_COMPILE_OPTIONS + options)
+        module = _nvrtc_module(kernel_source(filename), _COMPILE_OPTIONS + options)
         _modules[key] = module
     return module
 
 
-def _arch_module(source: str, options: tuple[str, ...]):
-    """A module for an explicit target (``-arch=sm_90a`` in ``options``).  cupy appends its own
-    ``-arch=sm_XY`` after the caller's options; NVRTC honours the arch-specific one when both
-    are given.  Should that compile fail, NVRTC is called directly with only ours, the binary
-    cached beside cupy's (keyed by source, options and NVRTC version)."""
-    import cupy
-
-    module = cupy.RawModule(code=source, options=options)
-    try:
-        module.compile()
-        return module
-    except Exception as first:  # noqa: BLE001 - retried below, reported if that fails too
-        first_error = first
+def _nvrtc_module(source: str, options: tuple[str, ...]):
+    """A module compiled by NVRTC directly with ``options`` and ``-ftz=false`` (cupy's
+    RawModule appends ``-ftz=true`` to every compile, which flushes float32 subnormal inputs
+    and results to zero where IEEE float32, and cuBLAS, keep them), for the current device
+    unless ``options`` name an ``-arch``; the binary cached beside cupy's (keyed by source,
+    options and NVRTC version)."""
     import hashlib
     import os
 
+    import cupy
     from cupy.cuda import nvrtc
 
-    opts = tuple(options) + ("-ftz=true",)
+    opts = tuple(options)
+    if not any(o.startswith("-arch=") for o in opts):
+        opts += (f"-arch=sm_{cupy.cuda.Device().compute_capability}",)
+    opts += ("-ftz=false",)
     key = hashlib.sha256("\0".join((source, *opts, str(nvrtc.getVersion()))).encode()).hexdigest()
     cache = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
     path = cache / f"bigmm_{key[:40]}.cubin"
@@ -118,7 +111,7 @@ def _arch_module(source: str, options: tuple[str, ...]):
                 nvrtc.compileProgram(prog, list(opts))
             except Exception as exc:
                 raise KernelError(f"Expected NVRTC to compile with {opts}. Got {exc}: "
-                                  f"{nvrtc.getProgramLog(prog)} (through cupy: {first_error})") from exc
+                                  f"{nvrtc.getProgramLog(prog)}") from exc
             cubin = nvrtc.getCUBIN(prog)
         finally:
             nvrtc.destroyProgram(prog)

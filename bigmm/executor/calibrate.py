@@ -136,8 +136,15 @@ class _Corner(Source):
 
 def load_seconds(src, repeat: int = 3) -> float:
     """Fixed seconds of one read from the source ``src``: the fastest of ``repeat`` reads of
-    its first 8 x 8 elements (a chunked source decodes a chunk for it, as every panel does)."""
-    rows, cols = (min(8, d) for d in src.shape)
+    its first 8 x 8 elements (a chunked source decodes a chunk for it, as every panel does);
+    timed once per process and source (label, layout, chunks, shape, dtype), so that
+    ``plan`` and ``matmul`` of one job choose the same plan."""
+    return _load_seconds(_Corner(src, 8, 8), repeat)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_seconds(src: "_Corner", repeat: int) -> float:
+    rows, cols = src.shape
     out = np.empty((rows, cols), src.dtype)
     best = float("inf")
     for _ in range(repeat):

@@ -324,3 +324,27 @@ def test_fused_checks_compile_without_local_memory(cp):
                 kern = cuda_kernels._gemm_kernel(cfg, entry, checks=True)
                 assert kern.attributes["local_size_bytes"] <= most, (cfg.name, entry,
                                                                      kern.attributes)
+
+
+# (scale of A, scale of B): float32 operands whose elements and products are subnormal in part,
+# which IEEE float32 (and cuBLAS SGEMM) keeps and a flush-to-zero build would lose.
+SUBNORMAL = [
+    (2.0**-122, 2.0**40),  # many elements of A below 2^-126
+    (2.0**-60, 2.0**-64),  # products near and below 2^-126
+]
+
+
+@pytest.mark.parametrize("scale_a, scale_b", SUBNORMAL)
+def test_float32_kernel_keeps_subnormals(cp, scale_a, scale_b):
+    from bigmm.backends import cuda_kernels
+
+    rng = np.random.default_rng(SEED)
+    a = (rng.standard_normal((256, 300)) * scale_a).astype(np.float32)
+    b = (rng.standard_normal((300, 200)) * scale_b).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    c = cp.full((256, 200), np.nan, dtype=np.float32)
+    cuda_kernels.gemm(cp.asarray(a), cp.asarray(b), c)
+    got = cp.asnumpy(c)
+    sgemm = cp.asnumpy(cp.asarray(a) @ cp.asarray(b))
+    assert relative_error(got, ref) <= 2 * max(relative_error(sgemm, ref), 1e-7), (
+        f"seed {SEED}: {relative_error(got, ref):.2e} against cuBLAS {relative_error(sgemm, ref):.2e}")
