@@ -46,9 +46,10 @@ E2E = [
     # B transposed, negative beta, NumPy arrays in and out
     (520, 1100, 999, F32, False, True, 1.0, -1.0, 600_000, "bigmm", "array", "array", None,
      16, 4, "stream"),
-    # a resident A row panel (601 x 4001, 4 panels) reused across a row of 18 tiles
+    # one row of tiles: A (601 x 4001, in K panels) read once, reused across the row (resident
+    # or streamed with its panels kept, as the calibrated rates choose)
     (601, 9001, 4001, F32, False, False, 1.0, 0.0, 20_000_000, "bigmm", "h5", "array", None,
-     16, 3, "resident-a"),
+     16, 2, ("resident-a", "stream")),
     # cuBLAS for the tile products, float32
     (1000, 900, 1100, F32, False, False, 1.0, 0.0, 800_000, "cublas", "array", "h5", None,
      16, 4, "stream"),
@@ -100,7 +101,10 @@ def test_product_matches_float64_reference(tmp_path, m, n, k, dtype, ta, tb, alp
     kw = dict(alpha=alpha, beta=beta, trans_a=ta, trans_b=tb, memory=memory, host_memory=HOST,
               backend="cupy", kernel=kernel)
     p = bigmm.plan(a_in, b_in, out, **kw)
-    assert p.n_tiles >= min_tiles and p.nk >= min_panels and p.order == order, str(p)
+    assert p.n_tiles >= min_tiles and p.nk >= min_panels, str(p)
+    assert p.order in (order if isinstance(order, tuple) else (order,)), str(p)
+    if isinstance(order, tuple):
+        assert p.a_reads == 1, str(p)
     result, stats = bigmm.matmul(a_in, b_in, out, stats=True, **kw)
     if output == "h5":
         with h5py.File(tmp_path / "c.h5", "r") as f:
