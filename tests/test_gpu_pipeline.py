@@ -519,4 +519,5 @@ def test_plans_of_the_table_are_what_the_cases_claim():
         p = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb,
                       device_budget=memory, host_budget=64 << 20, staging=True,
                       reads_c=beta != 0, a_chunks=chunked, b_chunks=chunked)
-        assert p.n_tiles >= tiles and p.nk >= panels and p.order == order, (m, n, k, str(p))
+        orders = order if isinstance(order, tuple) else (order,)
+        assert p.n_tiles >= tiles and p.nk >= panels and p.order in orders, (m, n, k, str(p))
