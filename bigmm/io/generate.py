@@ -71,7 +71,8 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
     if parsed.zarr:
         from .zarrgen import generate_zarr
 
-        return generate_zarr(parsed, (m, n), dtype, lay, seed, overwrite, block_elements)
+        return generate_zarr(parsed, (m, n), dtype, lay, seed, overwrite, block_elements,
+                             _draw)
     path, name = _split_spec(spec)
     f = _open_file(path)
     try:

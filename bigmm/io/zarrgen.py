@@ -25,10 +25,9 @@ def _compressors(codec: str | None):
 
 
 def generate_zarr(spec: Spec, shape: tuple[int, int], dtype: str, lay, seed: int,
-                  overwrite: bool, block_elements: int) -> str:
-    """Write the matrix to the Zarr array ``spec`` (see :func:`.generate.generate`)."""
-    from .generate import _draw
-
+                  overwrite: bool, block_elements: int, draw) -> str:
+    """Write the matrix to the Zarr array ``spec`` (see :func:`.generate.generate`), its
+    elements [e0, e1) in row-major order drawn by ``draw(seed, e0, e1)``."""
     zarr = zarr_module()
     store, path = spec.path, spec.dataset.strip("/")
     parent = os.path.dirname(os.path.abspath(store))
@@ -65,7 +64,7 @@ def generate_zarr(spec: Spec, shape: tuple[int, int], dtype: str, lay, seed: int
         rows = max(cr, max(1, block_elements // n) // cr * cr)
         for r0 in range(0, m, rows):
             r1 = min(m, r0 + rows)
-            arr[r0:r1, :] = _draw(seed, r0 * n, r1 * n).reshape(r1 - r0, n).astype(dtype)
+            arr[r0:r1, :] = draw(seed, r0 * n, r1 * n).reshape(r1 - r0, n).astype(dtype)
     except BaseException:
         remove_tree(folder)
         raise

@@ -40,7 +40,7 @@ from ._h5 import COMPLETE_ATTR, check_matrix
 from .identity import Footprint
 from .layout import MAX_INDEX_CELLS, chunk_cells
 from .rawio import read_block
-from .source import DEFAULT_THREADS, TASK_BYTES, Source, _batches, incomplete_message
+from .inputs import DEFAULT_THREADS, TASK_BYTES, Source, _batches, incomplete_message
 from .spec import ZARR, Spec
 
 #: The array's metadata document in its directory (Zarr v3).
