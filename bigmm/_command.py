@@ -1,7 +1,8 @@
 """The ``bigmm`` command's entry point: imports the command line inside its own guard, so that
 Ctrl-C while Python is still loading it ends quietly (exit 130), like Ctrl-C anywhere later;
 once the command has returned, a further Ctrl-C ends the process at once with its status
-(the output is already journaled or complete: nothing is left to clean up but threads)."""
+(the output is already journaled or complete: nothing is left to clean up but threads), and
+an interrupted command ends with 130 at once."""
 
 import atexit
 import os
@@ -32,4 +33,18 @@ def run() -> int:
     # default action for SIGINT (death by the signal) unless it is ignored
     signal.signal(signal.SIGINT, lambda *_: os._exit(code))
     atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+    if code == 130:
+        # interrupted: CPython ends by SIGINT after a clean return where the KeyboardInterrupt
+        # passed through code it ran for an import (its "unhandled" flag stays set); the run
+        # has cleaned up already, so end now with the status
+        _end(code)
     return code
+
+
+def _end(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -29,6 +29,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
+    _watch_sigint()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
@@ -54,5 +55,30 @@ def _main(argv) -> int:
     except Exception as e:  # a bug: still one line unless --debug
         if debug:
             traceback.print_exc()
+        if _SIGINTS:  # Ctrl-C inside an extension's import, which turned it into an ImportError
+            err("interrupted")
+            return EXIT_INTERRUPTED
         err(f"internal error: {type(e).__name__}: {one_line(e)} (run with --debug for details)")
         return EXIT_INTERNAL
+
+
+#: Ctrl-Cs seen by the command (:func:`_watch_sigint`).
+_SIGINTS: list = []
+
+
+def _watch_sigint() -> None:
+    """Count Ctrl-Cs while the command runs, raising KeyboardInterrupt as Python does: where
+    one lands inside the import of a C extension (numpy's), the import may fail with another
+    error, which is then the interruption. Only where Python's own handler is installed, in
+    the main thread."""
+    import signal
+
+    def handler(signum, frame):
+        _SIGINTS.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        pass
