@@ -21,15 +21,17 @@ __all__ = ["EXIT_ERROR", "EXIT_FAIL", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "buil
 
 def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    restore = _watch_sigint()
     try:
         return _main(argv)
     except KeyboardInterrupt:  # outside a command's own handling (parsing), or a second one
         err("interrupted")
         return EXIT_INTERRUPTED
+    finally:
+        restore()
 
 
 def _main(argv) -> int:
-    _watch_sigint()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
@@ -66,19 +68,23 @@ def _main(argv) -> int:
 _SIGINTS: list = []
 
 
-def _watch_sigint() -> None:
-    """Count Ctrl-Cs while the command runs, raising KeyboardInterrupt as Python does: where
-    one lands inside the import of a C extension (numpy's), the import may fail with another
-    error, which is then the interruption. Only where Python's own handler is installed, in
-    the main thread."""
+def _watch_sigint():
+    """Count Ctrl-Cs while the command runs (in ``_SIGINTS``, emptied first), raising
+    KeyboardInterrupt as Python does: where one lands inside the import of a C extension
+    (numpy's), the import may fail with another error, which is then the interruption. Only
+    where Python's own handler is installed, in the main thread. Returns what restores the
+    handler."""
     import signal
 
     def handler(signum, frame):
         _SIGINTS.append(signum)
         raise KeyboardInterrupt
 
+    _SIGINTS.clear()
     try:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, handler)
+            return lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
     except ValueError:  # not the main thread
         pass
+    return lambda: None
