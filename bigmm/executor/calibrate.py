@@ -37,21 +37,11 @@ def copy_rate(threads: int, nbytes: int = COPY_BYTES) -> float:
     pages touched first)."""
     n = max(threads, int(nbytes) // 8)
     src, dst = np.ones(n), np.zeros(n)
-    edges = np.linspace(0, n, threads + 1).astype(int)
-    pieces = list(zip(edges, edges[1:]))
 
-    def copy(piece):
-        a, b = piece
+    def copy(a: int, b: int) -> None:
         dst[a:b] = src[a:b]
 
-    best = float("inf")
-    with cf.ThreadPoolExecutor(threads) as pool:
-        list(pool.map(copy, pieces))
-        for _ in range(3):
-            t0 = time.perf_counter()
-            list(pool.map(copy, pieces))
-            best = min(best, time.perf_counter() - t0)
-    return src.nbytes / max(best, 1e-9)
+    return src.nbytes / max(_fastest(copy, n, threads), 1e-9)
 
 
 @functools.lru_cache(maxsize=16)
@@ -64,21 +54,27 @@ def copy_row_seconds(threads: int, nbytes: int = COPY_BYTES) -> float:
     rows = max(threads, int(nbytes) // PITCH_BYTES)
     src = np.ones((rows, PITCH_BYTES // 4), np.float32)
     dst = np.zeros((rows, ROW_BYTES // 4), np.float32)
-    pieces = [(a, b) for a, b in zip(np.linspace(0, rows, threads + 1).astype(int),
-                                      np.linspace(0, rows, threads + 1).astype(int)[1:])]
 
-    def copy(piece):
-        a, b = piece
+    def copy(a: int, b: int) -> None:
         dst[a:b] = src[a:b, : ROW_BYTES // 4]
 
+    best = _fastest(copy, rows, threads)
+    return max(0.0, best - dst.nbytes / copy_rate(threads, nbytes)) / rows
+
+
+def _fastest(copy, n: int, threads: int) -> float:
+    """The best of three timed passes of ``copy(a, b)`` over [0, n) in one even piece per
+    thread, on ``threads`` threads, after an untimed pass."""
+    edges = np.linspace(0, n, threads + 1).astype(int)
+    pieces = list(zip(edges, edges[1:]))
     best = float("inf")
     with cf.ThreadPoolExecutor(threads) as pool:
-        list(pool.map(copy, pieces))
+        list(pool.map(lambda p: copy(*p), pieces))
         for _ in range(3):
             t0 = time.perf_counter()
-            list(pool.map(copy, pieces))
+            list(pool.map(lambda p: copy(*p), pieces))
             best = min(best, time.perf_counter() - t0)
-    return max(0.0, best - dst.nbytes / copy_rate(threads, nbytes)) / rows
+    return best
 
 
 def step_seconds(be, threads: int, a, b) -> float:
