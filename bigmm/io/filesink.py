@@ -66,7 +66,7 @@ from .lock import h5_open_retry
 from .direct import ALIGN, DIRECT_MIN, tile_writes
 from .mapped import FileMap, reserve
 from .region import RawRegion, clip_pieces, write_pieces
-from .sink import _FULL, Sink
+from .sink import _FULL, JournaledSink
 from .source import DEFAULT_THREADS, H5Source, open_input
 from .spec import Spec
 
@@ -131,7 +131,7 @@ def create_dataset(f: h5py.File, name: str, shape, dtype, chunks=None) -> h5py.D
     return dset
 
 
-class FileSink(Sink):
+class FileSink(JournaledSink):
     """An HDF5 dataset named by a spec, written raw at byte offsets (or via h5py if it must)."""
 
     resumable = True
@@ -303,16 +303,6 @@ class FileSink(Sink):
                 _fsync_path(self.path)
         except OSError as exc:
             raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
-
-    def commit(self, tiles) -> None:
-        """Make the tiles' bytes durable, then journal them (a crash loses no journaled tile)."""
-        tiles = [[int(i), int(j)] for i, j in tiles]
-        self._sync()
-        if tiles:
-            try:
-                self.journal.append({"tiles": tiles})
-            except OSError as exc:
-                raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
 
     def finish(self) -> None:
         """Flush, swap in the partial dataset (beta != 0), mark complete, drop the journal."""

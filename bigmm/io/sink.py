@@ -94,6 +94,24 @@ def _write_error(label: str, r0, r1, c0, c1, exc) -> WriteError:
     return WriteError(f"Expected to write {region}. Got {type(exc).__name__}: {exc}.")
 
 
+class JournaledSink(Sink):
+    """A sink whose finished tiles are recorded in its ``journal``: :meth:`commit` makes their
+    bytes durable first (``_sync``), so that a crash loses no journaled tile."""
+
+    def _sync(self) -> None:
+        raise NotImplementedError
+
+    def commit(self, tiles) -> None:
+        """Make the tiles' bytes durable, then journal them."""
+        tiles = [[int(i), int(j)] for i, j in tiles]
+        self._sync()
+        if tiles:
+            try:
+                self.journal.append({"tiles": tiles})
+            except OSError as exc:
+                raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
+
+
 class ArraySink(Sink):
     """A NumPy array written in place (old C, for beta != 0, is read tile by tile first)."""
 

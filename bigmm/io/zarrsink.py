@@ -41,8 +41,8 @@ from ._h5 import COMPLETE_ATTR, JOB_ATTR
 from .identity import Footprint
 from .journal import Journal, finished_job
 from .layout import chunk_cells
-from .sink import Sink, _check_tile, _write_error
-from .source import DEFAULT_THREADS
+from .sink import JournaledSink, Sink, _check_tile, _write_error
+from .inputs import DEFAULT_THREADS
 from .spec import ZARR, Spec
 from .zarrfiles import (OLD_SUFFIX, ChunkFiles, drop_stale, fsync_path, remove_tree, swap,
                         write_attributes)
@@ -82,7 +82,7 @@ def tiles_hold_chunks(arr, chunks) -> bool:
     return all(t % c == 0 or t == d for t, c, d in zip(chunks, arr.chunks, arr.shape))
 
 
-class ZarrSink(Sink):
+class ZarrSink(JournaledSink):
     """A Zarr v3 array named by a spec (or passed in place), written by whole chunk files where
     the tiles hold whole chunks of an uncompressed array, else through zarr-python."""
 
@@ -168,16 +168,6 @@ class ZarrSink(Sink):
                 _sync_cells(self.dir, self._arr, touched)
         except OSError as exc:
             raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
-
-    def commit(self, tiles) -> None:
-        """Make the tiles' chunks durable and put them in place, then journal the tiles."""
-        tiles = [[int(i), int(j)] for i, j in tiles]
-        self._sync()
-        if tiles:
-            try:
-                self.journal.append({"tiles": tiles})
-            except OSError as exc:
-                raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
 
     def finish(self) -> None:
         """Sync, swap in the partial array (beta != 0), mark complete, drop the journal."""
