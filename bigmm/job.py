@@ -15,13 +15,13 @@ from .backends.numpy import memory_available as host_memory_available
 from .errors import DtypeError, OptionError, ResumeError, ShapeError
 from .executor import RunStats, in_place
 from .executor import calibrate as costs
-from .executor.loads import eligible
+from .executor.loads import eligible, operand_dtype
 from .io.source import ArraySource
 from .planner import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
 from .planner.model import snap_rate
 from .precision import check_dtype, describe, kernel_precision, parse_precision
-from .units import (DTYPES, HALF_DTYPES, accumulate_dtype, common_dtype, dtype_name,
-                    format_seconds, numpy_dtype, parse_out_dtype, parse_size)
+from .units import (DTYPES, HALF_DTYPES, common_dtype, dtype_name, format_seconds, numpy_dtype,
+                    parse_out_dtype, parse_size)
 
 #: Without a budget, the compute side may use this share of the memory the backend reports.
 DEVICE_SHARE = {False: 0.25, True: 0.85}
@@ -196,13 +196,12 @@ def _host_paths(be, A, B, out, dtype: str, verify, rates: Rates) -> list:
     arrays = {"A": A.array if isinstance(A, ArraySource) else None,
               "B": B.array if isinstance(B, ArraySource) else None,
               "C": out if isinstance(out, np.ndarray) and verify is None else None}
-    types = {"A": numpy_dtype(dtype), "B": numpy_dtype(dtype),
-             "C": numpy_dtype(accumulate_dtype(dtype))}  # arrays of others are converted
     usable = "".join(op for op, x in arrays.items()
-                     if x is not None and eligible(x, types[op], op == "C"))
+                     if x is not None and eligible(x, operand_dtype(dtype, op), op == "C"))
     if not usable:
         return [None]
-    pinned = "".join(op for op in usable if in_place(be, arrays[op], types[op], op == "C"))
+    pinned = "".join(op for op in usable
+                     if in_place(be, arrays[op], operand_dtype(dtype, op), op == "C"))
     paths = [(pinned, ""), ("", "")] if pinned else [("", "")]
     if pinned != usable and isinstance(be, Registers) and rates.register_bytes:
         paths.append((usable, "".join(op for op in usable if op not in pinned)))

@@ -38,7 +38,7 @@ from ..io.source import ArraySource
 from ..planner import Plan, Step
 from ..planner.schedule import HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD
 from ..runstats import Tally
-from ..units import numpy_dtype
+from ..units import accumulate_dtype, numpy_dtype
 from .tuning import RAMP, io_pieces, split_range
 
 
@@ -107,9 +107,11 @@ def _arrays(a, b, out, checked: bool) -> dict[str, np.ndarray | None]:
     return {op: array(op, x) for op, x in (("A", a), ("B", b), ("C", out))}
 
 
-def _dtype(p: Plan, op: str) -> np.dtype:
-    """The dtype copies move ``op`` in: the panels' for A and B, the tiles' for C."""
-    return numpy_dtype(p.c_dtype if op == "C" else p.dtype)
+def operand_dtype(dtype: str, op: str) -> np.dtype:
+    """The dtype copies move ``op`` in for a product in ``dtype``: the panels' for A and B,
+    the tiles' (:func:`bigmm.units.accumulate_dtype`) for C; arrays of others are converted,
+    not used in place."""
+    return numpy_dtype(accumulate_dtype(dtype) if op == "C" else dtype)
 
 
 def direct_arrays(be, p: Plan, a, b, out, checked: bool) -> dict[str, Any]:
@@ -118,7 +120,7 @@ def direct_arrays(be, p: Plan, a, b, out, checked: bool) -> dict[str, Any]:
     the plan names its operands in place, only those (:func:`_arrays` for C when
     ``checked``)."""
     return {op: x if x is not None and (p.in_place is None or op in p.in_place)
-            and in_place(be, x, _dtype(p, op), op == "C") else None
+            and in_place(be, x, operand_dtype(p.dtype, op), op == "C") else None
             for op, x in _arrays(a, b, out, checked or p.symmetric).items()}
 
 
@@ -128,7 +130,8 @@ def to_lock(be, p: Plan, a, b, out, checked: bool) -> dict[str, np.ndarray]:
     if not be.staging or not p.registered:
         return {}
     return {op: x for op, x in _arrays(a, b, out, checked).items()
-            if x is not None and op in p.registered and eligible(x, _dtype(p, op), op == "C")
+            if x is not None and op in p.registered
+            and eligible(x, operand_dtype(p.dtype, op), op == "C")
             and not be.host_pinned(x) and not (op == "C" and p.symmetric)}
 
 
