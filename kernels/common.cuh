@@ -139,8 +139,8 @@ __device__ __forceinline__ unsigned tf32_rna(float x) {
 constexpr float TF32_SMALL_SCALE = 1024.f;
 
 // x - y and x * y rounded to nearest with subnormals kept, whatever -ftz the module is compiled
-// with (cupy compiles every NVRTC module with -ftz=true, which would flush the x - big of a tiny
-// x to zero and lose its small part).
+// with (bigmm compiles with -ftz=false; under -ftz=true, cupy's default, the x - big of a tiny x
+// would flush to zero and lose its small part).
 __device__ __forceinline__ float sub_keep_subnormal(float x, float y) {
     float r;
     asm("sub.rn.f32 %0, %1, %2;\n" : "=f"(r) : "f"(x), "f"(y));
