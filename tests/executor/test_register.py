@@ -92,14 +92,22 @@ def test_locked_arrays_are_copied_in_place_bit_identically(m, n, k, beta, in_pla
 def test_views_of_one_buffer_are_locked_once():
     # A and B share a buffer (B is rows of the same array): their pages are locked together
     m, n, k = 40, 30, 50
-    buf = random_matrix((m + k, k), np.float64, 3)
+    # a buffer 64 bytes past a page boundary, so that A's end (16000 bytes on) falls mid-page
+    raw = np.empty((m + k) * k + 1024)
+    start = (-raw.ctypes.data % PAGE + 64) // 8
+    buf = raw[start:start + (m + k) * k].reshape(m + k, k)
+    buf[...] = random_matrix((m + k, k), np.float64, 3)
     a, b = buf[:m], buf[m:, :n]
     plan = _plan(m, n, k, registered="AB", in_place="AB")
     be = RegisteringAsyncBackend(seed=3)
     c = np.full((m, n), np.nan)
     stats = array_run(be, a, b, c, plan, 1.0, 0.0)
     assert [x[0] for x in be.calls] == ["register", "unregister"]
-    lo, hi = page_extent(buf)
+    # the pages A and B touch, as one range (B ends short of the buffer's last row, and so
+    # of its last page where that row crosses a page boundary)
+    (a_lo, a_hi), (b_lo, b_hi) = page_extent(a), page_extent(b)
+    lo, hi = min(a_lo, b_lo), max(a_hi, b_hi)
+    assert a_hi > b_lo  # the two ranges share a page: one lock
     assert be.calls[0][1:3] == (lo, hi - lo)
     assert stats.bytes_staged == plan.bytes_written  # C staged, A and B in place
     assert relative_error(c, reference_gemm(a, b)) <= tolerance(np.float64, k)
