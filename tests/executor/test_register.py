@@ -92,11 +92,8 @@ def test_locked_arrays_are_copied_in_place_bit_identically(m, n, k, beta, in_pla
 def test_views_of_one_buffer_are_locked_once():
     # A and B share a buffer (B is rows of the same array): their pages are locked together
     m, n, k = 40, 30, 50
-    # a buffer 64 bytes past a page boundary, so that A's end (16000 bytes on) falls mid-page
-    raw = np.empty((m + k) * k + 1024)
-    start = (-raw.ctypes.data % PAGE + 64) // 8
-    buf = raw[start:start + (m + k) * k].reshape(m + k, k)
-    buf[...] = random_matrix((m + k, k), np.float64, 3)
+    # on pages of its own: A ends 16000 bytes in, mid-page
+    buf = _own_pages(random_matrix((m + k, k), np.float64, 3))
     a, b = buf[:m], buf[m:, :n]
     plan = _plan(m, n, k, registered="AB", in_place="AB")
     be = RegisteringAsyncBackend(seed=3)
