@@ -138,7 +138,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             rates = checked
     args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                 device_budget=device, host_budget=host, staging=be.staging,
-                a_chunks=A.chunks, b_chunks=B.chunks,
+                a_chunks=A.panel_chunks, b_chunks=B.panel_chunks,
                 rates=rates if be.staging else None,  # CPU: the fewest bytes, as matmul plans
                 symmetric=bool(symmetric), upper=bool(upper))
     threads = be.gemm_threads() if isinstance(be, HostHints) else None

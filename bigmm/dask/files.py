@@ -90,8 +90,13 @@ class _Region(io.Source):
         self.shape, self.dtype = (r1 - r0, c1 - c0), src.dtype
         self.label = f"{src.label} rows {r0}:{r1}, columns {c0}:{c1}"
         self.layout = src.layout
-        ch = src.chunks
+        ch, pc = src.chunks, src.panel_chunks
         self.chunks = ch if ch and r0 % ch[0] == 0 and c0 % ch[1] == 0 else None
+        self._panel_chunks = pc if pc and r0 % pc[0] == 0 and c0 % pc[1] == 0 else None
+
+    @property
+    def panel_chunks(self) -> tuple[int, int] | None:
+        return self._panel_chunks
 
     def read(self, r0, r1, c0, c1, out) -> None:
         self.src.read(self.r0 + r0, self.r0 + r1, self.c0 + c0, self.c0 + c1, out)
@@ -160,7 +165,7 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | ZarrRegion | None = No
         A, B = open_inputs(job.a, job.b, opened, be)
         a = _Region(A, 0, k, t.r0, t.r1) if job.trans_a else _Region(A, t.r0, t.r1, 0, k)
         b = _Region(B, t.c0, t.c1, 0, k) if job.trans_b else _Region(B, 0, k, t.c0, t.c1)
-        sub = _sub_plan(job, t.shape, bool(be.staging), a.chunks, b.chunks)
+        sub = _sub_plan(job, t.shape, bool(be.staging), a.panel_chunks, b.panel_chunks)
         prior = None  # old C[t] as a Source, for beta != 0
         if old is not None:
             prior = io.open_input(old, name="old C")
@@ -363,7 +368,7 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
         alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
         args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                     device_budget=budgets.device, host_budget=budgets.host,
-                    staging=budgets.staging, a_chunks=A.chunks, b_chunks=B.chunks)
+                    staging=budgets.staging, a_chunks=A.panel_chunks, b_chunks=B.panel_chunks)
         fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, chosen) if resume
                  else {})
         if fixed:

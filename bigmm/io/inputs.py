@@ -26,6 +26,12 @@ class Source(Matrix):
     chunks: tuple[int, int] | None = None
     mapped: bool = False
 
+    @property
+    def panel_chunks(self) -> tuple[int, int] | None:
+        """The chunk edges a plan's panels align to: those of chunks read whole (compressed),
+        None where part of a chunk is read as cheaply as contiguous storage."""
+        return self.chunks
+
     def where(self) -> dict | None:
         """Where the data is stored (file facts, HDF5 object address, storage), for the
         identity record (:func:`.identity.describe`); None for in-memory arrays."""

@@ -99,6 +99,10 @@ class H5Source(Source):
         elif own_file is not None:
             REOPENABLE.add(self)
 
+    @property
+    def panel_chunks(self) -> tuple[int, int] | None:
+        return None if self.layout == "chunked" else self.chunks  # raw chunks: read in part
+
     def where(self) -> dict:
         return {"path": self.path, "file": dict(self._file_facts), "object": self._object,
                 "storage": dict(self._storage)}

@@ -227,6 +227,10 @@ class ZarrSource(Source):
     def fast(self) -> bool:
         return self.layout != "zarr"
 
+    @property
+    def panel_chunks(self) -> tuple[int, int] | None:
+        return None if self._codec == "" else self.chunks  # raw chunks: read in part
+
     # ----- identity -------------------------------------------------------------------------
     def _describe(self) -> dict:
         """What identifies the stored array: its directory, its metadata file, its chunk

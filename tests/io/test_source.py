@@ -95,6 +95,8 @@ def test_reads_equal_h5py(tmp_path, monkeypatch, name, kwargs, dtype, layout, re
         assert src.mapped == (use_mmap and layout in ("contiguous", "chunked"))
         assert src.dtype == np.dtype(dtype).newbyteorder("=")
         assert src.shape == SHAPE
+        # panels align to chunks read whole (compressed); raw chunks are read in part
+        assert src.panel_chunks == (None if layout == "chunked" else src.chunks)
         assert src.where()["path"] == os.path.realpath(path)
         assert src.where()["file"]["ino"] == os.stat(path).st_ino
         check_reads(src, data)

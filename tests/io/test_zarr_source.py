@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import h5py
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 zarr = pytest.importorskip("zarr")
 
+import bigmm  # noqa: E402
 from bigmm import errors  # noqa: E402
 from bigmm.io import Spec, open_input, parse_spec  # noqa: E402
 from bigmm.io.identity import describe, differences  # noqa: E402
@@ -111,6 +113,8 @@ def test_every_layout_reads_right(stores, case):
         assert src.layout == LAYOUTS[case][5]
         assert src.shape == (M, N) and src.dtype == np.dtype(data.dtype).newbyteorder("=")
         assert src.chunks == LAYOUTS[case][1]
+        # panels align to chunks read whole; raw chunks are read in part
+        assert src.panel_chunks == (None if LAYOUTS[case][5] == "zarr-raw" else src.chunks)
         for r0, r1, c0, c1 in _regions(M, N):
             out = np.full((r1 - r0, c1 - c0), np.nan, src.dtype)
             src.read(r0, r1, c0, c1, out)
@@ -275,3 +279,19 @@ def test_chunk_files_leave_out_metadata_and_temporary_files(tmp_path):
     files = chunk_files(str(tmp_path / "c.zarr"))
     assert [f[0] for f in files] == [os.path.join("c", i, j) for i in "01" for j in "01"]
     assert chunk_files(str(tmp_path / "c.zarr"), limit=3) is None
+
+
+def test_whole_row_raw_chunks_plan_as_contiguous_hdf5(tmp_path):
+    # chunks of whole rows hold all of K: aligned to them, every K panel would be all of K
+    a = random_matrix((300, 400), np.float32, seed=1)
+    b = random_matrix((400, 350), np.float32, seed=2)
+    zarr_array(tmp_path / "in.zarr", a, path="A", chunks=(16, 400))
+    zarr_array(tmp_path / "in.zarr", b, path="B", chunks=(16, 350))
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["A"], f["B"] = a, b
+    kw = dict(memory="200KiB", backend="numpy")
+    by_zarr = bigmm.plan(f"{tmp_path / 'in.zarr'}:/A", f"{tmp_path / 'in.zarr'}:/B", **kw)
+    by_h5 = bigmm.plan(f"{tmp_path / 'in.h5'}:/A", f"{tmp_path / 'in.h5'}:/B", **kw)
+    assert (by_zarr.bm, by_zarr.bn, by_zarr.bk, by_zarr.order) == \
+        (by_h5.bm, by_h5.bn, by_h5.bk, by_h5.order)
+    assert by_zarr.bk < 400
