@@ -25,7 +25,8 @@ class Sink(Matrix):
     layout: str = "array"
     mapped: bool = False  # the sink holds a shared writable map of the output
     #: How tiles reach the output: "array", "direct" (O_DIRECT), "mapped" (copies into a map),
-    #: "pwritev" or "h5py" (see :mod:`.filesink`).
+    #: "pwritev" or "h5py" (see :mod:`.filesink`); Zarr chunk files "direct" or "cached",
+    #: else "zarr" (see :mod:`.zarrfiles`).
     writes: str = "array"
     #: Pieces of one tile may be written from several threads at once (memory copies).
     parallel_writes: bool = False

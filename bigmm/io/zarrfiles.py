@@ -4,6 +4,7 @@ removed and swapped (idempotently). Used by :mod:`.zarrsink`; no zarr-python her
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -12,12 +13,16 @@ import threading
 import numpy as np
 
 from ..errors import ReadError
+from . import direct
 from .layout import chunk_cells
+from .mapped import start_writeback
 from .rawio import write_block
 from .zarrsource import META, TMP_SUFFIX, read_meta
 
 #: Suffix of the original array's directory while a partial array replaces it.
 OLD_SUFFIX = ".bigmm-old"
+#: What ``posix_fallocate`` or ``O_DIRECT`` raise where the file system does not support them.
+UNSUPPORTED = {errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS}
 #: Finished chunks kept open (not yet durable) before a commit makes them durable anyway.
 MAX_READY = 256
 
@@ -83,10 +88,11 @@ def swap(name: str, partial: str) -> None:
 # ----- chunk files --------------------------------------------------------------------------------
 
 class _Chunk:
-    __slots__ = ("fd", "tmp", "final", "left")
+    __slots__ = ("fd", "tmp", "final", "left", "direct")
 
-    def __init__(self, fd, tmp, final, left):
+    def __init__(self, fd, tmp, final, left, writes=None):
         self.fd, self.tmp, self.final, self.left = fd, tmp, final, left
+        self.direct = writes  # a direct.DirectWrites of the file, or None: through the cache
 
 
 class ChunkFiles:
@@ -94,7 +100,13 @@ class ChunkFiles:
     written into a temporary file beside its place at the byte offsets of its rows, and
     :meth:`publish` makes the finished ones durable and renames them into place. Every element
     of a chunk is written once (a region cut across chunks writes its part of each); a chunk
-    is finished once all of its elements are written."""
+    is finished once all of its elements are written.
+
+    Where the file system is backed by a device (:data:`.direct.MODE`), a chunk file's
+    storage is reserved at once and its long sequential runs (a whole chunk when a tile is a
+    chunk) are written with ``O_DIRECT`` (:class:`.direct.DirectWrites`), as HDF5 outputs
+    are; elsewhere, and for short runs, through the page cache with the write-back started at
+    once. Either way :meth:`publish` ``fsync``\\ s a chunk before it is renamed into place."""
 
     def __init__(self, folder: str, shape, chunks, stored: np.dtype, key):
         self.folder, self.shape, self.chunks = folder, tuple(shape), tuple(chunks)
@@ -105,10 +117,18 @@ class ChunkFiles:
         self._made: set[str] = set()  # chunk directories known to exist
         self._new_dirs: set[str] = set()  # directories whose entries are not yet durable
         self._lock = threading.Lock()
+        self._direct: bool | None = None  # decided with the first chunk file
+        #: Bytes written with O_DIRECT (from the source or bounced) and through the cache.
+        self.bytes = {"direct": 0, "bounced": 0, "cached": 0}
 
     @property
     def unfinished(self) -> int:
         return len(self._open)
+
+    @property
+    def writes(self) -> str:
+        """How chunk files are written: "direct" or "cached" (see the class docstring)."""
+        return "direct" if self._direct else "cached"
 
     def write(self, r0, r1, c0, c1, src) -> None:
         """Write ``src`` (rows r0:r1, columns c0:c1 of the array) into its chunks."""
@@ -117,8 +137,15 @@ class ChunkFiles:
         w = self.stored.itemsize
         for ci, cj, a0, a1, b0, b1 in chunk_cells(self.chunks, r0, r1, c0, c1):
             chunk = self._chunk(ci, cj)
-            off = ((a0 - ci * cr) * cc + (b0 - cj * cc)) * w
-            write_block(chunk.fd, off, cc * w, src, a0 - r0, a1 - r0, b0 - c0, b1 - c0)
+            ra, ca = a0 - ci * cr, b0 - cj * cc
+            if chunk.direct is not None:
+                chunk.direct.write([(0, (cr, cc), (ra, a1 - ci * cr, ca, b1 - cj * cc),
+                                     (a0 - r0, a1 - r0, b0 - c0, b1 - c0))], src)
+            else:
+                off = (ra * cc + ca) * w
+                write_block(chunk.fd, off, cc * w, src, a0 - r0, a1 - r0, b0 - c0, b1 - c0)
+                start_writeback(chunk.fd, off, off + ((a1 - a0 - 1) * cc + b1 - b0) * w)
+                self._count("cached", (a1 - a0) * (b1 - b0) * w)
             with self._lock:
                 chunk.left -= (a1 - a0) * (b1 - b0)
                 if chunk.left == 0:
@@ -128,6 +155,10 @@ class ChunkFiles:
             if many:
                 self.publish()
 
+    def _count(self, key: str, n: int) -> None:
+        with self._lock:
+            self.bytes[key] += n
+
     def _chunk(self, ci: int, cj: int) -> _Chunk:
         with self._lock:
             chunk = self._open.get((ci, cj))
@@ -136,18 +167,35 @@ class ChunkFiles:
             final = os.path.join(self.folder, *self.key((ci, cj)).split("/"))
             self._dirs(os.path.dirname(final))
             tmp = final + TMP_SUFFIX
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC
                          | getattr(os, "O_CLOEXEC", 0), 0o644)
             try:
-                os.ftruncate(fd, self.chunk_bytes)  # an edge chunk is stored whole
+                writes = self._reserve(fd, tmp)  # an edge chunk is stored whole
             except BaseException:
                 os.close(fd)
                 raise
             m, n = self.shape
             cr, cc = self.chunks
             left = (min(m, (ci + 1) * cr) - ci * cr) * (min(n, (cj + 1) * cc) - cj * cc)
-            chunk = self._open[(ci, cj)] = _Chunk(fd, tmp, final, left)
+            chunk = self._open[(ci, cj)] = _Chunk(fd, tmp, final, left, writes)
             return chunk
+
+    def _reserve(self, fd: int, tmp: str):
+        """Give the new chunk file its full size: storage reserved and a direct writer where
+        direct writes are used (decided on the first file), else a sparse file."""
+        if self._direct is None:
+            self._direct = direct.MODE == "direct" or (direct.MODE == "auto"
+                                                      and not direct.in_memory(fd))
+        if self._direct:
+            try:
+                os.posix_fallocate(fd, 0, self.chunk_bytes)
+                return direct.DirectWrites(fd, tmp, self.stored)
+            except OSError as exc:  # a full disk is an error; else through the page cache
+                if exc.errno not in UNSUPPORTED:
+                    raise
+                self._direct = False
+        os.ftruncate(fd, self.chunk_bytes)
+        return None
 
     def _dirs(self, folder: str) -> None:
         if folder in self._made:
@@ -170,8 +218,7 @@ class ChunkFiles:
             for chunk in ready:
                 os.fsync(chunk.fd)
             for chunk in ready:
-                os.close(chunk.fd)
-                chunk.fd = None
+                self._close(chunk)
                 os.replace(chunk.tmp, chunk.final)
                 dirs.add(os.path.dirname(chunk.final))
             for folder in sorted(dirs, key=len, reverse=True):
@@ -182,15 +229,24 @@ class ChunkFiles:
                 self._new_dirs |= dirs
             raise
 
+    def _close(self, chunk: _Chunk) -> None:
+        if chunk.direct is not None:
+            with self._lock:
+                for key, n in chunk.direct.bytes.items():
+                    self.bytes[key] += n
+            chunk.direct.close()
+            chunk.direct = None
+        if chunk.fd is not None:
+            os.close(chunk.fd)
+            chunk.fd = None
+
     def close(self) -> None:
         """Drop what was not published (its temporary files); idempotent."""
         with self._lock:
             left = list(self._open.values()) + self._ready
             self._open, self._ready = {}, []
         for chunk in left:
-            if chunk.fd is not None:
-                os.close(chunk.fd)
-                chunk.fd = None
+            self._close(chunk)
             try:
                 os.unlink(chunk.tmp)
             except OSError:

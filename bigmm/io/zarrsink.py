@@ -144,6 +144,11 @@ class ZarrSink(JournaledSink):
         except Exception as exc:
             raise self._write_error(r0, r1, c0, c1, exc) from exc
 
+    @property
+    def writes(self) -> str:
+        """How tiles reach the disk: chunk files "direct" or "cached", else "zarr"."""
+        return self._files.writes if self._files is not None else "zarr"
+
     def raw_region(self, r0, r1, c0, c1):
         """The chunk files of a region made of whole chunks (:class:`ZarrRegion`), for another
         process to write; None where the region cuts chunks or tiles go through zarr."""

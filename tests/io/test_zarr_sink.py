@@ -10,6 +10,7 @@ outputs checked against a float64 reference.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 
 import h5py
@@ -20,12 +21,12 @@ zarr = pytest.importorskip("zarr")
 
 import bigmm  # noqa: E402
 from bigmm import cli, errors  # noqa: E402
-from bigmm.io import open_input, open_output, read_journal  # noqa: E402
+from bigmm.io import direct, open_input, open_output, read_journal  # noqa: E402
 from bigmm.io.journal import journal_path, lock_path  # noqa: E402
 from bigmm.io.spec import parse_spec  # noqa: E402
 from bigmm.io.zarrsink import OLD_SUFFIX, PARTIAL_SUFFIX, ZarrRegionSink, swap  # noqa: E402
-from bigmm.testing import (random_matrix, reference_gemm, relative_error,  # noqa: E402
-                           tolerance, zarr_array)
+from bigmm.testing import (fail_after, random_matrix, reference_gemm,  # noqa: E402
+                           relative_error, tolerance, zarr_array)
 
 M, K, N = 130, 120, 110  # multiples of nothing
 BUDGET = 60000  # 9 tiles of 44 x 37 in 5 K panels (NumPy backend)
@@ -134,6 +135,66 @@ def test_chunks_appear_only_once_durable_and_committed(tmp_path, ab):
     raw = np.fromfile(folder / "c" / "2" / "1", "<f8").reshape(64, 64)
     assert np.array_equal(raw[:M - 128, :N - 64], data[128:, 64:])
     assert np.isnan(arr.fill_value)
+
+
+WRITES = [
+    # (bigmm.io.direct.MODE, how the chunk files are written)
+    ("direct", "direct"),   # O_DIRECT wherever it opens (skipped where it does not)
+    ("mapped", "cached"),   # through the page cache
+]
+
+
+@pytest.mark.parametrize("mode,writes", WRITES)
+def test_chunk_files_written_direct_or_cached(tmp_path, monkeypatch, mode, writes):
+    if mode == "direct" and not direct.supports_direct(str(tmp_path)):
+        pytest.skip("no O_DIRECT on this file system")
+    monkeypatch.setattr(direct, "MODE", mode)
+    m, n, t = 700, 600, 512  # 512 x 512 float32 tiles (1 MiB), edge tiles cut short
+    data = random_matrix((m, n), np.float32, seed=7)
+    spec = f"{tmp_path / 'c.zarr'}:/C"
+    sink = open_output(spec, shape=(m, n), dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(t, t))
+    buf = np.frombuffer(mmap.mmap(-1, t * t * 4), np.float32).reshape(t, t)  # page-aligned,
+    # as the GPU's pinned tile buffers are
+    for r0 in range(0, m, t):
+        for c0 in range(0, n, t):
+            r1, c1 = min(m, r0 + t), min(n, c0 + t)
+            tile = buf[:r1 - r0, :c1 - c0] if c1 - c0 == t else data[r0:r1, c0:c1].copy()
+            tile[...] = data[r0:r1, c0:c1]
+            sink.write(r0, r1, c0, c1, tile)
+    sink.commit([(0, 0), (0, 1), (1, 0), (1, 1)])
+    assert sink.writes == writes
+    counts = dict(sink._files.bytes)
+    sink.finish()
+    sink.close()
+    assert np.array_equal(_read(spec)[0], data)
+    assert not _leftovers(tmp_path / "c.zarr")
+    full = t * t * 4  # the whole-width tiles: each one sequential run of its chunk file
+    if writes == "direct":
+        assert counts["direct"] == full + (m - t) * t * 4 // 4096 * 4096 and \
+            counts["bounced"] == 0, counts
+    else:
+        assert counts["direct"] == counts["bounced"] == 0 and counts["cached"] == m * n * 4
+
+
+def test_disk_full_in_a_direct_chunk_write_is_one_error_and_resumes(tmp_path, ab, monkeypatch):
+    if not direct.supports_direct(str(tmp_path)):
+        pytest.skip("no O_DIRECT on this file system")
+    sa, sb, a, b = ab
+    ref = f"{tmp_path / 'ref.zarr'}:/C"
+    bigmm.matmul(sa, sb, ref, **KW)
+    sc = f"{tmp_path / 'c.zarr'}:/C"
+    with monkeypatch.context() as mp:
+        mp.setattr(direct, "MODE", "direct")
+        mp.setattr(direct, "DIRECT_MIN", 0)  # every whole page of a run written direct
+        mp.setattr(direct, "_write_direct", fail_after(direct._write_direct, 2))
+        with pytest.raises(errors.DiskFullError, match="c.zarr") as err:
+            bigmm.matmul(sa, sb, sc, **KW)
+    assert "resume" in str(err.value)
+    assert _read(sc)[1]["bigmm_complete"] is False and read_journal(sc) is not None
+    bigmm.matmul(sa, sb, sc, resume=True, **KW)
+    assert _read(sc)[0].tobytes() == _read(ref)[0].tobytes()
+    assert read_journal(sc) is None and not _leftovers(tmp_path / "c.zarr")
 
 
 def test_an_interrupted_run_resumes(tmp_path, ab):
