@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from .zarrsource import META, TMP_SUFFIX, read_meta
 OLD_SUFFIX = ".bigmm-old"
 #: What ``posix_fallocate`` or ``O_DIRECT`` raise where the file system does not support them.
 UNSUPPORTED = {errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS}
+#: Chunk files made durable at once by a commit.
+SYNC_THREADS = 8
 #: Finished chunks kept open (not yet durable) before a commit makes them durable anyway.
 MAX_READY = 256
 
@@ -215,8 +218,7 @@ class ChunkFiles:
             ready, self._ready = self._ready, []
             dirs, self._new_dirs = self._new_dirs, set()
         try:
-            for chunk in ready:
-                os.fsync(chunk.fd)
+            _fsync_all([chunk.fd for chunk in ready])
             for chunk in ready:
                 self._close(chunk)
                 os.replace(chunk.tmp, chunk.final)
@@ -251,6 +253,19 @@ class ChunkFiles:
                 os.unlink(chunk.tmp)
             except OSError:
                 pass
+
+
+def _fsync_all(fds: list[int]) -> None:
+    """``fsync`` every file, several at once (a journaling file system commits fsyncs that
+    wait together in one transaction); the first failure is raised after all have run."""
+    if len(fds) < 2:
+        for fd in fds:
+            os.fsync(fd)
+        return
+    with ThreadPoolExecutor(min(len(fds), SYNC_THREADS), thread_name_prefix="bigmm-fsync") as pool:
+        futures = [pool.submit(os.fsync, fd) for fd in fds]
+    for fut in futures:
+        fut.result()
 
 
 def drop_stale(folder: str) -> None:

@@ -21,6 +21,7 @@ import bigmm  # noqa: E402
 from bigmm import errors  # noqa: E402
 from bigmm.io import Spec, open_input, parse_spec  # noqa: E402
 from bigmm.io.identity import describe, differences  # noqa: E402
+from bigmm.io import zarrsource  # noqa: E402
 from bigmm.io.zarrsource import ZarrSource, chunk_files  # noqa: E402
 from bigmm.testing import random_matrix, zarr_array  # noqa: E402
 
@@ -105,9 +106,14 @@ def _regions(m, n):
             (40, 80, 50, 100), (5, 6, 0, n), (0, m, 129, 130)]
 
 
+@pytest.mark.parametrize("mapped", [
+    True,   # raw chunks copied through maps of their files
+    False,  # raw chunks read with preadv per row
+])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)), ids=[
     f"{c}-{e}-{np.dtype(d).name}-{p or 'root'}" for c, _, e, d, p, _ in LAYOUTS])
-def test_every_layout_reads_right(stores, case):
+def test_every_layout_reads_right(stores, monkeypatch, case, mapped):
+    monkeypatch.setattr(zarrsource, "MAPPED_READS", mapped)
     spec, data = stores[case]
     with open_input(spec, name="A", threads=3) as src:
         assert src.layout == LAYOUTS[case][5]
