@@ -95,6 +95,16 @@ __device__ __forceinline__ void swizzle_tile(int bid, int tiles_m, int tiles_n, 
     tn = in_group / rows;
 }
 
+// Gram products' upper triangle (-DBIGMM_UPPER=1): a block whose tile of C lies wholly below
+// the diagonal (each of its rows past each of its columns) returns at once, leaving that tile
+// of C as it was.  Tiles the diagonal crosses are computed whole.
+#ifndef BIGMM_UPPER
+#define BIGMM_UPPER 0
+#endif
+__device__ __forceinline__ bool below_diagonal(int m0, int n0, int bn) {
+    return BIGMM_UPPER && m0 >= n0 + bn;
+}
+
 // D(16x8) += A(16x4) B(4x8) in float64 on the tensor cores.  Fragments (g = lane / 4,
 // t = lane % 4): a = {A[g][t], A[g+8][t]}, b = B[t][g], d = {D[g][2t], D[g][2t+1],
 // D[g+8][2t], D[g+8][2t+1]}.  sm_90 has the m16n8k4 shape; sm_80 runs it as two m8n8k4,
@@ -519,6 +529,7 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
     int tile_m, tile_n;
     swizzle_tile<8>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, tile_m, tile_n);
     const int m0 = tile_m * BM, n0 = tile_n * BN;
+    if (below_diagonal(m0, n0, BN)) return;
 
     const unsigned sbase = smem_addr(smem);
     TileLoader<T, BM, BK, NT, SA, LA> load_a;

@@ -272,6 +272,7 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
     int tile_m, tile_n;
     swizzle_tile<8>(blockIdx.x, (M + BM - 1) / BM, (N + BN - 1) / BN, tile_m, tile_n);
     const int m0 = tile_m * BM, n0 = tile_n * BN;
+    if (below_diagonal(m0, n0, BN)) return;
 
     TileLoader<float, BM, BK, NT, W ? S::SKA : SA, LA> load_a;
     TileLoader<float, BN, BK, NT, TL::SB, LB> load_b;

@@ -141,12 +141,14 @@ def raw_kernel(filename: str, entry: str, options: tuple[str, ...] = ()):
     return kern
 
 
-def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False):
+def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False, upper: bool = False):
     options = config.defines() + config.compile_options() + (
         "-DBIGMM_ONLY=1", f"-DBIGMM_ONLY_NAME=gemm_{entry}",
         f"-DBIGMM_ONLY_A={_LOADERS[entry[0]]}", f"-DBIGMM_ONLY_B={_LOADERS[entry[1]]}")
     if checks:
         options += ("-DBIGMM_CHECKS=1",)
+    if upper:
+        options += ("-DBIGMM_UPPER=1",)
     kern = raw_kernel(config.source, "gemm_" + entry, options)
     key = (options, _device_id())
     if _smem_granted.get(key) != config.smem_bytes:
@@ -257,7 +259,7 @@ def _span(ptr: int, rows: int, cols: int, ld: int, item: int) -> tuple[int, int]
 
 
 def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None, *, config=None,
-         split_k=None, checks=None, precision=None, split_edges=None):
+         split_k=None, checks=None, precision=None, split_edges=None, upper=False):
     """``c = alpha * op(a) @ op(b) + beta * c`` on the GPU with bigmm's kernels; returns ``c``.
 
     ``op(x)`` is ``x.T`` when ``trans_x`` (``a`` is then stored (K, M)).  a, b and c are 2-D
@@ -283,18 +285,21 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     ``split_edges`` (None = when it pays, see :func:`edge_cut`): thin strips of C past the last
     whole tile row or column go to launches of their own (split along K), so that they do not
     cost a wave of full tiles.
+    ``upper``: only the kernel's tiles of c on or above its diagonal are computed (the upper
+    triangle of a Gram product; compiled with -DBIGMM_UPPER); the tiles wholly below it are
+    left as they were. Never split along K or at the edges.
     """
     import cupy
 
     launch = prepare_gemm(a, b, c, alpha, beta, trans_a, trans_b, config=config,
                           split_k=split_k, checks=checks, precision=precision,
-                          split_edges=split_edges)
+                          split_edges=split_edges, upper=upper)
     launch(stream if stream is not None else cupy.cuda.get_current_stream())
     return c
 
 
 def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, config=None,
-                 split_k=None, checks=None, precision=None, split_edges=None):
+                 split_k=None, checks=None, precision=None, split_edges=None, upper=False):
     """:func:`gemm` checked and set up once: ``launch(stream)`` issues it. The launch holds
     the views, so a caller issuing the same product over the same buffers again and again
     (the steps of a run reusing their slots) pays the checks, the kernel choice and the
@@ -366,7 +371,7 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
                           f"{device_arch() or 'another target'}.")
     if split_edges is None:
         split_edges = split_k is None
-    cut = edge_cut(cfg, m, n) if split_edges and checks is None else None
+    cut = edge_cut(cfg, m, n) if split_edges and checks is None and not upper else None
     if cut is not None:
         return _prepare_edges(a, b, c, alpha, beta, trans_a, trans_b, cfg, precision, *cut)
 
@@ -378,7 +383,7 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     np_t = np.dtype(dtype).type
     tiles = (-(-m // cfg.bm)) * (-(-n // cfg.bn))
     splits = _plan_split(cfg, tiles, k) if split_k is None else max(1, min(int(split_k), max(k, 1)))
-    if checks is not None:
+    if checks is not None or upper:  # a split's workspace would be summed into every tile
         splits = 1
     k_chunk = -(-k // splits) if splits > 1 else k
     if splits > 1:
@@ -392,7 +397,7 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     if (mode_a == "k" and splits == 1 and vec(pa, lda) and k % vw == 0
             and "w" + mode_b in cfg.entries):
         mode_a = "w"
-    kern = _gemm_kernel(cfg, mode_a + mode_b, checks is not None)
+    kern = _gemm_kernel(cfg, mode_a + mode_b, checks is not None, bool(upper))
     if splits == 1:
         args = (
             np.int32(m), np.int32(n), np.int32(k), np_t(alpha), a, np.int64(lda), b, np.int64(ldb),

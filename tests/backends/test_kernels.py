@@ -348,3 +348,43 @@ def test_float32_kernel_keeps_subnormals(cp, scale_a, scale_b):
     sgemm = cp.asnumpy(cp.asarray(a) @ cp.asarray(b))
     assert relative_error(got, ref) <= 2 * max(relative_error(sgemm, ref), 1e-7), (
         f"seed {SEED}: {relative_error(got, ref):.2e} against cuBLAS {relative_error(sgemm, ref):.2e}")
+
+
+# (dtype, precision, n, k, trans, beta): the upper triangle of C = op(a) op(a)^T + beta C in
+# one launch that computes only the kernel's tiles on or above the diagonal (Gram products)
+UPPER = [
+    (F32, "float32", 1031, 700, True, 0.0),    # A^T A, ragged: the diagonal cuts the tiles
+    (F32, "float32", 2049, 129, False, 0.5),   # A A^T with beta: skipped tiles keep old C
+    (F32, "tf32x3", 1031, 700, True, 0.0),     # the tensor-core family (wgmma on sm_90a)
+    (F32, "tf32", 1031, 700, False, 0.0),
+    (F64, "float64", 1031, 300, True, 1.0),    # float64, accumulate
+    (F32, "float32", 100, 50, True, 0.0),      # one or a few tiles
+]
+
+
+@pytest.mark.parametrize("case", UPPER, ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[4]}-b{c[5]}"
+                                            for c in UPPER])
+def test_upper_computes_the_tiles_on_and_above_the_diagonal(cp, case):
+    from bigmm.backends import cuda_kernels
+
+    dtype, precision, n, k, trans, beta = case
+    rng = np.random.default_rng(SEED)
+    a = rng.standard_normal((k, n) if trans else (n, k)).astype(dtype)
+    old = rng.standard_normal((n, n)).astype(dtype) if beta else np.full((n, n), np.nan, dtype)
+    ref = reference_gemm(a, a, beta=beta, c=old if beta else None, trans_a=trans,
+                         trans_b=not trans)
+    c = cp.asarray(old)
+    da = cp.asarray(a)
+    cuda_kernels.gemm(da, da, c, 1.0, beta, trans, not trans, upper=True,
+                      precision=None if precision == dtype else precision)
+    got = cp.asnumpy(c)
+    upper = np.triu(np.ones((n, n), bool))
+    tol = 4e-3 if precision == "tf32" else tolerance(dtype, k)
+    assert relative_error(got[upper], ref[upper]) <= tol, f"seed {SEED}"
+    # below the diagonal: each element computed (in a tile the diagonal crosses) or untouched
+    lower = ~upper
+    done = np.isclose(got, ref, rtol=0, atol=10 * tol * np.abs(ref).max()) & lower
+    kept = (np.isnan(got) if not beta else got == old) & lower
+    assert np.all(done | kept), f"seed {SEED}"
+    if n > 512:  # most tiles below the diagonal were not computed
+        assert kept.sum() > 0.3 * lower.sum()
