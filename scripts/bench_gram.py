@@ -9,9 +9,11 @@ Parts (``--parts``):
   on device arrays with CUDA events (median of ``--kernel-repeats`` interleaved rounds after a
   warm-up): cuBLAS ``ssyrk``, the upper sub-blocks by bigmm's own gemm kernel (what the
   backend's ``syrk_mode`` chooses between), and the whole gemm with bigmm's kernel and with
-  cuBLAS, for the flops each reaches.
+  cuBLAS, for the flops each reaches; and the one launch of bigmm's kernel over the tiles on
+  and above the diagonal ("triangle").
 * ``e2e``: whole products from the host array into a NumPy C poisoned with NaN, in interleaved
-  rounds (``--repeats``): ``bigmm.gram`` (syrk by cuBLAS, and by sub-block gemms), bigmm's
+  rounds (``--repeats``): ``bigmm.gram`` (the backend's default syrk mode, cuBLAS syrk, and
+  optionally sub-block gemms or the 2 x 2 split), bigmm's
   general product of the same operands (``matmul(a, a, trans_a=True, gram=False)``), and
   cuBLASXt ``cublasXtSsyrk`` from the same page-locked array (upper triangle only; block
   dimension ``--xt-block``). Host clock around each call (each returns once C is on the
@@ -100,6 +102,8 @@ def kernels(n: int, depth: int, repeats: int) -> dict:
                                      n * (n + 1)),
         "syrk split (2x2: cuBLAS syrk, bigmm gemm)": (
             lambda: _mode(be, "split").syrk(p, c, 1.0, 1.0, True, s), n * (n + 1)),
+        "syrk triangle (bigmm gemm, upper tiles)": (
+            lambda: _mode(be, "triangle").syrk(p, c, 1.0, 1.0, True, s), n * (n + 1)),
         "gemm bigmm (whole)": (lambda: be.gemm(p, p, c, 1.0, 1.0, True, False, s), 2 * n * n),
         "gemm cublas (whole)": (lambda: cub.gemm(p, p, c, 1.0, 1.0, True, False, s), 2 * n * n),
     }
@@ -153,6 +157,7 @@ def e2e(a: np.ndarray, x, ref, bound: float, repeats: int, xt_block: int, memory
                 CupyBackend.syrk_mode = old
         return timed(run)
 
+    runs["bigmm.gram (default)"] = gram(None)
     runs["bigmm.gram (cuBLAS syrk)"] = gram("cublas")
     if "blocks" in parts:
         runs["bigmm.gram (sub-block gemms)"] = gram("blocks")
@@ -276,7 +281,7 @@ def main() -> int:
           f"{res['device']}, {res['date']}")
     flops = 2 * n * n * m
     if "e2e" in res:
-        base = res["e2e"]["bigmm.gram (cuBLAS syrk)"]["median"]
+        base = res["e2e"]["bigmm.gram (default)"]["median"]
         print(f"{'way':<32} {'median s':>9} {'eq. TFLOP/s':>12} {'vs gram':>8}  runs")
         for name, r in res["e2e"].items():
             print(f"{name:<32} {r['median']:>9.3f} {flops / r['median'] / 1e12:>12.1f} "

@@ -237,6 +237,11 @@ def test_cli_plan_and_verify(tmp_path, capsys):
     ((3001, 1999), True, np.float32, "24MiB", "cublas"),  # several tiles, mirrored
     ((3001, 1999), False, np.float32, "24MiB", "cublas"),  # A A^T, several tiles
     ((4000, 700), True, np.float16, "64MiB", "cublas"),  # half precision: blocks always
+    ((20011, 1031), True, np.float32, "64MiB", "triangle"),  # bigmm's kernel, upper tiles
+    ((1031, 20011), False, np.float64, "64MiB", "triangle"),  # A A^T, float64
+    ((3001, 1999), True, np.float32, "24MiB", "triangle"),  # several tiles, mirrored
+    ((4000, 700), True, np.float16, "64MiB", "triangle"),  # half precision: blocks always
+    ((20011, 1031), True, np.float32, "64MiB", None),  # the backend's default mode
 ])
 def test_gram_gpu(shape, trans, dtype, memory, mode, monkeypatch):
     from bigmm.backends import cupy as cupy_backend

@@ -356,20 +356,29 @@ class CupyBackend:
                           scalars.ctypes.data + scalars.itemsize, c.data.ptr, c32, _ld(c),
                           _COMPUTE_32F, _GEMM_DEFAULT)
 
-    #: How the diagonal tiles of Gram plans are updated (:mod:`.cupy_syrk`'s MODES): "split"
-    #: (2 x 2 blocks, cuBLAS syrk on the diagonal ones) measured 2% faster than one cuBLAS
-    #: ssyrk per 4096^2 step (H100, depth 3584: 1.435 against 1.468 ms), sub-block gemms by
-    #: bigmm's kernel 2.3x slower.
-    syrk_mode = "split"
+    #: How the diagonal tiles of Gram plans are updated (:mod:`.cupy_syrk`'s MODES); None:
+    #: "triangle" (bigmm's kernel on the tiles on and above the diagonal) with kernel "bigmm",
+    #: else "split" (2 x 2 blocks, cuBLAS syrk on the diagonal ones). See BENCHMARKS.md.
+    syrk_mode: str | None = None
 
     def syrk(self, a, c, alpha: float, beta: float, trans: bool, stream=None) -> None:
         """See :meth:`bigmm.backends.base.Syrk.syrk` (:mod:`.cupy_syrk`)."""
         from .cupy_syrk import syrk
 
+        mode = self.syrk_mode or ("triangle" if self.kernel == "bigmm" else "split")
         with self._device:
             syrk(self, self._cublas_handle, a, c, float(alpha), float(beta), bool(trans),
-                 stream if stream is not None else cupy.cuda.get_current_stream(),
-                 self.syrk_mode)
+                 stream if stream is not None else cupy.cuda.get_current_stream(), mode)
+
+    def upper_gemm(self, a, b, c, alpha: float, beta: float, trans_a: bool, trans_b: bool,
+                   stream) -> None:
+        """:meth:`gemm` by bigmm's kernel on its tiles of c on or above the diagonal only
+        (those wholly below are left as they were)."""
+        name = str(c.dtype)
+        with self._device:
+            self._kernels.prepare_gemm(
+                a, b, c, alpha, beta, trans_a, trans_b, split_k=1, upper=True,
+                precision=self.precision if name == "float32" else None)(stream)
 
     def _cublas_handle(self) -> int:
         if self._handle is None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import OptionError, ShapeError
 from .syrk_blocks import syrk_by_blocks
 
 #: How diagonal tiles are updated: "cublas" (cublasSsyrk/Dsyrk), "blocks" (the upper
-#: sub-blocks by the backend's own gemm kernel) or "split" (2 x 2 blocks: the diagonal ones
-#: by cuBLAS syrk, the one above by the backend's gemm).
-MODES = ("cublas", "blocks", "split")
+#: sub-blocks by the backend's own gemm kernel), "split" (2 x 2 blocks: the diagonal ones
+#: by cuBLAS syrk, the one above by the backend's gemm) or "triangle" (one launch of bigmm's
+#: kernel that computes only its tiles on or above the diagonal: ``be.upper_gemm``).
+MODES = ("cublas", "blocks", "split", "triangle")
 _FILL_LOWER = 0  # cublasFillMode_t
 _OP_N, _OP_T = 0, 1
 
@@ -30,8 +31,13 @@ def syrk(be, handle, a, c, alpha: float, beta: float, trans: bool, stream, mode:
     n, k = _check(a, c, trans)
     if n == 0:
         return
+    if mode not in MODES:
+        raise OptionError(f"Expected a syrk mode in {MODES}. Got {mode!r}.")
     if mode == "blocks" or c.dtype not in (np.float32, np.float64) or a.dtype != c.dtype:
         syrk_by_blocks(be.gemm, a, c, alpha, beta, trans, stream)
+        return
+    if mode == "triangle":
+        be.upper_gemm(a, a, c, alpha, beta, trans, not trans, stream)
         return
     if mode == "split" and n >= 512:
         def diagonal(a, c, alpha, beta, trans, stream):
