@@ -187,8 +187,10 @@ def e2e(a: np.ndarray, x, ref, bound: float, repeats: int, xt_block: int, memory
     warm = a[:min(len(a), 1 << 16)]  # calibration, handles, kernels: not timed
     bigmm.gram(warm, c, memory=memory)
     bigmm.matmul(warm, warm, c, trans_a=True, gram=False, memory=memory)
-    for _ in range(repeats):
-        for name, run in runs.items():
+    names = list(runs)
+    for rnd in range(repeats):  # each round starts one way later: none always runs first
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            run = runs[name]
             c.fill(np.nan)
             dt, st = run(c)
             res[name]["errors"].append(check(c, x, ref, bound))

@@ -385,6 +385,6 @@ def test_upper_computes_the_tiles_on_and_above_the_diagonal(cp, case):
     lower = ~upper
     done = np.isclose(got, ref, rtol=0, atol=10 * tol * np.abs(ref).max()) & lower
     kept = (np.isnan(got) if not beta else got == old) & lower
-    assert np.all(done | kept), f"seed {SEED}"
+    assert np.all(done | kept | upper), f"seed {SEED}"
     if n > 512:  # most tiles below the diagonal were not computed
         assert kept.sum() > 0.3 * lower.sum()
