@@ -275,7 +275,7 @@ class Loader:
                 event = slots.events.get(host_key or (op, slot))
                 ready = ((lambda: be.synchronize(event)) if event is not None
                          else (lambda: None))
-            chunks = None if op == "C" else src.chunks
+            chunks = None if op == "C" else src.panel_chunks  # chunks read whole
             futures = [self.pool.submit(self._read, src, rr0, rr1, c0, c1,
                                         target[rr0 - r0:rr1 - r0], ready)
                        for rr0, rr1 in io_pieces(r0, r1, c1 - c0, src.dtype.itemsize,

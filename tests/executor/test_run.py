@@ -109,7 +109,7 @@ class _FailingSource:
     def __init__(self, src, ok):
         self.src, self.ok, self.lock = src, ok, threading.Lock()
         self.shape, self.dtype, self.label = src.shape, src.dtype, src.label
-        self.chunks = src.chunks
+        self.chunks, self.panel_chunks = src.chunks, src.panel_chunks
 
     def read(self, r0, r1, c0, c1, out):
         with self.lock:
