@@ -11,8 +11,10 @@ files in two threads). So the arrays of the common layouts are read by a **direc
 source's ``layout`` says which):
 
 * ``zarr-raw``: chunks stored uncompressed (``bytes`` codec, either byte order): each chunk
-  file is a row-major block, read straight into the destination with ``preadv`` (as HDF5
-  chunks are, :mod:`.rawio`), bytes swapped after a big-endian read;
+  file is a row-major block, copied into the destination through a map of the file (as HDF5
+  inputs are, :class:`.mapped.FileMap`; with ``preadv`` where :data:`MAPPED_READS` is off),
+  the byte order converted in the copy; any part of a chunk is read alone, so plans need not
+  align to these chunks (``panel_chunks`` is None);
 * ``zarr-zstd``, ``zarr-blosc``, ``zarr-gzip``: ``bytes`` then one of those compressors: each
   chunk file is read whole and decoded in the reader threads by the very numcodecs codec
   zarr-python's own codec wraps (they release the GIL), then copied into place.
