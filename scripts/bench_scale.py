@@ -19,6 +19,10 @@ over the calibrated link rate, and C's copy out over the same rate the other way
 predicted time against the measured one, and the host path the job chose (staged, in place,
 page-locked for the run) with the RunStats' bytes staged and locked.
 
+``--dtype bfloat16`` (or float16) makes A and B half precision (drawn in float32, rounded; C
+float32): the backend multiplies them on tensor cores through ``cublasGemmEx`` whatever the
+kernel, in core as out of core.
+
 Every product is checked before its time counts: a float64 Freivalds probe, C x against
 A (B x) (x float64 random normal; all in float64 on the host's threads, in row blocks), the
 relative error of every block of PROBE_BLOCK rows against its bound (float32 products
@@ -56,7 +60,7 @@ import numpy as np  # noqa: E402
 
 import bigmm  # noqa: E402
 from bigmm.testing import tolerance  # noqa: E402
-from bigmm.units import format_bytes  # noqa: E402
+from bigmm.units import DTYPES, dtype_name, format_bytes, numpy_dtype  # noqa: E402
 
 F32 = np.float32
 #: Rows per block of the Freivalds probe, and the bound of a TF32 product's probe (inputs
@@ -84,14 +88,18 @@ def split(n: int, parts: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(edges, edges[1:]) if b > a]
 
 
-def random_flat(size: int, seed: int, threads: int) -> np.ndarray:
-    """``size`` float32 uniform in [-0.5, 0.5), filled by ``threads`` generators."""
-    out = np.empty(size, F32)
+def random_flat(size: int, seed: int, threads: int, dtype=F32) -> np.ndarray:
+    """``size`` elements of ``dtype`` uniform in [-0.5, 0.5) (drawn in float32, then rounded
+    to a half-precision ``dtype``), filled by ``threads`` generators."""
+    out = np.empty(size, dtype)
 
     def fill(i_part):
         i, (a, b) = i_part
-        np.random.default_rng([seed, i]).random(out=out[a:b], dtype=F32)
-        out[a:b] -= 0.5
+        x = out[a:b] if out.dtype == F32 else np.empty(b - a, F32)
+        np.random.default_rng([seed, i]).random(out=x, dtype=F32)
+        x -= 0.5
+        if x is not out[a:b]:
+            out[a:b] = x.astype(out.dtype)
 
     parallel(fill, list(enumerate(split(size, 8 * threads))), threads)
     return out
@@ -152,19 +160,44 @@ def options(kernel: str | None) -> dict:
     return {"kernel": name, **({"precision": precision} if precision else {})}
 
 
-def bound(kernel: str | None, n: int) -> float:
+def bound(kernel: str | None, n: int, dtype: str = "float32") -> float:
+    """The probe's bound: a TF32 product's, else ``tolerance`` of the operands' dtype (the
+    probe's reference is computed from the operands as stored, rounding included)."""
     tf32 = kernel and ("tf32" in kernel and not kernel.endswith("tf32x3"))
-    return TF32_TOLERANCE if tf32 else tolerance(F32, n)
+    return TF32_TOLERANCE if tf32 else tolerance(dtype, n)
 
 
 # ----- in core --------------------------------------------------------------------------------
 
-def in_core(kernel: str, n: int, repeat: int) -> dict:
-    """Median seconds of one n^3 float32 product on device-resident operands through the
-    backend's gemm with ``kernel`` (CUDA events, after a warm-up), checked against a float64
-    probe on the device. ``kernel`` None: the NumPy backend (host clock; a smoke run)."""
+def device_operand(x, dtype: str):
+    """A float32 device array as the backend holds ``dtype`` operands: float16 rounded,
+    bfloat16 rounded to nearest even and held as its uint16 bits, float32 as it is."""
+    import cupy
+
+    if dtype == "float16":
+        return x.astype(cupy.float16)
+    if dtype == "bfloat16":
+        bits = x.view(cupy.uint32)
+        return ((bits + cupy.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16).astype(cupy.uint16)
+    return x
+
+
+def device_float64(x, dtype: str):
+    """The values of a device operand (:func:`device_operand`) in float64."""
+    import cupy
+
+    if dtype == "bfloat16":
+        return (x.astype(cupy.uint32) << 16).view(cupy.float32).astype(cupy.float64)
+    return x.astype(cupy.float64)
+
+
+def in_core(kernel: str, n: int, repeat: int, dtype: str = "float32") -> dict:
+    """Median seconds of one n^3 product of ``dtype`` operands (C in float32) on
+    device-resident operands through the backend's gemm with ``kernel`` (CUDA events, after a
+    warm-up), checked against a float64 probe on the device. ``kernel`` None: the NumPy
+    backend (host clock; a smoke run)."""
     if kernel is None:
-        return _in_core_host(n, repeat)
+        return _in_core_host(n, repeat, dtype)
     import cupy
 
     from bigmm.backends import get_backend
@@ -177,8 +210,10 @@ def in_core(kernel: str, n: int, repeat: int) -> dict:
             rng = cupy.random.default_rng(11)
             a = rng.random((n, n), dtype=F32)
             a -= F32(0.5)
+            a = device_operand(a, dtype)
             b = rng.random((n, n), dtype=F32)
             b -= F32(0.5)
+            b = device_operand(b, dtype)
             c = cupy.full((n, n), np.nan, F32)
         small = slice(0, min(n, 2048))
         be.gemm(a[small, small], b[small, small], c[small, small], 1.0, 0.0, False, False, s)
@@ -194,29 +229,30 @@ def in_core(kernel: str, n: int, repeat: int) -> dict:
             x = rng.standard_normal(n, dtype=np.float64)
             rows = 8192
             err = 0.0
-            bx = cupy.concatenate([b[r:r + rows].astype(np.float64) @ x
+            bx = cupy.concatenate([device_float64(b[r:r + rows], dtype) @ x
                                    for r in range(0, n, rows)])
             for r in range(0, n, rows):
-                ref = a[r:r + rows].astype(np.float64) @ bx
+                ref = device_float64(a[r:r + rows], dtype) @ bx
                 got = c[r:r + rows].astype(np.float64) @ x
                 err = max(err, float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref)))
         s.synchronize()
-        if not err <= bound(kernel, n):
+        if not err <= bound(kernel, n, dtype):
             raise AssertionError(f"in-core {kernel} n={n}: probe error {err:.2e}")
         t = float(np.median(times))
-        return {"kernel": kernel, "n": n, "seconds": t, "tflops": 2 * n**3 / t / 1e12,
-                "probe_error": err, "repeat": repeat}
+        return {"kernel": kernel, "n": n, "dtype": dtype, "seconds": t,
+                "tflops": 2 * n**3 / t / 1e12, "probe_error": err, "repeat": repeat}
     finally:
         del a, b, c
         be.close()
         cupy.get_default_memory_pool().free_all_blocks()
 
 
-def _in_core_host(n: int, repeat: int) -> dict:
+def _in_core_host(n: int, repeat: int, dtype: str = "float32") -> dict:
     from bigmm.backends.numpy import NumpyBackend
 
     rng = np.random.default_rng(11)
-    a, b = (rng.random((n, n), dtype=F32) - F32(0.5) for _ in range(2))
+    a, b = ((rng.random((n, n), dtype=F32) - F32(0.5)).astype(numpy_dtype(dtype))
+            for _ in range(2))
     c = np.full((n, n), np.nan, F32)
     be, times = NumpyBackend(), []
     for _ in range(repeat + 1):
@@ -225,10 +261,10 @@ def _in_core_host(n: int, repeat: int) -> dict:
         times.append(time.perf_counter() - t0)
     probe = Probe(a, b, 2)
     err = probe.error(c)
-    assert err <= bound("float32", n), err
+    assert err <= bound(None, n, dtype), err
     t = float(np.median(times[1:]))
-    return {"kernel": None, "n": n, "seconds": t, "tflops": 2 * n**3 / t / 1e12,
-            "probe_error": err, "repeat": repeat}
+    return {"kernel": None, "n": n, "dtype": dtype, "seconds": t,
+            "tflops": 2 * n**3 / t / 1e12, "probe_error": err, "repeat": repeat}
 
 
 # ----- out of core ----------------------------------------------------------------------------
@@ -259,10 +295,12 @@ def run_row(job: str, a, b, c, kernel: str | None, memory, probe: Probe, threads
     _, stats = bigmm.matmul(a, b, c, stats=True, **kw)
     seconds = time.perf_counter() - t0
     err = probe.error(c)
-    n = a.shape[0]
-    if not err <= bound(kernel, n):
-        raise AssertionError(f"{job} {kernel}: probe error {err:.2e} > {bound(kernel, n):.1e}")
-    row = {"job": job, "n": n, "kernel": kernel, "memory": memory, "seconds": seconds,
+    n, dtype = a.shape[0], dtype_name(a.dtype)
+    if not err <= bound(kernel, n, dtype):
+        raise AssertionError(f"{job} {kernel}: probe error {err:.2e} > "
+                             f"{bound(kernel, n, dtype):.1e}")
+    row = {"job": job, "n": n, "kernel": kernel, "dtype": dtype, "memory": memory,
+           "seconds": seconds,
            "tflops": 2 * n**3 / seconds / 1e12, "probe_error": err,
            "stats": stats.to_dict(), **plan_facts(p)}
     row["predicted_over_measured"] = p.predicted_seconds / seconds
@@ -340,6 +378,9 @@ def main(argv=None) -> int:
                     help="skip rows predicted to end later than this many seconds from start")
     ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--out", default="bench-out/scale")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="A's and B's dtype (C is float32): half precision runs on tensor "
+                         "cores through cublasGemmEx whatever the kernel")
     ap.add_argument("--cpu", action="store_true",
                     help="the NumPy backend, no GPU (a smoke run of the script itself)")
     args = ap.parse_args(argv)
@@ -373,8 +414,10 @@ def main(argv=None) -> int:
         version = cupy.__version__
     ram = memory_available()
     sizes = [int(x) for x in args.sizes.split(",")]
-    fits = [n for n in sizes if 3 * n * n * 4 <= HOST_SHARE * ram]
-    res = {"command": " ".join(sys.argv), "device": name, "device_memory": total_dev,
+    item = DTYPES[args.dtype]
+    fits = [n for n in sizes if (2 * item + 4) * n * n <= HOST_SHARE * ram]
+    res = {"command": " ".join(sys.argv), "dtype": args.dtype, "device": name,
+           "device_memory": total_dev,
            "host": platform.node(), "cpus": os.cpu_count(), "host_memory_available": ram,
            "cupy": version, "date": time.strftime("%Y-%m-%d"), "rows": [],
            "in_core": [], "skipped_sizes": [n for n in sizes if n not in fits]}
@@ -388,12 +431,14 @@ def main(argv=None) -> int:
 
     top = max(fits + [args.job_n])
     t0 = time.perf_counter()
-    flat = {x: random_flat(top * top, seed, args.threads) for x, seed in (("A", 1), ("B", 2))}
+    flat = {x: random_flat(top * top, seed, args.threads, numpy_dtype(args.dtype))
+            for x, seed in (("A", 1), ("B", 2))}
     flat["C"] = np.empty(top * top, F32)
     poison(flat["C"], args.threads)
     res["generate_seconds"] = time.perf_counter() - t0
     res["host_copy_rate"] = copy_rate(args.threads)
-    log(f"{name}: A, B, C of {top}^2 float32 ready in {res['generate_seconds']:.1f} s; host "
+    log(f"{name}: A, B of {top}^2 {args.dtype}, C float32 ready in "
+        f"{res['generate_seconds']:.1f} s; host "
         f"copies {res['host_copy_rate'] / 1e9:.1f} GB/s on {args.threads} threads; sizes "
         f"{fits} (skipped for host memory: {res['skipped_sizes']})")
     if not args.cpu:  # pinning fresh memory (staging) against locking a touched array
@@ -422,7 +467,7 @@ def main(argv=None) -> int:
 
     # in-core rates
     in_core_n = args.in_core_n or max(
-        [n for n in sizes if 3 * n * n * 4 <= 0.9 * free_dev] or [args.job_n])
+        [n for n in sizes if (2 * item + 4) * n * n <= 0.9 * free_dev] or [args.job_n])
     rates = {}
     for n in dict.fromkeys([in_core_n, args.job_n]):
         for k in kernels:
@@ -430,7 +475,7 @@ def main(argv=None) -> int:
             if est > left():
                 continue
             try:
-                r = in_core(k, n, args.in_core_repeat)
+                r = in_core(k, n, args.in_core_repeat, args.dtype)
             except Exception as e:  # recorded; the other rows still run
                 res["in_core"].append({"kernel": k, "n": n, "error": repr(e)})
                 log(f"in core {k} n={n} failed: {e!r}")
