@@ -151,8 +151,12 @@ class ChunkFiles:
                 self._count("cached", (a1 - a0) * (b1 - b0) * w)
             with self._lock:
                 chunk.left -= (a1 - a0) * (b1 - b0)
-                if chunk.left == 0:
-                    del self._open[(ci, cj)]
+                done = chunk.left == 0
+            if not done:
+                continue
+            self._close_direct(chunk)  # finished: only its own descriptor makes it durable
+            with self._lock:
+                if self._open.pop((ci, cj), None) is chunk:  # (not dropped by close meanwhile)
                     self._ready.append(chunk)
                 many = len(self._ready) >= MAX_READY
             if many:
@@ -231,13 +235,16 @@ class ChunkFiles:
                 self._new_dirs |= dirs
             raise
 
-    def _close(self, chunk: _Chunk) -> None:
+    def _close_direct(self, chunk: _Chunk) -> None:
         if chunk.direct is not None:
             with self._lock:
                 for key, n in chunk.direct.bytes.items():
                     self.bytes[key] += n
             chunk.direct.close()
             chunk.direct = None
+
+    def _close(self, chunk: _Chunk) -> None:
+        self._close_direct(chunk)
         if chunk.fd is not None:
             os.close(chunk.fd)
             chunk.fd = None
