@@ -31,6 +31,7 @@ import pytest
 
 zarr = pytest.importorskip("zarr")
 
+from bigmm.io import direct  # noqa: E402
 from bigmm.io.generate import generate  # noqa: E402
 from bigmm.io.journal import journal_path  # noqa: E402
 from bigmm.io.spec import parse_spec  # noqa: E402
@@ -43,7 +44,7 @@ TILE_SLEEP = 0.03  # seconds after each tile write in the random-kill runs
 CLI = textwrap.dedent("""
     import os, signal, sys, time
     from bigmm.cli import main
-    from bigmm.io import journal, zarrsink
+    from bigmm.io import direct, journal, zarrsink
 
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
@@ -83,15 +84,24 @@ CLI = textwrap.dedent("""
             write(self, *args)
             time.sleep(pause)
         zarrsink.ZarrSink.write = slow_write
-    sys.exit(main(sys.argv[3:]))
+    if sys.argv[3] == "direct":  # every whole page of a chunk written with O_DIRECT
+        direct.MODE, direct.DIRECT_MIN = "direct", 0
+        reserve = F._reserve
+        def checked(self, fd, tmp):
+            writes = reserve(self, fd, tmp)
+            assert writes is not None, "chunk files fell back to the page cache"
+            return writes
+        F._reserve = checked
+    sys.exit(main(sys.argv[4:]))
 """)
 
 
-def run_cli(argv, cwd, kill_after=None, point="none", sleep=TILE_SLEEP):
+def run_cli(argv, cwd, kill_after=None, point="none", sleep=TILE_SLEEP, writes="auto"):
     """Run ``bigmm argv`` with the hooks above to its end, or SIGKILL it after
-    ``kill_after`` seconds; (exit status, stderr)."""
+    ``kill_after`` seconds; (exit status, stderr). ``writes``: "direct" forces ``O_DIRECT``
+    chunk writes (and fails the run where they fall back), "auto" leaves them to bigmm."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, "-c", CLI, point, str(sleep), *argv],
+    proc = subprocess.Popen([sys.executable, "-c", CLI, point, str(sleep), writes, *argv],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             cwd=cwd, env=env)
     try:
@@ -187,11 +197,11 @@ class Job:
         assert tree_hash(self.folder / "in.zarr") == self.inputs
 
 
-def resume_to_the_end(job: Job, out: str, limit: int = 5) -> None:
+def resume_to_the_end(job: Job, out: str, limit: int = 5, writes: str = "auto") -> None:
     for _ in range(limit):
         if job.finished(out):
             return
-        rc, err = run_cli(job.next_argv(out), job.folder, sleep=0)
+        rc, err = run_cli(job.next_argv(out), job.folder, sleep=0, writes=writes)
         assert rc == 0, err
     assert job.finished(out)
 
@@ -238,9 +248,15 @@ PHASES = {"early": (0.0, 0.3), "anywhere": (0.0, 1.0), "late": (0.85, 1.1)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("beta,seed,kills", [(0.0, 1, 3), (BETA, 2, 3)])
-def test_random_kills_then_resume_bit_identical(jobs, beta, seed, kills):
+@pytest.mark.parametrize("beta,seed,kills,writes", [
+    (0.0, 1, 3, "auto"),
+    (BETA, 2, 3, "auto"),
+    (0.0, 3, 3, "direct"),   # chunk files written with O_DIRECT
+])
+def test_random_kills_then_resume_bit_identical(jobs, beta, seed, kills, writes):
     job = jobs(beta)
+    if writes == "direct" and not direct.supports_direct(str(job.folder)):
+        pytest.skip("no O_DIRECT on this file system")
     rng = random.Random(seed)
     out = f"c-random-{seed}.zarr"
     job.reset(out)
@@ -254,9 +270,9 @@ def test_random_kills_then_resume_bit_identical(jobs, beta, seed, kills):
         lo, hi = PHASES[phase]
         delay = rng.uniform(lo, hi) * job.seconds
         argv = job.next_argv(out)
-        rc, err = run_cli(argv, job.folder, kill_after=delay)
+        rc, err = run_cli(argv, job.folder, kill_after=delay, writes=writes)
         assert rc in (0, -signal.SIGKILL), err
         log.append((phase, round(delay, 3), "--resume" in argv, rc))
-    resume_to_the_end(job, out)
+    resume_to_the_end(job, out, writes=writes)
     print(f"beta={beta}: run {job.seconds:.2f} s; runs {log}")
     job.check(out)

@@ -177,7 +177,16 @@ def test_chunk_files_written_direct_or_cached(tmp_path, monkeypatch, mode, write
         assert counts["direct"] == counts["bounced"] == 0 and counts["cached"] == m * n * 4
 
 
-def test_disk_full_in_a_direct_chunk_write_is_one_error_and_resumes(tmp_path, ab, monkeypatch):
+FULL = [
+    # where the disk fills up under direct chunk writes
+    "write",    # the third O_DIRECT write
+    "reserve",  # the fourth chunk file's reservation (posix_fallocate)
+]
+
+
+@pytest.mark.parametrize("where", FULL)
+def test_disk_full_under_direct_chunk_writes_is_one_error_and_resumes(tmp_path, ab,
+                                                                      monkeypatch, where):
     if not direct.supports_direct(str(tmp_path)):
         pytest.skip("no O_DIRECT on this file system")
     sa, sb, a, b = ab
@@ -187,7 +196,10 @@ def test_disk_full_in_a_direct_chunk_write_is_one_error_and_resumes(tmp_path, ab
     with monkeypatch.context() as mp:
         mp.setattr(direct, "MODE", "direct")
         mp.setattr(direct, "DIRECT_MIN", 0)  # every whole page of a run written direct
-        mp.setattr(direct, "_write_direct", fail_after(direct._write_direct, 2))
+        if where == "write":
+            mp.setattr(direct, "_write_direct", fail_after(direct._write_direct, 2))
+        else:
+            mp.setattr(os, "posix_fallocate", fail_after(os.posix_fallocate, 3))
         with pytest.raises(errors.DiskFullError, match="c.zarr") as err:
             bigmm.matmul(sa, sb, sc, **KW)
     assert "resume" in str(err.value)
