@@ -2,7 +2,9 @@
 """CI check of bigmm's CUDA kernels without a GPU.
 
 Compiles every kernel (each tile config of bigmm/backends/kernel_table.json for the GEMM
-families: gemm_regblock.cu, and gemm_tf32.cu for the TF32 and 3xTF32 configs; plus kernel 01, the FMA probes, the split-K reduction and the ABFT checksums) with
+families: gemm_regblock.cu, and gemm_tf32.cu for the TF32 and 3xTF32 configs; for one config
+of each family and arithmetic also the Gram variant, -DBIGMM_UPPER=1; plus kernel 01, the FMA
+probes, the split-K reduction and the ABFT checksums) with
 ``nvcc -cubin -Xptxas -v`` for sm_80 and sm_90 (the wgmma configs, gemm_wgmma.cu, for sm_90a
 only, in place of sm_90) and fails when any kernel:
 
@@ -73,13 +75,20 @@ def jobs_from_table() -> list[dict]:
     """One compile job per source variant: (file, defines, threads, smem, min_blocks)."""
     table = json.loads(TABLE.read_text())
     jobs = []
+    upper = set()  # the Gram variant (-DBIGMM_UPPER=1): one config per family and arithmetic
     for name, c in table["configs"].items():
         cfg = TileConfig.from_dict(name, c)
-        jobs.append({
+        job = {
             "name": name, "file": cfg.source, "defines": list(cfg.defines()),
             "threads": cfg.threads, "dynamic_smem": cfg.smem_bytes, "min_blocks": cfg.min_blocks,
             "arch": cfg.arch, "entries": ["gemm_" + e for e in cfg.entries],
-        })
+        }
+        jobs.append(job)
+        kind = (cfg.source, cfg.dtype, cfg.precision)
+        if kind not in upper:
+            upper.add(kind)
+            jobs.append(dict(job, name=name + "+upper",
+                             defines=job["defines"] + ["-DBIGMM_UPPER=1"]))
     jobs.append({"name": "sgemm_01_naive_tiled", "file": "sgemm_01_naive_tiled.cu", "defines": [],
                  "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
     jobs.append({"name": "peak_fma", "file": "peak_fma.cu", "defines": [],
