@@ -126,8 +126,9 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     ``max_bk`` caps the K panels' depth; when choosing by time, the fastest few plans are
     also tried with deeper panels, up to twice as deep (:func:`_fastest`).
 
-    ``a_chunks``/``b_chunks`` are the stored datasets' chunk shapes (before transposition);
-    tile edges are multiples of them where the budget allows. ``tile``=(bm, bn, bk) and
+    ``a_chunks``/``b_chunks`` are the chunk shapes (before transposition) of inputs whose
+    chunks are read whole (``Source.panel_chunks``); tile edges are multiples of them where
+    the budget allows. ``tile``=(bm, bn, bk) and
     ``order`` fix the schedule (used to resume a run exactly as it started), with ``tail``
     for resident-c (default 1); they are checked against the budgets like any other.
 
