@@ -265,14 +265,20 @@ MODE = "auto"
 MODES = ("auto", "direct", "mapped")
 
 
+def wants_direct(fd: int) -> bool:
+    """Whether writes to the file open as ``fd`` are to try ``O_DIRECT`` (see :data:`MODE`)."""
+    if MODE not in MODES:
+        raise ValueError(f"Expected MODE in {MODES}. Got {MODE!r}.")
+    return MODE == "direct" or (MODE == "auto" and not in_memory(fd))
+
+
 def tile_writes(fd: int, path: str, fmap, dtype):
     """The writer of a reserved output's tiles (see :data:`MODE`): a :class:`DirectWrites`
     (short runs through ``fmap`` where it is given), else a :class:`.MappedWrites` of ``fmap``,
     else None (the caller writes with ``pwritev``)."""
-    if MODE not in MODES:
-        raise ValueError(f"Expected MODE in {MODES}. Got {MODE!r}.")
+    direct = wants_direct(fd)
     cached = MappedWrites(fmap, dtype) if fmap is not None else None
-    if MODE == "direct" or (MODE == "auto" and not in_memory(fd)):
+    if direct:
         try:
             return DirectWrites(fd, path, dtype, cached)
         except OSError:  # the file system refuses O_DIRECT: through the page cache

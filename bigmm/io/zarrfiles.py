@@ -191,8 +191,7 @@ class ChunkFiles:
         """Give the new chunk file its full size: storage reserved and a direct writer where
         direct writes are used (decided on the first file), else a sparse file."""
         if self._direct is None:
-            self._direct = direct.MODE == "direct" or (direct.MODE == "auto"
-                                                      and not direct.in_memory(fd))
+            self._direct = direct.wants_direct(fd)
         if self._direct:
             try:
                 os.posix_fallocate(fd, 0, self.chunk_bytes)
