@@ -90,9 +90,10 @@ class _Region(io.Source):
         self.shape, self.dtype = (r1 - r0, c1 - c0), src.dtype
         self.label = f"{src.label} rows {r0}:{r1}, columns {c0}:{c1}"
         self.layout = src.layout
-        ch, pc = src.chunks, src.panel_chunks
-        self.chunks = ch if ch and r0 % ch[0] == 0 and c0 % ch[1] == 0 else None
-        self._panel_chunks = pc if pc and r0 % pc[0] == 0 and c0 % pc[1] == 0 else None
+        def aligned(ch):  # the source's chunks, where the region starts on their edges
+            return ch if ch and r0 % ch[0] == 0 and c0 % ch[1] == 0 else None
+
+        self.chunks, self._panel_chunks = aligned(src.chunks), aligned(src.panel_chunks)
 
     @property
     def panel_chunks(self) -> tuple[int, int] | None:
