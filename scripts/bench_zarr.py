@@ -55,6 +55,7 @@ import zlib  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
@@ -62,6 +63,7 @@ import numpy as np  # noqa: E402
 import bigmm  # noqa: E402
 from bigmm import io as bio  # noqa: E402
 from bigmm.io.zarrsource import ZarrSource  # noqa: E402
+from storage import evict  # noqa: E402
 
 F32 = np.float32
 LAYOUTS = ("contiguous", "chunked", "gzip", "zstd")
@@ -105,12 +107,7 @@ def drop_cache(*paths: Path) -> None:
     """Evict the files' pages (flushed first, so that they can be dropped)."""
     for path in paths:
         for p in files_of(path):
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            evict(p)
 
 
 def _compress(codec: str, block: np.ndarray) -> bytes:

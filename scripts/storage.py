@@ -41,15 +41,20 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 
 
+def evict(path) -> None:
+    """Evict one file's pages (flushed first, so that they can be dropped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def drop_caches(*paths) -> str:
     """Evict the files' pages (and, where allowed, the whole page cache); says how."""
     for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        evict(p)
     try:
         os.sync()
         with open("/proc/sys/vm/drop_caches", "w") as f:
