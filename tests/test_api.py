@@ -24,7 +24,7 @@ from bigmm.executor import RunStats, calibrate
 from bigmm.planner import Plan, Rates, make_plan
 from bigmm.planner.model import snap_rate
 from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
-                            wait_for_journaled_tiles)
+                            wait_for_journaled_tiles, zarr_array)
 
 
 def _h5(path, name, array, **kw) -> str:
@@ -518,6 +518,16 @@ def test_inputs_are_read_with_the_backends_reader_threads_and_map_step(tmp_path)
     try:
         assert A._map.step == B._map.step == mapped.WIDE_STEP_BYTES
         assert A._threads == source.DEFAULT_THREADS
+    finally:
+        for x in closing:
+            x.close()
+    # Zarr inputs copy their raw chunks in the backend's blocks too
+    z = tmp_path / "a.zarr"
+    zarr_array(z, random_matrix((40, 30), np.float32, 2), chunks=(8, 30))
+    closing = []
+    A, B = job.open_inputs(str(z), b, closing, Wide())
+    try:
+        assert A.layout == "zarr-raw" and A._map_step == mapped.WIDE_STEP_BYTES
     finally:
         for x in closing:
             x.close()

@@ -425,13 +425,13 @@ def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
     from . import zarrsource  # Zarr specs and arrays (zarr is imported only for them)
 
     if zarrsource.is_zarr_array(x):
-        return zarrsource.open_zarr(x, name, threads=threads)
+        return zarrsource.open_zarr(x, name, threads=threads, map_step=map_step)
     if not isinstance(x, (str, Spec)):
         raise SpecError(f"Expected 'file.h5:/dataset', 'store.zarr[:/array]', an h5py.Dataset, "
                         f"a zarr.Array or a NumPy array for {name}. Got {type(x).__name__}.")
     spec = parse_spec(x)
     if spec.zarr:
-        return zarrsource.open_zarr(spec, name, threads=threads)
+        return zarrsource.open_zarr(spec, name, threads=threads, map_step=map_step)
     f, dset = open_h5(spec, name)
     try:
         label = f"{name} ({spec})"

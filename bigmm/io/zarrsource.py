@@ -41,7 +41,7 @@ from ..errors import (BackendUnavailable, BigmmError, IncompleteOutputError, Ope
 from ._h5 import COMPLETE_ATTR, check_matrix
 from .identity import Footprint
 from .layout import MAX_INDEX_CELLS, chunk_cells
-from .mapped import FileMap
+from .mapped import STEP_BYTES, FileMap
 from .rawio import read_block
 from .inputs import DEFAULT_THREADS, TASK_BYTES, Source, _batches, incomplete_message
 from .spec import ZARR, Spec
@@ -205,8 +205,10 @@ def _decoder(name: str):
 class ZarrSource(Source):
     """A Zarr array, read by the direct path where its codecs allow, else through zarr."""
 
-    def __init__(self, arr, label: str, threads: int = DEFAULT_THREADS):
+    def __init__(self, arr, label: str, threads: int = DEFAULT_THREADS,
+                 map_step: int = STEP_BYTES):
         self.array, self.label, self._threads = arr, label, threads
+        self._map_step = map_step
         self.shape = tuple(int(d) for d in arr.shape)
         self.dtype = check_matrix(arr.shape, arr.dtype, label)
         self.chunks = tuple(int(c) for c in arr.chunks)
@@ -357,7 +359,7 @@ class ZarrSource(Source):
         """Copy a raw chunk's part into ``dest`` through a map of its file (byte order
         converted in the copy); the mapped pages leave the process's RSS as they are copied."""
         cr, cc = self.chunks
-        fmap = FileMap(fd, 0, self._chunk_bytes, path=path)
+        fmap = FileMap(fd, 0, self._chunk_bytes, path=path, step=self._map_step)
         try:
             src = fmap.array(0, (cr, cc), self._stored)[a0 - ci * cr:a1 - ci * cr,
                                                         b0 - cj * cc:b1 - cj * cc]
@@ -437,8 +439,10 @@ def describe_array(arr) -> str:
     return str(spec) if spec is not None else f"zarr.Array {arr.path or '/'} in {arr.store}"
 
 
-def open_zarr(x, name: str = "A", threads: int = DEFAULT_THREADS) -> ZarrSource:
-    """Open a Zarr operand: a Zarr :class:`Spec` or a ``zarr.Array``."""
+def open_zarr(x, name: str = "A", threads: int = DEFAULT_THREADS,
+              map_step: int = STEP_BYTES) -> ZarrSource:
+    """Open a Zarr operand: a Zarr :class:`Spec` or a ``zarr.Array`` (``map_step``: the most
+    chunk-file bytes a mapped copy spans between releases of its pages, :class:`FileMap`)."""
     if isinstance(x, Spec):
         if not x.zarr:
             raise SpecError(f"Expected a Zarr spec for {name}. Got {x}.")
@@ -448,4 +452,4 @@ def open_zarr(x, name: str = "A", threads: int = DEFAULT_THREADS) -> ZarrSource:
     check_matrix(arr.shape, arr.dtype, label)
     if is_incomplete(arr):
         raise IncompleteOutputError(incomplete_message(label))
-    return ZarrSource(arr, label, threads=threads)
+    return ZarrSource(arr, label, threads=threads, map_step=map_step)

@@ -106,16 +106,18 @@ def _regions(m, n):
             (40, 80, 50, 100), (5, 6, 0, n), (0, m, 129, 130)]
 
 
-@pytest.mark.parametrize("mapped", [
-    True,   # raw chunks copied through maps of their files
-    False,  # raw chunks read with preadv per row
+@pytest.mark.parametrize("mapped,step", [
+    (True, 4 << 20),  # raw chunks copied through maps of their files
+    (True, 4096),     # the same in blocks of one page, each released before the next
+    (False, 4 << 20), # raw chunks read with preadv per row
 ])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)), ids=[
     f"{c}-{e}-{np.dtype(d).name}-{p or 'root'}" for c, _, e, d, p, _ in LAYOUTS])
-def test_every_layout_reads_right(stores, monkeypatch, case, mapped):
+def test_every_layout_reads_right(stores, monkeypatch, case, mapped, step):
     monkeypatch.setattr(zarrsource, "MAPPED_READS", mapped)
     spec, data = stores[case]
-    with open_input(spec, name="A", threads=3) as src:
+    with open_input(spec, name="A", threads=3, map_step=step) as src:
+        assert src._map_step == step
         assert src.layout == LAYOUTS[case][5]
         assert src.shape == (M, N) and src.dtype == np.dtype(data.dtype).newbyteorder("=")
         assert src.chunks == LAYOUTS[case][1]
