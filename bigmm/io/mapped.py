@@ -48,7 +48,11 @@ import ctypes
 import errno
 import mmap
 import os
+import resource
 import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -257,6 +261,106 @@ class FileMap:
             self._mm.close()
         except BufferError:  # a view outlives us; the mapping goes with its last view
             pass
+
+
+def _maps_kept() -> int:
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):  # pragma: no cover
+        soft = 1024
+    return 256 if soft == resource.RLIM_INFINITY else max(4, min(256, soft // 8))
+
+
+#: The most maps (each with its open file) one :class:`FileMaps` keeps: an eighth of the
+#: process's open-file limit, at most 256.
+MAPS_KEPT = _maps_kept()
+
+
+class FileMaps:
+    """Read-only maps of whole files of ``size`` bytes by path, kept for reuse: at most
+    ``limit``, the least recently used closed first, never one in use. ``mmap`` and
+    ``munmap`` take the process's address-space lock for writing, and ``munmap`` flushes the
+    TLB of every CPU the process's threads ran on, so readers that copy pieces of the same
+    files again and again keep their maps, as a contiguous HDF5 input keeps the map of its
+    file. Thread-safe."""
+
+    def __init__(self, size: int, *, step: int = STEP_BYTES, limit: int = MAPS_KEPT):
+        self.size, self.step, self.limit = size, step, max(1, limit)
+        self._maps: OrderedDict[str, list] = OrderedDict()  # path -> [FileMap, users]
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    @contextmanager
+    def use(self, path: str) -> Iterator[FileMap | None]:
+        """The map of the file at ``path``, checked to still cover its size (None where the
+        file does not exist; OSError where it holds other than ``size`` bytes)."""
+        with self._lock:
+            entry = self._maps.get(path)
+            if entry is not None:
+                self._maps.move_to_end(path)
+                entry[1] += 1
+        if entry is None:
+            fmap = self._open(path)
+            if fmap is None:
+                yield None
+                return
+            with self._lock:
+                entry = self._maps.get(path)
+                if entry is None:
+                    entry = self._maps[path] = [fmap, 1]
+                    fmap = None
+                else:  # another thread mapped it meanwhile
+                    entry[1] += 1
+            if fmap is not None:
+                _close_map(fmap)
+        try:
+            entry[0].check()
+            yield entry[0]
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                spare = self._spare()
+            for fmap in spare:
+                _close_map(fmap)
+
+    def _open(self, path: str) -> FileMap | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size != self.size:
+                raise OSError(f"file '{path}' holds {size} bytes; expected {self.size}")
+            return FileMap(fd, 0, self.size, path=path, step=self.step)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _spare(self) -> list:
+        """Remove the least recently used maps not in use beyond the limit (holding the lock);
+        returns them for closing."""
+        spare = []
+        if len(self._maps) > self.limit:
+            for path in [p for p, (_m, users) in self._maps.items() if users == 0]:
+                if len(self._maps) <= self.limit:
+                    break
+                spare.append(self._maps.pop(path)[0])
+        return spare
+
+    def close(self) -> None:
+        """Close every map (none may be in use)."""
+        with self._lock:
+            maps, self._maps = [m for m, _u in self._maps.values()], OrderedDict()
+        for fmap in maps:
+            _close_map(fmap)
+
+
+def _close_map(fmap: FileMap) -> None:
+    fmap.close()
+    os.close(fmap.fd)
 
 
 class MappedWrites:

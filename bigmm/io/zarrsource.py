@@ -11,8 +11,9 @@ files in two threads). So the arrays of the common layouts are read by a **direc
 source's ``layout`` says which):
 
 * ``zarr-raw``: chunks stored uncompressed (``bytes`` codec, either byte order): each chunk
-  file is a row-major block, copied into the destination through a map of the file (as HDF5
-  inputs are, :class:`.mapped.FileMap`; with ``preadv`` where :data:`MAPPED_READS` is off),
+  file is a row-major block, copied into the destination through a map of the file kept for
+  the source's life (as HDF5 inputs are, :class:`.mapped.FileMaps`; with ``preadv`` where
+  :data:`MAPPED_READS` is off),
   the byte order converted in the copy; any part of a chunk is read alone, so plans need not
   align to these chunks (``panel_chunks`` is None);
 * ``zarr-zstd``, ``zarr-blosc``, ``zarr-gzip``: ``bytes`` then one of those compressors: each
@@ -41,7 +42,7 @@ from ..errors import (BackendUnavailable, BigmmError, IncompleteOutputError, Ope
 from ._h5 import COMPLETE_ATTR, check_matrix
 from .identity import Footprint
 from .layout import MAX_INDEX_CELLS, chunk_cells
-from .mapped import STEP_BYTES, FileMap
+from .mapped import STEP_BYTES, FileMaps
 from .rawio import read_block
 from .inputs import DEFAULT_THREADS, TASK_BYTES, Source, _batches, incomplete_message
 from .spec import ZARR, Spec
@@ -229,6 +230,7 @@ class ZarrSource(Source):
             self._fill = np.array(arr.fill_value, dtype=self.dtype)
             self._chunk_bytes = self.chunks[0] * self.chunks[1] * self.dtype.itemsize
             self._key = arr.metadata.encode_chunk_key
+            self._maps = FileMaps(self._chunk_bytes, step=map_step)  # raw chunks' maps
         self._facts = self._describe() if self.dir is not None else None
 
     @property
@@ -295,17 +297,21 @@ class ZarrSource(Source):
         self.array.get_basic_selection((slice(r0, r1), slice(c0, c1)), out=target)
 
     def _read_chunks(self, r0, r1, c0, c1, out) -> None:
-        cells = [(cell, out, r0, c0) for cell in chunk_cells(self.chunks, r0, r1, c0, c1)]
-        if len(cells) == 1 or self._threads == 1:
-            for cell in cells:
-                self._chunk(cell)
+        cells = list(chunk_cells(self.chunks, r0, r1, c0, c1))
+        nbytes = (r1 - r0) * (c1 - c0) * self.dtype.itemsize
+        if self._decode is None:  # raw: any part of a chunk reads alone, so even row bands
+            groups = _bands(cells, r0, r1, min(self._threads, nbytes // TASK_BYTES))
+        else:  # compressed: a chunk is decoded whole, by one thread
+            per = max(TASK_BYTES, nbytes // self._threads + 1)
+            groups = _batches(((cell, self._cell_bytes(cell)) for cell in cells), per)
+        tasks = [[(cell, out, r0, c0) for cell in g] for g in groups]
+        if len(tasks) == 1:
+            self._group(tasks[0])
             return
-        per = max(TASK_BYTES, (r1 - r0) * (c1 - c0) * self.dtype.itemsize // self._threads + 1)
-        groups = _batches(((cell, self._cell_bytes(cell[0])) for cell in cells), per)
         with self._pool_lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bigmm-zarr")
-        for fut in [self._pool.submit(self._group, g) for g in groups]:
+        for fut in [self._pool.submit(self._group, t) for t in tasks]:
             fut.result()
 
     def _cell_bytes(self, cell) -> int:
@@ -325,6 +331,17 @@ class ZarrSource(Source):
         cr, cc = self.chunks
         dest = out[a0 - r0:a1 - r0, b0 - c0:b1 - c0]
         path = self.chunk_path(ci, cj)
+        if self._decode is None and MAPPED_READS:
+            with self._maps.use(path) as fmap:
+                if fmap is None:
+                    dest[...] = self._fill
+                    return
+                # stored byte order -> native, in the copy; the pages leave RSS after it
+                src = fmap.array(0, (cr, cc), self._stored)[a0 - ci * cr:a1 - ci * cr,
+                                                            b0 - cj * cc:b1 - cj * cc]
+                fmap.copy(dest, src, view=src)
+                del src
+            return
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
@@ -336,9 +353,6 @@ class ZarrSource(Source):
                 if size != self._chunk_bytes:
                     raise OSError(f"chunk file '{path}' holds {size} bytes; an uncompressed "
                                   f"chunk holds {self._chunk_bytes}")
-                if MAPPED_READS:
-                    self._copy_mapped(fd, path, ci, cj, a0, a1, b0, b1, dest)
-                    return
                 w = self.dtype.itemsize
                 off = ((a0 - ci * cr) * cc + (b0 - cj * cc)) * w
                 read_block(fd, off, cc * w, out, a0 - r0, a1 - r0, b0 - c0, b1 - c0)
@@ -355,24 +369,22 @@ class ZarrSource(Source):
         ca, cb = a0 - ci * cr, b0 - cj * cc
         dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
 
-    def _copy_mapped(self, fd, path, ci, cj, a0, a1, b0, b1, dest) -> None:
-        """Copy a raw chunk's part into ``dest`` through a map of its file (byte order
-        converted in the copy); the mapped pages leave the process's RSS as they are copied."""
-        cr, cc = self.chunks
-        fmap = FileMap(fd, 0, self._chunk_bytes, path=path, step=self._map_step)
-        try:
-            src = fmap.array(0, (cr, cc), self._stored)[a0 - ci * cr:a1 - ci * cr,
-                                                        b0 - cj * cc:b1 - cj * cc]
-            fmap.copy(dest, src, view=src)
-            del src
-        finally:
-            fmap.close()
-
     # ----- teardown -------------------------------------------------------------------------
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._codec == "":
+            self._maps.close()
+
+
+def _bands(cells: list, r0: int, r1: int, k: int) -> list[list]:
+    """The parts of ``cells`` (chunk cells of rows [r0, r1)) in ``k`` even bands of rows (at
+    least one), one list per band."""
+    k = max(1, min(k, r1 - r0))
+    edges = [r0 + (r1 - r0) * i // k for i in range(k + 1)]
+    return [[(ci, cj, max(a0, a), min(a1, b), b0, b1) for ci, cj, a0, a1, b0, b1 in cells
+             if a0 < b and a1 > a] for a, b in zip(edges, edges[1:])]
 
 
 def _read_all(fd: int, size: int, path: str) -> bytes:

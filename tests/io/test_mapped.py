@@ -130,3 +130,88 @@ def test_step_below_a_page_is_refused(matrix_file):
             FileMap(fd, HEADER, HEADER + data.nbytes, path=str(path), step=100)
     finally:
         os.close(fd)
+
+
+def _files(tmp_path, count, size):
+    paths = []
+    for i in range(count):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(np.arange(size // 4, dtype=np.float32).tobytes() if i % 2 == 0
+                      else np.full(size // 4, i, np.float32).tobytes())
+        paths.append(str(p))
+    return paths
+
+
+def test_file_maps_are_kept_and_reused_up_to_the_limit(tmp_path):
+    paths = _files(tmp_path, 6, 4 * 4096)
+    maps = mapped.FileMaps(4 * 4096, limit=3)
+    first = {}
+    for p in paths[:3]:
+        with maps.use(p) as fmap:
+            first[p] = fmap
+    for p in paths[:3]:  # a second use gets the same map, its file still open
+        with maps.use(p) as fmap:
+            assert fmap is first[p]
+            os.fstat(fmap.fd)
+    with maps.use(paths[0]):  # in use: never closed, even as the least recently used
+        for p in paths[3:]:
+            i = paths.index(p)
+            with maps.use(p) as fmap:  # each map shows its own file
+                assert fmap.array(4, (1, 2), np.float32).tolist() == [[1, 2] if i % 2 == 0
+                                                                       else [i, i]]
+        assert len(maps) == 3 and paths[0] in maps._maps
+    # the maps dropped were closed
+    gone = [m for p, m in first.items() if p not in maps._maps]
+    assert gone
+    assert all(m._bytes is None for m in gone)
+    assert all(m._bytes is not None for p, m in first.items() if p in maps._maps)
+    maps.close()
+    assert len(maps) == 0
+
+
+@pytest.mark.parametrize("spoil,error,words", [
+    # (what happens to the file, the error, words of it)
+    (lambda p: os.remove(p), None, ""),                       # missing: None, not an error
+    (lambda p: os.truncate(p, 100), OSError, "holds 100 bytes"),  # another size when mapped
+])
+def test_file_maps_of_missing_or_wrong_files(tmp_path, spoil, error, words):
+    (path,) = _files(tmp_path, 1, 8192)
+    spoil(path)
+    maps = mapped.FileMaps(8192)
+    if error is None:
+        with maps.use(path) as fmap:
+            assert fmap is None
+    else:
+        with pytest.raises(error, match=words), maps.use(path):
+            pass
+    assert len(maps) == 0
+
+
+def test_a_kept_map_of_a_file_cut_short_raises_instead_of_sigbus(tmp_path):
+    (path,) = _files(tmp_path, 1, 8192)
+    maps = mapped.FileMaps(8192)
+    with maps.use(path) as fmap:
+        assert fmap.array(0, (2,), np.float32).tolist() == [0, 1]
+    os.truncate(path, 4096)
+    with pytest.raises(mapped.FileShortError, match="shorter"), maps.use(path):
+        pass
+    maps.close()
+
+
+def test_file_maps_from_many_threads(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = _files(tmp_path, 8, 4096)
+    maps = mapped.FileMaps(4096, limit=4)
+
+    def read(i):
+        p = paths[i % len(paths)]
+        with maps.use(p) as fmap:
+            return p, float(fmap.array(4, (1,), np.float32)[0])
+
+    with ThreadPoolExecutor(8) as pool:
+        for p, value in pool.map(read, range(400)):
+            i = paths.index(p)
+            assert value == (1.0 if i % 2 == 0 else float(i))
+    assert len(maps) <= 4
+    maps.close()

@@ -21,6 +21,7 @@ import bigmm  # noqa: E402
 from bigmm import errors  # noqa: E402
 from bigmm.io import Spec, open_input, parse_spec  # noqa: E402
 from bigmm.io.identity import describe, differences  # noqa: E402
+from bigmm.io.layout import chunk_cells  # noqa: E402
 from bigmm.io import zarrsource  # noqa: E402
 from bigmm.io.zarrsource import ZarrSource, chunk_files  # noqa: E402
 from bigmm.testing import random_matrix, zarr_array  # noqa: E402
@@ -165,6 +166,44 @@ def test_any_region_reads_its_elements(hypo, data):
         assert np.array_equal(out, ref[r0:r1, c0:c1])
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_row_bands_cover_a_region_once_evenly(data):
+    cr, cc = data.draw(st.integers(1, 40)), data.draw(st.integers(1, 40))
+    r0 = data.draw(st.integers(0, 100))
+    r1 = data.draw(st.integers(r0 + 1, 200))
+    c0 = data.draw(st.integers(0, 100))
+    c1 = data.draw(st.integers(c0 + 1, 200))
+    k = data.draw(st.integers(0, 20))
+    bands = zarrsource._bands(list(chunk_cells((cr, cc), r0, r1, c0, c1)), r0, r1, k)
+    assert len(bands) == max(1, min(k, r1 - r0))
+    seen = np.zeros((r1, c1), int)
+    heights = []
+    for band in bands:
+        rows = {a for _ci, _cj, a0, a1, _b0, _b1 in band for a in range(a0, a1)}
+        heights.append(len(rows))
+        for ci, cj, a0, a1, b0, b1 in band:  # each part lies in its chunk
+            assert ci * cr <= a0 < a1 <= (ci + 1) * cr and cj * cc <= b0 < b1 <= (cj + 1) * cc
+            seen[a0:a1, b0:b1] += 1
+    assert (seen[r0:r1, c0:c1] == 1).all() and seen.sum() == (r1 - r0) * (c1 - c0)
+    assert max(heights) - min(heights) <= 1
+
+
+@pytest.mark.parametrize("codec", [
+    "raw",   # parts of chunks in even row bands over the threads
+    "zstd",  # whole chunks, grouped over the threads
+])
+def test_regions_split_over_reader_threads_read_right(tmp_path, monkeypatch, codec):
+    monkeypatch.setattr(zarrsource, "TASK_BYTES", 64)  # many tasks even for small regions
+    data = random_matrix((M, N), np.float32, seed=9)
+    arr = zarr_array(tmp_path / "a.zarr", data, chunks=(13, 17), codec=codec)
+    with open_input(arr, threads=3) as src:
+        for r0, r1, c0, c1 in _regions(M, N):
+            out = np.full((r1 - r0, c1 - c0), np.nan, np.float32)
+            src.read(r0, r1, c0, c1, out)
+            assert np.array_equal(out, data[r0:r1, c0:c1]), (r0, r1, c0, c1)
+
+
 def test_missing_chunks_read_as_the_fill_value(tmp_path):
     data = random_matrix((50, 40), np.float32, seed=3)
     arr = zarr_array(tmp_path / "f.zarr", data, chunks=(20, 20), fill_value=-7.5)
@@ -197,6 +236,19 @@ def test_a_spoiled_chunk_is_a_read_error(tmp_path, codec, spoil, words):
         with pytest.raises(errors.ReadError, match=words) as err:
             src.read(0, 30, 0, 30, out)
         assert "rows 0:30" in str(err.value)
+
+
+def test_a_raw_chunk_cut_short_after_it_was_read_is_a_read_error(tmp_path):
+    # its map is kept for the next read: the file's size is checked again before the copy
+    data = random_matrix((30, 30), np.float32, seed=5)
+    zarr_array(tmp_path / "b.zarr", data, chunks=(10, 10))
+    with open_input(str(tmp_path / "b.zarr")) as src:
+        out = np.empty((30, 30), np.float32)
+        src.read(0, 30, 0, 30, out)
+        assert np.array_equal(out, data)
+        os.truncate(tmp_path / "b.zarr" / "c" / "1" / "2", 100)
+        with pytest.raises(errors.ReadError, match="shorter"):
+            src.read(0, 30, 0, 30, out)
 
 
 OPEN_ERRORS = [
