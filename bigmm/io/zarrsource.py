@@ -44,7 +44,7 @@ from .identity import Footprint
 from .layout import MAX_INDEX_CELLS, chunk_cells
 from .mapped import STEP_BYTES, FileMaps
 from .rawio import read_block
-from .inputs import DEFAULT_THREADS, TASK_BYTES, Source, _batches, incomplete_message
+from .inputs import DEFAULT_THREADS, TASK_BYTES, Source, incomplete_message
 from .spec import ZARR, Spec
 
 #: The array's metadata document in its directory (Zarr v3).
@@ -299,11 +299,8 @@ class ZarrSource(Source):
     def _read_chunks(self, r0, r1, c0, c1, out) -> None:
         cells = list(chunk_cells(self.chunks, r0, r1, c0, c1))
         nbytes = (r1 - r0) * (c1 - c0) * self.dtype.itemsize
-        if self._decode is None:  # raw: any part of a chunk reads alone, so even row bands
-            groups = _bands(cells, r0, r1, min(self._threads, nbytes // TASK_BYTES))
-        else:  # compressed: a chunk is decoded whole, by one thread
-            per = max(TASK_BYTES, nbytes // self._threads + 1)
-            groups = _batches(((cell, self._cell_bytes(cell)) for cell in cells), per)
+        groups = _even_groups([(cell, self._cell_bytes(cell)) for cell in cells],
+                              min(self._threads, nbytes // TASK_BYTES))
         tasks = [[(cell, out, r0, c0) for cell in g] for g in groups]
         if len(tasks) == 1:
             self._group(tasks[0])
@@ -378,13 +375,20 @@ class ZarrSource(Source):
             self._maps.close()
 
 
-def _bands(cells: list, r0: int, r1: int, k: int) -> list[list]:
-    """The parts of ``cells`` (chunk cells of rows [r0, r1)) in ``k`` even bands of rows (at
-    least one), one list per band."""
-    k = max(1, min(k, r1 - r0))
-    edges = [r0 + (r1 - r0) * i // k for i in range(k + 1)]
-    return [[(ci, cj, max(a0, a), min(a1, b), b0, b1) for ci, cj, a0, a1, b0, b1 in cells
-             if a0 < b and a1 > a] for a, b in zip(edges, edges[1:])]
+def _even_groups(items: list, k: int) -> list[list]:
+    """``(item, nbytes)`` pairs in at most ``k`` (at least one) runs of consecutive items of
+    about equal bytes. Chunks stay whole: threads copying parts of one chunk would release the
+    mapped pages the others are copying from (:meth:`.FileMap.copy` drops whole windows)."""
+    total = sum(b for _i, b in items)
+    k = max(1, min(k, len(items)))
+    groups, acc, g = [[] for _ in range(k)], 0, 0
+    for left, (item, nbytes) in zip(range(len(items), 0, -1), items):
+        # the next group starts once this one has its share, or as the items left run out
+        if groups[g] and g < k - 1 and (acc * k >= total * (g + 1) or left <= k - 1 - g):
+            g += 1
+        groups[g].append(item)
+        acc += nbytes
+    return groups
 
 
 def _read_all(fd: int, size: int, path: str) -> bytes:

@@ -21,7 +21,6 @@ import bigmm  # noqa: E402
 from bigmm import errors  # noqa: E402
 from bigmm.io import Spec, open_input, parse_spec  # noqa: E402
 from bigmm.io.identity import describe, differences  # noqa: E402
-from bigmm.io.layout import chunk_cells  # noqa: E402
 from bigmm.io import zarrsource  # noqa: E402
 from bigmm.io.zarrsource import ZarrSource, chunk_files  # noqa: E402
 from bigmm.testing import random_matrix, zarr_array  # noqa: E402
@@ -167,31 +166,20 @@ def test_any_region_reads_its_elements(hypo, data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.data())
-def test_row_bands_cover_a_region_once_evenly(data):
-    cr, cc = data.draw(st.integers(1, 40)), data.draw(st.integers(1, 40))
-    r0 = data.draw(st.integers(0, 100))
-    r1 = data.draw(st.integers(r0 + 1, 200))
-    c0 = data.draw(st.integers(0, 100))
-    c1 = data.draw(st.integers(c0 + 1, 200))
-    k = data.draw(st.integers(0, 20))
-    bands = zarrsource._bands(list(chunk_cells((cr, cc), r0, r1, c0, c1)), r0, r1, k)
-    assert len(bands) == max(1, min(k, r1 - r0))
-    seen = np.zeros((r1, c1), int)
-    heights = []
-    for band in bands:
-        rows = {a for _ci, _cj, a0, a1, _b0, _b1 in band for a in range(a0, a1)}
-        heights.append(len(rows))
-        for ci, cj, a0, a1, b0, b1 in band:  # each part lies in its chunk
-            assert ci * cr <= a0 < a1 <= (ci + 1) * cr and cj * cc <= b0 < b1 <= (cj + 1) * cc
-            seen[a0:a1, b0:b1] += 1
-    assert (seen[r0:r1, c0:c1] == 1).all() and seen.sum() == (r1 - r0) * (c1 - c0)
-    assert max(heights) - min(heights) <= 1
+@given(st.lists(st.integers(1, 1000), min_size=1, max_size=40), st.integers(0, 20))
+def test_cells_are_grouped_whole_in_runs_of_about_equal_bytes(sizes, k):
+    groups = zarrsource._even_groups([(i, b) for i, b in enumerate(sizes)], k)
+    assert len(groups) == max(1, min(k, len(sizes)))  # no group left empty
+    assert [i for g in groups for i in g] == list(range(len(sizes)))  # in order, each once
+    total, k = sum(sizes), len(groups)
+    for g, group in enumerate(groups[:-1]):  # a group takes more items only below its share
+        if len(group) > 1:
+            assert sum(sizes[: group[-1]]) * k < total * (g + 1)
 
 
 @pytest.mark.parametrize("codec", [
-    "raw",   # parts of chunks in even row bands over the threads
-    "zstd",  # whole chunks, grouped over the threads
+    "raw",   # uncompressed chunks, parts of them grouped over the threads
+    "zstd",  # compressed chunks, decoded whole
 ])
 def test_regions_split_over_reader_threads_read_right(tmp_path, monkeypatch, codec):
     monkeypatch.setattr(zarrsource, "TASK_BYTES", 64)  # many tasks even for small regions
