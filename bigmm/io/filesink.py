@@ -47,7 +47,6 @@ until :meth:`Sink.finish`. When old C must be read (beta != 0) the new values go
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 
@@ -64,7 +63,7 @@ from .journal import Journal, finished_job
 from .layout import chunk_cells, probe_layout
 from .lock import h5_open_retry
 from .direct import ALIGN, DIRECT_MIN, tile_writes
-from .mapped import FileMap, reserve
+from .mapped import NO_FALLOCATE, FileMap, reserve
 from .region import RawRegion, clip_pieces, write_pieces
 from .sink import _FULL, JournaledSink
 from .source import DEFAULT_THREADS, H5Source, open_input
@@ -80,9 +79,6 @@ MIN_CHUNK_BYTES = 1 << 20
 #: whole contiguous array) at a page-aligned file offset, so that the tiles' pinned buffers
 #: (page-aligned) are written with O_DIRECT straight from memory (see :mod:`.direct`).
 H5_ALIGNMENT = {"alignment_threshold": DIRECT_MIN, "alignment_interval": ALIGN}
-#: posix_fallocate errors that mean "not supported here": write with pwritev instead.
-_NO_FALLOCATE = {errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
-                 getattr(errno, "ENOSYS", errno.EOPNOTSUPP)}
 
 
 def _fsync_path(path: str) -> None:
@@ -205,7 +201,7 @@ class FileSink(JournaledSink):
         except OSError as exc:
             if exc.errno in _FULL:
                 raise self._full_at_creation(nbytes, exc) from exc
-            if exc.errno in _NO_FALLOCATE:
+            if exc.errno in NO_FALLOCATE:  # not supported here: written with pwritev
                 return
             raise WriteError(f"Expected to reserve {format_bytes(nbytes)} for {self.label} in "
                              f"'{self.path}'. Got {type(exc).__name__}: {exc}.") from exc

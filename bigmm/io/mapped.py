@@ -125,6 +125,12 @@ def start_writeback(fd: int, lo: int, hi: int) -> None:
         _C_SYNC_FILE_RANGE(fd, lo, hi - lo, _SYNC_FILE_RANGE_WRITE)
 
 
+#: What ``posix_fallocate`` (or an ``O_DIRECT`` open) raises where the file system does not
+#: support it: write another way.
+NO_FALLOCATE = {errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
+                getattr(errno, "ENOSYS", errno.EOPNOTSUPP)}
+
+
 def reserve(fd: int, start: int, length: int, *, release=()) -> None:
     """``posix_fallocate`` bytes ``[start, start + length)`` of the file open as ``fd``.
 

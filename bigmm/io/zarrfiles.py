@@ -4,7 +4,6 @@ removed and swapped (idempotently). Used by :mod:`.zarrsink`; no zarr-python her
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -16,14 +15,12 @@ import numpy as np
 from ..errors import ReadError
 from . import direct
 from .layout import chunk_cells
-from .mapped import start_writeback
+from .mapped import NO_FALLOCATE, reserve, start_writeback
 from .rawio import write_block
 from .zarrsource import META, TMP_SUFFIX, read_meta
 
 #: Suffix of the original array's directory while a partial array replaces it.
 OLD_SUFFIX = ".bigmm-old"
-#: What ``posix_fallocate`` or ``O_DIRECT`` raise where the file system does not support them.
-UNSUPPORTED = {errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS}
 #: Chunk files made durable at once by a commit.
 SYNC_THREADS = 8
 #: Finished chunks kept open (not yet durable) before a commit makes them durable anyway.
@@ -193,11 +190,11 @@ class ChunkFiles:
         if self._direct is None:
             self._direct = direct.wants_direct(fd)
         if self._direct:
-            try:
-                os.posix_fallocate(fd, 0, self.chunk_bytes)
+            try:  # a failed attempt's blocks are given back
+                reserve(fd, 0, self.chunk_bytes, release=[(0, self.chunk_bytes)])
                 return direct.DirectWrites(fd, tmp, self.stored)
             except OSError as exc:  # a full disk is an error; else through the page cache
-                if exc.errno not in UNSUPPORTED:
+                if exc.errno not in NO_FALLOCATE:
                     raise
                 self._direct = False
         os.ftruncate(fd, self.chunk_bytes)

@@ -199,7 +199,8 @@ def test_disk_full_under_direct_chunk_writes_is_one_error_and_resumes(tmp_path, 
         if where == "write":
             mp.setattr(direct, "_write_direct", fail_after(direct._write_direct, 2))
         else:
-            mp.setattr(os, "posix_fallocate", fail_after(os.posix_fallocate, 3))
+            # a reservation asks for one byte, then the chunk: the fourth file's chunk fails
+            mp.setattr(os, "posix_fallocate", fail_after(os.posix_fallocate, 7))
         with pytest.raises(errors.DiskFullError, match="c.zarr") as err:
             bigmm.matmul(sa, sb, sc, **KW)
     assert "resume" in str(err.value)
