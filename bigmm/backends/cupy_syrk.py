@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import OptionError, ShapeError
+from .cupy_arrays import _ld
 from .syrk_blocks import syrk_by_blocks
 
 #: How diagonal tiles are updated: "cublas" (cublasSsyrk/Dsyrk), "blocks" (the upper
@@ -72,9 +73,3 @@ def _check(a, c, trans: bool) -> tuple[int, int]:
         if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
             raise ShapeError(f"Expected {name} with contiguous rows. Got strides {x.strides}.")
     return n, k
-
-
-def _ld(x) -> int:
-    """Leading dimension (elements between rows) of a row-major 2-D device array."""
-    rows, cols = x.shape
-    return max(x.strides[0] // x.itemsize if rows > 1 else cols, cols, 1)
