@@ -24,6 +24,7 @@ the plan names in ``Plan.registered`` (:mod:`.register`; :func:`to_lock`).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -68,12 +69,16 @@ class Slots:
     after which it is free; ``c_written``: per C slot, the write of its last tile."""
 
     dev: dict[str, list]
-    host: dict[str, list]
+    #: Per staged operand, its host buffers as futures: those of the first step pinned before
+    #: the run starts, the others on the pinning thread while it runs (Plan.host_slots).
+    host: dict[str, list[cf.Future]]
     direct: dict[str, Any]
     staging: bool = True
     events: dict[tuple, Any] = field(default_factory=dict)
     #: Per host C buffer (staging; per device C slot without), the write of its last tile.
     c_written: dict[int, cf.Future] = field(default_factory=dict)
+    pinning: cf.ThreadPoolExecutor | None = None
+    itemsize: dict[str, int] = field(default_factory=dict)  # per operand, of its buffers
 
     @classmethod
     def allocate(cls, be, p: Plan, direct: dict[str, Any]) -> Slots:
@@ -81,17 +86,47 @@ class Slots:
         dev = {"A": [be.device_buffer(p.bm * p.bk, dt) for _ in range(p.a_slots)],
                "B": [be.device_buffer(p.bk * p.bn, dt) for _ in range(p.b_slots)],
                "C": [be.device_buffer(p.bm * p.bn, ct) for _ in range(p.c_slots)]}
-        sizes = {"A": (p.bm * p.bk, HOST_PANEL_SLOTS, dt),
-                 "B": (p.bk * p.bn, HOST_PANEL_SLOTS if p.b_slots else 0, dt),
-                 "C": (p.bm * p.bn, HOST_C_SLOTS, ct)}
-        host = {op: [be.host_buffer(size, t) for _ in range(slots)]
-                for op, (size, slots, t) in sizes.items() if be.staging and direct[op] is None}
-        return cls(dev, host, direct, bool(be.staging))
+        slots = cls(dev, {}, direct, bool(be.staging))
+        slots.itemsize = {"A": dt.itemsize, "B": dt.itemsize, "C": ct.itemsize}
+        if not be.staging:
+            return slots
+        sizes = {"A": (p.bm * p.bk, dt), "B": (p.bk * p.bn, dt), "C": (p.bm * p.bn, ct)}
+        order = p.host_slots("".join(op for op in "ABC" if direct[op] is None))
+        for op, i, _, _ in sorted(order):
+            slots.host.setdefault(op, []).append(cf.Future())
+        for op, i, _, first in order:
+            if first:
+                slots.host[op][i].set_result(be.host_buffer(*sizes[op]))
+                continue
+            if slots.pinning is None:
+                slots.pinning = cf.ThreadPoolExecutor(1, thread_name_prefix="bigmm-pin")
+            slots.pinning.submit(_pin, be, *sizes[op], slots.host[op][i])
+        return slots
+
+    def close(self) -> None:
+        """Stop pinning (a buffer being pinned is finished; the ones not started never
+        are)."""
+        if self.pinning is not None:
+            self.pinning.shutdown(wait=True, cancel_futures=True)
+            for buffers in self.host.values():
+                for f in buffers:
+                    if not f.done():
+                        f.cancel()
 
     def c_key(self, c_slot: int) -> int:
         """The key of ``c_written`` for a device C slot: the host C buffer its tiles pass
         through (staging), else the slot itself (its buffer is what the writer reads)."""
         return c_slot % HOST_C_SLOTS if self.staging else c_slot
+
+
+def _pin(be, size: int, dtype, fut: cf.Future) -> None:
+    """Pin one host buffer into ``fut`` (its error, where pinning fails)."""
+    if not fut.set_running_or_notify_cancel():
+        return
+    try:
+        fut.set_result(be.host_buffer(size, dtype))
+    except BaseException as e:
+        fut.set_exception(e)
 
 
 def _arrays(a, b, out, checked: bool) -> dict[str, np.ndarray | None]:
@@ -143,6 +178,17 @@ class Part:
     futures: list
     host: Any = None  # staging: the host view read into (or the user's pinned array's region)
     dev: Any = None  # the device view the data ends in
+    #: A staged part: its host buffer (a future, pinned in the background where it is not
+    #: the first step's) and how ``host`` is made from it.
+    pinned: cf.Future | None = None
+    view: Any = None
+
+    def target(self):
+        """Where the reads go and the copy in comes from: the host view (a staged part's made
+        once its buffer is pinned), else the device view (without staging)."""
+        if self.host is None and self.pinned is not None:
+            self.host = self.view(self.pinned.result())
+        return self.dev if self.host is None else self.host
 
 
 @dataclass
@@ -257,16 +303,12 @@ class Loader:
                 self.tally.add(bytes_read=view.nbytes)
                 parts.append(Part([], view, pdev))
                 continue
-            host = None
-            if hslot is not None:
-                buf = slots.host[op][hslot]
-                if axis == 1:  # a column range, staged after the pieces before it
-                    host = be.view(buf[(r1 - r0) * a:], (r1 - r0, c1 - c0))
-                else:
-                    host = be.view(buf, shape)
-                    host = host if axis is None else k_slice(host, axis, a, b)
-                self.tally.add(bytes_staged=host.nbytes)
-            target = pdev if host is None else host
+            part = Part([], None, pdev)
+            if hslot is not None:  # its view of the host buffer, once that is pinned
+                part.pinned = slots.host[op][hslot]
+                part.view = functools.partial(staged_view, be, shape=shape, axis=axis,
+                                              piece=(a, b), region=(r1 - r0, c1 - c0))
+                self.tally.add(bytes_staged=(r1 - r0) * (c1 - c0) * slots.itemsize[op])
             if op == "C":  # the C buffer is free once the write of its previous tile and the
                 # copy in of the last C read into it finished
                 ready = _when(slots.c_written.get(slots.c_key(slot)),
@@ -276,17 +318,20 @@ class Loader:
                 ready = ((lambda: be.synchronize(event)) if event is not None
                          else (lambda: None))
             chunks = None if op == "C" else src.panel_chunks  # chunks read whole
-            futures = [self.pool.submit(self._read, src, rr0, rr1, c0, c1,
-                                        target[rr0 - r0:rr1 - r0], ready)
-                       for rr0, rr1 in io_pieces(r0, r1, c1 - c0, src.dtype.itemsize,
-                                                 self.threads, chunks)]
-            parts.append(Part(futures, host, pdev))
+            part.futures = [self.pool.submit(self._read, src, rr0, rr1, c0, c1, part,
+                                             rr0 - r0, rr1 - r0, ready)
+                            for rr0, rr1 in io_pieces(r0, r1, c1 - c0, src.dtype.itemsize,
+                                                      self.threads, chunks)]
+            parts.append(part)
         return Load(parts, (op, slot), host_key)
 
-    def _read(self, src, r0, r1, c0, c1, target, ready) -> None:
+    def _read(self, src, r0, r1, c0, c1, part: Part, q0: int, q1: int, ready) -> None:
+        """Read rows [r0, r1) and columns [c0, c1) of ``src`` into rows [q0, q1) of the
+        part's target, once ``ready`` returned."""
         if self.cancel.is_set():
             return
         ready()
+        target = part.target()[q0:q1]
         with self.clock:
             try:
                 read_into(src, r0, r1, c0, c1, target)
@@ -296,6 +341,18 @@ class Loader:
                 raise ReadError(f"Expected to read rows {r0}:{r1}, columns {c0}:{c1} of "
                                 f"{src.label}. Got {type(e).__name__}: {e}") from e
         self.tally.add(bytes_read=target.size * src.dtype.itemsize)
+
+
+def staged_view(be, buf, *, shape: tuple[int, int], axis: int | None,
+                piece: tuple[int, int], region: tuple[int, int]):
+    """The view of a host staging buffer ``buf`` that K piece ``piece`` of a panel of
+    ``shape`` (stored; its K axis ``axis``, None for C) is staged in: a column range (axis 1)
+    is a block of ``region``'s shape after the pieces before it, a row range the panel's
+    rows."""
+    if axis == 1:
+        return be.view(buf[region[0] * piece[0]:], region)
+    view = be.view(buf, shape)
+    return view if axis is None else k_slice(view, axis, *piece)
 
 
 def read_into(src, r0: int, r1: int, c0: int, c1: int, target: np.ndarray) -> None:

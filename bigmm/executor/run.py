@@ -182,6 +182,7 @@ class Run:
         finally:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.writer.stop()
+            self.slots.close()
         self._unlock()
         return self._stats()
 
@@ -319,7 +320,7 @@ class Run:
                 free = events.get(load.dev_key)  # last gemm on a slot, copy-out of a C
                 if i == 0 and free is not None:
                     be.wait(self.s_in, free)
-                be.copy_in(load.parts[i].host, load.parts[i].dev, self.s_in)
+                be.copy_in(load.parts[i].target(), load.parts[i].dev, self.s_in)
             if copied:
                 done = be.record(self.s_in)
                 for load in copied:
@@ -341,7 +342,7 @@ class Run:
             if slots.direct["C"] is not None:  # into the user's array: nothing left to write
                 dst, src = slots.direct["C"][t.r0:t.r1, t.c0:t.c1], None
             else:
-                dst = src = be.view(slots.host["C"][key], t.shape)
+                dst = src = be.view(slots.host["C"][key].result(), t.shape)
                 if ("hC", key) in slots.events:  # a C read into it may still be copying in
                     be.wait(self.s_out, slots.events[("hC", key)])
                 self.tally.add(bytes_staged=src.nbytes)

@@ -163,6 +163,8 @@ class StageTimes:
     bursts: float = 0.0
     #: Locking the user's arrays before the run and releasing them after (in ``fill`` too).
     setup: float = 0.0
+    #: Pinning the staging buffers the first step does not use, in the background.
+    pinning: float = 0.0
 
     @property
     def guess(self) -> float:
@@ -182,10 +184,10 @@ class StageTimes:
 
     @property
     def upper_bound(self) -> float:
-        """The locking, then the stages one after the other (list scheduling never leaves
-        all of them idle)."""
-        return (self.setup + self.read + self.copy_in + self.compute + self.copy_out
-                + self.write)
+        """The locking and all the pinning, then the stages one after the other (list
+        scheduling never leaves all of them idle but while a buffer is pinned)."""
+        return (self.setup + self.pinning + self.read + self.copy_in + self.compute
+                + self.copy_out + self.write)
 
 
 def direct_operands(p: Plan) -> tuple[bool, bool, bool]:
@@ -209,17 +211,31 @@ def pitched_rows(p: Plan) -> tuple[Callable, Callable, Callable]:
 
 
 def setup_seconds(p: Plan, r: Rates) -> float:
-    """Seconds before the run's first copy and after its last: pinning its staging buffers
-    (``r.pin_bytes``), page-locking the operands ``p.registered`` and releasing them
-    (``r.register_bytes``); 0 for what has no known rate, and without staging."""
+    """Seconds before the run's first copy and after its last: pinning the staging buffers
+    its first step uses (``r.pin_bytes``; :meth:`Plan.host_slots`), page-locking the
+    operands ``p.registered`` and releasing them (``r.register_bytes``); 0 for what has no
+    known rate, and without staging."""
     if not p.staging:
         return 0.0
-    pin = p.host_bytes / r.pin_bytes if r.pin_bytes else 0.0
+    pin = (sum(nbytes for _, _, nbytes, first in p.host_slots() if first) / r.pin_bytes
+           if r.pin_bytes else 0.0)
     if not p.registered or not r.register_bytes:
         return pin
     sizes = {"A": p.itemsize * p.m * p.k, "B": p.itemsize * p.k * p.n,
              "C": p.c_itemsize * p.m * p.n}
     return pin + sum(sizes[op] for op in p.registered) / r.register_bytes
+
+
+def pinned_at(p: Plan, r: Rates, start: float) -> dict[tuple[str, int], float]:
+    """When each host staging buffer (operand, slot) is ready: those of the first step at
+    ``start`` (the end of the setup), the others one after another on the pinning thread
+    from then on (``r.pin_bytes``)."""
+    t, ready = start, {}
+    for op, i, nbytes, first in p.host_slots():
+        if not first and r.pin_bytes:
+            t += nbytes / r.pin_bytes
+        ready[op, i] = start if first else t
+    return ready
 
 
 def stage_times(p: Plan, r: Rates) -> StageTimes:
@@ -308,7 +324,8 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
                                             + r.per_load * p.n_tiles + hr * p.m * p.nj),
                       fill=setup + first_read / r.read_bytes + copy(first)
                       + r.per_load * ((not da) + (not db)) + hr * first_rows,
-                      drain=drain, head=head, first=tile0, bursts=bursts, setup=setup)
+                      drain=drain, head=head, first=tile0, bursts=bursts, setup=setup,
+                      pinning=max(pinned_at(p, r, 0.0).values(), default=0.0))
 
 
 def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
@@ -410,12 +427,17 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     c_slots = p.c_slots
     dev_user = [[-1] * p.a_slots, [-1] * p.b_slots, [-1] * c_slots]
     host_user = [[-1] * HOST_PANEL_SLOTS, [-1] * HOST_PANEL_SLOTS, [-1] * HOST_C_SLOTS]
-    host_copied = [[start0] * HOST_PANEL_SLOTS, [start0] * HOST_PANEL_SLOTS,
-                   [start0] * HOST_C_SLOTS]
+    # a host buffer is free once pinned (those of the first step in the setup, the others
+    # in the background: :func:`pinned_at`), then once its last load was copied in
+    pinned = pinned_at(p, r, start0)
+    host_copied = [[pinned.get((op, i), start0) for i in range(n)]
+                   for op, n in (("A", HOST_PANEL_SLOTS), ("B", HOST_PANEL_SLOTS),
+                                 ("C", HOST_C_SLOTS))]
     host_next = [0, 0, 0]
     c_copied = [start0] * c_slots  # copy-out end of the last tile in each C slot
     # write end of the last tile through each host C buffer (staging), else each C slot
-    c_written = [start0] * (HOST_C_SLOTS if staging else c_slots)
+    c_written = ([pinned.get(("C", i), start0) for i in range(HOST_C_SLOTS)] if staging
+                 else [start0] * c_slots)
     marks = []
     sched = p._slot_schedule(head_rounds=head_rounds)
     if max_steps is not None:

@@ -327,6 +327,25 @@ class Plan:
             ("A", HOST_PANEL_SLOTS, bm * bk, w), ("B", b_host, bk * bn, w),
             ("C", HOST_C_SLOTS, bm * bn, wc)) if self.staged(op))
 
+    def host_slots(self, ops: str | None = None) -> list[tuple[str, int, int, bool]]:
+        """The host staging buffers of the operands that are staged (``ops``: of these
+        instead, as a run that stages some after all has them), (operand, slot, bytes,
+        first), in the order a run pins them: ``first`` for those the first step uses (the
+        first A and B buffers, and C's when it is read), pinned before the run starts; then
+        the others, pinned in the background while it runs (none without staging)."""
+        if not self.staging:
+            return []
+        staged = [op for op in OPERANDS if (self.staged(op) if ops is None else op in ops)]
+        w, wc, bm, bn, bk = self.itemsize, self.c_itemsize, self.bm, self.bn, self.bk
+        b_host = HOST_PANEL_SLOTS if self.b_slots else 0
+        slots = [(op, i, size * bytes_) for op, n, size, bytes_ in (
+            ("A", HOST_PANEL_SLOTS, bm * bk, w), ("B", b_host, bk * bn, w),
+            ("C", HOST_C_SLOTS, bm * bn, wc)) if op in staged for i in range(n)]
+        first = [(op, i, nbytes, True) for op, i, nbytes in slots
+                 if i == 0 and (op != "C" or self.reads_c)]
+        return first + [(op, i, nbytes, False) for op, i, nbytes in slots
+                        if (op, i, nbytes, True) not in first]
+
     def host_c_slot(self, c_slot: int) -> int:
         """The host C buffer a device C slot's tiles pass through (staging plans)."""
         return c_slot % HOST_C_SLOTS

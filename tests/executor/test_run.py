@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import h5py
 import numpy as np
 import pytest
-from executor_cases import (BACKENDS, PinnedAsyncBackend, RecordingAsyncBackend, array_run, h5,
-                            job_record, run)
+from executor_cases import (BACKENDS, AsyncBackend, PinnedAsyncBackend, RecordingAsyncBackend,
+                            array_run, h5, job_record, run)
 
 from bigmm import io
 from bigmm.backends.numpy import NumpyBackend
@@ -69,6 +70,65 @@ def test_resident_c_tails(tmp_path, bname, m, n, k, beta, tail):
     assert plan.order == "resident-c" and plan.tail == tail and plan.c_slots == plan.ni
     assert relative_error(out, ref) <= tolerance(np.float64, k)
     assert stats.bytes_read == plan.bytes_read == 8 * (m * k + k * n + (m * n if beta else 0))
+
+
+class _SlowPinning(AsyncBackend):
+    """AsyncBackend whose host buffers take ``delay`` seconds to pin off the issuing thread
+    (and the ``fail``-th such buffer fails), recording which thread pinned each one and
+    when, and when the first gemm was issued."""
+
+    def __init__(self, delay=0.05, fail=None):
+        super().__init__(seed=2)
+        self.delay, self.fail = delay, fail
+        self.pins: list[tuple[str, float]] = []  # (thread name, end)
+        self.first_gemm = None
+
+    def host_buffer(self, size, dtype):
+        name = threading.current_thread().name
+        if name.startswith("bigmm-pin"):
+            time.sleep(self.delay)
+            if self.fail is not None and sum(n.startswith("bigmm-pin")
+                                             for n, _ in self.pins) + 1 == self.fail:
+                raise MemoryError("Expected pinned host memory. Got none left.")
+        self.pins.append((name, time.perf_counter()))
+        return super().host_buffer(size, dtype)
+
+    def gemm(self, a, b, c, alpha, beta, trans_a, trans_b, stream):
+        if self.first_gemm is None:
+            self.first_gemm = time.perf_counter()
+        super().gemm(a, b, c, alpha, beta, trans_a, trans_b, stream)
+
+
+PINNING = [
+    # (m, n, k, beta, order)
+    (37, 41, 97, 0.0, "stream"),  # A and B's second buffers and C's two pinned in the background
+    (53, 29, 61, 0.5, "resident-c"),  # old C read: C's first buffer pinned before the start
+    (29, 53, 61, 1.0, "resident-b"),  # B column panel resident
+]
+
+
+@pytest.mark.parametrize("m,n,k,beta,order", PINNING)
+def test_staging_pinned_in_the_background_while_the_run_starts(tmp_path, m, n, k, beta, order):
+    be = _SlowPinning()
+    out, ref, _, plan = run(tmp_path, be, m=m, n=n, k=k, beta=beta, order=order, io_threads=3)
+    assert relative_error(out, ref) <= tolerance(np.float64, k)
+    slots = plan.host_slots()
+    first = sum(1 for *_, f in slots if f)
+    assert [name.startswith("bigmm-pin") for name, _ in be.pins] == [
+        i >= first for i in range(len(slots))]
+    assert first == 2 + (beta != 0) and len(slots) > first
+    assert be.first_gemm < be.pins[-1][1]  # computing before the last buffer was pinned
+
+
+@pytest.mark.parametrize("fail", [
+    1,  # A's second buffer: the reader filling it raises
+    3,  # C's first buffer: the copy out of the first tile raises
+])
+def test_a_buffer_that_fails_to_pin_fails_the_run_resumably(tmp_path, fail):
+    with pytest.raises(MemoryError, match="pinned host memory"):
+        run(tmp_path, _SlowPinning(delay=0.01, fail=fail), m=37, n=41, k=97, order="stream",
+            io_threads=3)
+    assert io.read_journal(f"{tmp_path / 'c.h5'}:/C") is not None  # resumable
 
 
 LAYOUTS = [

@@ -155,6 +155,30 @@ def test_locking_delays_the_whole_run_by_its_time():
         pytest.approx(free.predicted_seconds + setup / 3)
 
 
+@pytest.mark.parametrize("reads_c", [
+    False,  # A's and B's first buffers before the start, C's two in the background
+    True,  # C's first buffer before the start too: the first step reads old C
+])
+def test_staging_past_the_first_step_is_pinned_while_the_run_goes(reads_c):
+    args = dict(device_budget=8 * GiB, host_budget=32 * GiB, tile=(4096, 8192, 4096),
+                order="stream", in_place="", reads_c=reads_c)
+    free = make_plan(16384, 16384, 16384, **args, rates=TF32_PINNED)
+    pin = replace(TF32_PINNED, pin_bytes=2e9)
+    pinned = make_plan(16384, 16384, 16384, **args, rates=pin)
+    slots = pinned.host_slots()
+    first = sum(b for *_, b, f in slots if f)
+    assert first == 4 * 4096 * (4096 + 8192 + (8192 if reads_c else 0))
+    st_ = stage_times(pinned, pin)
+    assert st_.setup == pytest.approx(first / 2e9)
+    assert st_.pinning == pytest.approx(sum(b for *_, b, f in slots if not f) / 2e9)
+    # the first step waits for its own buffers only; later steps wait for theirs as needed
+    assert free.predicted_seconds + first / 2e9 <= pinned.predicted_seconds
+    assert pinned.predicted_seconds <= free.predicted_seconds + st_.setup + st_.pinning + 1e-9
+    slow = replace(TF32_PINNED, pin_bytes=1e8)  # pinning the rest outlasts the whole run
+    late = make_plan(16384, 16384, 16384, **args, rates=slow)
+    assert late.predicted_seconds >= sum(b for *_, b, _ in slots) / 1e8
+
+
 def test_pitched_copies_in_place_cost_their_rows():
     # A's panels narrower than its rows are 2-D copies of bm rows each; B's panels span whole
     # rows (one tile column), C's tiles too: only A pays

@@ -48,6 +48,24 @@ def test_k_panels_cover_k_once_and_budgets_hold(kw):
     assert plan.host_bytes <= plan.host_budget
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(problems(), resident_c()), st.sampled_from([None, "", "A", "BC", "ABC"]))
+def test_host_slots_list_each_staged_buffer_once_the_first_steps_first(kw, ops):
+    plan = plan_or_none(dict(kw, in_place=ops))
+    if plan is None:
+        return
+    slots = plan.host_slots()
+    firsts = [f for *_, f in slots]
+    assert firsts == sorted(firsts, reverse=True)  # the first step's buffers lead
+    assert sum(b for *_, b, _ in slots) == (plan.host_bytes if plan.staging else 0)
+    assert len({(op, i) for op, i, *_ in slots}) == len(slots)
+    assert {op for op, *_ in slots} <= {op for op in "ABC" if plan.staged(op)}
+    assert {(op, i) for op, i, _, f in slots if f} == {
+        (op, 0) for op in "ABC" if plan.staged(op) and (op != "C" or plan.reads_c)
+        and (op != "B" or plan.b_slots)}
+    assert plan.host_slots("C") == [x for x in plan.host_slots("ABC") if x[0] == "C"]
+
+
 @settings(max_examples=120, deadline=None)
 @given(st.one_of(problems(), resident_c()), st.data())
 def test_steps_load_every_panel_into_a_free_slot(kw, data):
