@@ -38,6 +38,11 @@ SIM_LARGE = 8
 DEEPEN = 4
 #: Resident-c candidates simulated (those with the lowest bounds).
 SIM_RESIDENT_C = 8
+#: Where the host's reads or writes outweigh the gemms, predicted times within this share of
+#: the fastest are taken as equal (the model is not that exact): of those, the plan reading
+#: the fewest bytes is chosen (copies the model counts apart, the host's reads and writes,
+#: share its memory bandwidth).
+NEAR = 0.03
 
 
 def _check_dims(m: int, n: int, k: int) -> None:
@@ -206,7 +211,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
 
 
 def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = ()) -> Plan:
-    """The candidate with the shortest predicted makespan (ties: the byte score). Of the
+    """The candidate with the shortest predicted makespan (where its host's reads or writes
+    outweigh its gemms, of those within NEAR of it the one reading the fewest bytes). Of the
     candidates in orders stream and resident-a/b, the first SIM_PLANS in order of
     ``StageTimes.guess`` and the SIM_LARGE with the fewest steps are simulated, and the
     DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest first)
@@ -240,7 +246,12 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
             timed.append((deeper.predicted_seconds, score, deeper))
     for candidate in ranked(True)[:SIM_RESIDENT_C]:
         simulate_unless_bounded(*candidate)
-    return min(timed, key=lambda x: x[:2])[2]
+    best = min(timed, key=lambda x: x[:2])
+    st = stage_times(best[2], rates)
+    if max(st.read, st.write) <= st.compute:  # the gemms bound the run: the fastest
+        return best[2]
+    return min((x for x in timed if x[0] <= best[0] * (1 + NEAR)),
+               key=lambda x: (x[2].bytes_read, x[:2]))[2]
 
 
 def _fixed(tile: tuple[int, int, int], order: str, tail: int | None, base: dict) -> Plan:

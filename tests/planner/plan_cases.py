@@ -80,6 +80,10 @@ H100_ARRAYS = Rates(flops=47e12, read_bytes=15e9, write_bytes=5e9, h2d_bytes=50e
 #: The same GPU reading HDF5 files from a cold disk and writing C to it.
 H100_DISK = Rates(flops=47e12, read_bytes=1.2e9, write_bytes=1.0e9, h2d_bytes=50e9)
 N32 = dict(m=32768, n=32768, k=32768, device_budget=8 * GiB, host_budget=32 * GiB)
+#: An H200 host's calibrated rates for bfloat16 operands from NumPy arrays (tensor cores).
+H200_BF16 = Rates(flops=796e12, read_bytes=25.4e9, write_bytes=25.4e9, h2d_bytes=55.3e9,
+                  memory_bytes=4.03e12, per_step=3.96e-5, per_host_row=2.5e-8,
+                  register_bytes=25.4e9, pin_bytes=9.78e9)
 #: The H100 from pinned NumPy arrays copied in place (nothing read or written through staging),
 #: with what a gemm step adds: C tiles re-read and written at the device memory's speed, and
 #: half a wave of 264 blocks of 128 x 128 lost per gemm.
