@@ -433,6 +433,46 @@ def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, 
         assert p.rates.write_bytes == copy
 
 
+class _LockingStagingBackend(_StagingBackend):
+    """A staging backend that can page-lock arrays in place, at ``rate`` bytes a second."""
+
+    def __init__(self, rate):
+        super().__init__()
+        self.rate = rate
+
+    def rates(self, dtype, limit):
+        return replace(_GPU_RATES, register_bytes=self.rate)
+
+    def register(self, ptr, nbytes, read_only=False):
+        pass
+
+    def unregister(self, ptr):
+        pass
+
+
+@pytest.mark.parametrize("rate, searched", [
+    (1e6, False),  # locking alone takes longer than the staged plan: not searched
+    (1e12, True),  # locking is quick: the plan copying all three in place is searched too
+])
+def test_locking_for_the_run_is_searched_only_where_it_could_win(monkeypatch, rate, searched):
+    ops = [random_matrix((600, 500), np.float32), random_matrix((500, 400), np.float32, 1),
+           np.empty((600, 400), np.float32)]
+    calls = []
+    real = job.make_plan
+    monkeypatch.setattr(job, "make_plan", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    closing = []
+    A, B = job.open_inputs(ops[0], ops[1], closing)
+    try:
+        p, _ = job.plan_job(A, B, ops[2], _LockingStagingBackend(rate), alpha=1.0, beta=0.0,
+                             trans_a=False, trans_b=False, memory="2MiB", host_memory="4MiB",
+                             resume=False, calibrate=True)
+    finally:
+        for x in closing:
+            x.close()
+    assert [kw["registered"] for kw in calls] == ["", "ABC"][:1 + searched]
+    assert p.registered == ("ABC" if searched and p.in_place else "")
+
+
 @pytest.mark.parametrize("fuses", [
     True,   # the gemm does the checks' updates: the tiles of the unchecked run
     False,  # separate passes over the panels: the tiles are chosen with them counted
