@@ -36,8 +36,9 @@ SIM_PLANS = 32
 #: are also tried with deeper K panels.
 SIM_LARGE = 8
 DEEPEN = 4
-#: Resident-c candidates simulated (those with the lowest bounds).
-SIM_RESIDENT_C = 8
+#: Resident-c candidates simulated per K panel depth (those with the lowest bounds: a strip
+#: height's tails, whose bounds are equal).
+SIM_RESIDENT_C = 5
 #: Where the host's reads or writes outweigh the gemms, predicted times within this share of
 #: the fastest are taken as equal (the model is not that exact): of those, the plan reading
 #: the fewest bytes is chosen (copies the model counts apart, the host's reads and writes,
@@ -49,6 +50,15 @@ def _check_dims(m: int, n: int, k: int) -> None:
     for name, v in (("M", m), ("N", n), ("K", k)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ShapeError(f"Expected {name} to be a positive integer. Got {v!r}.")
+
+
+def _deeper(k: int, unit: int, shallow: int) -> list[int]:
+    """K panel depths beyond ``shallow``, up to twice it, deepest first: every even split of
+    ``k`` (in multiples of ``unit``) in that range, as a depth that divides K leaves no
+    short last panel (a step of its own)."""
+    parts = range(max(1, -(-k // (2 * shallow))), -(-k // shallow) + 1)
+    return sorted({d for d in (even_edge(k, nb, unit) for nb in parts)
+                   if shallow < d <= 2 * shallow}, reverse=True)
 
 
 def _units(dim: int, chunk: int | None, align: int) -> int:
@@ -184,8 +194,9 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
         orders = (order,) if order else ORDERS
         if "resident-c" in orders:
             if order or (rates is not None and staging):
+                # by time, panels up to twice as deep too (as the others are tried deeper)
                 found += _resident_c([m] if symmetric else _candidates(m, um, min_tile), bks,
-                                     base, step_bytes)
+                                     base, step_bytes, _deeper(k, uk, shallow) if rates else [])
             orders = tuple(o for o in orders if o != "resident-c")
         for o in orders:
             for bm in _candidates(m, um, min_tile):
@@ -201,7 +212,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
         if found:
             if rates is None:
                 return min(found, key=lambda x: x[0])[1]
-            return _fastest(found, rates, [b for b in depths if shallow < b <= 2 * shallow])
+            return _fastest(found, rates, _deeper(k, uk, shallow))
     smallest = min(m, min_tile), min(n, min_tile), min(k, min_tile)
     if order == "resident-c":  # strips C's width, and every one of them on the device
         smallest = (smallest[0], n, smallest[2])
@@ -217,8 +228,8 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     ``StageTimes.guess`` and the SIM_LARGE with the fewest steps are simulated, and the
     DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest first)
     that fits (fewer C-tile updates and steps against a longer fill); of the resident-c
-    candidates, the first SIM_RESIDENT_C by guess. A candidate whose lower bound exceeds the
-    best makespan found is not simulated."""
+    candidates, the first SIM_RESIDENT_C by guess of each K panel depth. A candidate whose
+    lower bound exceeds the best makespan found is not simulated."""
     timed: list[tuple[float, tuple, Plan]] = []
     best = math.inf
 
@@ -244,8 +255,10 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
         deeper = next((q for q in (replace(p, bk=bk) for bk in depths) if _fits(q)), None)
         if deeper is not None:
             timed.append((deeper.predicted_seconds, score, deeper))
-    for candidate in ranked(True)[:SIM_RESIDENT_C]:
-        simulate_unless_bounded(*candidate)
+    strips = ranked(True)
+    for bk in dict.fromkeys(p.bk for _, _, p in strips):
+        for candidate in [c for c in strips if c[2].bk == bk][:SIM_RESIDENT_C]:
+            simulate_unless_bounded(*candidate)
     best = min(timed, key=lambda x: x[:2])
     st = stage_times(best[2], rates)
     if max(st.read, st.write) <= st.compute:  # the gemms bound the run: the fastest
@@ -283,20 +296,26 @@ def _fixed(tile: tuple[int, int, int], order: str, tail: int | None, base: dict)
 TAIL_SHARES = (0.0, 0.125, 0.25, 0.5, 1.0)
 
 
-def _resident_c(bms: list[int], bks: list[int], base: dict, step_bytes: int) -> list:
+def _resident_c(bms: list[int], bks: list[int], base: dict, step_bytes: int,
+                deeper: list[int] = ()) -> list:
     """Resident-c candidates (score, plan): strips of each height in ``bms`` with the
-    deepest K panels of ``bks`` that fit, and the shallower half of that depth, each with
-    the tails of TAIL_SHARES that fit (at least one panel; at most SIM_STEPS strip steps in
-    the tail, which the model simulates whole)."""
+    deepest K panels of ``bks`` that fit, the shallower half of that depth, and the deepest
+    of ``deeper`` that fits (panels beyond ``bks``, tried by time: each panel adds into the
+    strips once), each with the tails of TAIL_SHARES that fit (at least one panel; at most
+    SIM_STEPS strip steps in the tail, which the model simulates whole)."""
     m, n, k = base["m"], base["n"], base["k"]
     found = []
     for bm in bms:
         ni = -(-m // bm)
         if ni > SIM_STEPS // 4:
             continue
-        fitting = [bk for bk in bks if _fits(Plan(bm=bm, bn=n, bk=bk, order="resident-c",
-                                                  tail=1, **base))]
-        for bk in fitting[:1] + [b for b in fitting[1:] if 2 * b <= fitting[0]][:1]:
+        def fits(bk: int) -> bool:
+            return _fits(Plan(bm=bm, bn=n, bk=bk, order="resident-c", tail=1, **base))
+
+        fitting = [bk for bk in bks if fits(bk)]
+        deepest = next((bk for bk in deeper if fits(bk)), None)
+        for bk in ([deepest] if deepest else []) + fitting[:1] + [
+                b for b in fitting[1:] if 2 * b <= fitting[0]][:1]:
             nk = -(-k // bk)
             for tail in sorted({max(1, math.ceil(share * nk)) for share in TAIL_SHARES}):
                 p = Plan(bm=bm, bn=n, bk=bk, order="resident-c", tail=tail, **base)

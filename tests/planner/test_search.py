@@ -271,13 +271,39 @@ def test_resident_c_is_a_candidate_only_when_timed_with_staging():
 
 
 def test_of_near_times_the_plan_reading_fewer_bytes_is_chosen(monkeypatch):
-    # bfloat16 at n = 81920 on an H200: a resident-b plan reading A twice is predicted a hair
+    # bfloat16 at n = 81920 on an H200: resident-b reading A twice was predicted a hair
     # faster than resident-c reading each input once; measured, resident-c was 10-20% faster
-    args = dict(m=81920, n=81920, k=81920, dtype="bfloat16", device_budget=118 * GiB,
+    base = dict(m=81920, n=81920, k=81920, dtype="bfloat16", device_budget=118 * GiB,
                 host_budget=18 * GiB, rates=H200_BF16, in_place="")
-    chosen, near = search.make_plan.__wrapped__(**args), search.NEAR
+    twice = make_plan(**base, tile=(4096, 40960, 7680), order="resident-b")
+    once = make_plan(**base, tile=(1536, 81920, 4096), order="resident-c", tail=10)
+    assert twice.predicted_seconds < once.predicted_seconds <= (
+        (1 + search.NEAR) * twice.predicted_seconds)
+    assert once.bytes_read < twice.bytes_read
+    found = [((search._cost(p, STEP_COST_BYTES), p.n_steps, -p.bk, 0), p) for p in (twice, once)]
+    assert search._fastest(found, H200_BF16) == once
     monkeypatch.setattr(search, "NEAR", 0.0)
-    fastest = search.make_plan.__wrapped__(**args)
-    assert chosen.bytes_read == chosen.lower_bound_bytes < fastest.bytes_read
-    assert fastest.predicted_seconds < chosen.predicted_seconds <= (
-        (1 + near) * fastest.predicted_seconds)
+    assert search._fastest(found, H200_BF16) == twice
+    # where the gemms outweigh the reads and the writes, the fastest whatever it reads
+    slow = replace(H200_BF16, flops=H200_BF16.flops / 20)
+    found = [((0,), make_plan(**dict(base, rates=slow), tile=(p.bm, p.bn, p.bk), order=p.order,
+                              tail=p.tail or None)) for p in (twice, once)]
+    monkeypatch.setattr(search, "NEAR", 0.5)
+    fastest = min((p for _, p in found), key=lambda p: p.predicted_seconds)
+    assert search._fastest(found, slow) == fastest
+
+
+def test_resident_c_tries_k_panels_deeper_than_max_bk_by_time():
+    # TF32 at n = 81920 from host arrays, as calibrated on an H100: each K panel adds into
+    # the strips once, so panels twice as deep (8192, dividing K) halve that traffic; measured,
+    # cuBLAS TF32 ran the 4096-deep steps at 271 TFLOP/s and the 8192-deep at 342
+    tf32 = Rates(flops=398e12, read_bytes=30.2e9, write_bytes=30.2e9, h2d_bytes=55.3e9,
+                 memory_bytes=2.85e12, wave_flops=8650752.0, per_step=3.96e-5,
+                 per_host_row=4.2e-8, per_row=1.5e-9, register_bytes=25.4e9, pin_bytes=8.97e9)
+    args = dict(m=81920, n=81920, k=81920, dtype="float32", device_budget=66 * GiB,
+                host_budget=17 * GiB, rates=tf32, in_place="")
+    plan = make_plan(**args)
+    assert (plan.order, plan.bk) == ("resident-c", 8192)
+    shallow = make_plan(**args, max_bk=2048)  # deeper panels up to 4096 only
+    assert shallow.bk <= 4096 and plan.predicted_seconds < shallow.predicted_seconds
+    assert make_plan(**dict(args, rates=None), order="resident-c").bk <= 4096  # by bytes
