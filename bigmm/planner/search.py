@@ -39,10 +39,13 @@ DEEPEN = 4
 #: Resident-c candidates simulated per K panel depth (those with the lowest bounds: a strip
 #: height's tails, whose bounds are equal).
 SIM_RESIDENT_C = 5
-#: Where the host's reads or writes outweigh the gemms, predicted times within this share of
-#: the fastest are taken as equal (the model is not that exact): of those, the plan reading
-#: the fewest bytes is chosen (copies the model counts apart, the host's reads and writes,
-#: share its memory bandwidth).
+#: Predicted times within this share of the fastest are taken as equal (the model is not
+#: that exact). Of those, where the host's reads or writes outweigh the gemms, the plan
+#: reading the fewest bytes is chosen (copies the model counts apart, the host's reads and
+#: writes, share its memory bandwidth); and of resident-c plans, the one with the deepest K
+#: panels (each panel's gemm adds into the strips: cuBLAS TF32 ran 4096-deep steps of 3072 x
+#: 81920 strips at 271 TFLOP/s and 8192-deep ones at 342 on an H100, which the model does not
+#: know).
 NEAR = 0.03
 
 
@@ -222,8 +225,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
 
 
 def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = ()) -> Plan:
-    """The candidate with the shortest predicted makespan (where its host's reads or writes
-    outweigh its gemms, of those within NEAR of it the one reading the fewest bytes). Of the
+    """The candidate with the shortest predicted makespan, or one within NEAR of it (see
+    there: the fewest bytes read, the deepest resident-c strips). Of the
     candidates in orders stream and resident-a/b, the first SIM_PLANS in order of
     ``StageTimes.guess`` and the SIM_LARGE with the fewest steps are simulated, and the
     DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest first)
@@ -260,11 +263,14 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
         for candidate in [c for c in strips if c[2].bk == bk][:SIM_RESIDENT_C]:
             simulate_unless_bounded(*candidate)
     best = min(timed, key=lambda x: x[:2])
+    near = [x for x in timed if x[0] <= best[0] * (1 + NEAR)]
     st = stage_times(best[2], rates)
-    if max(st.read, st.write) <= st.compute:  # the gemms bound the run: the fastest
-        return best[2]
-    return min((x for x in timed if x[0] <= best[0] * (1 + NEAR)),
-               key=lambda x: (x[2].bytes_read, x[:2]))[2]
+    if max(st.read, st.write) > st.compute:  # the copies bound the run: the fewest bytes
+        best = min(near, key=lambda x: (x[2].bytes_read, x[:2]))
+    if best[2].order == "resident-c":  # of strips as near and reading as little, the deepest
+        best = min((x for x in near if x[2].order == "resident-c"
+                    and x[2].bytes_read <= best[2].bytes_read), key=lambda x: (x[2].nk, x[:2]))
+    return best[2]
 
 
 def _fixed(tile: tuple[int, int, int], order: str, tail: int | None, base: dict) -> Plan:

@@ -307,3 +307,20 @@ def test_resident_c_tries_k_panels_deeper_than_max_bk_by_time():
     shallow = make_plan(**args, max_bk=2048)  # deeper panels up to 4096 only
     assert shallow.bk <= 4096 and plan.predicted_seconds < shallow.predicted_seconds
     assert make_plan(**dict(args, rates=None), order="resident-c").bk <= 4096  # by bytes
+
+
+def test_of_near_resident_c_plans_the_deepest_panels_are_chosen(monkeypatch):
+    # another H100 host's calibration: the model puts 4096-deep panels 2% ahead of 8192-deep
+    # ones, which measured 25% faster (it does not know cuBLAS TF32's shallow steps are slow)
+    tf32 = Rates(flops=415.7e12, read_bytes=25.4e9, write_bytes=25.4e9, h2d_bytes=55.3e9,
+                 memory_bytes=2.98e12, wave_flops=8650752.0, per_step=3.96e-5,
+                 per_host_row=1.93e-8, register_bytes=24.3e9, pin_bytes=6.62e9)
+    args = dict(m=81920, n=81920, k=81920, dtype="float32", device_budget=65 * GiB,
+                host_budget=12 * GiB, rates=tf32, in_place="")
+    plan, near = search.make_plan.__wrapped__(**args), search.NEAR
+    monkeypatch.setattr(search, "NEAR", 0.0)
+    fastest = search.make_plan.__wrapped__(**args)
+    assert plan.order == fastest.order == "resident-c" and plan.bytes_read == fastest.bytes_read
+    assert plan.nk < fastest.nk and plan.bk == 8192
+    assert fastest.predicted_seconds < plan.predicted_seconds <= (
+        (1 + near) * fastest.predicted_seconds)
