@@ -368,7 +368,8 @@ def _copy_rates(host=4 * 2**20):
     (on the rates' grid), and its cost per row."""
     threads, size = job.parse_io_threads(None), max(16 << 20, host // 4)
     copy = snap_rate(job.COPY_SHARE * calibrate.copy_rate(threads, size))
-    return copy, copy, snap_rate(calibrate.copy_row_seconds(threads, size))
+    return (copy, copy, snap_rate(calibrate.copy_row_seconds(threads, size)),
+            snap_rate(calibrate.copy_rate(1, size)))
 
 
 @pytest.mark.parametrize("kind", [
@@ -376,7 +377,8 @@ def _copy_rates(host=4 * 2**20):
     "file",   # disk in, disk out
 ])
 def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind):
-    read, write, row = _copy_rates() if kind == "numpy" else (job.READ_RATE, job.WRITE_RATE, 0)
+    read, write, row, one = (_copy_rates() if kind == "numpy"
+                             else (job.READ_RATE, job.WRITE_RATE, 0, None))
     a, b = random_matrix((600, 500), np.float32), random_matrix((500, 400), np.float32, 1)
     out = None
     if kind == "file":
@@ -391,7 +393,8 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind):
     finally:
         for x in closing:
             x.close()
-    assert (p.rates.read_bytes, p.rates.write_bytes, p.rates.per_host_row) == (read, write, row)
+    assert (p.rates.read_bytes, p.rates.write_bytes, p.rates.per_host_row,
+            p.rates.thread_bytes) == (read, write, row, one)  # one thread's copies: arrays
     # the calibrated speeds on the grid that keeps plans from changing between processes
     snapped = _GPU_RATES.snapped()
     assert p.rates.flops == snapped.flops and p.rates.h2d_bytes == snapped.h2d_bytes

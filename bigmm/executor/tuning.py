@@ -7,6 +7,8 @@ them; what is here the model does not count.
 
 from __future__ import annotations
 
+from ..planner.schedule import PIECE_BYTES
+
 #: With staging (GPU backends) and no hooks (checks, injected faults), the executor issues the
 #: first step of a run in K pieces of these relative depths (its first gemm starts once the
 #: first piece has landed: the fill that no overlap hides is an eighth of the first panels)
@@ -19,10 +21,6 @@ RAMP = (1, 1, 2, 4)
 DRAIN = (4, 2, 1, 1)
 #: Inner edges of those pieces fall on multiples of this (whole kernel tiles, aligned loads).
 PIECE_ALIGN = 256
-#: Reads and writes of a region are split into pieces of at least this many bytes, one per
-#: I/O thread (tried for NumPy arrays: 1 MiB pieces, whose hand-offs cost more than the
-#: threads they add gave; see docs/benchmarks-history.md).
-PIECE_BYTES = 4 << 20
 #: Finished tiles are committed to the journal in batches at most this many seconds apart.
 COMMIT_INTERVAL = 0.5
 

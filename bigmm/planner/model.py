@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Callable
 
-from .schedule import HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, Plan
+from .schedule import HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, PIECE_BYTES, Plan
 
 #: Fixed time of one gemm step in the pipeline model (the ~40 us of the search's
 #: STEP_COST_BYTES).
@@ -88,6 +88,19 @@ class Rates:
     #: next run of the same sizes in the process, which the model does not know of: it
     #: counts every run as the first.
     pin_bytes: float | None = None
+    #: Bytes per second one reader thread copies out of a user's array into staging (None:
+    #: not counted). A panel is read in pieces of PIECE_BYTES, one a thread, and at most
+    #: HOST_PANEL_SLOTS panels of an operand are read at once: small panels are read by
+    #: few threads (:meth:`load_rate`).
+    thread_bytes: float | None = None
+
+    def load_rate(self, nbytes: float) -> float:
+        """Bytes per second the host reads loads of ``nbytes`` at: ``read_bytes``, or less
+        where so few threads share them (``thread_bytes``)."""
+        if not self.thread_bytes:
+            return self.read_bytes
+        threads = HOST_PANEL_SLOTS * max(1, int(nbytes) // PIECE_BYTES)
+        return min(self.read_bytes, threads * self.thread_bytes)
 
     def snapped(self) -> "Rates":
         """These rates with the calibrated speeds (flops, copies, device memory, the fixed
@@ -100,7 +113,8 @@ class Rates:
                        per_row=snap_rate(self.per_row),
                        per_host_row=snap_rate(self.per_host_row),
                        register_bytes=snap_rate(self.register_bytes),
-                       pin_bytes=snap_rate(self.pin_bytes))
+                       pin_bytes=snap_rate(self.pin_bytes),
+                       thread_bytes=snap_rate(self.thread_bytes))
 
     def gemm_seconds(self, flops: float, steps: int, depth: int, added: float) -> float:
         """Seconds of ``steps`` gemm steps doing ``flops`` over ``depth`` (their depths
@@ -238,6 +252,14 @@ def pinned_at(p: Plan, r: Rates, start: float) -> dict[tuple[str, int], float]:
     return ready
 
 
+def read_rates(p: Plan, r: Rates) -> tuple[float, float, float]:
+    """Bytes per second the host reads A's panels, B's and C's tiles at (:meth:`Rates.
+    load_rate` of a whole one: the model counts every load of an operand at its rate)."""
+    w, wc = p.itemsize, p.c_itemsize
+    return (r.load_rate(w * p.bm * p.bk), r.load_rate(w * p.bk * p.bn),
+            r.load_rate(wc * p.bm * p.bn))
+
+
 def stage_times(p: Plan, r: Rates) -> StageTimes:
     """Busy seconds per stage of ``p`` under ``r`` (whole schedule; no tiles done). The
     registration of ``p.registered`` (:func:`setup_seconds`) counts in the fill."""
@@ -246,12 +268,13 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     # seconds per element flowing in, for the bounds on the first tiles: read by the host, or
     # copied in place
     wc = p.c_itemsize  # C's elements (float32 for half-precision panels)
-    inflow = [(x / h2d if h2d else 0.0) if d else x / r.read_bytes
-              for d, x in ((da, w), (db, w), (dc, wc))]
+    ra, rb, rc = read_rates(p, r)
+    inflow = [(x / h2d if h2d else 0.0) if d else x / rate
+              for d, x, rate in ((da, w, ra), (db, w, rb), (dc, wc, rc))]
     rows_a, rows_b, rows_c = pitched_rows(p)
     first = w * (p.bm * p.bk + p.bk * p.bn) + (wc * p.bm * p.bn if p.reads_c else 0)
-    first_read = (w * ((not da) * p.bm * p.bk + (not db) * p.bk * p.bn)
-                  + (wc * p.bm * p.bn if p.reads_c and not dc else 0))
+    first_read = (w * ((not da) * p.bm * p.bk / ra + (not db) * p.bk * p.bn / rb)
+                  + (wc * p.bm * p.bn / rc if p.reads_c and not dc else 0))  # seconds
     rows, cols = p.tile(p.ni - 1, p.nj - 1).shape  # the last tile of either order
     tail = wc * rows * cols
     copy = (lambda nbytes: nbytes / h2d) if h2d else (lambda nbytes: 0.0)
@@ -308,13 +331,14 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
                  + (not dc) * p.reads_c * p.m * p.nj)
     first_rows = ((not da) * (p.bk if p.trans_a else p.bm)
                   + (not db) * (p.bn if p.trans_b else p.bk))
-    read_bytes = (w * ((not da) * p.a_passes * p.m * p.k + (not db) * p.b_passes * p.k * p.n)
-                  + (wc * p.c_elements if p.reads_c and not dc else 0))
+    read_seconds = (w * ((not da) * p.a_passes * p.m * p.k / ra
+                         + (not db) * p.b_passes * p.k * p.n / rb)
+                    + (wc * p.c_elements / rc if p.reads_c and not dc else 0))
     # the rows of pitched copies in place: every panel of each pass over A and B, C's tiles
     a_rows = p.a_passes * (p.k * p.ni if p.trans_a else p.m * p.nk) if rows_a(1, 1, 1) else 0
     b_rows = p.b_passes * (p.n * p.nk if p.trans_b else p.k * p.nj) if rows_b(1, 1, 1) else 0
     c_rows = p.m * p.nj if rows_c(1, 1, 1) else 0
-    return StageTimes(read=read_bytes / r.read_bytes + r.per_load * sum(loads)
+    return StageTimes(read=read_seconds + r.per_load * sum(loads)
                       + hr * host_rows,
                       copy_in=copy(p.bytes_h2d) + row_s * (a_rows + b_rows
                                                            + (c_rows if p.reads_c else 0)),
@@ -322,7 +346,7 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
                       copy_out=copy(wc * p.c_elements) + row_s * c_rows,
                       write=0.0 if dc else (p.bytes_written / r.write_bytes
                                             + r.per_load * p.n_tiles + hr * p.m * p.nj),
-                      fill=setup + first_read / r.read_bytes + copy(first)
+                      fill=setup + first_read + copy(first)
                       + r.per_load * ((not da) + (not db)) + hr * first_rows,
                       drain=drain, head=head, first=tile0, bursts=bursts, setup=setup,
                       pinning=max(pinned_at(p, r, 0.0).values(), default=0.0))
@@ -392,8 +416,8 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
              head_rounds: int | None = None) -> Simulated:
     """List-scheduling simulation of the executor's pipeline for ``p`` under ``r``.
 
-    Each stage is one server taking its work in schedule order: reads (``r.read_bytes`` and
-    ``r.per_load`` a read; with staging they fill the host slots), copies in
+    Each stage is one server taking its work in schedule order: reads (:func:`read_rates`
+    and ``r.per_load`` a read; with staging they fill the host slots), copies in
     (``r.h2d_bytes``, and ``r.per_row`` a row of a pitched copy in place), gemms
     (``r.flops`` plus ``r.per_step``), copies out (at the host-to-device rate) and writes
     of finished C tiles (``r.write_bytes``); a gemm adding into its tile also moves the tile
@@ -411,7 +435,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     w, staging, reads_c, last_kp = p.itemsize, p.staging, p.reads_c, p.nk - 1
     wc = p.c_itemsize
     fused = r.check_fused
-    rd, wr, load_s, hr = r.read_bytes, r.write_bytes, r.per_load, r.per_host_row
+    rates_in, wr, load_s, hr = read_rates(p, r), r.write_bytes, r.per_load, r.per_host_row
     h2d = r.h2d_bytes if staging and r.h2d_bytes else math.inf  # no copies: free
     row_s = r.per_row if staging and r.h2d_bytes else 0.0
     direct = direct_operands(p)
@@ -478,7 +502,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
                 ready = host_copied[op][host_next[op]]
             else:
                 ready = gemms[dev_user[op][slot] + 1]
-            seconds = nbytes / rd + load_s + stored * hr
+            seconds = nbytes / rates_in[op] + load_s + stored * hr
             read_end = max(read_end, assign, ready) + seconds
             busy[0] += seconds
             if read_end > start:

@@ -49,6 +49,11 @@ HOST_C_SLOTS = 2
 #: Most steps whose loads may be in flight ahead of the compute (the executor's window, which
 #: the pipeline model follows).
 MAX_LOOKAHEAD = 64
+#: The executor splits reads and writes of a region into pieces of at least this many bytes,
+#: one per I/O thread, so that a smaller panel is read by fewer threads (tried for NumPy
+#: arrays: 1 MiB pieces, whose hand-offs cost more than the threads they add gave; see
+#: docs/benchmarks-history.md). The model counts it (``Rates.thread_bytes``).
+PIECE_BYTES = 4 << 20
 
 
 class Timing(Protocol):
