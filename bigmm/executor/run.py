@@ -132,11 +132,13 @@ class Run:
     # ----- the run --------------------------------------------------------------------------
     def run(self) -> RunStats:
         self.t0 = time.perf_counter()
-        self.locked, self.streams = None, []
+        self.locked, self.streams, self.slots = None, [], None
         try:
             return self._run()
         except BaseException:
             with contextlib.suppress(Exception):  # the run's own error is the one to raise
+                if self.slots is not None:  # no buffer left pinning
+                    self.slots.close()
                 self._unlock()
             raise
 

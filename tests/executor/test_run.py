@@ -131,6 +131,20 @@ def test_a_buffer_that_fails_to_pin_fails_the_run_resumably(tmp_path, fail):
     assert io.read_journal(f"{tmp_path / 'c.h5'}:/C") is not None  # resumable
 
 
+class _FailsToBegin:
+    """A hook whose begin raises (after the run's buffers were allocated)."""
+
+    def begin(self, be, plan, alpha, beta):
+        raise RuntimeError("Expected to begin. Got refused.")
+
+
+def test_a_run_failing_as_it_starts_leaves_no_buffer_pinning(tmp_path):
+    with pytest.raises(RuntimeError, match="refused"):
+        run(tmp_path, _SlowPinning(delay=0.2), m=37, n=41, k=97, order="stream",
+            faults=_FailsToBegin())
+    assert not [t for t in threading.enumerate() if t.name.startswith("bigmm-pin")]
+
+
 LAYOUTS = [
     # (description, dataset keywords)
     ("contiguous", {}),
