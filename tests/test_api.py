@@ -427,7 +427,8 @@ def test_pinned_arrays_are_planned_without_host_reads_or_writes(pinned, verify, 
             x.close()
     assert p.in_place == in_place and p.registered == ""
     assert p.host_bytes == sum(size for op, size in (
-        ("A", 2 * p.bm * p.bk), ("B", 2 * p.bk * p.bn), ("C", 2 * p.bm * p.bn))
+        ("A", p.host_panel_slots("A") * p.bm * p.bk),
+        ("B", p.host_panel_slots("B") * p.bk * p.bn), ("C", 2 * p.bm * p.bn))
         if op not in in_place) * 4  # staging slots only for the staged operands
     copy = _copy_rates()[0]
     if read is not None:

@@ -37,7 +37,7 @@ from ..errors import BigmmError, ReadError
 from ..io.sink import ArraySink
 from ..io.source import ArraySource
 from ..planner import Plan, Step
-from ..planner.schedule import HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD
+from ..planner.schedule import HOST_C_SLOTS, MAX_LOOKAHEAD
 from ..runstats import Tally
 from ..units import accumulate_dtype, numpy_dtype
 from .tuning import RAMP, io_pieces, split_range
@@ -272,7 +272,7 @@ class Loader:
         entry = Entry(idx, st, [self._submit(st, *t, pieces) for t in targets], pieces)
         for op, _, h in targets:
             if h is not None and op != "C":
-                self.next_host[op] = (h + 1) % HOST_PANEL_SLOTS
+                self.next_host[op] = (h + 1) % self.plan.host_panel_slots(op)
         for key in keys + [("A", st.a_slot), ("B", st.b_slot), ("C", st.c_slot)]:
             self.last_user[key] = idx
         return entry

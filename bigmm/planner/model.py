@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Callable
 
-from .schedule import HOST_C_SLOTS, HOST_PANEL_SLOTS, MAX_LOOKAHEAD, PIECE_BYTES, Plan
+from .schedule import HOST_C_SLOTS, MAX_LOOKAHEAD, PIECE_BYTES, Plan
 
 #: Fixed time of one gemm step in the pipeline model (the ~40 us of the search's
 #: STEP_COST_BYTES).
@@ -89,17 +89,17 @@ class Rates:
     #: counts every run as the first.
     pin_bytes: float | None = None
     #: Bytes per second one reader thread copies out of a user's array into staging (None:
-    #: not counted). A panel is read in pieces of PIECE_BYTES, one a thread, and at most
-    #: HOST_PANEL_SLOTS panels of an operand are read at once: small panels are read by
-    #: few threads (:meth:`load_rate`).
+    #: not counted). A panel is read in pieces of PIECE_BYTES, one a thread, and as many
+    #: panels of an operand at once as it has host slots: small panels are read by few
+    #: threads (:meth:`load_rate`).
     thread_bytes: float | None = None
 
-    def load_rate(self, nbytes: float) -> float:
-        """Bytes per second the host reads loads of ``nbytes`` at: ``read_bytes``, or less
-        where so few threads share them (``thread_bytes``)."""
+    def load_rate(self, nbytes: float, slots: int) -> float:
+        """Bytes per second the host reads loads of ``nbytes`` at, ``slots`` of them at once:
+        ``read_bytes``, or less where so few threads share them (``thread_bytes``)."""
         if not self.thread_bytes:
             return self.read_bytes
-        threads = HOST_PANEL_SLOTS * max(1, int(nbytes) // PIECE_BYTES)
+        threads = slots * max(1, int(nbytes) // PIECE_BYTES)
         return min(self.read_bytes, threads * self.thread_bytes)
 
     def snapped(self) -> "Rates":
@@ -256,8 +256,9 @@ def read_rates(p: Plan, r: Rates) -> tuple[float, float, float]:
     """Bytes per second the host reads A's panels, B's and C's tiles at (:meth:`Rates.
     load_rate` of a whole one: the model counts every load of an operand at its rate)."""
     w, wc = p.itemsize, p.c_itemsize
-    return (r.load_rate(w * p.bm * p.bk), r.load_rate(w * p.bk * p.bn),
-            r.load_rate(wc * p.bm * p.bn))
+    return (r.load_rate(w * p.bm * p.bk, p.host_panel_slots("A")),
+            r.load_rate(w * p.bk * p.bn, max(1, p.host_panel_slots("B"))),
+            r.load_rate(wc * p.bm * p.bn, HOST_C_SLOTS))
 
 
 def stage_times(p: Plan, r: Rates) -> StageTimes:
@@ -450,13 +451,13 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     # loading into the host slot and the end of that load's copy-in
     c_slots = p.c_slots
     dev_user = [[-1] * p.a_slots, [-1] * p.b_slots, [-1] * c_slots]
-    host_user = [[-1] * HOST_PANEL_SLOTS, [-1] * HOST_PANEL_SLOTS, [-1] * HOST_C_SLOTS]
+    host_n = [p.host_panel_slots("A"), max(1, p.host_panel_slots("B")), HOST_C_SLOTS]
+    host_user = [[-1] * n for n in host_n]
     # a host buffer is free once pinned (those of the first step in the setup, the others
     # in the background: :func:`pinned_at`), then once its last load was copied in
     pinned = pinned_at(p, r, start0)
     host_copied = [[pinned.get((op, i), start0) for i in range(n)]
-                   for op, n in (("A", HOST_PANEL_SLOTS), ("B", HOST_PANEL_SLOTS),
-                                 ("C", HOST_C_SLOTS))]
+                   for op, n in zip("ABC", host_n)]
     host_next = [0, 0, 0]
     c_copied = [start0] * c_slots  # copy-out end of the last tile in each C slot
     # write end of the last tile through each host C buffer (staging), else each C slot
@@ -524,7 +525,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
                 if not direct[op]:
                     h = host_next[op]
                     host_user[op][h], host_copied[op][h] = s, cin_end
-                    host_next[op] = (h + 1) % HOST_PANEL_SLOTS
+                    host_next[op] = (h + 1) % host_n[op]
             if kp == 0 and not reads_c and c_copied[cs] > ready:
                 ready = c_copied[cs]
             gemm_end = (gemm_end if gemm_end > ready else ready) + gemm

@@ -42,8 +42,10 @@ OPERANDS = "ABC"
 #: Device C tiles: one accumulating while the previous one is copied out and written (every
 #: tile of C in order resident-c).
 C_SLOTS = 2
-#: Host staging slots per operand (double buffering between the readers and the copy engine).
-HOST_PANEL_SLOTS = 2
+#: Host staging slots per operand (double buffering between the readers and the copy engine);
+#: up to HOST_PANEL_SLOTS_MAX for small panels, so that IN_FLIGHT_BYTES of an operand's panels
+#: may be read at once (a panel is read by one thread per PIECE_BYTES: 64 MiB keep 16 busy).
+HOST_PANEL_SLOTS, HOST_PANEL_SLOTS_MAX = 2, 4
 #: Host C buffers: one being filled from the device while the previous one is written to disk.
 HOST_C_SLOTS = 2
 #: Most steps whose loads may be in flight ahead of the compute (the executor's window, which
@@ -54,6 +56,7 @@ MAX_LOOKAHEAD = 64
 #: arrays: 1 MiB pieces, whose hand-offs cost more than the threads they add gave; see
 #: docs/benchmarks-history.md). The model counts it (``Rates.thread_bytes``).
 PIECE_BYTES = 4 << 20
+IN_FLIGHT_BYTES = 16 * PIECE_BYTES
 
 
 class Timing(Protocol):
@@ -327,10 +330,19 @@ class Plan:
         if not self.staging:
             return self.device_bytes
         w, wc, bm, bn, bk = self.itemsize, self.c_itemsize, self.bm, self.bn, self.bk
-        b_host = HOST_PANEL_SLOTS if self.b_slots else 0
         return sum(size * slots * bytes_ for op, slots, size, bytes_ in (
-            ("A", HOST_PANEL_SLOTS, bm * bk, w), ("B", b_host, bk * bn, w),
+            ("A", self.host_panel_slots("A"), bm * bk, w),
+            ("B", self.host_panel_slots("B"), bk * bn, w),
             ("C", HOST_C_SLOTS, bm * bn, wc)) if self.staged(op))
+
+    def host_panel_slots(self, op: str) -> int:
+        """Host staging slots of operand "A" or "B": HOST_PANEL_SLOTS, more for panels
+        smaller than half IN_FLIGHT_BYTES (at most HOST_PANEL_SLOTS_MAX); none for B
+        without B slots."""
+        if op == "B" and not self.b_slots:
+            return 0
+        nbytes = self.itemsize * self.bk * (self.bm if op == "A" else self.bn)
+        return max(HOST_PANEL_SLOTS, min(HOST_PANEL_SLOTS_MAX, -(-IN_FLIGHT_BYTES // nbytes)))
 
     def host_slots(self, ops: str | None = None) -> list[tuple[str, int, int, bool]]:
         """The host staging buffers of the operands that are staged (``ops``: of these
@@ -342,9 +354,9 @@ class Plan:
             return []
         staged = [op for op in OPERANDS if (self.staged(op) if ops is None else op in ops)]
         w, wc, bm, bn, bk = self.itemsize, self.c_itemsize, self.bm, self.bn, self.bk
-        b_host = HOST_PANEL_SLOTS if self.b_slots else 0
         slots = [(op, i, size * bytes_) for op, n, size, bytes_ in (
-            ("A", HOST_PANEL_SLOTS, bm * bk, w), ("B", b_host, bk * bn, w),
+            ("A", self.host_panel_slots("A"), bm * bk, w),
+            ("B", self.host_panel_slots("B"), bk * bn, w),
             ("C", HOST_C_SLOTS, bm * bn, wc)) if op in staged for i in range(n)]
         first = [(op, i, nbytes, True) for op, i, nbytes in slots
                  if i == 0 and (op != "C" or self.reads_c)]

@@ -187,8 +187,8 @@ def test_small_panels_are_read_by_few_threads():
               memory_bytes=2.85e12, wave_flops=8650752.0, per_step=3.96e-5,
               per_host_row=5.2e-8, pin_bytes=9.37e9)
     one = replace(r, thread_bytes=6e9)
-    assert one.load_rate(512 * 1792 * 4) == 2 * 6e9  # one piece, two panels at once
-    assert one.load_rate(64 << 20) == r.read_bytes == r.load_rate(512 * 1792 * 4)
+    assert one.load_rate(512 * 1792 * 4, 2) == 2 * 6e9  # one piece, two panels at once
+    assert one.load_rate(64 << 20, 2) == r.read_bytes == r.load_rate(512 * 1792 * 4, 2)
     args = dict(device_budget=8 * GiB, host_budget=12 * GiB, in_place="")
     narrow = dict(tile=(512, 32768, 1792), order="resident-c", tail=10)
     assert (make_plan(32768, 32768, 32768, **args, rates=one, **narrow).predicted_seconds

@@ -64,6 +64,13 @@ def test_host_slots_list_each_staged_buffer_once_the_first_steps_first(kw, ops):
         (op, 0) for op in "ABC" if plan.staged(op) and (op != "C" or plan.reads_c)
         and (op != "B" or plan.b_slots)}
     assert plan.host_slots("C") == [x for x in plan.host_slots("ABC") if x[0] == "C"]
+    for op, panel in (("A", plan.bm * plan.bk), ("B", plan.bk * plan.bn)):
+        n = plan.host_panel_slots(op)  # two, or up to four small panels read at once
+        if op == "B" and not plan.b_slots:
+            assert n == 0
+            continue
+        assert 2 <= n <= 4 and (n == 2 or (n - 1) * panel * plan.itemsize < 64 << 20)
+        assert n == 4 or n * panel * plan.itemsize >= 64 << 20
 
 
 @settings(max_examples=120, deadline=None)

@@ -276,7 +276,7 @@ def test_of_near_times_the_plan_reading_fewer_bytes_is_chosen(monkeypatch):
     base = dict(m=81920, n=81920, k=81920, dtype="bfloat16", device_budget=118 * GiB,
                 host_budget=18 * GiB, rates=H200_BF16, in_place="")
     twice = make_plan(**base, tile=(4096, 40960, 7680), order="resident-b")
-    once = make_plan(**base, tile=(1536, 81920, 4096), order="resident-c", tail=10)
+    once = make_plan(**base, tile=(3072, 81920, 4096), order="resident-c", tail=10)
     assert twice.predicted_seconds < once.predicted_seconds <= (
         (1 + search.NEAR) * twice.predicted_seconds)
     assert once.bytes_read < twice.bytes_read
