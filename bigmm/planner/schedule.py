@@ -329,11 +329,13 @@ class Plan:
         compute buffers are host memory."""
         if not self.staging:
             return self.device_bytes
+        return sum(n * nbytes for op, n, nbytes in self._host_buffers() if self.staged(op))
+
+    def _host_buffers(self) -> list[tuple[str, int, int]]:
+        """(operand, host staging buffers, bytes each) of A, B and C with staging."""
         w, wc, bm, bn, bk = self.itemsize, self.c_itemsize, self.bm, self.bn, self.bk
-        return sum(size * slots * bytes_ for op, slots, size, bytes_ in (
-            ("A", self.host_panel_slots("A"), bm * bk, w),
-            ("B", self.host_panel_slots("B"), bk * bn, w),
-            ("C", HOST_C_SLOTS, bm * bn, wc)) if self.staged(op))
+        return [("A", self.host_panel_slots("A"), w * bm * bk),
+                ("B", self.host_panel_slots("B"), w * bk * bn), ("C", HOST_C_SLOTS, wc * bm * bn)]
 
     def host_panel_slots(self, op: str) -> int:
         """Host staging slots of operand "A" or "B": HOST_PANEL_SLOTS, more for panels
@@ -353,11 +355,8 @@ class Plan:
         if not self.staging:
             return []
         staged = [op for op in OPERANDS if (self.staged(op) if ops is None else op in ops)]
-        w, wc, bm, bn, bk = self.itemsize, self.c_itemsize, self.bm, self.bn, self.bk
-        slots = [(op, i, size * bytes_) for op, n, size, bytes_ in (
-            ("A", self.host_panel_slots("A"), bm * bk, w),
-            ("B", self.host_panel_slots("B"), bk * bn, w),
-            ("C", HOST_C_SLOTS, bm * bn, wc)) if op in staged for i in range(n)]
+        slots = [(op, i, nbytes) for op, n, nbytes in self._host_buffers() if op in staged
+                 for i in range(n)]
         first = [(op, i, nbytes, True) for op, i, nbytes in slots
                  if i == 0 and (op != "C" or self.reads_c)]
         return first + [(op, i, nbytes, False) for op, i, nbytes in slots
