@@ -230,7 +230,8 @@ class ZarrSource(Source):
             self._fill = np.array(arr.fill_value, dtype=self.dtype)
             self._chunk_bytes = self.chunks[0] * self.chunks[1] * self.dtype.itemsize
             self._key = arr.metadata.encode_chunk_key
-            self._maps = FileMaps(self._chunk_bytes, step=map_step)  # raw chunks' maps
+            if codec == "":  # raw chunks are copied out of maps of their files
+                self._maps = FileMaps(self._chunk_bytes, step=map_step)
         self._facts = self._describe() if self.dir is not None else None
 
     @property
