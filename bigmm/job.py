@@ -18,7 +18,7 @@ from .executor import calibrate as costs
 from .executor.loads import eligible, operand_dtype
 from .io.source import ArraySource
 from .planner import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
-from .planner.model import snap_rate
+from .planner.model import lock_seconds, snap_rate
 from .precision import check_dtype, describe, kernel_precision, parse_precision
 from .units import (DTYPES, HALF_DTYPES, common_dtype, dtype_name, format_seconds, numpy_dtype,
                     parse_out_dtype, parse_size)
@@ -152,9 +152,11 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     for path in paths:  # the first of equally fast paths: fewer host copies, or none locked
         path_rates = rates and _io_rates(rates, A, B, out, path[0] if path else "", readers,
                                          host)
-        if best is not None and path and _lock_seconds(path[1], m, n, k, dtype, path_rates) \
-                >= (best.predicted_seconds or math.inf):
-            continue  # locking alone outlasts the best plan: not searched
+        if best is not None and path:  # where locking alone outlasts the best plan: skipped
+            lock = lock_seconds(path[1], m, n, k, operand_dtype(dtype, "A").itemsize,
+                                operand_dtype(dtype, "C").itemsize, path_rates)
+            if lock >= (best.predicted_seconds or math.inf):
+                continue
         kw = dict(args, in_place=path[0], registered=path[1]) if path else dict(args)
         if be.staging:
             kw["rates"] = path_rates
@@ -168,16 +170,6 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             best = q
     return (_with_arithmetic(best, describe(precision, dtype, bool(be.staging))),
             job_record(best, alpha, beta, precision))
-
-
-def _lock_seconds(ops: str, m: int, n: int, k: int, dtype: str, rates: Rates | None) -> float:
-    """Seconds of page-locking the operands ``ops`` of an m x n x k product for a run and
-    releasing them, as the model counts them (0 where the rate is not known)."""
-    if not ops or rates is None or not rates.register_bytes:
-        return 0.0
-    elements = {"A": m * k, "B": k * n, "C": m * n}
-    return sum(elements[op] * operand_dtype(dtype, op).itemsize for op in ops) / \
-        rates.register_bytes
 
 
 def _with_arithmetic(p: Plan, arithmetic: str) -> Plan:

@@ -233,11 +233,17 @@ def setup_seconds(p: Plan, r: Rates) -> float:
         return 0.0
     pin = (sum(nbytes for _, _, nbytes, first in p.host_slots() if first) / r.pin_bytes
            if r.pin_bytes else 0.0)
-    if not p.registered or not r.register_bytes:
-        return pin
-    sizes = {"A": p.itemsize * p.m * p.k, "B": p.itemsize * p.k * p.n,
-             "C": p.c_itemsize * p.m * p.n}
-    return pin + sum(sizes[op] for op in p.registered) / r.register_bytes
+    return pin + lock_seconds(p.registered, p.m, p.n, p.k, p.itemsize, p.c_itemsize, r)
+
+
+def lock_seconds(ops: str, m: int, n: int, k: int, itemsize: int, c_itemsize: int,
+                 r: Rates) -> float:
+    """Seconds of page-locking the operands ``ops`` ("A", "B", "C") of an m x n x k product
+    for a run and releasing them (``r.register_bytes``; 0 where it is not known)."""
+    if not ops or not r.register_bytes:
+        return 0.0
+    sizes = {"A": itemsize * m * k, "B": itemsize * k * n, "C": c_itemsize * m * n}
+    return sum(sizes[op] for op in ops) / r.register_bytes
 
 
 def pinned_at(p: Plan, r: Rates, start: float) -> dict[tuple[str, int], float]:
