@@ -90,17 +90,17 @@ class Slots:
         slots.itemsize = {"A": dt.itemsize, "B": dt.itemsize, "C": ct.itemsize}
         if not be.staging:
             return slots
-        sizes = {"A": (p.bm * p.bk, dt), "B": (p.bk * p.bn, dt), "C": (p.bm * p.bn, ct)}
         order = p.host_slots("".join(op for op in "ABC" if direct[op] is None))
         for op, i, _, _ in sorted(order):
             slots.host.setdefault(op, []).append(cf.Future())
-        for op, i, _, first in order:
+        for op, i, nbytes, first in order:
+            t = ct if op == "C" else dt
             if first:
-                slots.host[op][i].set_result(be.host_buffer(*sizes[op]))
+                slots.host[op][i].set_result(be.host_buffer(nbytes // t.itemsize, t))
                 continue
             if slots.pinning is None:
                 slots.pinning = cf.ThreadPoolExecutor(1, thread_name_prefix="bigmm-pin")
-            slots.pinning.submit(_pin, be, *sizes[op], slots.host[op][i])
+            slots.pinning.submit(_pin, be, nbytes // t.itemsize, t, slots.host[op][i])
         return slots
 
     def close(self) -> None:
