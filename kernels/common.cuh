@@ -634,6 +634,49 @@ __device__ __forceinline__ void gemm_body(int M, int N, int K, typename TL::T al
     });
 }
 
+// ---- wgmma (sm_90a; families that define BIGMM_WGMMA) -------------------------------------
+#ifdef BIGMM_WGMMA
+
+// Output operands of a wgmma's 64 accumulators a thread holds: read and written (D), or only
+// written (W: a fresh sum).
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Ordinary shared-memory stores of this thread become visible to the async proxy (the wgmma
+// operand reads) once a barrier follows.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major operand tile with the 128-byte swizzle: start
+// address >> 4 (bits 0-13), leading byte offset unused with this swizzle (1, bits 16-29),
+// stride byte offset 1024 (8 rows of 128 bytes; >> 4 in bits 32-45), swizzle mode 1 (bits 62-63).
+__device__ __forceinline__ unsigned long long wgmma_desc_sw128(unsigned addr) {
+    const unsigned lo = ((addr & 0x3ffffu) >> 4) | (1u << 16);
+    const unsigned hi = (1024u >> 4) | (1u << 30);
+    return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
+
+#define BIGMM_WG_D4(i) "+f"(d[i]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3])
+#define BIGMM_WG_D16(i) BIGMM_WG_D4(i), BIGMM_WG_D4((i) + 4), BIGMM_WG_D4((i) + 8), BIGMM_WG_D4((i) + 12)
+#define BIGMM_WG_D64(i) BIGMM_WG_D16(i), BIGMM_WG_D16((i) + 16), BIGMM_WG_D16((i) + 32), BIGMM_WG_D16((i) + 48)
+#define BIGMM_WG_W4(i) "=f"(d[i]), "=f"(d[(i) + 1]), "=f"(d[(i) + 2]), "=f"(d[(i) + 3])
+#define BIGMM_WG_W16(i) BIGMM_WG_W4(i), BIGMM_WG_W4((i) + 4), BIGMM_WG_W4((i) + 8), BIGMM_WG_W4((i) + 12)
+#define BIGMM_WG_W64(i) BIGMM_WG_W16(i), BIGMM_WG_W16((i) + 16), BIGMM_WG_W16((i) + 32), BIGMM_WG_W16((i) + 48)
+
+#endif  // BIGMM_WGMMA
+
 }  // namespace bigmm
 
 // ---- entry points ---------------------------------------------------------------------------

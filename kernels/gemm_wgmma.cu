@@ -55,30 +55,12 @@
     BIGMM_ENTRY(gemm_wv, LOAD_W, LOAD_V)                                                       \
     BIGMM_ENTRY(gemm_ws, LOAD_W, LOAD_S)                                                       \
     BIGMM_ENTRY(gemm_wk, LOAD_W, LOAD_K)
+#define BIGMM_WGMMA 1
 #include "common.cuh"
 
 namespace bigmm {
 
-// ---- wgmma (sm_90a) -------------------------------------------------------------------------
-
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Ordinary shared-memory stores of this thread become visible to the async proxy (the wgmma
-// operand reads) once a barrier follows.
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
+// ---- wgmma (sm_90a): fences, waits and descriptors are common.cuh's ----------------------
 
 // x where keep, else 0, as one select that the compiler cannot turn into a branch.
 __device__ __forceinline__ unsigned select_or_zero(unsigned x, bool keep) {
@@ -88,23 +70,10 @@ __device__ __forceinline__ unsigned select_or_zero(unsigned x, bool keep) {
     return r;
 }
 
-// Shared-memory matrix descriptor of a K-major operand tile with the 128-byte swizzle: start
-// address >> 4 (bits 0-13), leading byte offset unused with this swizzle (1, bits 16-29),
-// stride byte offset 1024 (8 rows of 128 bytes; >> 4 in bits 32-45), swizzle mode 1 (bits 62-63).
-__device__ __forceinline__ unsigned long long wgmma_desc_sw128(unsigned addr) {
-    const unsigned lo = ((addr & 0x3ffffu) >> 4) | (1u << 16);
-    const unsigned hi = (1024u >> 4) | (1u << 30);
-    return (static_cast<unsigned long long>(hi) << 32) | lo;
-}
-
 // D(64 x N) = A(64 x 8) B(8 x N) (+ D when scale_d) on the TF32 tensor cores, float32
 // accumulators, N = 128 or 256.  A from registers: a = {A[g][t], A[g+8][t], A[g][t+4],
 // A[g+8][t+4]} of the warp's 16 rows (g = lane / 4, t = lane % 4); B from the descriptor (K-major,
 // 128-byte swizzle).  d[4j + e]: row g + 8 (e >> 1), column 8j + 2t + (e & 1) of the warp's 16 rows.
-#define BIGMM_WG_D4(i) "+f"(d[i]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3])
-#define BIGMM_WG_D16(i) BIGMM_WG_D4(i), BIGMM_WG_D4((i) + 4), BIGMM_WG_D4((i) + 8), BIGMM_WG_D4((i) + 12)
-#define BIGMM_WG_D64(i) BIGMM_WG_D16(i), BIGMM_WG_D16((i) + 16), BIGMM_WG_D16((i) + 32), BIGMM_WG_D16((i) + 48)
-
 template <int N>
 __device__ __forceinline__ void wgmma_tf32(float* d, const unsigned* a, unsigned long long desc,
                                            int scale_d);
@@ -125,10 +94,6 @@ __device__ __forceinline__ void wgmma_tf32<128>(float* d, const unsigned* a,
 }
 
 // D(64 x 128) = A(64 x 8) B(8 x 128): a fresh sum, D only written (its old values are not read).
-#define BIGMM_WG_W4(i) "=f"(d[i]), "=f"(d[(i) + 1]), "=f"(d[(i) + 2]), "=f"(d[(i) + 3])
-#define BIGMM_WG_W16(i) BIGMM_WG_W4(i), BIGMM_WG_W4((i) + 4), BIGMM_WG_W4((i) + 8), BIGMM_WG_W4((i) + 12)
-#define BIGMM_WG_W64(i) BIGMM_WG_W16(i), BIGMM_WG_W16((i) + 16), BIGMM_WG_W16((i) + 32), BIGMM_WG_W16((i) + 48)
-
 template <int N>
 __device__ __forceinline__ void wgmma_tf32_zero(float* d, const unsigned* a, unsigned long long desc);
 
