@@ -93,6 +93,16 @@ class Rates:
     #: panels of an operand at once as it has host slots: small panels are read by few
     #: threads (:meth:`load_rate`).
     thread_bytes: float | None = None
+    #: Flops per second of the products a gemm that splits its panels ahead (``Plan.presplit``)
+    #: leaves unsplit, those of tiles too small for it (None: ``flops`` for every product).
+    unsplit_flops: float | None = None
+
+    def for_plan(self, p: Plan) -> "Rates":
+        """These rates for ``p``'s products: ``flops`` is ``unsplit_flops`` where p's gemm
+        could split its panels ahead but its tiles are too small (``Plan.splits_ahead``)."""
+        if self.unsplit_flops and p.presplit and not p.splits_ahead:
+            return replace(self, flops=self.unsplit_flops)
+        return self
 
     def load_rate(self, nbytes: float, slots: int) -> float:
         """Bytes per second the host reads loads of ``nbytes`` at, ``slots`` of them at once:
@@ -114,7 +124,8 @@ class Rates:
                        per_host_row=snap_rate(self.per_host_row),
                        register_bytes=snap_rate(self.register_bytes),
                        pin_bytes=snap_rate(self.pin_bytes),
-                       thread_bytes=snap_rate(self.thread_bytes))
+                       thread_bytes=snap_rate(self.thread_bytes),
+                       unsplit_flops=snap_rate(self.unsplit_flops))
 
     def gemm_seconds(self, flops: float, steps: int, depth: int, added: float) -> float:
         """Seconds of ``steps`` gemm steps doing ``flops`` over ``depth`` (their depths
@@ -270,6 +281,7 @@ def read_rates(p: Plan, r: Rates) -> tuple[float, float, float]:
 def stage_times(p: Plan, r: Rates) -> StageTimes:
     """Busy seconds per stage of ``p`` under ``r`` (whole schedule; no tiles done). The
     registration of ``p.registered`` (:func:`setup_seconds`) counts in the fill."""
+    r = r.for_plan(p)
     w, h2d = p.itemsize, (r.h2d_bytes if p.staging and r.h2d_bytes else None)
     da, db, dc = direct_operands(p)
     # seconds per element flowing in, for the bounds on the first tiles: read by the host, or
@@ -373,6 +385,7 @@ def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
     period is a tile, every later row's first tile, which loads a new row panel, is taken to
     take as long as the first one did, and its work is left out of the rest); never less
     than any stage's end in the prefix plus its remaining work."""
+    r = r.for_plan(p)
     st = stage_times(p, r)
     limit = SIM_STEPS if max_steps is None else max_steps
     total = p.n_steps
@@ -439,6 +452,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     copy-out waits for the write of the tile that used its host C buffer before, and so does
     the issuing of later steps. Without staging the gemm runs on the issuing thread.
     ``head_rounds``: resident-c with only that many of its first rounds. O(steps)."""
+    r = r.for_plan(p)
     w, staging, reads_c, last_kp = p.itemsize, p.staging, p.reads_c, p.nk - 1
     wc = p.c_itemsize
     fused = r.check_fused

@@ -59,6 +59,23 @@ PIECE_BYTES = 4 << 20
 IN_FLIGHT_BYTES = 16 * PIECE_BYTES
 
 
+#: A gemm that can split its panels ahead does so where 1/M + 1/N < 1/PRESPLIT_HARMONIC: the
+#: split moves 12 (M + N) K bytes, the product it speeds up does 2 M N K flops.
+PRESPLIT_HARMONIC = 1024
+
+
+def splits_ahead(rows_a: int, rows_b: int) -> bool:
+    """Whether a gemm that can split its panels ahead does so for a C tile rows_a x rows_b."""
+    return PRESPLIT_HARMONIC * (rows_a + rows_b) < rows_a * rows_b
+
+
+def split_workspace_bytes(rows_a: int, rows_b: int, depth: int) -> int:
+    """Device bytes a gemm that splits its panels ahead (3xTF32 on Hopper:
+    kernels/gemm_wgmma_split.cu) holds for op(A) rows_a x depth and op(B) depth x rows_b: big
+    and small parts of both, rows padded to 128, 32 (ceil(depth / 32) + 1) deep."""
+    return 8 * (-(-rows_a // 128) * 128 + -(-rows_b // 128) * 128) * 32 * (-(-depth // 32) + 1)
+
+
 class Timing(Protocol):
     """What a plan's predicted time comes from: :class:`bigmm.planner.model.Rates`."""
 
@@ -145,6 +162,9 @@ class Plan:
     #: lower triangle written as zeros, not mirrored.
     symmetric: bool = False
     upper: bool = False
+    #: The gemm splits a step's panels ahead into a workspace (:func:`split_workspace_bytes`)
+    #: where the tiles are large enough (:func:`splits_ahead`); the device memory counts it.
+    presplit: bool = False
     rates: Timing | None = field(default=None, compare=False)
     #: How the products are computed, as printed (e.g. "3xTF32 (float32 accuracy on tensor
     #: cores)"; the job sets it from the backend and the precision asked; "" not stated).
@@ -318,10 +338,17 @@ class Plan:
     # ----- memory -------------------------------------------------------------------------
     @property
     def device_bytes(self) -> int:
-        """Bytes the compute side holds: C tiles and the A and B panel slots."""
+        """Bytes the compute side holds: C tiles, the A and B panel slots and the gemm's
+        workspace where it splits its panels ahead."""
         w = self.itemsize
         return (self.c_itemsize * self.c_slots * self.bm * self.bn
-                + w * (self.a_slots * self.bm * self.bk + self.b_slots * self.bk * self.bn))
+                + w * (self.a_slots * self.bm * self.bk + self.b_slots * self.bk * self.bn)
+                + (split_workspace_bytes(self.bm, self.bn, self.bk) if self.splits_ahead else 0))
+
+    @property
+    def splits_ahead(self) -> bool:
+        """The gemm splits this plan's panels ahead (``presplit``, and tiles large enough)."""
+        return self.presplit and splits_ahead(self.bm, self.bn)
 
     @property
     def host_bytes(self) -> int:
@@ -500,7 +527,8 @@ class Plan:
                          + (f"; the last {self.tail} tile by tile" if self.order == "resident-c"
                             else "")),
             ("device memory", f"{format_bytes(self.device_bytes)} of {format_bytes(self.device_budget)}"
-                              f" (C {self.c_slots}, A {self.a_slots}, B {self.b_slots} slots)"),
+                              f" (C {self.c_slots}, A {self.a_slots}, B {self.b_slots} slots"
+                              + (", the split panels' workspace)" if self.splits_ahead else ")")),
             ("host staging", f"{format_bytes(self.host_bytes)} of {format_bytes(self.host_budget)}"
                              + ("" if self.staging else " (shared with compute)")
                              + self._in_place_note()),
