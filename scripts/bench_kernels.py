@@ -277,6 +277,7 @@ def progression(sizes=(4096, 8192)) -> list[dict]:
 TF32_SHAPES = [
     ("square", 8192, 8192, 8192),
     ("planner tile", 256, 16384, 4096),
+    ("planner strip", 2304, 32768, 4096),
     ("ragged", 4097, 4097, 4097),
     ("panel", 16384, 16384, 4096),
     ("square", 32768, 32768, 32768),
@@ -327,8 +328,13 @@ def run_precisions(label, m, n, k, configs, reps=None, reference=True) -> list[d
     if reference:
         ref = cp.matmul(a.astype(cp.float64), b.astype(cp.float64))
     rows, fns = [], []
+    # 3xTF32 as the launcher runs it (operands split ahead on sm_90a where it pays), beside
+    # each config run alone
+    split = [("bigmm tf32x3 (as launched)",
+              lambda c: lambda: ck.gemm(a, b, c, precision="tf32x3"))
+             ] if ck.device_arch() == "sm_90a" and k >= ck.TF32X3_WGMMA_MIN_K else []
     for name, fn_of in [("cuBLAS SGEMM", lambda c: lambda: cp.matmul(a, b, out=c)),
-                        ("cuBLAS TF32", lambda c: cublas_tf32_fn(a, b, c))] + [
+                        ("cuBLAS TF32", lambda c: cublas_tf32_fn(a, b, c))] + split + [
             (cfg, (lambda cfg: lambda c: lambda: ck.gemm(a, b, c, config=cfg,
                                                          precision=cfg.precision))(cfg))
             for cfg in configs]:

@@ -97,6 +97,11 @@ def jobs_from_table() -> list[dict]:
                  "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
     jobs.append({"name": "abft_checksum", "file": "abft_checksum.cu", "defines": [],
                  "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
+    # 3xTF32 from operands split ahead (sm_90a): the product and the two split kernels
+    jobs.append({"name": "gemm_wgmma_split", "file": "gemm_wgmma_split.cu", "defines": [],
+                 "threads": 256, "dynamic_smem": 3 * 65536 + 1024, "min_blocks": 1,
+                 "arch": "sm_90a", "entries": ["gemm_split", "split_k", "split_r"],
+                 "whole": True})
     return jobs
 
 
@@ -194,10 +199,11 @@ def nvrtc_compile(lib_path: str, job: dict, entry: str) -> str | None:
 
     lib = ctypes.CDLL(lib_path)
     src = ck.kernel_source(job["file"]).encode()
-    modes = entry[len("gemm_"):]
-    opts = [*ck._COMPILE_OPTIONS, *job["defines"], f"-arch={job['arch']}", "-DBIGMM_ONLY=1",
-            f"-DBIGMM_ONLY_NAME={entry}", f"-DBIGMM_ONLY_A={ck._LOADERS[modes[0]]}",
-            f"-DBIGMM_ONLY_B={ck._LOADERS[modes[1]]}", "-ftz=true"]
+    opts = [*ck._COMPILE_OPTIONS, *job["defines"], f"-arch={job['arch']}", "-ftz=true"]
+    if not job.get("whole"):  # a GEMM family's entry, compiled alone as the launcher does
+        modes = entry[len("gemm_"):]
+        opts += ["-DBIGMM_ONLY=1", f"-DBIGMM_ONLY_NAME={entry}",
+                 f"-DBIGMM_ONLY_A={ck._LOADERS[modes[0]]}", f"-DBIGMM_ONLY_B={ck._LOADERS[modes[1]]}"]
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"bigmm_kernel.cu", 0, None, None):
         return "nvrtcCreateProgram failed"

@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 
 from ..errors import DtypeError, KernelError, ShapeError
+from ..planner.schedule import split_workspace_bytes, splits_ahead
 from .kernel_configs import (_DTYPES, _FAMILY_SOURCE, _LOADERS, TF32X3_MIN_K,
                              TF32X3_WGMMA_MIN_K, TileConfig, device_arch, load_table,
                              parse_precision, select_config, tile_configs)
@@ -259,7 +260,8 @@ def _span(ptr: int, rows: int, cols: int, ld: int, item: int) -> tuple[int, int]
 
 
 def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None, *, config=None,
-         split_k=None, checks=None, precision=None, split_edges=None, upper=False):
+         split_k=None, checks=None, precision=None, split_edges=None, upper=False, presplit=None,
+         workspace=None):
     """``c = alpha * op(a) @ op(b) + beta * c`` on the GPU with bigmm's kernels; returns ``c``.
 
     ``op(x)`` is ``x.T`` when ``trans_x`` (``a`` is then stored (K, M)).  a, b and c are 2-D
@@ -288,18 +290,25 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     ``upper``: only the kernel's tiles of c on or above its diagonal are computed (the upper
     triangle of a Gram product; compiled with -DBIGMM_UPPER); the tiles wholly below it are
     left as they were. Never split along K or at the edges.
+    ``presplit`` ("tf32x3" on sm_90a, None = when it pays: :func:`presplit_pays`): op(a) and
+    op(b) are split into big and small parts once, into a workspace of
+    :func:`split_workspace_bytes` (``gemm_wgmma_split.cu``), before the product; ``workspace``
+    (``workspace(nbytes)`` returns a device array of at least ``nbytes``, None = cupy's pool)
+    gives that workspace.
     """
     import cupy
 
     launch = prepare_gemm(a, b, c, alpha, beta, trans_a, trans_b, config=config,
                           split_k=split_k, checks=checks, precision=precision,
-                          split_edges=split_edges, upper=upper)
+                          split_edges=split_edges, upper=upper, presplit=presplit,
+                          workspace=workspace)
     launch(stream if stream is not None else cupy.cuda.get_current_stream())
     return c
 
 
 def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, config=None,
-                 split_k=None, checks=None, precision=None, split_edges=None, upper=False):
+                 split_k=None, checks=None, precision=None, split_edges=None, upper=False,
+                 presplit=None, workspace=None):
     """:func:`gemm` checked and set up once: ``launch(stream)`` issues it. The launch holds
     the views, so a caller issuing the same product over the same buffers again and again
     (the steps of a run reusing their slots) pays the checks, the kernel choice and the
@@ -351,6 +360,10 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     if config is None:
         if precision == "tf32x3" and k < TF32X3_MIN_K:
             precision = dtype  # memory-bound anyway; the split's own error would show (see below)
+        if precision == "tf32x3" and checks is None and not upper and split_k in (None, 1) and (
+                presplit if presplit is not None else presplit_pays(m, n, k)) and _can_presplit(m, n, k):
+            return _prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k,
+                                     (lda, ldb, ldc), workspace)
         short = precision == "tf32x3" and k < TF32X3_WGMMA_MIN_K
         cfg = select_config(dtype, m, n, k, precision=precision, arch=None if short else "auto")
     elif isinstance(config, TileConfig):
@@ -426,6 +439,71 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
                                        work, np.int64(m * n), np_t(beta), c, np.int64(ldc)))
 
     return launch_split
+
+
+_SPLIT_SMEM = 3 * 65536 + 1024  # gemm_split's three stages of four 16 KB tiles, aligned
+
+
+def presplit_pays(m: int, n: int, k: int) -> bool:
+    """Whether "tf32x3" splits its operands ahead on this device: sm_90a, K long enough for the
+    wgmma kernels, M and N large enough (:func:`bigmm.planner.splits_ahead`)."""
+    return (k >= TF32X3_WGMMA_MIN_K and m * n > 0 and splits_ahead(m, n)
+            and device_arch() == "sm_90a")
+
+
+def _can_presplit(m: int, n: int, k: int) -> bool:
+    # the split's grid: k-tiles along x, 32-row blocks along y (at most 65535)
+    return k >= 1 and max(m, n) <= 32 * 65535 and device_arch() == "sm_90a"
+
+
+def _prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k, lds, workspace):
+    """The launch of a presplit "tf32x3" product: op(a) and op(b)^T split into the workspace
+    (``split_k``/``split_r`` by which way the source is contiguous), then ``gemm_split``."""
+    import cupy
+    import numpy as np
+
+    lda, ldb, ldc = lds
+    opts = ("-arch=sm_90a",)
+    kern = raw_kernel("gemm_wgmma_split.cu", "gemm_split", opts)
+    key = (("gemm_wgmma_split.cu",), _device_id())
+    if _smem_granted.get(key) != _SPLIT_SMEM:
+        try:
+            kern.max_dynamic_shared_size_bytes = _SPLIT_SMEM
+        except Exception as exc:
+            raise KernelError(f"Expected the device to grant {_SPLIT_SMEM} bytes of shared memory "
+                              f"to gemm_split. Got {exc}.") from exc
+        _smem_granted[key] = _SPLIT_SMEM
+    mp, np_, kt = -(-m // 128) * 128, -(-n // 128) * 128, -(-k // 32)
+    ld = 32 * (kt + 1)
+    words = split_workspace_bytes(m, n, k) // 4
+    # (source, rows, rows' stride, k's stride, permuted): op(a) by rows m, op(b)^T by rows n
+    sides = ((a, m, 1 if trans_a else lda, lda if trans_a else 1, 0),
+             (b, n, ldb if trans_b else 1, 1 if trans_b else ldb, 1))
+    splits = [raw_kernel("gemm_wgmma_split.cu", "split_k" if sk == 1 else "split_r", opts)
+              for _, _, _, sk, _ in sides]
+    c_vec = np.int32(1 if c.data.ptr % 16 == 0 and ldc % 4 == 0 else 0)
+    tiles = (mp // 128) * (np_ // 128)
+
+    def launch(stream) -> None:
+        with stream:
+            if workspace is None:
+                work = cupy.empty(words, dtype=cupy.uint32)
+            else:
+                work = workspace(4 * words).view(cupy.uint32)[:words]
+            parts, at = [], 0
+            for (x, rows, sr, sk, perm), split in zip(sides, splits):
+                rp = -(-rows // 128) * 128
+                big, small = work[at:at + rp * ld], work[at + rp * ld:at + 2 * rp * ld]
+                at += 2 * rp * ld
+                split((kt + 1, rp // 32), (256,), (x, np.int64(sr), np.int64(sk), np.int32(rows),
+                                                   np.int32(k), np.int32(32 * kt - k), big, small,
+                                                   np.int64(ld), np.int32(perm)))
+                parts += [big, small]
+            kern((tiles,), (256,), (np.int32(m), np.int32(n), np.int32(kt), np.int64(ld),
+                                    np.float32(alpha), *parts, np.float32(beta), c,
+                                    np.int64(ldc), c_vec), shared_mem=_SPLIT_SMEM)
+
+    return launch
 
 
 def edge_cut(config: TileConfig, m: int, n: int) -> tuple[int, int] | None:

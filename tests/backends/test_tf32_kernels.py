@@ -95,7 +95,7 @@ def _cublas(cp, opa, opb, tf32: bool):
         rl.set_compute_type(np.float32, before)
 
 
-def _check(cp, case, seed, config=None):
+def _check(cp, case, seed, config=None, presplit=None):
     from bigmm.backends import cuda_kernels
 
     precision, m, n, k, ta, tb, alpha, beta, view = case
@@ -109,7 +109,7 @@ def _check(cp, case, seed, config=None):
     if beta == 0:
         c.fill(np.nan)  # must never be read
     cuda_kernels.gemm(a, b, c, alpha, beta, trans_a=ta, trans_b=tb, config=config,
-                      precision=precision)
+                      precision=precision, presplit=presplit)
     out = cp.asnumpy(c)
     opa = cp.asarray(a_h).T if ta else cp.asarray(a_h)
     opb = cp.asarray(b_h).T if tb else cp.asarray(b_h)
@@ -130,6 +130,61 @@ def _check(cp, case, seed, config=None):
 @pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
 def test_tf32_gemm_matches_float64_reference(cp, case):
     _check(cp, case, SEED + 10 * CASES.index(case))
+
+
+# Every 3xTF32 case with the operands split ahead (gemm_wgmma_split.cu), which the launcher
+# otherwise takes only for large M and N; K < 64 still runs in float32.
+SPLIT_CASES = [c for c in CASES if c[0] == X3] + [
+    (X3, 2304, 2500, 1000, False, False, 1.0, 0.0, None),  # the launcher's own choice
+    (X3, 3000, 2049, 4097, True, True, 0.5, 2.0, "odd"),  # its choice, TT, unaligned views
+]
+
+
+def _presplit_device():
+    from bigmm.backends import cuda_kernels
+
+    if cuda_kernels.device_arch() != "sm_90a":
+        pytest.skip("splitting ahead runs on compute capability 9.0 (sm_90a) only")
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[_ids(c) for c in SPLIT_CASES])
+def test_presplit_tf32x3_matches_float64_reference(cp, case):
+    _presplit_device()
+    big = case[1] * case[2] > 1024 * (case[1] + case[2])
+    _check(cp, case, SEED + 13 * SPLIT_CASES.index(case), presplit=True if not big else None)
+
+
+# Splitting ahead changes where the split is done, not the sums: every element equal to the
+# in-loop split's (gemm_wgmma.cu), K ragged or whole, each transpose.
+SAME_SUMS = [
+    (2304, 2176, 100, False, False),  # K: three k-tiles and a partial first one
+    (1000, 777, 129, True, False),  # TN, K one past four k-tiles
+    (513, 700, 1000, False, True),  # NT
+    (300, 1000, 64, True, True),  # TT, the shortest K on wgmma
+]
+
+
+@pytest.mark.parametrize("m, n, k, ta, tb", SAME_SUMS)
+def test_presplit_gives_the_in_loop_splits_sums_exactly(cp, m, n, k, ta, tb):
+    from bigmm.backends import cuda_kernels
+
+    _presplit_device()
+    seed = SEED + 17 * SAME_SUMS.index((m, n, k, ta, tb))
+    a = cp.asarray(random_matrix((k, m) if ta else (m, k), np.float32, seed))
+    b = cp.asarray(random_matrix((n, k) if tb else (k, n), np.float32, seed + 1))
+    ahead, in_loop = (cp.full((m, n), np.nan, np.float32) for _ in range(2))
+    cuda_kernels.gemm(a, b, ahead, 1.0, 0.0, ta, tb, precision=X3, presplit=True)
+    cuda_kernels.gemm(a, b, in_loop, 1.0, 0.0, ta, tb, precision=X3, presplit=False, split_k=1)
+    assert bool((ahead == in_loop).all()), f"seed {seed}"
+
+
+def test_presplit_is_chosen_for_large_products_only(cp):
+    from bigmm.backends import cuda_kernels
+
+    _presplit_device()
+    assert cuda_kernels.presplit_pays(4096, 4096, 4096)
+    assert not cuda_kernels.presplit_pays(256, 16384, 4096)  # the split of B would outweigh it
+    assert not cuda_kernels.presplit_pays(4096, 4096, 32)  # short sums: not on wgmma at all
 
 
 def _tf32_configs():
@@ -169,11 +224,19 @@ CONTRACT += [
 ]
 
 
-@pytest.mark.parametrize("dist, m, n, k", CONTRACT)
+# The contract where the launcher splits the operands ahead (sm_90a; M and N large: small
+# products keep the in-loop split, whose launches split K where C has few tiles, as cuBLAS does).
+CONTRACT_SPLIT = [(d, 2304, 2176, k) for d in DISTRIBUTIONS for k in (100, 4097)]
+
+
+@pytest.mark.parametrize("dist, m, n, k", CONTRACT + CONTRACT_SPLIT)
 def test_tf32x3_accuracy_contract(cp, dist, m, n, k):
     from bigmm.backends import cuda_kernels
 
-    seed = SEED + 31 * CONTRACT.index((dist, m, n, k))
+    if (dist, m, n, k) in CONTRACT_SPLIT:
+        _presplit_device()
+        assert cuda_kernels.presplit_pays(m, n, k)
+    seed = SEED + 31 * (CONTRACT + CONTRACT_SPLIT).index((dist, m, n, k))
     a_h, b_h = operands(dist, m, n, k, seed)
     ref = a_h.astype(np.float64) @ b_h.astype(np.float64)
     a, b = cp.asarray(a_h), cp.asarray(b_h)
@@ -197,9 +260,10 @@ def test_tf32x3_near_float32_limits_stays_finite(cp):
     a_h, b_h = operands("huge", 100, 60, 300, SEED)
     a_h[0, :8] = np.finfo(np.float32).max
     a_h[1, :8] = -np.finfo(np.float32).max
-    c = cp.full((100, 60), np.nan, dtype=np.float32)
-    cuda_kernels.gemm(cp.asarray(a_h), cp.asarray(b_h), c, precision=X3)
-    assert bool(cp.isfinite(c).all())
+    for presplit in (None, True) if cuda_kernels.device_arch() == "sm_90a" else (None,):
+        c = cp.full((100, 60), np.nan, dtype=np.float32)
+        cuda_kernels.gemm(cp.asarray(a_h), cp.asarray(b_h), c, precision=X3, presplit=presplit)
+        assert bool(cp.isfinite(c).all()), f"presplit={presplit}"
 
 
 def test_tf32_precision_errors(cp):

@@ -1,0 +1,214 @@
+// bigmm's 3xTF32 GEMM on Hopper's warpgroup tensor cores (sm_90a only) from operands split
+// ahead of the product: C = alpha * op(A) @ op(B) + beta * C in float32, row-major, any M, N, K
+// and leading dimensions, float32's accuracy (the same split and accumulation as
+// gemm_wgmma.cu's 3xTF32, so the same sums in the same order).
+//
+// Two kernels, launched in turn on one stream (bigmm/backends/cuda_kernels.py):
+//  * split_k / split_r: op(A) (rows m) and op(B)^T (rows n) are split once, x = big + 2^-10
+//    small (tf32_split), into K-major workspaces: big and small each R x ld with R a multiple
+//    of 128 and ld = 32 (KT + 1), K contiguous, zero past M and N; k is stored at column
+//    k + 32 KT - K (the first k-tile partial, as gemm_wgmma.cu's k-tiles fall: the same
+//    sums) and one whole zero k-tile ends each row.  split_k reads sources contiguous along K, split_r sources contiguous along the
+//    rows, both through a 32 x 32 shared-memory tile so that reads and writes are coalesced.
+//    With `perm` the rows are stored in the order the main kernel's epilogue wants (row
+//    16p + 8h + 2t + e holds source row 16p + 4t + 2h + e: a thread's accumulators come back as
+//    runs of four consecutive columns of C).
+//  * gemm_split: block = two warpgroups (256 threads), C tile 128 x 128, k-tiles of 32.  Per
+//    k-tile all threads copy the four 128 x 32 tiles (A big, A small, B big, B small: 64 KB) with
+//    16-byte cp.async straight into the 128-byte-swizzled K-major layout the wgmma descriptors
+//    read (3 stages, 193 KB).  Each k-step of 8 is three wgmma.m64n128k8 with both operands from
+//    shared memory: cor += small_A big_B + big_A small_B (over all of K), tmp (+)= big_A big_B (a
+//    fresh sum per k-tile, added to acc with FADD).  The loop is rotated so that the tensor
+//    cores stay busy while acc += tmp runs: the next k-tile's first corrections are issued
+//    first (after the last k-tile they multiply the zero k-tile).  Two barriers a k-tile: one
+//    before the next k-tile's corrections (its stage landed), one after acc += tmp (every
+//    warpgroup's wgmmas of this k-tile done, so its stage may be refilled).
+//
+// The in-loop split of gemm_wgmma.cu costs more instructions than the wgmmas; splitting once
+// ahead costs 12 (M + N) K bytes of memory traffic, which pays where 1/M + 1/N is small (the
+// launcher's rule, kernels/README.md).
+#define BIGMM_WGMMA 1
+#include "common.cuh"
+
+namespace bigmm {
+
+// D(64 x 128) (+ D when scale_d) = A(64 x 8) B(8 x 128), both from K-major 128-byte-swizzled
+// descriptors; d[4j + e]: row g + 8 (e >> 1), column 8j + 2t + (e & 1) of the warp's 16 rows.
+__device__ __forceinline__ void wgmma_ss(float* d, unsigned long long da, unsigned long long db,
+                                         int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1;\n}\n"
+        : BIGMM_WG_D64(0)
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// As wgmma_ss, a fresh sum: D only written.
+__device__ __forceinline__ void wgmma_ss_zero(float* d, unsigned long long da,
+                                              unsigned long long db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, 0, 1, 1;\n"
+        : BIGMM_WG_W64(0)
+        : "l"(da), "l"(db));
+}
+
+// Rows [32 by, 32 by + 32) and columns [32 bx, 32 bx + 32) of the split: column j holds
+// k = j - off of the source, element (r, k) at X[r sr + k sk] (zero past R and outside
+// [0, K)).  R_CONTIG: the source is contiguous along r.
+template <bool R_CONTIG>
+__device__ __forceinline__ void split_tile(const float* __restrict__ X, long long sr, long long sk,
+                                           int R, int K, int off, unsigned* __restrict__ big,
+                                           unsigned* __restrict__ small, long long ld, int perm) {
+    __shared__ float tile[32][33];  // [r][k]
+    const int k0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+#pragma unroll
+    for (int i = ty; i < 32; i += 8) {
+        const int r = r0 + (R_CONTIG ? tx : i), k = k0 + (R_CONTIG ? i : tx) - off;
+        const float v = (r < R && k >= 0 && k < K) ? X[r * sr + k * sk] : 0.f;
+        if (R_CONTIG) tile[tx][i] = v;
+        else tile[i][tx] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int row = ty; row < 32; row += 8) {
+        const int src = perm ? ((row & ~15) | (((row >> 1) & 3) << 2) | (((row >> 3) & 1) << 1) |
+                                (row & 1))
+                             : row;
+        unsigned b, s;
+        tf32_split(tile[src][tx], b, s);
+        const long long o = (long long)(r0 + row) * ld + k0 + tx;
+        big[o] = b;
+        small[o] = s;
+    }
+}
+
+}  // namespace bigmm
+
+extern "C" __global__ void __launch_bounds__(256)
+split_k(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,
+        unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) {
+    bigmm::split_tile<false>(X, sr, sk, R, K, off, big, small, ld, perm);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+split_r(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,
+        unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) {
+    bigmm::split_tile<true>(X, sr, sk, R, K, off, big, small, ld, perm);
+}
+
+// C (M x N) = alpha (Ab Bb^T + 2^-10 (As Bb^T + Ab Bs^T)) + beta C over KT k-tiles: Ab, As
+// (rows of M, padded to 128) and Bb, Bs (rows of N, permuted by split's perm) at row stride
+// ld = 32 (KT + 1), k-tile KT zero.
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_split(int M, int N, int KT, long long ld, float alpha, const unsigned* __restrict__ Ab,
+           const unsigned* __restrict__ As, const unsigned* __restrict__ Bb,
+           const unsigned* __restrict__ Bs, float beta, float* __restrict__ C, long long ldc,
+           int c_vec) {
+    using namespace bigmm;
+    constexpr int STAGES = 3, TILE = 128 * 128, STAGE = 4 * TILE;  // bytes
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    const unsigned base = smem_addr(smem);
+    const int tid = threadIdx.x, wg = tid / 128;
+    int tile_m, tile_n;
+    swizzle_tile<8>(blockIdx.x, (M + 127) / 128, (N + 127) / 128, tile_m, tile_n);
+    const int m0 = tile_m * 128, n0 = tile_n * 128;
+
+    // Copies: this thread's chunk c (16 bytes) of rows r_lo + 32 j of each of the four tiles.
+    const unsigned* srcs[4] = {Ab + m0 * ld, As + m0 * ld, Bb + n0 * ld, Bs + n0 * ld};
+    const int c = tid % 8, r_lo = tid / 8;
+    auto load = [&](int stage, int kt) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int row = r_lo + 32 * j;
+                cp_async<16>(base + unsigned(stage * STAGE + t * TILE + row * 128 +
+                                             ((c ^ (row & 7)) << 4)),
+                             srcs[t] + row * ld + kt * 32 + c * 4, 16);
+            }
+    };
+    // Tile t (0 A big, 1 A small, 2 B big, 3 B small) of `stage` at k-step s; A from this
+    // warpgroup's 64 rows.
+    auto desc = [&](int stage, int t, int s) {
+        return wgmma_desc_sw128(base + unsigned(stage * STAGE + t * TILE + (t < 2 ? wg * 8192 : 0) +
+                                                32 * s));
+    };
+
+    float acc[64], tmp[64], cor[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+
+    // Prologue: k-tiles 0 .. STAGES-2 in flight; k-tile 0's first corrections start cor.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s <= KT) load(s, s);
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 2>();
+    fence_proxy_async();
+    __syncthreads();
+    wgmma_fence();
+    wgmma_ss(cor, desc(0, 1, 0), desc(0, 2, 0), 0);
+    wgmma_ss(cor, desc(0, 0, 0), desc(0, 3, 0), 1);
+    wgmma_commit();
+
+    for (int kt = 0; kt < KT; ++kt) {
+        const int st = kt % STAGES, nx = (kt + 1) % STAGES;
+        // the stage of k-tile kt - 1: every warpgroup's wgmmas on it ended before the barrier
+        // that closed the last period
+        if (kt + STAGES - 1 <= KT) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        cp_async_commit();
+        wgmma_fence();
+        wgmma_ss_zero(tmp, desc(st, 0, 0), desc(st, 2, 0));
+#pragma unroll
+        for (int s = 1; s < 4; ++s) {
+            wgmma_ss(cor, desc(st, 1, s), desc(st, 2, s), 1);
+            wgmma_ss(cor, desc(st, 0, s), desc(st, 3, s), 1);
+            wgmma_ss(tmp, desc(st, 0, s), desc(st, 2, s), 1);
+        }
+        wgmma_commit();
+        cp_async_wait<STAGES - 2>();  // k-tile kt + 1 landed (this thread's copies) ...
+        fence_proxy_async();
+        __syncthreads();              // ... everyone's, and visible to the wgmmas
+        wgmma_fence();
+        wgmma_ss(cor, desc(nx, 1, 0), desc(nx, 2, 0), 1);
+        wgmma_ss(cor, desc(nx, 0, 0), desc(nx, 3, 0), 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // this k-tile's big*big sum is complete
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] += tmp[i];
+        __syncthreads();  // every warpgroup's wgmmas of k-tile kt done: its stage is free
+    }
+    wgmma_wait<0>();
+    cp_async_wait<0>();
+
+    // Epilogue: rows 64 wg + 16 w + g + 8 h, columns 16 p + 4 t .. + 3 (accumulators
+    // 8 p + 4 c' + 2 h + e hold column 16 p + 4 t + 2 c' + e).
+    const int lane = tid % 32, g = lane / 4, t = lane % 4, w = (tid / 32) % 4;
+    const bool read_c = !(beta == 0.f);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int p = 0; p < 8; ++p) {
+            float v[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int i = 8 * p + 4 * (q >> 1) + 2 * h + (q & 1);
+                v[q] = __fmaf_rn(cor[i], 1.f / TF32_SMALL_SCALE, acc[i]);
+            }
+            store_vec<float, 4>(C, ldc, M, N, m0 + 64 * wg + 16 * w + g + 8 * h, n0 + 16 * p + 4 * t,
+                                v, alpha, beta, read_c, c_vec);
+        }
+}
