@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import io
-from .backends import Calibrates, Checksums, HostHints, Registers, get_backend
+from .backends import Calibrates, Checksums, HostHints, Registers, SplitsPanels, get_backend
 from .backends.numpy import memory_available as host_memory_available
 from .errors import DtypeError, OptionError, ResumeError, ShapeError
 from .executor import RunStats, in_place
@@ -140,7 +140,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
                 device_budget=device, host_budget=host, staging=be.staging,
                 a_chunks=A.panel_chunks, b_chunks=B.panel_chunks,
                 rates=rates if be.staging else None,  # CPU: the fewest bytes, as matmul plans
-                symmetric=bool(symmetric), upper=bool(upper))
+                symmetric=bool(symmetric), upper=bool(upper),
+                presplit=isinstance(be, SplitsPanels) and bool(be.splits_panels))
     threads = be.gemm_threads() if isinstance(be, HostHints) else None
     if not be.staging and threads:  # a gemm call costs more with more BLAS threads
         args["step_bytes"] = cpu_step_bytes(threads)

@@ -123,6 +123,31 @@ def test_out_of_core_product_in_each_precision(tmp_path, precision, kernel, m, n
     assert stats.tiles_done == p.n_tiles
 
 
+def test_presplit_plan_holds_its_workspace_in_the_budget():
+    from dataclasses import replace
+
+    from bigmm.planner import split_workspace_bytes
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    m, n, k = 3000, 2600, 5000
+    a, b = random_matrix((m, k), F32, seed), random_matrix((k, n), F32, seed + 1)
+    out = np.full((m, n), np.nan, F32)
+    kw = dict(memory=160_000_000, host_memory=HOST, backend="cupy", precision="tf32x3")
+    p = bigmm.plan(a, b, out, **kw)
+    if not p.presplit:
+        pytest.skip("splitting ahead runs on compute capability 9.0 (sm_90a) only")
+    assert p.splits_ahead, str(p)
+    assert p.nk >= 2 and p.device_bytes <= p.device_budget, str(p)
+    assert (p.device_bytes - replace(p, presplit=False).device_bytes
+            == split_workspace_bytes(p.bm, p.bn, p.bk))
+    assert "split panels" in str(p)
+    got = bigmm.matmul(a, b, out, **kw)
+    ref = reference_gemm(a, b)
+    err, bound = relative_error(got, ref), _bound("tf32x3", k, a, b, None, 1.0, 0.0, False,
+                                                  False, ref)
+    assert err <= bound, f"seed {seed}: error {err:.3e} > bound {bound:.3e}"
+
+
 @pytest.mark.parametrize("precision, kernel", [("tf32", "bigmm"), ("tf32x3", "bigmm"),
                                                ("tf32", "cublas")])
 def test_checksums_pass_on_correct_tensor_core_products(tmp_path, precision, kernel):

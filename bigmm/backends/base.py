@@ -230,6 +230,16 @@ class Registers(Protocol):
 
 
 @runtime_checkable
+class SplitsPanels(Protocol):
+    """A backend whose gemm splits a step's A and B panels ahead into a device workspace of
+    ``bigmm.planner.split_workspace_bytes`` of the step's tile, held with its buffers (the
+    plan counts it: ``Plan.presplit``)."""
+
+    #: Whether its products do so (3xTF32 on Hopper).
+    splits_panels: bool
+
+
+@runtime_checkable
 class Syrk(Protocol):
     """A backend that updates the upper triangle of a square tile by a rank-k product of one
     panel with itself (BLAS ``syrk``): half the flops of the gemm of the panel with its own

@@ -130,6 +130,7 @@ class CupyBackend:
         self._marks: list = []
         self.device_bytes = 0  # bytes of device buffers held
         self.host_bytes = 0  # bytes of pinned host buffers held
+        self._split_work = None  # (pointer, array) of the split panels' workspace
         if self.kernel == "bigmm":
             from . import cuda_kernels
 
@@ -279,6 +280,31 @@ class CupyBackend:
 
     # ----- compute --------------------------------------------------------------------------
     @property
+    def splits_panels(self) -> bool:
+        """Whether float32 products split their panels ahead into a workspace (bigmm's 3xTF32
+        on a compute capability 9.0 GPU: :func:`.cuda_kernels.presplit_pays`)."""
+        if self.kernel != "bigmm" or self.precision != "tf32x3":
+            return False
+        with self._device:
+            return self._kernels.device_arch() == "sm_90a"
+
+    def _split_workspace(self, nbytes: int):
+        """The split panels' workspace, of at least ``nbytes``: one device buffer, replaced
+        by a larger one (after the device's work is done) where a product needs more."""
+        if self._split_work is None or self._split_work[1].nbytes < nbytes:
+            if self._split_work is not None:
+                ptr, held = self._split_work[0], self._split_work[1].nbytes
+                self._split_work = None
+                with self._device:
+                    cupy.cuda.runtime.deviceSynchronize()
+                    cupy.cuda.runtime.free(ptr)
+                self._device_ptrs.remove(ptr)
+                self.device_bytes -= held
+            buf = self.device_buffer(nbytes, np.uint8)
+            self._split_work = (self._device_ptrs[-1], buf)
+        return self._split_work[1]
+
+    @property
     def fuses_checks(self) -> bool:
         """Whether gemm takes ``checks`` (bigmm's kernel in precision float32: cuBLAS's and
         the tensor-core kernels cannot do them)."""
@@ -313,7 +339,8 @@ class CupyBackend:
             with self._device:
                 launch = self._kernels.prepare_gemm(
                     a, b, c, alpha, beta, trans_a, trans_b, split_k=1, checks=checks,
-                    precision=self.precision if name == "float32" else None)
+                    precision=self.precision if name == "float32" else None,
+                    workspace=self._split_workspace)
         else:
             def launch(stream) -> None:
                 self._cublas(a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream)
@@ -525,7 +552,7 @@ class CupyBackend:
         if self.keep_pinned and blocks:
             _PINNED.keep(blocks)
         self._pinned, self._device_ptrs, self._streams = [], [], []
-        self._user_pinned = []
+        self._user_pinned, self._split_work = [], None
         self.device_bytes = self.host_bytes = 0
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
 from ..units import HALF_DTYPES, accumulate_dtype, numpy_dtype
+from .base import SplitsPanels
 from .cupy_arrays import device_dtype
 from .cupy_pinned import choose, lock_rate
 
@@ -70,6 +71,10 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
             dev.data.ptr + half, dev.data.ptr, half, _D2D, s.ptr), s)
         x = dev[: n * n].reshape(n, n)
         t_gemm = time_events(lambda: be.gemm(x, x, c, 1.0, 0.0, False, False, s), s)
+        # a gemm that splits large products ahead: also a product too small for it
+        narrow = n // 4 if isinstance(be, SplitsPanels) and be.splits_panels else 0
+        t_unsplit = time_events(lambda: be.gemm(x[:narrow], x, c[:narrow], 1.0, 0.0, False,
+                                                False, s), s) if narrow else 0.0
         pin = choose(min(nbytes, LOCK_BYTES))  # the faster way: later blocks are made so
         lock = lock_rate(min(nbytes, LOCK_BYTES))
     # a product smaller than 4096^3 (a budget under 64 MiB) is too short to tell what
@@ -82,7 +87,8 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
                  memory_bytes=2 * half / t_move if full else None,
                  wave_flops=(wave_flops(be, dtype)
                              if full and str(dtype) not in HALF_DTYPES else None),
-                 per_row=per_row, register_bytes=lock, pin_bytes=pin)
+                 per_row=per_row, register_bytes=lock, pin_bytes=pin,
+                 unsplit_flops=2 * narrow * n * n / t_unsplit if narrow else None)
 
 
 def wave_flops(be, dtype: np.dtype) -> float:

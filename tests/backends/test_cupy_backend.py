@@ -336,6 +336,31 @@ def test_device_buffers_bypass_the_pool_and_are_freed_at_close():
     be.close()  # idempotent
 
 
+def test_split_panels_workspace_is_one_counted_buffer():
+    from bigmm.backends import SplitsPanels
+    from bigmm.planner import split_workspace_bytes
+
+    be = _backend(precision="tf32x3")
+    assert isinstance(be, SplitsPanels)
+    try:
+        if not be.splits_panels:
+            pytest.skip("splitting ahead runs on compute capability 9.0 (sm_90a) only")
+        assert not _backend().splits_panels  # float32 on the CUDA cores: no workspace
+        for (m, n, k) in ((2304, 2500, 1000), (2304, 2500, 700), (3000, 2600, 1500)):
+            a = cupy.asarray(random_matrix((m, k), np.float32, m + k))
+            b = cupy.asarray(random_matrix((k, n), np.float32, n + k))
+            c = cupy.full((m, n), np.nan, np.float32)
+            be.gemm(a, b, c, 1.0, 0.0, False, False)
+            cupy.cuda.Device().synchronize()
+            ref = reference_gemm(cupy.asnumpy(a), cupy.asnumpy(b))
+            assert relative_error(cupy.asnumpy(c), ref) < 1e-5
+        # the largest product's workspace only: the smaller one reused, replaced when too small
+        assert be.device_bytes == split_workspace_bytes(3000, 2600, 1500)
+    finally:
+        be.close()
+    assert be.device_bytes == 0
+
+
 def test_streams_and_events_order_copy_gemm_copy():
     """copy in (stream 1) -> gemm (stream 2) -> copy out (stream 3), ordered only by events."""
     be = _backend()
