@@ -1,12 +1,13 @@
-// bigmm's 3xTF32 GEMM on Hopper's warpgroup tensor cores (sm_90a only) from operands split
-// ahead of the product: C = alpha * op(A) @ op(B) + beta * C in float32, row-major, any M, N, K
-// and leading dimensions, float32's accuracy (the same split and accumulation as
-// gemm_wgmma.cu's 3xTF32, so the same sums in the same order).
+// bigmm's 3xTF32 and TF32 GEMMs on Hopper's warpgroup tensor cores (sm_90a only) from operands
+// split (TF32: rounded) ahead of the product: C = alpha * op(A) @ op(B) + beta * C in float32,
+// row-major, any M, N, K and leading dimensions; the same split, rounding and accumulation as
+// gemm_wgmma.cu's, so the same sums in the same order.
 //
 // Two kernels, launched in turn on one stream (bigmm/backends/cuda_kernels.py):
 //  * split_k / split_r: op(A) (rows m) and op(B)^T (rows n) are split once, x = big + 2^-10
-//    small (tf32_split), into K-major workspaces: big and small each R x ld with R a multiple
-//    of 128 and ld = 32 (KT + 1), K contiguous, zero past M and N; k is stored at column
+//    small (tf32_split), into K-major workspaces (round_k / round_r: tf32(x) only): big and
+//    small each R x ld with R a multiple of 128 (A) or 256 (B) and ld = 32 (KT + 1), K
+//    contiguous, zero past M and N; k is stored at column
 //    k + 32 KT - K (the first k-tile partial, as gemm_wgmma.cu's k-tiles fall: the same
 //    sums) and one whole zero k-tile ends each row.  split_k reads sources contiguous along K, split_r sources contiguous along the
 //    rows, both through a 32 x 32 shared-memory tile so that reads and writes are coalesced.
@@ -24,9 +25,12 @@
 //    before the next k-tile's corrections (its stage landed), one after acc += tmp (every
 //    warpgroup's wgmmas of this k-tile done, so its stage may be refilled).
 //
+//  * gemm_round (TF32): C tile 128 x 256, four stages of 48 KB, one wgmma.m64n256k8 a k-step
+//    and warpgroup, accumulating in the wgmma; loads two k-tiles ahead.
+//
 // The in-loop split of gemm_wgmma.cu costs more instructions than the wgmmas; splitting once
-// ahead costs 12 (M + N) K bytes of memory traffic, which pays where 1/M + 1/N is small (the
-// launcher's rule, kernels/README.md).
+// ahead costs 12 (M + N) K bytes of memory traffic (rounding: 8), which pays where 1/M + 1/N is
+// small (the launcher's rule, kernels/README.md).
 #define BIGMM_WGMMA 1
 #include "common.cuh"
 
@@ -62,10 +66,28 @@ __device__ __forceinline__ void wgmma_ss_zero(float* d, unsigned long long da,
         : "l"(da), "l"(db));
 }
 
+// D(64 x 256) += A(64 x 8) B(8 x 256), both from descriptors (plain TF32's 128 x 256 tile).
+__device__ __forceinline__ void wgmma_ss256(float* d, unsigned long long da, unsigned long long db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "
+        "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "
+        "%125, %126, %127}, "
+        "%128, %129, 1, 1, 1;\n"
+        : BIGMM_WG_D64(0), BIGMM_WG_D64(64)
+        : "l"(da), "l"(db));
+}
+
 // Rows [32 by, 32 by + 32) and columns [32 bx, 32 bx + 32) of the split: column j holds
 // k = j - off of the source, element (r, k) at X[r sr + k sk] (zero past R and outside
 // [0, K)).  R_CONTIG: the source is contiguous along r.
-template <bool R_CONTIG>
+template <bool R_CONTIG, int PARTS>
 __device__ __forceinline__ void split_tile(const float* __restrict__ X, long long sr, long long sk,
                                            int R, int K, int off, unsigned* __restrict__ big,
                                            unsigned* __restrict__ small, long long ld, int perm) {
@@ -85,11 +107,15 @@ __device__ __forceinline__ void split_tile(const float* __restrict__ X, long lon
         const int src = perm ? ((row & ~15) | (((row >> 1) & 3) << 2) | (((row >> 3) & 1) << 1) |
                                 (row & 1))
                              : row;
-        unsigned b, s;
-        tf32_split(tile[src][tx], b, s);
         const long long o = (long long)(r0 + row) * ld + k0 + tx;
-        big[o] = b;
-        small[o] = s;
+        if (PARTS == 2) {
+            unsigned b, s;
+            tf32_split(tile[src][tx], b, s);
+            big[o] = b;
+            small[o] = s;
+        } else {
+            big[o] = tf32_rna(tile[src][tx]);
+        }
     }
 }
 
@@ -98,13 +124,26 @@ __device__ __forceinline__ void split_tile(const float* __restrict__ X, long lon
 extern "C" __global__ void __launch_bounds__(256)
 split_k(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,
         unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) {
-    bigmm::split_tile<false>(X, sr, sk, R, K, off, big, small, ld, perm);
+    bigmm::split_tile<false, 2>(X, sr, sk, R, K, off, big, small, ld, perm);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
 split_r(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,
         unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) {
-    bigmm::split_tile<true>(X, sr, sk, R, K, off, big, small, ld, perm);
+    bigmm::split_tile<true, 2>(X, sr, sk, R, K, off, big, small, ld, perm);
+}
+
+// Plain TF32: the operands rounded ahead (tf32(x) only; `small` unused).
+extern "C" __global__ void __launch_bounds__(256)
+round_k(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,
+        unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) {
+    bigmm::split_tile<false, 1>(X, sr, sk, R, K, off, big, small, ld, perm);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+round_r(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,
+        unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) {
+    bigmm::split_tile<true, 1>(X, sr, sk, R, K, off, big, small, ld, perm);
 }
 
 // C (M x N) = alpha (Ab Bb^T + 2^-10 (As Bb^T + Ab Bs^T)) + beta C over KT k-tiles: Ab, As
@@ -208,6 +247,73 @@ gemm_split(int M, int N, int KT, long long ld, float alpha, const unsigned* __re
                 const int i = 8 * p + 4 * (q >> 1) + 2 * h + (q & 1);
                 v[q] = __fmaf_rn(cor[i], 1.f / TF32_SMALL_SCALE, acc[i]);
             }
+            store_vec<float, 4>(C, ldc, M, N, m0 + 64 * wg + 16 * w + g + 8 * h, n0 + 16 * p + 4 * t,
+                                v, alpha, beta, read_c, c_vec);
+        }
+}
+
+// Plain TF32: C (M x N) = alpha Ab Bb^T + beta C over KT k-tiles of operands rounded ahead
+// (round_k / round_r; B's rows permuted, padded to 256).  Block: two warpgroups, C tile 128 x
+// 256, four stages of 48 KB (A 128 x 32, B 256 x 32); each k-step one wgmma.m64n256k8 a
+// warpgroup, accumulating in the wgmma (as cuBLAS's TF32 mode).  Loads run two k-tiles ahead,
+// into the stage of k-tile kt - 2, whose wgmmas every warpgroup retired before the barrier.
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_round(int M, int N, int KT, long long ld, float alpha, const unsigned* __restrict__ Ab,
+           const unsigned* __restrict__ Bb, float beta, float* __restrict__ C, long long ldc,
+           int c_vec) {
+    using namespace bigmm;
+    constexpr int STAGES = 4, TA = 128 * 128, TB = 256 * 128, STAGE = TA + TB;  // bytes
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    const unsigned base = smem_addr(smem);
+    const int tid = threadIdx.x, wg = tid / 128;
+    int tile_m, tile_n;
+    swizzle_tile<8>(blockIdx.x, (M + 127) / 128, (N + 255) / 256, tile_m, tile_n);
+    const int m0 = tile_m * 128, n0 = tile_n * 256;
+    const unsigned* sa = Ab + m0 * ld;
+    const unsigned* sb = Bb + n0 * ld;
+    const int c = tid % 8, r_lo = tid / 8;
+    auto load = [&](int stage, int kt) {
+#pragma unroll
+        for (int j = 0; j < 12; ++j) {  // rows of A (j < 4), then of B
+            const int row = r_lo + 32 * j, r = j < 4 ? row : row - 128;
+            const unsigned* g = (j < 4 ? sa : sb) + r * ld + kt * 32 + c * 4;
+            cp_async<16>(base + unsigned(stage * STAGE + row * 128 + ((c ^ (row & 7)) << 4)), g, 16);
+        }
+    };
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    load(0, 0);
+    cp_async_commit();
+    if (KT > 1) load(1, 1);
+    cp_async_commit();
+    for (int kt = 0; kt < KT; ++kt) {
+        const int st = kt % STAGES;
+        cp_async_wait<1>();  // k-tile kt landed (this thread's copies) ...
+        fence_proxy_async();
+        __syncthreads();     // ... everyone's; every warpgroup's wgmmas of kt - 2 retired
+        if (kt + 2 < KT) load((kt + 2) % STAGES, kt + 2);
+        cp_async_commit();
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+            wgmma_ss256(acc, wgmma_desc_sw128(base + unsigned(st * STAGE + wg * 8192 + 32 * s)),
+                        wgmma_desc_sw128(base + unsigned(st * STAGE + TA + 32 * s)));
+        wgmma_commit();
+        wgmma_wait<1>();  // k-tile kt - 1's wgmmas done
+    }
+    wgmma_wait<0>();
+    cp_async_wait<0>();
+    const int lane = tid % 32, g = lane / 4, t = lane % 4, w = (tid / 32) % 4;
+    const bool read_c = !(beta == 0.f);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int p = 0; p < 16; ++p) {
+            float v[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) v[q] = acc[8 * p + 4 * (q >> 1) + 2 * h + (q & 1)];
             store_vec<float, 4>(C, ldc, M, N, m0 + 64 * wg + 16 * w + g + 8 * h, n0 + 16 * p + 4 * t,
                                 v, alpha, beta, read_c, c_vec);
         }

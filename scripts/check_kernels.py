@@ -97,10 +97,12 @@ def jobs_from_table() -> list[dict]:
                  "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
     jobs.append({"name": "abft_checksum", "file": "abft_checksum.cu", "defines": [],
                  "threads": 256, "dynamic_smem": 0, "min_blocks": 1})
-    # 3xTF32 from operands split ahead (sm_90a): the product and the two split kernels
+    # TF32 and 3xTF32 from operands split ahead (sm_90a): the products (both 193 KB of shared
+    # memory) and the split and rounding kernels
     jobs.append({"name": "gemm_wgmma_split", "file": "gemm_wgmma_split.cu", "defines": [],
                  "threads": 256, "dynamic_smem": 3 * 65536 + 1024, "min_blocks": 1,
-                 "arch": "sm_90a", "entries": ["gemm_split", "split_k", "split_r"],
+                 "arch": "sm_90a", "entries": ["gemm_split", "gemm_round", "split_k", "split_r",
+                                               "round_k", "round_r"],
                  "whole": True})
     return jobs
 

@@ -235,8 +235,9 @@ class SplitsPanels(Protocol):
     ``bigmm.planner.split_workspace_bytes`` of the step's tile, held with its buffers (the
     plan counts it: ``Plan.presplit``)."""
 
-    #: Whether its products do so (3xTF32 on Hopper).
-    splits_panels: bool
+    #: The parts an element its products split into ahead (2: 3xTF32, 1: TF32 on Hopper; 0:
+    #: none).
+    split_parts: int
 
 
 @runtime_checkable

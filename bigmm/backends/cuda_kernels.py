@@ -290,8 +290,8 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     ``upper``: only the kernel's tiles of c on or above its diagonal are computed (the upper
     triangle of a Gram product; compiled with -DBIGMM_UPPER); the tiles wholly below it are
     left as they were. Never split along K or at the edges.
-    ``presplit`` ("tf32x3" on sm_90a, None = when it pays: :func:`presplit_pays`): op(a) and
-    op(b) are split into big and small parts once, into a workspace of
+    ``presplit`` ("tf32x3" and "tf32" on sm_90a, None = when it pays: :func:`presplit_pays`):
+    op(a) and op(b) are split into big and small parts (TF32: rounded) once, into a workspace of
     :func:`split_workspace_bytes` (``gemm_wgmma_split.cu``), before the product; ``workspace``
     (``workspace(nbytes)`` returns a device array of at least ``nbytes``, None = cupy's pool)
     gives that workspace.
@@ -360,10 +360,10 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     if config is None:
         if precision == "tf32x3" and k < TF32X3_MIN_K:
             precision = dtype  # memory-bound anyway; the split's own error would show (see below)
-        if precision == "tf32x3" and checks is None and not upper and split_k in (None, 1) and (
+        if precision in _SPLIT_PARTS and checks is None and not upper and split_k in (None, 1) and (
                 presplit if presplit is not None else presplit_pays(m, n, k)) and _can_presplit(m, n, k):
             return _prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k,
-                                     (lda, ldb, ldc), workspace)
+                                     (lda, ldb, ldc), workspace, _SPLIT_PARTS[precision])
         short = precision == "tf32x3" and k < TF32X3_WGMMA_MIN_K
         cfg = select_config(dtype, m, n, k, precision=precision, arch=None if short else "auto")
     elif isinstance(config, TileConfig):
@@ -441,12 +441,20 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     return launch_split
 
 
-_SPLIT_SMEM = 3 * 65536 + 1024  # gemm_split's three stages of four 16 KB tiles, aligned
+#: Parts an element the operands are split into ahead, by precision: 3xTF32's big and small
+#: parts (``gemm_split``), TF32's rounded value (``gemm_round``).
+_SPLIT_PARTS = {"tf32x3": 2, "tf32": 1}
+#: (product kernel, split kernels for sources contiguous along K and along the rows, the
+#: product's shared memory: three stages of four 16 KB tiles, or four of 48 KB, aligned,
+#: C tile columns) by parts.
+_SPLIT_KERNELS = {2: ("gemm_split", "split_k", "split_r", 3 * 65536 + 1024, 128),
+                  1: ("gemm_round", "round_k", "round_r", 4 * 49152 + 1024, 256)}
 
 
 def presplit_pays(m: int, n: int, k: int) -> bool:
-    """Whether "tf32x3" splits its operands ahead on this device: sm_90a, K long enough for the
-    wgmma kernels, M and N large enough (:func:`bigmm.planner.splits_ahead`)."""
+    """Whether "tf32x3" and "tf32" split (round) their operands ahead on this device: sm_90a,
+    K long enough for the wgmma kernels, M and N large enough
+    (:func:`bigmm.planner.splits_ahead`)."""
     return (k >= TF32X3_WGMMA_MIN_K and m * n > 0 and splits_ahead(m, n)
             and device_arch() == "sm_90a")
 
@@ -456,33 +464,36 @@ def _can_presplit(m: int, n: int, k: int) -> bool:
     return k >= 1 and max(m, n) <= 32 * 65535 and device_arch() == "sm_90a"
 
 
-def _prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k, lds, workspace):
-    """The launch of a presplit "tf32x3" product: op(a) and op(b)^T split into the workspace
-    (``split_k``/``split_r`` by which way the source is contiguous), then ``gemm_split``."""
+def _prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k, lds, workspace, parts):
+    """The launch of a product from operands split ahead (``parts`` 2: 3xTF32, 1: TF32): op(a)
+    and op(b)^T split into the workspace (by which way each source is contiguous), then the
+    product (gemm_wgmma_split.cu)."""
     import cupy
     import numpy as np
 
     lda, ldb, ldc = lds
     opts = ("-arch=sm_90a",)
-    kern = raw_kernel("gemm_wgmma_split.cu", "gemm_split", opts)
-    key = (("gemm_wgmma_split.cu",), _device_id())
-    if _smem_granted.get(key) != _SPLIT_SMEM:
+    product, along_k, along_rows, smem, bn = _SPLIT_KERNELS[parts]
+    kern = raw_kernel("gemm_wgmma_split.cu", product, opts)
+    key = (("gemm_wgmma_split.cu", product), _device_id())
+    if _smem_granted.get(key) != smem:
         try:
-            kern.max_dynamic_shared_size_bytes = _SPLIT_SMEM
+            kern.max_dynamic_shared_size_bytes = smem
         except Exception as exc:
-            raise KernelError(f"Expected the device to grant {_SPLIT_SMEM} bytes of shared memory "
-                              f"to gemm_split. Got {exc}.") from exc
-        _smem_granted[key] = _SPLIT_SMEM
-    mp, np_, kt = -(-m // 128) * 128, -(-n // 128) * 128, -(-k // 32)
+            raise KernelError(f"Expected the device to grant {smem} bytes of shared memory "
+                              f"to {product}. Got {exc}.") from exc
+        _smem_granted[key] = smem
+    kt = -(-k // 32)
     ld = 32 * (kt + 1)
-    words = split_workspace_bytes(m, n, k) // 4
-    # (source, rows, rows' stride, k's stride, permuted): op(a) by rows m, op(b)^T by rows n
-    sides = ((a, m, 1 if trans_a else lda, lda if trans_a else 1, 0),
-             (b, n, ldb if trans_b else 1, 1 if trans_b else ldb, 1))
-    splits = [raw_kernel("gemm_wgmma_split.cu", "split_k" if sk == 1 else "split_r", opts)
-              for _, _, _, sk, _ in sides]
+    words = split_workspace_bytes(m, n, k, parts) // 4
+    # (source, rows, rows padded, rows' stride, k's stride, permuted): op(a) by rows m, op(b)^T
+    # by rows n
+    sides = ((a, m, -(-m // 128) * 128, 1 if trans_a else lda, lda if trans_a else 1, 0),
+             (b, n, -(-n // 256) * 256, ldb if trans_b else 1, 1 if trans_b else ldb, 1))
+    splits = [raw_kernel("gemm_wgmma_split.cu", along_k if sk == 1 else along_rows, opts)
+              for _, _, _, _, sk, _ in sides]
     c_vec = np.int32(1 if c.data.ptr % 16 == 0 and ldc % 4 == 0 else 0)
-    tiles = (mp // 128) * (np_ // 128)
+    tiles = (-(-m // 128)) * (-(-n // bn))
 
     def launch(stream) -> None:
         with stream:
@@ -490,18 +501,18 @@ def _prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k, lds, work
                 work = cupy.empty(words, dtype=cupy.uint32)
             else:
                 work = workspace(4 * words).view(cupy.uint32)[:words]
-            parts, at = [], 0
-            for (x, rows, sr, sk, perm), split in zip(sides, splits):
-                rp = -(-rows // 128) * 128
-                big, small = work[at:at + rp * ld], work[at + rp * ld:at + 2 * rp * ld]
-                at += 2 * rp * ld
+            ops, at = [], 0
+            for (x, rows, rp, sr, sk, perm), split in zip(sides, splits):
+                big = work[at:at + rp * ld]
+                small = work[at + rp * ld:at + 2 * rp * ld] if parts == 2 else big
+                at += parts * rp * ld
                 split((kt + 1, rp // 32), (256,), (x, np.int64(sr), np.int64(sk), np.int32(rows),
                                                    np.int32(k), np.int32(32 * kt - k), big, small,
                                                    np.int64(ld), np.int32(perm)))
-                parts += [big, small]
+                ops += [big, small] if parts == 2 else [big]
             kern((tiles,), (256,), (np.int32(m), np.int32(n), np.int32(kt), np.int64(ld),
-                                    np.float32(alpha), *parts, np.float32(beta), c,
-                                    np.int64(ldc), c_vec), shared_mem=_SPLIT_SMEM)
+                                    np.float32(alpha), *ops, np.float32(beta), c,
+                                    np.int64(ldc), c_vec), shared_mem=smem)
 
     return launch
 

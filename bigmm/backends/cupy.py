@@ -280,13 +280,13 @@ class CupyBackend:
 
     # ----- compute --------------------------------------------------------------------------
     @property
-    def splits_panels(self) -> bool:
-        """Whether float32 products split their panels ahead into a workspace (bigmm's 3xTF32
-        on a compute capability 9.0 GPU: :func:`.cuda_kernels.presplit_pays`)."""
-        if self.kernel != "bigmm" or self.precision != "tf32x3":
-            return False
+    def split_parts(self) -> int:
+        """The parts an element float32 products split their panels into ahead, in a
+        workspace (bigmm's TF32 kernels on a compute capability 9.0 GPU: 2 for 3xTF32, 1 for
+        TF32, where :func:`.cuda_kernels.presplit_pays`); 0 where they do not."""
+        parts = {"tf32x3": 2, "tf32": 1}.get(self.precision, 0) if self.kernel == "bigmm" else 0
         with self._device:
-            return self._kernels.device_arch() == "sm_90a"
+            return parts if parts and self._kernels.device_arch() == "sm_90a" else 0
 
     def _split_workspace(self, nbytes: int):
         """The split panels' workspace, of at least ``nbytes``: one device buffer, replaced

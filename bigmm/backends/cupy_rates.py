@@ -72,7 +72,7 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         x = dev[: n * n].reshape(n, n)
         t_gemm = time_events(lambda: be.gemm(x, x, c, 1.0, 0.0, False, False, s), s)
         # a gemm that splits large products ahead: also a product too small for it
-        narrow = n // 4 if isinstance(be, SplitsPanels) and be.splits_panels else 0
+        narrow = n // 4 if isinstance(be, SplitsPanels) and be.split_parts else 0
         t_unsplit = time_events(lambda: be.gemm(x[:narrow], x, c[:narrow], 1.0, 0.0, False,
                                                 False, s), s) if narrow else 0.0
         pin = choose(min(nbytes, LOCK_BYTES))  # the faster way: later blocks are made so

@@ -69,11 +69,13 @@ def splits_ahead(rows_a: int, rows_b: int) -> bool:
     return PRESPLIT_HARMONIC * (rows_a + rows_b) < rows_a * rows_b
 
 
-def split_workspace_bytes(rows_a: int, rows_b: int, depth: int) -> int:
-    """Device bytes a gemm that splits its panels ahead (3xTF32 on Hopper:
-    kernels/gemm_wgmma_split.cu) holds for op(A) rows_a x depth and op(B) depth x rows_b: big
-    and small parts of both, rows padded to 128, 32 (ceil(depth / 32) + 1) deep."""
-    return 8 * (-(-rows_a // 128) * 128 + -(-rows_b // 128) * 128) * 32 * (-(-depth // 32) + 1)
+def split_workspace_bytes(rows_a: int, rows_b: int, depth: int, parts: int = 2) -> int:
+    """Device bytes a gemm that splits its panels ahead (kernels/gemm_wgmma_split.cu) holds for
+    op(A) rows_a x depth and op(B) depth x rows_b: ``parts`` 4-byte parts of each element (2:
+    3xTF32's big and small, 1: TF32's rounded value), A's rows padded to 128, B's to 256,
+    32 (ceil(depth / 32) + 1) deep."""
+    return (4 * parts * (-(-rows_a // 128) * 128 + -(-rows_b // 256) * 256)
+            * 32 * (-(-depth // 32) + 1))
 
 
 class Timing(Protocol):
@@ -162,9 +164,10 @@ class Plan:
     #: lower triangle written as zeros, not mirrored.
     symmetric: bool = False
     upper: bool = False
-    #: The gemm splits a step's panels ahead into a workspace (:func:`split_workspace_bytes`)
-    #: where the tiles are large enough (:func:`splits_ahead`); the device memory counts it.
-    presplit: bool = False
+    #: The gemm splits a step's panels ahead into this many parts an element (2: 3xTF32, 1:
+    #: TF32; 0: it does not) in a workspace (:func:`split_workspace_bytes`), where the tiles are
+    #: large enough (:func:`splits_ahead`); the device memory counts it.
+    presplit: int = 0
     rates: Timing | None = field(default=None, compare=False)
     #: How the products are computed, as printed (e.g. "3xTF32 (float32 accuracy on tensor
     #: cores)"; the job sets it from the backend and the precision asked; "" not stated).
@@ -343,12 +346,13 @@ class Plan:
         w = self.itemsize
         return (self.c_itemsize * self.c_slots * self.bm * self.bn
                 + w * (self.a_slots * self.bm * self.bk + self.b_slots * self.bk * self.bn)
-                + (split_workspace_bytes(self.bm, self.bn, self.bk) if self.splits_ahead else 0))
+                + (split_workspace_bytes(self.bm, self.bn, self.bk, self.presplit)
+                   if self.splits_ahead else 0))
 
     @property
     def splits_ahead(self) -> bool:
         """The gemm splits this plan's panels ahead (``presplit``, and tiles large enough)."""
-        return self.presplit and splits_ahead(self.bm, self.bn)
+        return self.presplit > 0 and splits_ahead(self.bm, self.bn)
 
     @property
     def host_bytes(self) -> int:

@@ -131,7 +131,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               rates: Rates | None = None, step_bytes: int = STEP_COST_BYTES,
               tail: int | None = None, in_place: str | None = None,
               registered: str = "", symmetric: bool = False, upper: bool = False,
-              presplit: bool = False) -> Plan:
+              presplit: int = 0) -> Plan:
     """Choose the schedule moving the fewest bytes within both budgets (cached: see
     :func:`_cached_plans`).
 
@@ -161,8 +161,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
 
     ``symmetric``: a Gram plan (B is A, m == n, ``trans_b == not trans_a``: see
     :mod:`.schedule`): square tiles only, and resident-c only as one tile; ``upper``: its
-    lower triangle is not written. ``presplit``: the gemm splits its panels ahead into a
-    workspace, which the device budget holds (``Plan.presplit``).
+    lower triangle is not written. ``presplit``: the parts an element the gemm splits its
+    panels into ahead, in a workspace that the device budget holds (``Plan.presplit``).
     """
     _check_dims(m, n, k)
     _check_symmetric(m, n, trans_a, trans_b, symmetric, upper)
@@ -180,7 +180,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                 a_chunks=tuple(a_chunks) if a_chunks else None,
                 b_chunks=tuple(b_chunks) if b_chunks else None, rates=rates,
                 in_place=in_place, registered=registered, symmetric=bool(symmetric),
-                upper=bool(upper), presplit=bool(presplit))
+                upper=bool(upper), presplit=int(presplit))
 
     if tile is not None:
         return _fixed(tile, order or "stream", tail, base)

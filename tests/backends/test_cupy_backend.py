@@ -343,9 +343,10 @@ def test_split_panels_workspace_is_one_counted_buffer():
     be = _backend(precision="tf32x3")
     assert isinstance(be, SplitsPanels)
     try:
-        if not be.splits_panels:
+        if not be.split_parts:
             pytest.skip("splitting ahead runs on compute capability 9.0 (sm_90a) only")
-        assert not _backend().splits_panels  # float32 on the CUDA cores: no workspace
+        assert be.split_parts == 2 and _backend(precision="tf32").split_parts == 1
+        assert not _backend().split_parts  # float32 on the CUDA cores: no workspace
         for (m, n, k) in ((2304, 2500, 1000), (2304, 2500, 700), (3000, 2600, 1500)):
             a = cupy.asarray(random_matrix((m, k), np.float32, m + k))
             b = cupy.asarray(random_matrix((k, n), np.float32, n + k))

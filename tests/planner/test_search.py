@@ -331,29 +331,31 @@ def test_of_near_resident_c_plans_the_deepest_panels_are_chosen(monkeypatch):
 def test_presplit_plans_hold_the_split_workspace_within_the_budget(kw):
     from bigmm.planner import split_workspace_bytes
 
-    plan = plan_or_none(dict(kw, presplit=True))
+    parts = 1 + kw["m"] % 2  # TF32's one part or 3xTF32's two
+    plan = plan_or_none(dict(kw, presplit=parts))
     if plan is None:
         return
     assert plan.presplit and plan.device_bytes <= plan.device_budget
     # counted where the tiles are large enough for the gemm to split ahead
-    held = split_workspace_bytes(plan.bm, plan.bn, plan.bk) if plan.splits_ahead else 0
-    assert plan.device_bytes - replace(plan, presplit=False).device_bytes == held
+    held = split_workspace_bytes(plan.bm, plan.bn, plan.bk, parts) if plan.splits_ahead else 0
+    assert plan.device_bytes - replace(plan, presplit=0).device_bytes == held
     assert plan.splits_ahead == (1024 * (plan.bm + plan.bn) < plan.bm * plan.bn)
     assert ("split panels" in str(plan)) == plan.splits_ahead
     # a resumed run states the same flag and gets the same schedule back
-    assert make_plan(**dict(kw, presplit=True, tile=(plan.bm, plan.bn, plan.bk),
+    assert make_plan(**dict(kw, presplit=parts, tile=(plan.bm, plan.bn, plan.bk),
                             order=plan.order)) == plan
 
 
-def test_split_workspace_pads_rows_to_128_and_depth_to_32_plus_one_k_tile():
+def test_split_workspace_pads_rows_and_depth_plus_one_k_tile():
     from bigmm.planner import split_workspace_bytes, splits_ahead
 
     assert splits_ahead(4096, 4096) and splits_ahead(2304, 32768)
     assert not splits_ahead(2048, 2048) and not splits_ahead(256, 1 << 20)
-    p = make_plan(8192, 8192, 8192, device_budget=2 * GiB, presplit=True,
+    p = make_plan(8192, 8192, 8192, device_budget=2 * GiB, presplit=2,
                   tile=(4096, 4096, 4096), order="stream")
     assert p.splits_ahead and p.device_bytes == (
-        replace(p, presplit=False).device_bytes + split_workspace_bytes(4096, 4096, 4096))
+        replace(p, presplit=0).device_bytes + split_workspace_bytes(4096, 4096, 4096))
 
-    assert split_workspace_bytes(128, 128, 32) == 8 * 256 * 64
-    assert split_workspace_bytes(129, 1, 33) == 8 * (256 + 128) * 96
+    # A's rows to 128, B's to 256 (TF32's C tiles are 256 wide); two parts or one
+    assert split_workspace_bytes(128, 128, 32) == 8 * (128 + 256) * 64
+    assert split_workspace_bytes(129, 257, 33, 1) == 4 * (256 + 512) * 96
