@@ -43,10 +43,7 @@ __device__ __forceinline__ void wgmma_ss(float* d, unsigned long long da, unsign
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        BIGMM_WG_LIST64 ", "
         "%64, %65, p, 1, 1;\n}\n"
         : BIGMM_WG_D64(0)
         : "l"(da), "l"(db), "r"(scale_d));
@@ -57,10 +54,7 @@ __device__ __forceinline__ void wgmma_ss_zero(float* d, unsigned long long da,
                                               unsigned long long db) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        BIGMM_WG_LIST64 ", "
         "%64, %65, 0, 1, 1;\n"
         : BIGMM_WG_W64(0)
         : "l"(da), "l"(db));
@@ -70,15 +64,7 @@ __device__ __forceinline__ void wgmma_ss_zero(float* d, unsigned long long da,
 __device__ __forceinline__ void wgmma_ss256(float* d, unsigned long long da, unsigned long long db) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "
-        "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "
-        "%125, %126, %127}, "
+        BIGMM_WG_LIST128 ", "
         "%128, %129, 1, 1, 1;\n"
         : BIGMM_WG_D64(0), BIGMM_WG_D64(64)
         : "l"(da), "l"(db));
@@ -119,32 +105,43 @@ __device__ __forceinline__ void split_tile(const float* __restrict__ X, long lon
     }
 }
 
+// The epilogue of a two-warpgroup C tile BN wide at (m0, n0): this thread's rows 64 wg + 16 w
+// + g + 8 h and columns 16 p + 4 t .. + 3 (accumulators 8 p + 4 c' + 2 h + e hold column
+// 16 p + 4 t + 2 c' + e, B's rows permuted as the split stores them); value(i) is accumulator
+// i's result.
+template <int BN, class Value>
+__device__ __forceinline__ void store_tile(float* __restrict__ C, long long ldc, int M, int N,
+                                           int m0, int n0, float alpha, float beta, int c_vec,
+                                           Value value) {
+    const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int row0 = m0 + 64 * (tid / 128) + 16 * ((tid / 32) % 4) + g;
+    const bool read_c = !(beta == 0.f);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int p = 0; p < BN / 16; ++p) {
+            float v[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) v[q] = value(8 * p + 4 * (q >> 1) + 2 * h + (q & 1));
+            store_vec<float, 4>(C, ldc, M, N, row0 + 8 * h, n0 + 16 * p + 4 * t, v, alpha, beta,
+                                read_c, c_vec);
+        }
+}
+
 }  // namespace bigmm
 
-extern "C" __global__ void __launch_bounds__(256)
-split_k(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,
-        unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) {
-    bigmm::split_tile<false, 2>(X, sr, sk, R, K, off, big, small, ld, perm);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-split_r(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,
-        unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) {
-    bigmm::split_tile<true, 2>(X, sr, sk, R, K, off, big, small, ld, perm);
-}
-
-// Plain TF32: the operands rounded ahead (tf32(x) only; `small` unused).
-extern "C" __global__ void __launch_bounds__(256)
-round_k(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,
-        unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) {
-    bigmm::split_tile<false, 1>(X, sr, sk, R, K, off, big, small, ld, perm);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-round_r(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,
-        unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) {
-    bigmm::split_tile<true, 1>(X, sr, sk, R, K, off, big, small, ld, perm);
-}
+// The split entries: split_k / split_r (3xTF32's two parts) and round_k / round_r (TF32's
+// rounded value; `small` unused), for sources contiguous along K and along the rows.
+#define BIGMM_SPLIT_ENTRY(name, r_contig, parts)                                               \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        name(const float* __restrict__ X, long long sr, long long sk, int R, int K, int off,   \
+             unsigned* __restrict__ big, unsigned* __restrict__ small, long long ld, int perm) { \
+        bigmm::split_tile<r_contig, parts>(X, sr, sk, R, K, off, big, small, ld, perm);        \
+    }
+BIGMM_SPLIT_ENTRY(split_k, false, 2)
+BIGMM_SPLIT_ENTRY(split_r, true, 2)
+BIGMM_SPLIT_ENTRY(round_k, false, 1)
+BIGMM_SPLIT_ENTRY(round_r, true, 1)
 
 // C (M x N) = alpha (Ab Bb^T + 2^-10 (As Bb^T + Ab Bs^T)) + beta C over KT k-tiles: Ab, As
 // (rows of M, padded to 128) and Bb, Bs (rows of N, permuted by split's perm) at row stride
@@ -233,23 +230,9 @@ gemm_split(int M, int N, int KT, long long ld, float alpha, const unsigned* __re
     wgmma_wait<0>();
     cp_async_wait<0>();
 
-    // Epilogue: rows 64 wg + 16 w + g + 8 h, columns 16 p + 4 t .. + 3 (accumulators
-    // 8 p + 4 c' + 2 h + e hold column 16 p + 4 t + 2 c' + e).
-    const int lane = tid % 32, g = lane / 4, t = lane % 4, w = (tid / 32) % 4;
-    const bool read_c = !(beta == 0.f);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int p = 0; p < 8; ++p) {
-            float v[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int i = 8 * p + 4 * (q >> 1) + 2 * h + (q & 1);
-                v[q] = __fmaf_rn(cor[i], 1.f / TF32_SMALL_SCALE, acc[i]);
-            }
-            store_vec<float, 4>(C, ldc, M, N, m0 + 64 * wg + 16 * w + g + 8 * h, n0 + 16 * p + 4 * t,
-                                v, alpha, beta, read_c, c_vec);
-        }
+    store_tile<128>(C, ldc, M, N, m0, n0, alpha, beta, c_vec, [&](int i) {
+        return __fmaf_rn(cor[i], 1.f / TF32_SMALL_SCALE, acc[i]);
+    });
 }
 
 // Plain TF32: C (M x N) = alpha Ab Bb^T + beta C over KT k-tiles of operands rounded ahead
@@ -305,16 +288,5 @@ gemm_round(int M, int N, int KT, long long ld, float alpha, const unsigned* __re
     }
     wgmma_wait<0>();
     cp_async_wait<0>();
-    const int lane = tid % 32, g = lane / 4, t = lane % 4, w = (tid / 32) % 4;
-    const bool read_c = !(beta == 0.f);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int p = 0; p < 16; ++p) {
-            float v[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) v[q] = acc[8 * p + 4 * (q >> 1) + 2 * h + (q & 1)];
-            store_vec<float, 4>(C, ldc, M, N, m0 + 64 * wg + 16 * w + g + 8 * h, n0 + 16 * p + 4 * t,
-                                v, alpha, beta, read_c, c_vec);
-        }
+    store_tile<256>(C, ldc, M, N, m0, n0, alpha, beta, c_vec, [&](int i) { return acc[i]; });
 }
