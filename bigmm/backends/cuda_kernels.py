@@ -451,6 +451,12 @@ _SPLIT_KERNELS = {2: ("gemm_split", "split_k", "split_r", 3 * 65536 + 1024, 128)
                   1: ("gemm_round", "round_k", "round_r", 4 * 49152 + 1024, 256)}
 
 
+def split_parts(precision: str) -> int:
+    """The parts an element a large product of ``precision`` splits its operands into ahead on
+    this device (2: "tf32x3", 1: "tf32", on sm_90a; else 0)."""
+    return _SPLIT_PARTS.get(precision, 0) if device_arch() == "sm_90a" else 0
+
+
 def presplit_pays(m: int, n: int, k: int) -> bool:
     """Whether "tf32x3" and "tf32" split (round) their operands ahead on this device: sm_90a,
     K long enough for the wgmma kernels, M and N large enough

@@ -284,9 +284,10 @@ class CupyBackend:
         """The parts an element float32 products split their panels into ahead, in a
         workspace (bigmm's TF32 kernels on a compute capability 9.0 GPU: 2 for 3xTF32, 1 for
         TF32, where :func:`.cuda_kernels.presplit_pays`); 0 where they do not."""
-        parts = {"tf32x3": 2, "tf32": 1}.get(self.precision, 0) if self.kernel == "bigmm" else 0
+        if self.kernel != "bigmm":
+            return 0
         with self._device:
-            return parts if parts and self._kernels.device_arch() == "sm_90a" else 0
+            return self._kernels.split_parts(self.precision)
 
     def _split_workspace(self, nbytes: int):
         """The split panels' workspace, of at least ``nbytes``: one device buffer, replaced
