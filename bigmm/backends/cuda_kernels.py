@@ -151,17 +151,21 @@ def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False, upper: bo
     if upper:
         options += ("-DBIGMM_UPPER=1",)
     kern = raw_kernel(config.source, "gemm_" + entry, options)
-    key = (options, _device_id())
-    if _smem_granted.get(key) != config.smem_bytes:
-        try:
-            kern.max_dynamic_shared_size_bytes = config.smem_bytes
-        except Exception as exc:
-            raise KernelError(
-                f"Expected the device to grant {config.smem_bytes} bytes of shared memory to "
-                f"tile config {config.name}. Got {exc}."
-            ) from exc
-        _smem_granted[key] = config.smem_bytes
+    _grant_smem(kern, options, config.smem_bytes, f"tile config {config.name}")
     return kern
+
+
+def _grant_smem(kern, options: tuple, nbytes: int, what: str) -> None:
+    """Let ``kern`` (compiled with ``options``) use ``nbytes`` of dynamic shared memory on the
+    current device (once per kernel and device)."""
+    key = (options, _device_id())
+    if _smem_granted.get(key) != nbytes:
+        try:
+            kern.max_dynamic_shared_size_bytes = nbytes
+        except Exception as exc:
+            raise KernelError(f"Expected the device to grant {nbytes} bytes of shared memory "
+                              f"to {what}. Got {exc}.") from exc
+        _smem_granted[key] = nbytes
 
 
 def _runnable(configs) -> list[TileConfig]:
@@ -481,14 +485,7 @@ def _prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k, lds, work
     opts = ("-arch=sm_90a",)
     product, along_k, along_rows, smem, bn = _SPLIT_KERNELS[parts]
     kern = raw_kernel("gemm_wgmma_split.cu", product, opts)
-    key = (("gemm_wgmma_split.cu", product), _device_id())
-    if _smem_granted.get(key) != smem:
-        try:
-            kern.max_dynamic_shared_size_bytes = smem
-        except Exception as exc:
-            raise KernelError(f"Expected the device to grant {smem} bytes of shared memory "
-                              f"to {product}. Got {exc}.") from exc
-        _smem_granted[key] = smem
+    _grant_smem(kern, ("gemm_wgmma_split.cu", product), smem, product)
     kt = -(-k // 32)
     ld = 32 * (kt + 1)
     words = split_workspace_bytes(m, n, k, parts) // 4

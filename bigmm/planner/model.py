@@ -384,7 +384,6 @@ def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
     period is a tile, every later row's first tile, which loads a new row panel, is taken to
     take as long as the first one did, and its work is left out of the rest); never less
     than any stage's end in the prefix plus its remaining work."""
-    r = r.for_plan(p)
     st = stage_times(p, r)
     limit = SIM_STEPS if max_steps is None else max_steps
     total = p.n_steps
