@@ -659,6 +659,12 @@ __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// The first 1024-byte boundary (a 128-byte swizzle atom) at or after ``p`` in shared memory:
+// where a block's swizzled tiles start (the dynamic window is allocated 1 KB larger).
+__device__ __forceinline__ unsigned char* swizzle_aligned(unsigned char* p) {
+    return p + ((1024u - (smem_addr(p) & 1023u)) & 1023u);
+}
+
 // Shared-memory matrix descriptor of a K-major operand tile with the 128-byte swizzle: start
 // address >> 4 (bits 0-13), leading byte offset unused with this swizzle (1, bits 16-29),
 // stride byte offset 1024 (8 rows of 128 bytes; >> 4 in bits 32-45), swizzle mode 1 (bits 62-63).

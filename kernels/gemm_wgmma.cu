@@ -215,7 +215,7 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
     // Shared memory: the SPLITS split buffers first, at a 1024-byte boundary (the swizzle
     // atoms), then the STAGES raw tiles.
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    unsigned char* smem = swizzle_aligned(smem_raw);
     float* raw = reinterpret_cast<float*>(smem + SPLITS * S::SPLIT_BYTES);
     const unsigned split_addr = smem_addr(smem), raw_addr = smem_addr(raw);
 

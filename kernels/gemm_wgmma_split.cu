@@ -154,7 +154,7 @@ gemm_split(int M, int N, int KT, long long ld, float alpha, const unsigned* __re
     using namespace bigmm;
     constexpr int STAGES = 3, TILE = 128 * 128, STAGE = 4 * TILE;  // bytes
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    unsigned char* smem = swizzle_aligned(smem_raw);
     const unsigned base = smem_addr(smem);
     const int tid = threadIdx.x, wg = tid / 128;
     int tile_m, tile_n;
@@ -247,7 +247,7 @@ gemm_round(int M, int N, int KT, long long ld, float alpha, const unsigned* __re
     using namespace bigmm;
     constexpr int STAGES = 4, TA = 128 * 128, TB = 256 * 128, STAGE = TA + TB;  // bytes
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    unsigned char* smem = swizzle_aligned(smem_raw);
     const unsigned base = smem_addr(smem);
     const int tid = threadIdx.x, wg = tid / 128;
     int tile_m, tile_n;
