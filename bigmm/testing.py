@@ -293,3 +293,14 @@ def zarr_array(store, data: np.ndarray, *, path: str | None = None, chunks=None,
                             attributes=attributes or {}, zarr_format=3, overwrite=True, **kw)
     arr[...] = data
     return arr
+
+
+class NoPool:
+    """Stands in for a source's thread pool where no task may be queued (reads that must run
+    on the calling thread)."""
+
+    def submit(self, *args, **kwargs):
+        raise AssertionError("a task was queued on the source's thread pool")
+
+    def shutdown(self, *args, **kwargs) -> None:
+        pass

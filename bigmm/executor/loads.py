@@ -24,6 +24,7 @@ the plan names in ``Plan.registered`` (:mod:`.register`; :func:`to_lock`).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import functools
 import threading
 from collections import deque
@@ -34,6 +35,7 @@ import numpy as np
 
 from ..backends.base import rows_contiguous
 from ..errors import BigmmError, ReadError
+from ..io.inputs import on_caller_thread
 from ..io.sink import ArraySink
 from ..io.source import ArraySource
 from ..planner import Plan, Step
@@ -318,21 +320,25 @@ class Loader:
                 ready = ((lambda: be.synchronize(event)) if event is not None
                          else (lambda: None))
             chunks = None if op == "C" else src.panel_chunks  # chunks read whole
+            rows = io_pieces(r0, r1, c1 - c0, src.dtype.itemsize, self.threads, chunks)
+            # a part split between reader threads: each piece on its thread alone (a part in
+            # one piece is split between the source's threads, if it has them)
             part.futures = [self.pool.submit(self._read, src, rr0, rr1, c0, c1, part,
-                                             rr0 - r0, rr1 - r0, ready)
-                            for rr0, rr1 in io_pieces(r0, r1, c1 - c0, src.dtype.itemsize,
-                                                      self.threads, chunks)]
+                                             rr0 - r0, rr1 - r0, ready, len(rows) > 1)
+                            for rr0, rr1 in rows]
             parts.append(part)
         return Load(parts, (op, slot), host_key)
 
-    def _read(self, src, r0, r1, c0, c1, part: Part, q0: int, q1: int, ready) -> None:
+    def _read(self, src, r0, r1, c0, c1, part: Part, q0: int, q1: int, ready,
+              alone: bool) -> None:
         """Read rows [r0, r1) and columns [c0, c1) of ``src`` into rows [q0, q1) of the
-        part's target, once ``ready`` returned."""
+        part's target, once ``ready`` returned (``alone``: on this thread only, not split
+        again between the source's threads)."""
         if self.cancel.is_set():
             return
         ready()
         target = part.target()[q0:q1]
-        with self.clock:
+        with self.clock, on_caller_thread() if alone else contextlib.nullcontext():
             try:
                 read_into(src, r0, r1, c0, c1, target)
             except BigmmError:

@@ -4,6 +4,10 @@ their tasks, and the message for an output left incomplete."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 
 from ..errors import ReadError, ShapeError
@@ -18,6 +22,27 @@ from .identity import Footprint
 DEFAULT_THREADS = 4
 #: A region is split into one piece per reader thread, each at least this many bytes.
 TASK_BYTES = 256 << 10
+
+_caller = threading.local()
+
+
+@contextmanager
+def on_caller_thread() -> Iterator[None]:
+    """Within it, a source's reads run their copies and decodes on the calling thread, not on
+    the source's own reader threads: for a caller that splits a region between threads of its
+    own (the executor's readers), whose pieces would otherwise each be split again and queued
+    behind one another on the source's pool (see BENCHMARKS.md, reads of HDF5 panels)."""
+    before = getattr(_caller, "inline", False)
+    _caller.inline = True
+    try:
+        yield
+    finally:
+        _caller.inline = before
+
+
+def caller_splits() -> bool:
+    """True inside :func:`on_caller_thread` on this thread."""
+    return getattr(_caller, "inline", False)
 
 
 class Source(Matrix):

@@ -31,7 +31,8 @@ from h5py import h5d, h5o
 from ..errors import (BigmmError, IncompleteOutputError, OptionError, ReadError,
                       SpecError)
 from ._h5 import H5LOCK, REOPENABLE, check_matrix, is_incomplete, read_region, stored_dtype
-from .inputs import DEFAULT_THREADS, TASK_BYTES, Source, _batches, incomplete_message
+from .inputs import (DEFAULT_THREADS, TASK_BYTES, Source, _batches, caller_splits,
+                     incomplete_message)
 from .h5open import check_readable, open_h5
 from .identity import Footprint, array_footprint, file_facts
 from .layout import MAX_INDEX_CELLS, Layout, chunk_cells, chunk_index, probe_layout
@@ -241,7 +242,9 @@ class H5Source(Source):
 
     def _read_fast(self, r0, r1, c0, c1, out, mapped: bool) -> None:
         kind = self._layout.kind
-        piece = max(TASK_BYTES, out.nbytes // self._threads + 1)
+        # one task per thread; on a caller that splits the region itself, one in all
+        piece = out.nbytes if caller_splits() else max(TASK_BYTES,
+                                                       out.nbytes // self._threads + 1)
         inline = True  # a single task runs in the calling thread
         if kind == "deflate":
             tasks, run = self._deflate_tasks(r0, r1, c0, c1, out), self._inflate
@@ -251,14 +254,15 @@ class H5Source(Source):
             tasks = (self._mapped_rows if kind == "contiguous"
                      else self._mapped_chunks)(r0, r1, c0, c1, out, piece)
             run = self._copy
-            # every mapped copy runs on the pool, so that at most ``threads`` copies (each
-            # holding at most one block of mapped pages, see FileMap.copy) run at once
+            # every mapped copy runs on the pool (or on a caller that splits the region between
+            # its own threads), so that at most ``threads`` copies (each holding at most one
+            # block of mapped pages, see FileMap.copy) run at once
             inline = False
         else:
             tasks = (self._contiguous_tasks if kind == "contiguous"
                      else self._chunked_tasks)(r0, r1, c0, c1, out, piece)
             run = self._run
-        if len(tasks) < 2 and inline:
+        if (len(tasks) < 2 and inline) or caller_splits():
             for task in tasks:
                 run(task)
             return

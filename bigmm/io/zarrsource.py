@@ -44,7 +44,7 @@ from .identity import Footprint
 from .layout import MAX_INDEX_CELLS, chunk_cells
 from .mapped import STEP_BYTES, FileMaps
 from .rawio import read_block
-from .inputs import DEFAULT_THREADS, TASK_BYTES, Source, incomplete_message
+from .inputs import DEFAULT_THREADS, TASK_BYTES, Source, caller_splits, incomplete_message
 from .spec import ZARR, Spec
 
 #: The array's metadata document in its directory (Zarr v3).
@@ -303,8 +303,9 @@ class ZarrSource(Source):
         groups = _even_groups([(cell, self._cell_bytes(cell)) for cell in cells],
                               min(self._threads, nbytes // TASK_BYTES))
         tasks = [[(cell, out, r0, c0) for cell in g] for g in groups]
-        if len(tasks) == 1:
-            self._group(tasks[0])
+        if len(tasks) == 1 or caller_splits():
+            for task in tasks:
+                self._group(task)
             return
         with self._pool_lock:
             if self._pool is None:

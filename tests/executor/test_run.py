@@ -20,6 +20,7 @@ from bigmm.errors import Interrupted, ReadError, ShapeError
 from bigmm.executor import STAGES, Progress, RunStats, execute
 from bigmm.executor import loads
 from bigmm.executor.tuning import DRAIN, RAMP, split_range
+from bigmm.io.inputs import caller_splits
 from bigmm.planner import make_plan
 from bigmm.planner.schedule import MAX_LOOKAHEAD
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
@@ -452,3 +453,36 @@ def test_a_hook_is_called_at_its_points_for_whole_steps(tmp_path, bname):
 
 def test_the_loads_run_at_most_the_schedules_window_ahead():
     assert loads.MAX_LOOKAHEAD is MAX_LOOKAHEAD
+
+
+class _CallerRecord(io.Source):
+    """An array source that records, per read, its rows and whether it ran on the caller's
+    thread alone (:func:`bigmm.io.inputs.caller_splits`)."""
+
+    def __init__(self, array, label):
+        self.inner = io.open_input(array, name=label)
+        self.shape, self.dtype, self.label = self.inner.shape, self.inner.dtype, label
+        self.layout, self.reads = "array", []
+
+    def read(self, r0, r1, c0, c1, out) -> None:
+        self.reads.append((r1 - r0, c1 - c0, caller_splits()))
+        self.inner.read(r0, r1, c0, c1, out)
+
+
+def test_panels_split_between_readers_are_read_on_their_threads_alone():
+    m = n = k = 2048  # 2048 x 1024 panels: 8 MiB, two pieces of PIECE_BYTES
+    a, b = random_matrix((m, k), np.float32, 3), random_matrix((k, n), np.float32, 4)
+    plan = make_plan(m, n, k, "float32", device_budget=64 << 20, staging=True,
+                     tile=(2048, 1024, 1024), order="stream")
+    A, B = _CallerRecord(a, "A"), _CallerRecord(b, "B")
+    sink = io.open_output(None, shape=(m, n), dtype=np.float32, inputs=[A, B], job={})
+    be = AsyncBackend(seed=2)
+    try:
+        execute(plan, A, B, sink, be, io_threads=4)
+    finally:
+        be.close()
+    np.testing.assert_allclose(sink.array, a @ b, rtol=1e-4, atol=1e-3)
+    halves = [alone for rows, _, alone in A.reads if rows == m // 2]  # A's panels, split
+    whole = [alone for rows, _, alone in A.reads if rows == m]  # the first step's K pieces
+    assert halves and all(halves) and whole and not any(whole)
+    assert B.reads and not any(alone for *_, alone in B.reads)  # 4 MiB panels: one piece

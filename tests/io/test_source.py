@@ -11,7 +11,8 @@ import pytest
 from bigmm.errors import (DtypeError, IncompleteOutputError, OperandNotFound, OptionError,
                           ReadError, ShapeError, SpecError)
 from bigmm.io import open_input, rawio, source
-from bigmm.testing import random_matrix
+from bigmm.io.inputs import on_caller_thread
+from bigmm.testing import NoPool, random_matrix
 
 SHAPE = (203, 157)  # multiples of nothing
 
@@ -139,6 +140,24 @@ def test_region_split_over_pool(tmp_path, monkeypatch, task_bytes, kwargs, use_m
     path, data = make(tmp_path, kwargs, "<f8")
     with open_input(f"{path}:/A", threads=3, use_mmap=use_mmap) as src:
         check_reads(src, data, seed=5)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},                                          # contiguous
+    {"chunks": (11, 13)},                        # raw chunks
+    {"chunks": (40, 30), "compression": "gzip"},  # compressed chunks, inflated here
+])
+@pytest.mark.parametrize("use_mmap", [True, False])  # mapped copies, preadv
+def test_reads_on_the_callers_thread_use_no_pool(tmp_path, monkeypatch, kwargs, use_mmap):
+    monkeypatch.setattr(source, "TASK_BYTES", 64)  # many tasks even for small regions
+    path, data = make(tmp_path, kwargs, "<f4", seed=6)
+    with open_input(f"{path}:/A", threads=3, use_mmap=use_mmap) as src:
+        src._pool = NoPool()
+        with on_caller_thread():  # every copy and inflate on this thread
+            check_reads(src, data, seed=7)
+        src._pool = None
+        check_reads(src, data, seed=8)
+        assert src._pool is not None  # outside, regions are split over the source's threads
 
 
 @pytest.mark.parametrize("limit", [13, 777, 5000])  # bytes the fake preadv returns at most

@@ -22,8 +22,9 @@ from bigmm import errors  # noqa: E402
 from bigmm.io import Spec, open_input, parse_spec  # noqa: E402
 from bigmm.io.identity import describe, differences  # noqa: E402
 from bigmm.io import zarrsource  # noqa: E402
+from bigmm.io.inputs import on_caller_thread  # noqa: E402
 from bigmm.io.zarrsource import ZarrSource, chunk_files  # noqa: E402
-from bigmm.testing import random_matrix, zarr_array  # noqa: E402
+from bigmm.testing import NoPool, random_matrix, zarr_array  # noqa: E402
 
 M, N = 157, 131  # multiples of nothing
 
@@ -190,6 +191,26 @@ def test_regions_split_over_reader_threads_read_right(tmp_path, monkeypatch, cod
             out = np.full((r1 - r0, c1 - c0), np.nan, np.float32)
             src.read(r0, r1, c0, c1, out)
             assert np.array_equal(out, data[r0:r1, c0:c1]), (r0, r1, c0, c1)
+
+
+@pytest.mark.parametrize("codec", [
+    "raw",   # uncompressed chunks, copied in part
+    "zstd",  # compressed chunks, decoded whole
+])
+def test_reads_on_the_callers_thread_use_no_pool(tmp_path, monkeypatch, codec):
+    monkeypatch.setattr(zarrsource, "TASK_BYTES", 64)
+    data = random_matrix((M, N), np.float32, seed=10)
+    arr = zarr_array(tmp_path / "a.zarr", data, chunks=(13, 17), codec=codec)
+    with open_input(arr, threads=3) as src:
+        src._pool = NoPool()
+        with on_caller_thread():
+            for r0, r1, c0, c1 in _regions(M, N):
+                out = np.full((r1 - r0, c1 - c0), np.nan, np.float32)
+                src.read(r0, r1, c0, c1, out)
+                assert np.array_equal(out, data[r0:r1, c0:c1]), (r0, r1, c0, c1)
+        src._pool = None
+        src.read(0, M, 0, N, np.empty((M, N), np.float32))
+        assert src._pool is not None
 
 
 def test_missing_chunks_read_as_the_fill_value(tmp_path):
