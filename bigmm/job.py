@@ -437,9 +437,9 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
     (those in ``in_place_ops`` are copied in place: the model counts no host work for
     them): a source's own ``read_rate`` attribute (bytes per second) where it has one, else
     for files READ_RATE (the slower of A and B) and WRITE_RATE; for NumPy arrays the host's
-    copy rate with ``threads`` threads, of which the run has COPY_SHARE, one thread's rate
-    (``Rates.thread_bytes``: a small panel is read by few threads) and its cost per row of a
-    panel (:func:`bigmm.executor.calibrate.copy_rate`,
+    copy rate with ``threads`` threads, of which the run has COPY_SHARE, and one thread's rate
+    (``Rates.thread_bytes``: a small panel is read by few threads); for both the cost per row
+    of a panel (:func:`bigmm.executor.calibrate.copy_rate`,
     :func:`~bigmm.executor.calibrate.copy_row_seconds`, timed within a quarter of the
     ``host`` budget)."""
     staged = {"A": A, "B": B}
@@ -447,12 +447,13 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
                 if op not in in_place_ops and src.layout == "array"]
     array_out = "C" not in in_place_ops and (out is None or isinstance(out, np.ndarray))
     copies = row = one = None
+    size = min(costs.COPY_BYTES, max(16 << 20, host // 4))
     if array_in or array_out:
-        size = min(costs.COPY_BYTES, max(16 << 20, host // 4))
         copies = snap_rate(COPY_SHARE * costs.copy_rate(threads, size))  # on the rates'
         # grid: one plan
-        row = snap_rate(costs.copy_row_seconds(threads, size))  # in every process
         one = snap_rate(costs.copy_rate(1, size)) if array_in else None  # one reader thread
+    if set("ABC") - set(in_place_ops):  # staged panels of files are copied row by row too
+        row = snap_rate(costs.copy_row_seconds(threads, size))  # in every process
 
     def read_rate(src) -> float:
         own = getattr(src, "read_rate", None)
