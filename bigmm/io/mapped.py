@@ -186,6 +186,10 @@ class FileMap:
         self._bytes = np.frombuffer(self._mm, np.uint8)
         self._addr = self._bytes.ctypes.data
         self.writable = writable
+        #: The address spans of the copies in progress, widened to FAULT_GRAIN: no copy
+        #: releases pages in another's span (the last copy out releases what they share).
+        self._spans: dict[int, tuple[int, int]] = {}
+        self._spans_lock = threading.Lock()
 
     def check(self) -> None:
         """Raise FileShortError unless the file still reaches the end of the mapped range."""
@@ -224,7 +228,10 @@ class FileMap:
         strides) lies in this map: in blocks of rows (of columns, where one row spans more)
         spanning at most ``step`` bytes of the file, in address order. After each block the
         ``FAULT_GRAIN`` windows it has left behind are dropped (the window it ends in stays
-        mapped for the next block, which would fault it in again), at the end the rest."""
+        mapped for the next block, which would fault it in again), at the end the rest.
+        Pages within the span of another copy in progress on this map (a neighbouring piece
+        of the same rows or chunk, on another thread) are left to the last of them to drop,
+        so that no copy drops pages another is copying from."""
         m, n = view.shape
         if m == 0 or n == 0:
             return
@@ -233,17 +240,50 @@ class FileMap:
         cols = n if n * s1 <= self.step else max(1, self.step // s1)
         lo, hi = _bounds(view)
         done = lo - lo % FAULT_GRAIN  # the mapped pages below this address were dropped
-        for a in range(0, m, rows):
-            b = min(a + rows, m)
-            for c in range(0, n, cols):
-                d = min(c + cols, n)
-                dest[a:b, c:d] = src[a:b, c:d]
-                end = lo + (b - 1) * s0 + (d - 1) * s1 + view.itemsize  # past this block
-                end -= end % FAULT_GRAIN
-                if end > done:
-                    self._drop(done, end)
-                    done = end
-        self._drop(done, hi + (-hi) % FAULT_GRAIN)
+        key = id(view)  # (the view lives as long as the copy)
+        with self._spans_lock:
+            self._spans[key] = (done, hi + (-hi) % FAULT_GRAIN)
+        kept: list[tuple[int, int]] = []  # windows left mapped for a neighbouring copy
+        try:
+            for a in range(0, m, rows):
+                b = min(a + rows, m)
+                for c in range(0, n, cols):
+                    d = min(c + cols, n)
+                    dest[a:b, c:d] = src[a:b, c:d]
+                    end = lo + (b - 1) * s0 + (d - 1) * s1 + view.itemsize  # past this block
+                    end -= end % FAULT_GRAIN
+                    if end > done:
+                        kept += self._release(key, [(done, end)])
+                        done = end
+        finally:
+            kept.append((done, hi + (-hi) % FAULT_GRAIN))
+            with self._spans_lock:  # at once: the last of two neighbours releases what
+                del self._spans[key]  # they share
+                self._release(None, kept)
+
+    def _release(self, key, ranges) -> list[tuple[int, int]]:
+        """Drop the address ranges, less the spans of the copies in progress other than
+        ``key``'s (with ``key`` None: holding the lock, every copy in progress); returns
+        what was left mapped."""
+        if key is None:
+            spans = list(self._spans.values())
+        else:
+            with self._spans_lock:
+                spans = [v for k, v in self._spans.items() if k != key]
+        kept = []
+        for lo, hi in ranges:
+            for a, b in sorted(spans):
+                if b <= lo or a >= hi:
+                    continue
+                if a > lo:
+                    self._drop(lo, a)
+                kept.append((max(lo, a), min(hi, b)))
+                lo = max(lo, b)
+                if lo >= hi:
+                    break
+            if lo < hi:
+                self._drop(lo, hi)
+        return kept
 
     def _drop(self, lo: int, hi: int) -> None:
         """Release the mapped pages at addresses [lo, hi) (clipped to the map): they leave the

@@ -1,5 +1,6 @@
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -84,6 +85,59 @@ def test_copy_holds_at_most_one_block_mapped(matrix_file, monkeypatch, shape, ro
             assert np.array_equal(back, expect)
         else:
             fm.close()
+    finally:
+        os.close(fd)
+
+
+def test_a_copy_leaves_a_neighbours_pages_mapped_for_it_to_drop(matrix_file):
+    """Two pieces of the same rows copied at once: the first to finish keeps the fault window
+    they share mapped (the other is copying from it); the last drops it."""
+    shape = (64, 16384)  # 4 MiB of 64 KiB rows: the pieces share a fault window
+    path, data = matrix_file(shape)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fm = FileMap(fd, HEADER, HEADER + data.nbytes, path=str(path))
+        whole = fm.array(HEADER, shape, np.float32)
+        first, second = whole[:32], whole[32:]
+        lo, hi = mapped._bounds(second)
+        grain = mapped.FAULT_GRAIN
+        fm._spans["neighbour"] = (lo - lo % grain, hi + (-hi) % grain)  # copying meanwhile
+        assert float(second.sum()) == float(data[32:].sum())  # its pages, mapped
+        out = np.empty(first.shape, np.float32)
+        fm.copy(out, first, view=first)
+        assert np.array_equal(out, data[:32])
+        assert mapped_rss(fm) >= min(second.nbytes, grain) // 2  # the neighbour's kept
+        del fm._spans["neighbour"]
+        out = np.empty(second.shape, np.float32)
+        fm.copy(out, second, view=second)  # the neighbour's own copy, the last out
+        assert np.array_equal(out, data[32:]) and mapped_rss(fm) == 0
+        fm.close()
+    finally:
+        os.close(fd)
+
+
+def test_pieces_copied_from_many_threads_leave_nothing_mapped(matrix_file):
+    shape = (512, 8192)  # 16 MiB of 32 KiB rows, in pieces of 24 rows: windows are shared
+    path, data = matrix_file(shape)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fm = FileMap(fd, HEADER, HEADER + data.nbytes, path=str(path))
+        whole = fm.array(HEADER, shape, np.float32)
+        out = np.full(shape, np.nan, np.float32)
+        pieces = [(r, min(r + 24, 512), c, c + 4096) for r in range(0, 512, 24)
+                  for c in (0, 4096)]
+
+        def copy(piece):
+            r0, r1, c0, c1 = piece
+            view = whole[r0:r1, c0:c1]
+            fm.copy(out[r0:r1, c0:c1], view, view=view)
+
+        with ThreadPoolExecutor(8) as pool:
+            for _ in range(3):
+                list(pool.map(copy, pieces))
+        assert np.array_equal(out, data)
+        assert not fm._spans and mapped_rss(fm) == 0  # the last copy out dropped the rest
+        fm.close()
     finally:
         os.close(fd)
 
