@@ -11,27 +11,34 @@ tile through the output layer: copies into a shared memory map (the default, aft
 fallback), each into a contiguous dataset and into one chunked by the tiles (as bigmm creates
 outputs for its plan's tiles), tiles from a page-aligned buffer in row pieces on ``--threads``
 threads, a commit per row of tiles (``--commit tile``: per tile).
+``--split`` also reads each panel as the executor does: in row pieces, one per thread, each
+read on its thread alone and, as before, split again between the source's threads.
 ``--gil`` measures how much a pure-Python thread keeps running while a mapped read copies
 (near 100%: the copy released the GIL). Example::
 
     python scripts/bench_io.py --dir /tmp/bench --gib 1 --block 2048 --threads 8
     python scripts/bench_io.py --gib 0.25 --rows 4096 --cols 640 --threads 4 --writes --gil
+    python scripts/bench_io.py --gib 1 --block 4096 --threads 16 --reads contiguous,chunked --split
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import h5py
 import numpy as np
 
+from bigmm.executor.tuning import io_pieces
 from bigmm.io import open_input, open_output, rawio
+from bigmm.io.inputs import on_caller_thread
 
 
 def cpu_model() -> str:
@@ -91,7 +98,7 @@ def time_reads(read, n: int, rows: int, cols: int, repeat: int) -> tuple[float, 
 
 
 def bench(path: str, name: str, n: int, rows: int, cols: int, threads: int,
-          repeat: int) -> dict:
+          repeat: int, split: bool = False) -> dict:
     nbytes = n * n * 4
     with h5py.File(path, "r") as f:
         dset = f[name]
@@ -101,18 +108,40 @@ def bench(path: str, name: str, n: int, rows: int, cols: int, threads: int,
         ref = dset[: min(n, 512), : min(n, 512)]
     row = {"dataset": name, "bytes": nbytes, "read_direct_GBps": nbytes / direct / 1e9,
            "read_direct_cpu_s": direct_cpu}
-    for how, use_mmap in (("mmap", True), ("preadv", False)):
-        with open_input(f"{path}:/{name}", threads=threads, use_mmap=use_mmap) as src:
+    ways = [("mmap", True, None), ("preadv", False, None)]
+    if split:
+        ways += [("split-pool", True, False), ("split-caller", True, True)]
+    for how, use_mmap, caller in ways:
+        with open_input(f"{path}:/{name}", threads=threads, use_mmap=use_mmap) as src, \
+                ThreadPoolExecutor(threads) as pool:
             assert src.fast, src
             if use_mmap and not src.mapped:
                 continue
             check = np.empty(ref.shape, np.float32)
             src.read(0, ref.shape[0], 0, ref.shape[1], check)
             assert np.array_equal(check, ref)
-            t, cpu = time_reads(src.read, n, rows, cols, repeat)
+            read = src.read if caller is None else split_reads(src, pool, threads, caller)
+            t, cpu = time_reads(read, n, rows, cols, repeat)
         row[f"{how}_GBps"], row[f"{how}_cpu_s"] = nbytes / t / 1e9, cpu
         row.setdefault("ratio", direct / t)  # the default path (mapped where it maps)
     return row
+
+
+def split_reads(src, pool, threads: int, caller: bool):
+    """Reads of a panel as the executor makes them: in row pieces of at least PIECE_BYTES, one
+    per thread of ``pool``, each piece on its thread alone (``caller``, as the executor reads)
+    or split again between the source's own threads (as it read before)."""
+    def piece(r0, r1, c0, c1, out) -> None:
+        with on_caller_thread() if caller else contextlib.nullcontext():
+            src.read(r0, r1, c0, c1, out)
+
+    def read(r0, r1, c0, c1, out) -> None:
+        futures = [pool.submit(piece, a, b, c0, c1, out[a - r0:b - r0])
+                   for a, b in io_pieces(r0, r1, c1 - c0, 4, threads)]
+        for f in futures:
+            f.result()
+
+    return read
 
 
 def bench_writes(folder: str, n: int, rows: int, cols: int, repeat: int, threads: int,
@@ -233,6 +262,9 @@ def main() -> None:
                     help="datasets to time reads of (none: '')")
     ap.add_argument("--gil", action="store_true",
                     help="also measure a Python thread's progress during mapped reads")
+    ap.add_argument("--split", action="store_true",
+                    help="also read each panel in pieces on --threads threads, as the executor "
+                         "does: each piece on its thread alone, and split again by the source")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rawio.GAP_MAX = args.gap_max
@@ -245,7 +277,7 @@ def main() -> None:
         make_file(path, n, args.chunk)
         warm(path)
     load = os.getloadavg()[0]
-    results = [bench(path, name, n, rows, cols, args.threads, args.repeat)
+    results = [bench(path, name, n, rows, cols, args.threads, args.repeat, args.split)
                for name in args.reads.split(",") if name]
     writes = (bench_writes(args.dir, n, rows, cols, args.repeat, args.threads, args.commit,
                            args.write_modes.split(","))
@@ -262,10 +294,12 @@ def main() -> None:
           f"({n * n * 4 / 2**30:.2f} GiB), panels {rows} x {cols}, "
           f"chunks {args.chunk}^2, {args.threads} threads, gap_max {args.gap_max}, "
           f"iovecs {meta['iovecs']}, warm page cache; GB/s (CPU-s per pass)")
-    print(f"{'dataset':<12}{'read_direct':>18}{'mmap':>18}{'preadv':>18}{'ratio':>8}")
+    ways = ("read_direct", "mmap", "preadv") + (("split-pool", "split-caller") if args.split
+                                                  else ())
+    print(f"{'dataset':<12}" + "".join(f"{w:>18}" for w in ways) + f"{'ratio':>8}")
     for r in results:
         cells = [f"{r[k + '_GBps']:.2f} ({r[k + '_cpu_s']:.2f})" if k + "_GBps" in r else "-"
-                 for k in ("read_direct", "mmap", "preadv")]
+                 for k in ways]
         print(f"{r['dataset']:<12}" + "".join(f"{c:>18}" for c in cells) + f"{r['ratio']:>8.2f}")
     for w in writes:
         print(f"write C by {w['writes']:<8} into {w['layout']:<10} {w['GBps']:.2f} GB/s, "
