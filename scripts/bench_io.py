@@ -110,7 +110,8 @@ def bench(path: str, name: str, n: int, rows: int, cols: int, threads: int,
            "read_direct_cpu_s": direct_cpu}
     ways = [("mmap", True, None), ("preadv", False, None)]
     if split:
-        ways += [("split-pool", True, False), ("split-caller", True, True)]
+        ways += [("split-pool", True, False), ("split-caller", True, True),
+                 ("split-chunks", True, "chunks")]
     for how, use_mmap, caller in ways:
         with open_input(f"{path}:/{name}", threads=threads, use_mmap=use_mmap) as src, \
                 ThreadPoolExecutor(threads) as pool:
@@ -127,17 +128,18 @@ def bench(path: str, name: str, n: int, rows: int, cols: int, threads: int,
     return row
 
 
-def split_reads(src, pool, threads: int, caller: bool):
+def split_reads(src, pool, threads: int, caller):
     """Reads of a panel as the executor makes them: in row pieces of at least PIECE_BYTES, one
-    per thread of ``pool``, each piece on its thread alone (``caller``, as the executor reads)
-    or split again between the source's own threads (as it read before)."""
+    per thread of ``pool``, each piece on its thread alone (``caller``, as the executor reads;
+    "chunks": pieces of whole chunk rows) or split again between the source's own threads."""
     def piece(r0, r1, c0, c1, out) -> None:
         with on_caller_thread() if caller else contextlib.nullcontext():
             src.read(r0, r1, c0, c1, out)
 
     def read(r0, r1, c0, c1, out) -> None:
         futures = [pool.submit(piece, a, b, c0, c1, out[a - r0:b - r0])
-                   for a, b in io_pieces(r0, r1, c1 - c0, 4, threads)]
+                   for a, b in io_pieces(r0, r1, c1 - c0, 4, threads,
+                                         src.chunks if caller == "chunks" else None)]
         for f in futures:
             f.result()
 
@@ -294,8 +296,8 @@ def main() -> None:
           f"({n * n * 4 / 2**30:.2f} GiB), panels {rows} x {cols}, "
           f"chunks {args.chunk}^2, {args.threads} threads, gap_max {args.gap_max}, "
           f"iovecs {meta['iovecs']}, warm page cache; GB/s (CPU-s per pass)")
-    ways = ("read_direct", "mmap", "preadv") + (("split-pool", "split-caller") if args.split
-                                                  else ())
+    ways = ("read_direct", "mmap", "preadv") + (
+        ("split-pool", "split-caller", "split-chunks") if args.split else ())
     print(f"{'dataset':<12}" + "".join(f"{w:>18}" for w in ways) + f"{'ratio':>8}")
     for r in results:
         cells = [f"{r[k + '_GBps']:.2f} ({r[k + '_cpu_s']:.2f})" if k + "_GBps" in r else "-"

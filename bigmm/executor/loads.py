@@ -319,7 +319,9 @@ class Loader:
                 event = slots.events.get(host_key or (op, slot))
                 ready = ((lambda: be.synchronize(event)) if event is not None
                          else (lambda: None))
-            chunks = None if op == "C" else src.panel_chunks  # chunks read whole
+            # pieces of whole chunk rows: a chunk read whole is decoded once, and a raw chunk's
+            # pages are not faulted by several threads at once
+            chunks = None if op == "C" else src.panel_chunks or src.chunks
             rows = io_pieces(r0, r1, c1 - c0, src.dtype.itemsize, self.threads, chunks)
             # a part split between reader threads: each piece on its thread alone (a part in
             # one piece is split between the source's threads, if it has them)

@@ -465,7 +465,7 @@ class _CallerRecord(io.Source):
         self.layout, self.reads = "array", []
 
     def read(self, r0, r1, c0, c1, out) -> None:
-        self.reads.append((r1 - r0, c1 - c0, caller_splits()))
+        self.reads.append((r1 - r0, c1 - c0, caller_splits(), r0))
         self.inner.read(r0, r1, c0, c1, out)
 
 
@@ -482,7 +482,34 @@ def test_panels_split_between_readers_are_read_on_their_threads_alone():
     finally:
         be.close()
     np.testing.assert_allclose(sink.array, a @ b, rtol=1e-4, atol=1e-3)
-    halves = [alone for rows, _, alone in A.reads if rows == m // 2]  # A's panels, split
-    whole = [alone for rows, _, alone in A.reads if rows == m]  # the first step's K pieces
+    halves = [alone for rows, _, alone, _ in A.reads if rows == m // 2]  # A's panels, split
+    whole = [alone for rows, _, alone, _ in A.reads if rows == m]  # the first step's pieces
     assert halves and all(halves) and whole and not any(whole)
-    assert B.reads and not any(alone for *_, alone in B.reads)  # 4 MiB panels: one piece
+    assert B.reads and not any(alone for _, _, alone, _ in B.reads)  # 4 MiB: one piece
+
+
+class _RawChunks(_CallerRecord):
+    """The same, stored in raw chunks of 768 rows (read in part: panels need not align)."""
+
+    chunks = (768, 512)
+
+    @property
+    def panel_chunks(self):
+        return None
+
+
+def test_pieces_of_a_raw_chunked_panel_are_whole_chunk_rows():
+    m = n = k = 2048
+    a, b = random_matrix((m, k), np.float32, 5), random_matrix((k, n), np.float32, 6)
+    plan = make_plan(m, n, k, "float32", device_budget=64 << 20, staging=True,
+                     tile=(2048, 1024, 1024), order="stream")
+    A, B = _RawChunks(a, "A"), _CallerRecord(b, "B")
+    sink = io.open_output(None, shape=(m, n), dtype=np.float32, inputs=[A, B], job={})
+    be = AsyncBackend(seed=3)
+    try:
+        execute(plan, A, B, sink, be, io_threads=8)
+    finally:
+        be.close()
+    np.testing.assert_allclose(sink.array, a @ b, rtol=1e-4, atol=1e-3)
+    starts = sorted({r0 for rows, _, alone, r0 in A.reads if alone})
+    assert starts == [0, 768]  # two pieces of 8 MiB, split on a chunk row (else at 1024)
