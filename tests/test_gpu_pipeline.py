@@ -31,12 +31,13 @@ F32, F64 = np.float32, np.float64
 E2E = [
     # (m, n, k, dtype, trans_a, trans_b, alpha, beta, memory, kernel, inputs, output, chunks,
     #  min_tiles, min_panels, order)
-    # odd shapes, 24-28 tiles x 15-21 panels (plans chosen by predicted time), HDF5 in and out
+    # odd shapes, many tiles and panels (plans, in any order, chosen by predicted time), HDF5
+    # in and out
     (1000, 900, 1100, F32, False, False, 1.0, 0.0, 500_000, "bigmm", "h5", "h5", None,
-     16, 4, "stream"),
-    # tiny budget: 91 x 82 x 100 tiles, unaligned views and leading dimensions everywhere
+     16, 4, None),
+    # tiny budget: tiles of about 100, unaligned views and leading dimensions everywhere
     (1000, 900, 1100, F32, False, False, 1.0, 0.0, 200_000, "bigmm", "h5", "array", None,
-     16, 4, "stream"),
+     16, 4, None),
     # float64, A transposed, alpha and beta (old C read from the file, replaced in place)
     (777, 1031, 1201, F64, True, False, -1.5, 0.5, 1_000_000, "bigmm", "h5", "h5", None,
      16, 4, "stream"),
@@ -102,8 +103,9 @@ def test_product_matches_float64_reference(tmp_path, m, n, k, dtype, ta, tb, alp
     kw = dict(alpha=alpha, beta=beta, trans_a=ta, trans_b=tb, memory=memory, host_memory=HOST,
               backend="cupy", kernel=kernel)
     p = bigmm.plan(a_in, b_in, out, **kw)
-    assert p.n_tiles >= min_tiles and p.nk >= min_panels, str(p)
-    assert p.order in (order if isinstance(order, tuple) else (order,)), str(p)
+    # many steps through the pipeline, whichever tiles the calibrated rates choose
+    assert p.n_tiles * p.nk >= min_tiles * min_panels and p.n_tiles > 1, str(p)
+    assert order is None or p.order in (order if isinstance(order, tuple) else (order,)), str(p)
     if isinstance(order, tuple):
         assert p.a_reads == 1, str(p)
     result, stats = bigmm.matmul(a_in, b_in, out, stats=True, **kw)
@@ -521,4 +523,5 @@ def test_plans_of_the_table_are_what_the_cases_claim():
                       device_budget=memory, host_budget=64 << 20, staging=True,
                       reads_c=beta != 0, a_chunks=chunked, b_chunks=chunked)
         orders = order if isinstance(order, tuple) else (order,)
-        assert p.n_tiles >= tiles and p.nk >= panels and p.order in orders, (m, n, k, str(p))
+        assert p.n_tiles >= tiles and p.nk >= panels, (m, n, k, str(p))
+        assert order is None or p.order in orders, (m, n, k, str(p))
