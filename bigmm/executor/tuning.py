@@ -46,8 +46,7 @@ def io_pieces(r0: int, r1: int, cols: int, itemsize: int, threads: int,
     """Rows [r0, r1) of a region ``cols`` wide in at most ``threads`` even pieces of at least
     PIECE_BYTES each, one per I/O thread; inner edges on the chunk rows of a chunked source
     (``chunks``), so that a compressed chunk is decoded once and a raw one is copied by one
-    thread (threads faulting the pages of one chunk at once ran a third as fast: see
-    BENCHMARKS.md)."""
+    thread (see BENCHMARKS.md, warm panel reads)."""
     rows = r1 - r0
     n = max(1, min(threads, rows, rows * cols * itemsize // PIECE_BYTES))
     unit = chunks[0] if chunks else 1

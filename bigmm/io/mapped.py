@@ -189,6 +189,7 @@ class FileMap:
         #: The address spans of the copies in progress, widened to FAULT_GRAIN: no copy
         #: releases pages in another's span (the last copy out releases what they share).
         self._spans: dict[int, tuple[int, int]] = {}
+        self._left: list[tuple[int, int]] = []  # windows a copy left mapped for another
         self._spans_lock = threading.Lock()
 
     def check(self) -> None:
@@ -257,9 +258,9 @@ class FileMap:
                         done = end
         finally:
             kept.append((done, hi + (-hi) % FAULT_GRAIN))
-            with self._spans_lock:  # at once: the last of two neighbours releases what
-                del self._spans[key]  # they share
-                self._release(None, kept)
+            with self._spans_lock:  # at once, with what earlier copies left: the last copy
+                del self._spans[key]  # out releases what the copies shared
+                self._left = self._release(None, kept + self._left)
 
     def _release(self, key, ranges) -> list[tuple[int, int]]:
         """Drop the address ranges, less the spans of the copies in progress other than

@@ -136,7 +136,8 @@ def test_pieces_copied_from_many_threads_leave_nothing_mapped(matrix_file):
             for _ in range(3):
                 list(pool.map(copy, pieces))
         assert np.array_equal(out, data)
-        assert not fm._spans and mapped_rss(fm) == 0  # the last copy out dropped the rest
+        assert not fm._spans and not fm._left and mapped_rss(fm) == 0  # the last copy out
+        # dropped what the others left
         fm.close()
     finally:
         os.close(fd)
