@@ -469,23 +469,30 @@ class _CallerRecord(io.Source):
         self.inner.read(r0, r1, c0, c1, out)
 
 
-def test_panels_split_between_readers_are_read_on_their_threads_alone():
-    m = n = k = 2048  # 2048 x 1024 panels: 8 MiB, two pieces of PIECE_BYTES
-    a, b = random_matrix((m, k), np.float32, 3), random_matrix((k, n), np.float32, 4)
+def _recorded_run(a_source, threads: int, seed: int):
+    """A 2048^3 float32 product of 2048 x 1024 A panels (8 MiB: two pieces of PIECE_BYTES)
+    and 1024 x 1024 B panels (one piece) from recording sources; returns (A's, B's reads)."""
+    m = n = k = 2048
+    a, b = random_matrix((m, k), np.float32, seed), random_matrix((k, n), np.float32, seed + 1)
     plan = make_plan(m, n, k, "float32", device_budget=64 << 20, staging=True,
                      tile=(2048, 1024, 1024), order="stream")
-    A, B = _CallerRecord(a, "A"), _CallerRecord(b, "B")
+    A, B = a_source(a, "A"), _CallerRecord(b, "B")
     sink = io.open_output(None, shape=(m, n), dtype=np.float32, inputs=[A, B], job={})
-    be = AsyncBackend(seed=2)
+    be = AsyncBackend(seed=seed)
     try:
-        execute(plan, A, B, sink, be, io_threads=4)
+        execute(plan, A, B, sink, be, io_threads=threads)
     finally:
         be.close()
     np.testing.assert_allclose(sink.array, a @ b, rtol=1e-4, atol=1e-3)
-    halves = [alone for rows, _, alone, _ in A.reads if rows == m // 2]  # A's panels, split
-    whole = [alone for rows, _, alone, _ in A.reads if rows == m]  # the first step's pieces
+    return A.reads, B.reads
+
+
+def test_panels_split_between_readers_are_read_on_their_threads_alone():
+    a_reads, b_reads = _recorded_run(_CallerRecord, 4, seed=3)
+    halves = [alone for rows, _, alone, _ in a_reads if rows == 1024]  # A's panels, split
+    whole = [alone for rows, _, alone, _ in a_reads if rows == 2048]  # the first step's pieces
     assert halves and all(halves) and whole and not any(whole)
-    assert B.reads and not any(alone for _, _, alone, _ in B.reads)  # 4 MiB: one piece
+    assert b_reads and not any(alone for _, _, alone, _ in b_reads)  # 4 MiB: one piece
 
 
 class _RawChunks(_CallerRecord):
@@ -499,17 +506,6 @@ class _RawChunks(_CallerRecord):
 
 
 def test_pieces_of_a_raw_chunked_panel_are_whole_chunk_rows():
-    m = n = k = 2048
-    a, b = random_matrix((m, k), np.float32, 5), random_matrix((k, n), np.float32, 6)
-    plan = make_plan(m, n, k, "float32", device_budget=64 << 20, staging=True,
-                     tile=(2048, 1024, 1024), order="stream")
-    A, B = _RawChunks(a, "A"), _CallerRecord(b, "B")
-    sink = io.open_output(None, shape=(m, n), dtype=np.float32, inputs=[A, B], job={})
-    be = AsyncBackend(seed=3)
-    try:
-        execute(plan, A, B, sink, be, io_threads=8)
-    finally:
-        be.close()
-    np.testing.assert_allclose(sink.array, a @ b, rtol=1e-4, atol=1e-3)
-    starts = sorted({r0 for rows, _, alone, r0 in A.reads if alone})
+    a_reads, _ = _recorded_run(_RawChunks, 8, seed=5)
+    starts = sorted({r0 for _, _, alone, r0 in a_reads if alone})
     assert starts == [0, 768]  # two pieces of 8 MiB, split on a chunk row (else at 1024)
