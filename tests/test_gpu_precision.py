@@ -137,7 +137,8 @@ def test_presplit_plan_holds_its_workspace_in_the_budget():
     if not p.presplit:
         pytest.skip("splitting ahead runs on compute capability 9.0 (sm_90a) only")
     assert p.splits_ahead, str(p)
-    assert p.nk >= 2 and p.device_bytes <= p.device_budget, str(p)
+    # out of core (more than one step, whichever tiles the calibrated rates choose)
+    assert p.n_tiles * p.nk >= 2 and p.device_bytes <= p.device_budget, str(p)
     assert (p.device_bytes - replace(p, presplit=0).device_bytes
             == split_workspace_bytes(p.bm, p.bn, p.bk, 2))
     assert "split panels" in str(p)
