@@ -21,6 +21,7 @@ import bigmm
 from bigmm import api, executor, io
 from bigmm.cli import main
 from bigmm.errors import DiskFullError, IncompleteOutputError, OutputExistsError, ReadError
+from bigmm.executor import loads, tuning
 from bigmm.io import direct, filesink, journal, mapped, rawio
 from bigmm.testing import (Unavailable, fail_after, mount_prefix, random_matrix, sha256,
                            small_filesystem)
@@ -306,11 +307,21 @@ READ_FAULTS = [
 ]
 
 
+@pytest.mark.parametrize("split", [
+    False,  # each panel read by one reader (the source may split it between its own threads)
+    True,   # panels split between the readers, each piece read on its reader thread alone
+])
 @pytest.mark.parametrize("case, storage, use_mmap, inject, layout", READ_FAULTS,
                          ids=[c[0] for c in READ_FAULTS])
 def test_read_error_names_file_and_region_and_resumes(tmp_path, job, monkeypatch, case,
-                                                      storage, use_mmap, inject, layout):
+                                                      storage, use_mmap, inject, layout, split):
     _, b, _ = job
+    alone = []
+    if split:
+        monkeypatch.setattr(tuning, "PIECE_BYTES", 1024)
+        real_alone = loads.on_caller_thread
+        monkeypatch.setattr(loads, "on_caller_thread",
+                            lambda: alone.append(1) or real_alone())
     path = str(tmp_path / "fa.h5")
     with h5py.File(path, "w") as f:
         f.create_dataset("A", data=random_matrix((M, K), np.float64, seed=1), **storage)
@@ -330,6 +341,7 @@ def test_read_error_names_file_and_region_and_resumes(tmp_path, job, monkeypatch
         mp.setattr(api, "execute", execute)
         with pytest.raises(ReadError) as err:
             bigmm.matmul(src, b, out=out, **RUN)  # closes src
+    assert bool(alone) == split  # the pieces that failed were read alone where split
     msg = str(err.value)
     assert msg.startswith("Expected to read rows") and "columns" in msg, msg
     assert (f"{path}:/A" in msg or b in msg) and "Input/output error" in msg, msg
