@@ -241,9 +241,10 @@ class FileMap:
         cols = n if n * s1 <= self.step else max(1, self.step // s1)
         lo, hi = _bounds(view)
         done = lo - lo % FAULT_GRAIN  # the mapped pages below this address were dropped
+        top = hi + (-hi) % FAULT_GRAIN  # the end of the window the copy ends in
         key = id(view)  # (the view lives as long as the copy)
         with self._spans_lock:
-            self._spans[key] = (done, hi + (-hi) % FAULT_GRAIN)
+            self._spans[key] = (done, top)
         kept: list[tuple[int, int]] = []  # windows left mapped for a neighbouring copy
         try:
             for a in range(0, m, rows):
@@ -257,7 +258,7 @@ class FileMap:
                         kept += self._release(key, [(done, end)])
                         done = end
         finally:
-            kept.append((done, hi + (-hi) % FAULT_GRAIN))
+            kept.append((done, top))
             with self._spans_lock:  # at once, with what earlier copies left: the last copy
                 del self._spans[key]  # out releases what the copies shared
                 self._left = self._release(None, kept + self._left)
