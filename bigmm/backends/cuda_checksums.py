@@ -5,7 +5,8 @@ sums under a rounding bound. cupy is imported inside functions only."""
 from __future__ import annotations
 
 from ..errors import KernelError, ShapeError
-from .cuda_kernels import _sm_count, _vector, raw_kernel
+from .cuda_build import raw_kernel, sm_count
+from .cuda_kernels import _vector
 from .kernel_configs import _DTYPES
 
 _CHECKSUM_SOURCE = "abft_checksum.cu"
@@ -39,7 +40,7 @@ def _sums_launch(path: str, rows: int, cols: int, itemsize: int) -> tuple[tuple,
     """(grid, block, rows_per_block) of one weighted_sums kernel. The fast paths fill the
     GPU in one wave (their __launch_bounds__ blocks per SM): blocks over the columns first,
     then over the rows while there are SMs left."""
-    target = _SUMS_BLOCKS_PER_SM * _sm_count()
+    target = _SUMS_BLOCKS_PER_SM * sm_count()
     vec = 16 // itemsize
     if path == "contig":  # rows_per_block a multiple of the vector: every chunk aligned
         gx = min(-(-cols // (_SUMS_ROWS * _SUMS_OUTS)), target)  # warps stride over columns
@@ -54,7 +55,7 @@ def _sums_launch(path: str, rows: int, cols: int, itemsize: int) -> tuple[tuple,
         return (gx, -(-rows // per_block), 1), (_SUMS_TILE, _SUMS_ROWS, 1), per_block
     gx = -(-cols // _SUMS_TILE)
     tiles_i = -(-rows // _SUMS_TILE)
-    gy = max(1, min(tiles_i, (8 * _sm_count()) // gx))  # about 8 blocks per SM in all
+    gy = max(1, min(tiles_i, (8 * sm_count()) // gx))  # about 8 blocks per SM in all
     per_block = -(-tiles_i // gy) * _SUMS_TILE
     return (gx, -(-rows // per_block), 1), (_SUMS_TILE, _SUMS_ROWS, 1), per_block
 

@@ -1,5 +1,6 @@
-"""bigmm's own CUDA GEMM kernels: loading, compiling and launching (the tile configs and their
-table: :mod:`.kernel_configs`; the checksum kernels: :mod:`.cuda_checksums`).
+"""bigmm's own CUDA GEMM kernels: choosing and launching (the tile configs and their table:
+:mod:`.kernel_configs`; compiling and loading: :mod:`.cuda_build`; large TF32 products from
+operands split ahead: :mod:`.cuda_presplit`; the checksum kernels: :mod:`.cuda_checksums`).
 
 The sources live in the top-level ``kernels/`` folder (shipped in the wheel as
 ``bigmm/kernels``).  Each (dtype, tile shape) is one ``cupy.RawModule`` compiled by NVRTC with
@@ -25,121 +26,16 @@ cupy is imported inside functions only: importing this module needs no GPU.
 
 from __future__ import annotations
 
-import functools
-import threading
-from pathlib import Path
-
 from ..errors import DtypeError, KernelError, ShapeError
-from ..planner.schedule import split_workspace_bytes, splits_ahead
-from .kernel_configs import (_DTYPES, _FAMILY_SOURCE, _LOADERS, TF32X3_MIN_K,
+from .cuda_build import (grant_smem, kernel_dir, kernel_source, raw_kernel,  # noqa: F401
+                         sm_count, sm_count_of)
+from .cuda_presplit import (PARTS, can_presplit, prepare_presplit, presplit_pays,  # noqa: F401
+                            split_parts)
+from .kernel_configs import (_DTYPES, _LOADERS, TF32X3_MIN_K,
                              TF32X3_WGMMA_MIN_K, TileConfig, device_arch, load_table,
                              parse_precision, select_config, tile_configs)
 
-_HEADER = "common.cuh"
-_COMPILE_OPTIONS = ("-std=c++17",)
 _INT32_MAX = 2**31 - 1
-
-
-def kernel_dir() -> Path:
-    """The folder holding the CUDA sources: inside the installed package, else the source tree's."""
-    import bigmm
-
-    pkg = Path(bigmm.__file__).resolve().parent
-    for candidate in (pkg / "kernels", pkg.parent / "kernels"):
-        if (candidate / _FAMILY_SOURCE).is_file():
-            return candidate
-    raise KernelError(f"Expected the CUDA sources in {pkg / 'kernels'} or {pkg.parent / 'kernels'}. Got neither.")
-
-
-def kernel_source(filename: str) -> str:
-    """A kernel file's text with ``#include "common.cuh"`` inlined, so that cupy's disk cache
-    (keyed by the source text) sees every change to the header."""
-    folder = kernel_dir()
-    try:
-        text = (folder / filename).read_text()
-        header = (folder / _HEADER).read_text()
-    except OSError as exc:
-        raise KernelError(f"Expected a readable kernel source {folder / filename}. Got {exc}.") from exc
-    return text.replace(f'#include "{_HEADER}"', header)
-
-
-# ---- compiling ----------------------------------------------------------------------------
-
-_lock = threading.Lock()
-_kernels: dict[tuple, object] = {}
-_modules: dict[tuple, object] = {}
-_smem_granted: dict[tuple, int] = {}
-
-
-def _device_id() -> int:
-    import cupy
-
-    return cupy.cuda.runtime.getDevice()
-
-
-def _module(filename: str, options: tuple[str, ...]):
-    key = (filename, options, _device_id())
-    module = _modules.get(key)
-    if module is None:
-        module = _nvrtc_module(kernel_source(filename), _COMPILE_OPTIONS + options)
-        _modules[key] = module
-    return module
-
-
-def _nvrtc_module(source: str, options: tuple[str, ...]):
-    """A module compiled by NVRTC directly with ``options`` and ``-ftz=false`` (cupy's
-    RawModule appends ``-ftz=true`` to every compile, which flushes float32 subnormal inputs
-    and results to zero where IEEE float32, and cuBLAS, keep them), for the current device
-    unless ``options`` name an ``-arch``; the binary cached beside cupy's (keyed by source,
-    options and NVRTC version)."""
-    import hashlib
-    import os
-
-    import cupy
-    from cupy.cuda import nvrtc
-
-    opts = tuple(options)
-    if not any(o.startswith("-arch=") for o in opts):
-        opts += (f"-arch=sm_{cupy.cuda.Device().compute_capability}",)
-    opts += ("-ftz=false",)
-    key = hashlib.sha256("\0".join((source, *opts, str(nvrtc.getVersion()))).encode()).hexdigest()
-    cache = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
-    path = cache / f"bigmm_{key[:40]}.cubin"
-    if not path.is_file():
-        prog = nvrtc.createProgram(source, "bigmm_kernel.cu", (), ())
-        try:
-            try:
-                nvrtc.compileProgram(prog, list(opts))
-            except Exception as exc:
-                raise KernelError(f"Expected NVRTC to compile with {opts}. Got {exc}: "
-                                  f"{nvrtc.getProgramLog(prog)}") from exc
-            cubin = nvrtc.getCUBIN(prog)
-        finally:
-            nvrtc.destroyProgram(prog)
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(cubin)
-        os.replace(tmp, path)
-    return cupy.RawModule(path=str(path))
-
-
-def raw_kernel(filename: str, entry: str, options: tuple[str, ...] = ()):
-    """A compiled ``cupy.RawKernel`` for ``entry`` of ``kernels/filename`` on the current device
-    (compiled once per process and device; binaries cached on disk by cupy)."""
-    key = (filename, entry, options, _device_id())
-    kern = _kernels.get(key)
-    if kern is not None:
-        return kern
-    with _lock:
-        kern = _kernels.get(key)
-        if kern is None:
-            try:
-                kern = _module(filename, options).get_function(entry)
-                kern.kernel  # compile (or load from the disk cache) now, not at first launch
-            except Exception as exc:  # cupy raises CompileException / CUDADriverError
-                raise KernelError(f"Expected {filename}:{entry} with {options} to compile. Got {exc}.") from exc
-            _kernels[key] = kern
-    return kern
 
 
 def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False, upper: bool = False):
@@ -151,21 +47,8 @@ def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False, upper: bo
     if upper:
         options += ("-DBIGMM_UPPER=1",)
     kern = raw_kernel(config.source, "gemm_" + entry, options)
-    _grant_smem(kern, options, config.smem_bytes, f"tile config {config.name}")
+    grant_smem(kern, options, config.smem_bytes, f"tile config {config.name}")
     return kern
-
-
-def _grant_smem(kern, options: tuple, nbytes: int, what: str) -> None:
-    """Let ``kern`` (compiled with ``options``) use ``nbytes`` of dynamic shared memory on the
-    current device (once per kernel and device)."""
-    key = (options, _device_id())
-    if _smem_granted.get(key) != nbytes:
-        try:
-            kern.max_dynamic_shared_size_bytes = nbytes
-        except Exception as exc:
-            raise KernelError(f"Expected the device to grant {nbytes} bytes of shared memory "
-                              f"to {what}. Got {exc}.") from exc
-        _smem_granted[key] = nbytes
 
 
 def _runnable(configs) -> list[TileConfig]:
@@ -364,10 +247,10 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     if config is None:
         if precision == "tf32x3" and k < TF32X3_MIN_K:
             precision = dtype  # memory-bound anyway; the split's own error would show (see below)
-        if precision in _SPLIT_PARTS and checks is None and not upper and split_k in (None, 1) and (
-                presplit if presplit is not None else presplit_pays(m, n, k)) and _can_presplit(m, n, k):
-            return _prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k,
-                                     (lda, ldb, ldc), workspace, _SPLIT_PARTS[precision])
+        if precision in PARTS and checks is None and not upper and split_k in (None, 1) and (
+                presplit if presplit is not None else presplit_pays(m, n, k)) and can_presplit(m, n, k):
+            return prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k,
+                                    (lda, ldb, ldc), workspace, PARTS[precision])
         short = precision == "tf32x3" and k < TF32X3_WGMMA_MIN_K
         cfg = select_config(dtype, m, n, k, precision=precision, arch=None if short else "auto")
     elif isinstance(config, TileConfig):
@@ -427,7 +310,7 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
 
         return launch
     reduce = raw_kernel("splitk_reduce.cu", "splitk_reduce_f32" if item == 4 else "splitk_reduce_f64")
-    blocks = min(-(-(m * n) // 256), 8 * _sm_count())
+    blocks = min(-(-(m * n) // 256), 8 * sm_count())
 
     def launch_split(stream) -> None:
         # Split K: partial products into a workspace (alpha 1, beta 0), then one reduction.
@@ -445,81 +328,6 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     return launch_split
 
 
-#: Parts an element the operands are split into ahead, by precision: 3xTF32's big and small
-#: parts (``gemm_split``), TF32's rounded value (``gemm_round``).
-_SPLIT_PARTS = {"tf32x3": 2, "tf32": 1}
-#: (product kernel, split kernels for sources contiguous along K and along the rows, the
-#: product's shared memory: three stages of four 16 KB tiles, or four of 48 KB, aligned,
-#: C tile columns) by parts.
-_SPLIT_KERNELS = {2: ("gemm_split", "split_k", "split_r", 3 * 65536 + 1024, 128),
-                  1: ("gemm_round", "round_k", "round_r", 4 * 49152 + 1024, 256)}
-
-
-def split_parts(precision: str) -> int:
-    """The parts an element a large product of ``precision`` splits its operands into ahead on
-    this device (2: "tf32x3", 1: "tf32", on sm_90a; else 0)."""
-    return _SPLIT_PARTS.get(precision, 0) if device_arch() == "sm_90a" else 0
-
-
-def presplit_pays(m: int, n: int, k: int) -> bool:
-    """Whether "tf32x3" and "tf32" split (round) their operands ahead on this device: sm_90a,
-    K long enough for the wgmma kernels, M and N large enough
-    (:func:`bigmm.planner.splits_ahead`)."""
-    return (k >= TF32X3_WGMMA_MIN_K and m * n > 0 and splits_ahead(m, n)
-            and device_arch() == "sm_90a")
-
-
-def _can_presplit(m: int, n: int, k: int) -> bool:
-    # the split's grid: k-tiles along x, 32-row blocks along y (at most 65535)
-    return k >= 1 and max(m, n) <= 32 * 65535 and device_arch() == "sm_90a"
-
-
-def _prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k, lds, workspace, parts):
-    """The launch of a product from operands split ahead (``parts`` 2: 3xTF32, 1: TF32): op(a)
-    and op(b)^T split into the workspace (by which way each source is contiguous), then the
-    product (gemm_wgmma_split.cu)."""
-    import cupy
-    import numpy as np
-
-    lda, ldb, ldc = lds
-    opts = ("-arch=sm_90a",)
-    product, along_k, along_rows, smem, bn = _SPLIT_KERNELS[parts]
-    kern = raw_kernel("gemm_wgmma_split.cu", product, opts)
-    _grant_smem(kern, ("gemm_wgmma_split.cu", product), smem, product)
-    kt = -(-k // 32)
-    ld = 32 * (kt + 1)
-    words = split_workspace_bytes(m, n, k, parts) // 4
-    # (source, rows, rows padded, rows' stride, k's stride, permuted): op(a) by rows m, op(b)^T
-    # by rows n
-    sides = ((a, m, -(-m // 128) * 128, 1 if trans_a else lda, lda if trans_a else 1, 0),
-             (b, n, -(-n // 256) * 256, ldb if trans_b else 1, 1 if trans_b else ldb, 1))
-    splits = [raw_kernel("gemm_wgmma_split.cu", along_k if sk == 1 else along_rows, opts)
-              for _, _, _, _, sk, _ in sides]
-    c_vec = np.int32(1 if c.data.ptr % 16 == 0 and ldc % 4 == 0 else 0)
-    tiles = (-(-m // 128)) * (-(-n // bn))
-
-    def launch(stream) -> None:
-        with stream:
-            if workspace is None:
-                work = cupy.empty(words, dtype=cupy.uint32)
-            else:
-                work = workspace(4 * words).view(cupy.uint32)[:words]
-            ops, at = [], 0
-            for (x, rows, rp, sr, sk, perm), split in zip(sides, splits):
-                big = work[at:at + rp * ld]
-                small = work[at + rp * ld:at + 2 * rp * ld] if parts == 2 else big
-                at += parts * rp * ld
-                split((kt + 1, rp // 32), (256,), (x, np.int64(sr), np.int64(sk), np.int32(rows),
-                                                   np.int32(k), np.int32(32 * kt - k), big, small,
-                                                   np.int64(ld), np.int32(perm)))
-                ops += [big, small] if parts == 2 else [big]
-            kern((tiles,), (256,), (np.int32(m), np.int32(n), np.int32(kt), np.int64(ld),
-                                    np.float32(alpha), *ops, np.float32(beta), c,
-                                    np.int64(ldc), c_vec), shared_mem=smem)
-
-    return launch
-
-
 def edge_cut(config: TileConfig, m: int, n: int) -> tuple[int, int] | None:
     """(mm, nn): the product's C goes as [0, mm) x [0, nn) in whole tiles, plus the strips past
     them, when a strip is thin (at most a quarter of a tile: 4097 = 32 * 128 + 1) and cutting it
@@ -529,7 +337,7 @@ def edge_cut(config: TileConfig, m: int, n: int) -> tuple[int, int] | None:
     nn = n - n % bn if n > bn and 0 < n % bn <= bn // 4 else n
     if (mm, nn) == (m, n):
         return None
-    resident = _sm_count() * max(1, config.min_blocks)
+    resident = sm_count() * max(1, config.min_blocks)
 
     def waves(rows: int, cols: int) -> int:
         return -(-((-(-rows // bm)) * (-(-cols // bn))) // resident)
@@ -566,18 +374,6 @@ def _prepare_edges(a, b, c, alpha, beta, trans_a, trans_b, cfg, precision, mm, n
     return launch
 
 
-@functools.lru_cache(maxsize=None)
-def sm_count_of(device: int) -> int:
-    """The number of SMs of ``device``."""
-    import cupy
-
-    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
-
-
-def _sm_count() -> int:
-    return sm_count_of(_device_id())
-
-
 def split_count(config: TileConfig, m: int, n: int, k: int) -> int:
     """How many K splits gemm() uses for this shape and config (1: none)."""
     return _plan_split(config, (-(-m // config.bm)) * (-(-n // config.bn)), k)
@@ -588,7 +384,7 @@ def _plan_split(cfg: TileConfig, tiles: int, k: int) -> int:
     as keep every block in one wave, each split at least 256 deep.  Shorter sums per split
     also keep the rounding error of long, narrow products (large K, small M and N) near
     cuBLAS's."""
-    resident = _sm_count() * max(1, cfg.min_blocks)
+    resident = sm_count() * max(1, cfg.min_blocks)
     if 2 * tiles > resident or k <= 256:
         return 1
     return max(1, min(resident // tiles, -(-k // 256)))
