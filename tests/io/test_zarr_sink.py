@@ -177,6 +177,79 @@ def test_chunk_files_written_direct_or_cached(tmp_path, monkeypatch, mode, write
         assert counts["direct"] == counts["bounced"] == 0 and counts["cached"] == m * n * 4
 
 
+# How many threads write pieces of each tile at once (each piece a band of rows).
+THREADS = [
+    2,  # two writers meeting at each chunk
+    8,  # more writers than pieces of some chunks
+]
+
+
+@pytest.mark.parametrize("threads", THREADS)
+def test_writers_meeting_at_new_chunk_files(tmp_path, threads):
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    m, n, t = 700, 600, 256
+    data = random_matrix((m, n), np.float32, seed=8)
+    spec = f"{tmp_path / 'c.zarr'}:/C"
+    sink = open_output(spec, shape=(m, n), dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(t, t))
+    made = []
+    chunk = sink._files._chunk
+
+    def counted(ci, cj):  # every piece asks for its chunks
+        made.append((ci, cj))
+        return chunk(ci, cj)
+
+    sink._files._chunk = counted
+    pieces = [(r0, min(r0 + 16, min(m, i + t)), c0, min(n, c0 + t))
+              for i in range(0, m, t) for r0 in range(i, min(m, i + t), 16)
+              for c0 in range(0, n, t)]
+    random.Random(threads).shuffle(pieces)
+    with ThreadPoolExecutor(threads) as pool:
+        for f in [pool.submit(sink.write, r0, r1, c0, c1, data[r0:r1, c0:c1].copy())
+                  for r0, r1, c0, c1 in pieces]:
+            f.result()
+    tiles = [(i, j) for i in range(-(-m // t)) for j in range(-(-n // t))]
+    assert sorted(set(made)) == tiles
+    sink.commit(tiles)
+    sink.finish()
+    sink.close()
+    assert np.array_equal(_read(spec)[0], data)
+    assert not _leftovers(tmp_path / "c.zarr")
+
+
+def test_a_chunk_file_that_cannot_be_made_fails_every_writer_waiting_for_it(tmp_path,
+                                                                            monkeypatch):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    m = n = t = 256
+    sink = open_output(f"{tmp_path / 'c.zarr'}:/C", shape=(m, n), dtype=np.float32, inputs=[],
+                       job={"plan": "x"}, tile=(t, t))
+    started, release = threading.Event(), threading.Event()
+    real_open = os.open
+
+    def slow_refusal(path, *args, **kw):  # the first chunk file: refused once others wait
+        if str(path).endswith(".bigmm-tmp"):
+            started.set()
+            release.wait(5)
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", slow_refusal)
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(sink.write, r, r + 64, 0, n, np.ones((64, n), np.float32))
+                   for r in range(0, m, 64)]
+        assert started.wait(5)
+        release.set()
+        errs = [f.exception(timeout=10) for f in futures]
+    assert all(isinstance(e, (OSError, errors.WriteError)) for e in errs), errs
+    monkeypatch.undo()
+    sink.close()
+    assert not _leftovers(tmp_path / "c.zarr")
+
+
 FULL = [
     # where the disk fills up under direct chunk writes
     "write",    # the third O_DIRECT write
