@@ -25,6 +25,11 @@ OLD_SUFFIX = ".bigmm-old"
 SYNC_THREADS = 8
 #: Finished chunks kept open (not yet durable) before a commit makes them durable anyway.
 MAX_READY = 256
+#: Chunk files an output makes ahead of its writers, on a thread of its own, in the order
+#: the writers have been asking for chunks (row-major, or column-major where the last two
+#: were one above the other): making one (create, reserve, open for ``O_DIRECT``) takes
+#: milliseconds, which the writers of a tile would otherwise wait for.
+AHEAD = 2
 
 
 # ----- files and directories ------------------------------------------------------------------
@@ -106,13 +111,25 @@ class ChunkFiles:
     storage is reserved at once and its long sequential runs (a whole chunk when a tile is a
     chunk) are written with ``O_DIRECT`` (:class:`.direct.DirectWrites`), as HDF5 outputs
     are; elsewhere, and for short runs, through the page cache with the write-back started at
-    once. Either way :meth:`publish` ``fsync``\\ s a chunk before it is renamed into place."""
+    once. Either way :meth:`publish` ``fsync``\\ s a chunk before it is renamed into place.
 
-    def __init__(self, folder: str, shape, chunks, stored: np.dtype, key):
+    With ``ahead`` (the whole output's files, not a region's), the next ``ahead`` chunk files
+    are made on a thread of their own (:data:`AHEAD`); those never written are dropped by
+    :meth:`close` like any unfinished chunk."""
+
+    def __init__(self, folder: str, shape, chunks, stored: np.dtype, key, ahead: int = 0):
         self.folder, self.shape, self.chunks = folder, tuple(shape), tuple(chunks)
         self.stored, self.key = np.dtype(stored), key
         self.chunk_bytes = self.chunks[0] * self.chunks[1] * self.stored.itemsize
+        self.grid = tuple(-(-s // c) for s, c in zip(self.shape, self.chunks))
         self._open: dict[tuple, _Chunk] = {}
+        self._creating: dict[tuple, threading.Event] = {}  # chunk files being made
+        self._ahead = ahead
+        self._early: set[tuple] = set()  # made ahead, not yet asked for
+        self._finished: set[tuple] = set()
+        self._last: tuple | None = None  # the last chunk a writer asked for first
+        self._maker: ThreadPoolExecutor | None = None
+        self._closed = False
         self._ready: list[_Chunk] = []
         self._made: set[str] = set()  # chunk directories known to exist
         self._new_dirs: set[str] = set()  # directories whose entries are not yet durable
@@ -153,6 +170,7 @@ class ChunkFiles:
                 continue
             self._close_direct(chunk)  # finished: only its own descriptor makes it durable
             with self._lock:
+                self._finished.add((ci, cj))
                 if self._open.pop((ci, cj), None) is chunk:  # (not dropped by close meanwhile)
                     self._ready.append(chunk)
                 many = len(self._ready) >= MAX_READY
@@ -163,26 +181,92 @@ class ChunkFiles:
         with self._lock:
             self.bytes[key] += n
 
-    def _chunk(self, ci: int, cj: int) -> _Chunk:
-        with self._lock:
-            chunk = self._open.get((ci, cj))
-            if chunk is not None:
-                return chunk
-            final = os.path.join(self.folder, *self.key((ci, cj)).split("/"))
-            self._dirs(os.path.dirname(final))
-            tmp = final + TMP_SUFFIX
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC
-                         | getattr(os, "O_CLOEXEC", 0), 0o644)
-            try:
-                writes = self._reserve(fd, tmp)  # an edge chunk is stored whole
-            except BaseException:
-                os.close(fd)
-                raise
-            m, n = self.shape
-            cr, cc = self.chunks
-            left = (min(m, (ci + 1) * cr) - ci * cr) * (min(n, (cj + 1) * cc) - cj * cc)
-            chunk = self._open[(ci, cj)] = _Chunk(fd, tmp, final, left, writes)
+    def _chunk(self, ci: int, cj: int, asked: bool = True) -> _Chunk | None:
+        """The open chunk (ci, cj), its file made by the first thread to need it, outside the
+        lock; others needing it meanwhile wait for it. ``asked``: by a writer; else made
+        ahead, and None where it is open, finished or the files are closing (a finished
+        chunk's temporary file must never be made again: that would empty it)."""
+        key = (ci, cj)
+        while True:
+            with self._lock:
+                chunk = self._open.get(key)
+                if not asked and (chunk is not None or key in self._finished or self._closed):
+                    return None
+                if chunk is not None:
+                    if key in self._early:
+                        self._early.discard(key)
+                        self._plan_ahead(key)
+                    return chunk
+                made = self._creating.get(key)
+                if made is None:
+                    final = os.path.join(self.folder, *self.key(key).split("/"))
+                    self._dirs(os.path.dirname(final))  # once a directory: under the lock
+                    made = self._creating[key] = threading.Event()
+                    break
+            made.wait()  # made by another thread (or failed there: then tried here)
+        try:
+            chunk = self._make(ci, cj, final)
+            with self._lock:
+                self._open[key] = chunk
+                if asked:
+                    self._early.discard(key)
+                    self._plan_ahead(key)
             return chunk
+        finally:
+            with self._lock:
+                del self._creating[key]
+            made.set()
+
+    def _make(self, ci: int, cj: int, final: str) -> _Chunk:
+        tmp = final + TMP_SUFFIX
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            writes = self._reserve(fd, tmp)  # an edge chunk is stored whole
+        except BaseException:
+            os.close(fd)
+            raise
+        m, n = self.shape
+        cr, cc = self.chunks
+        left = (min(m, (ci + 1) * cr) - ci * cr) * (min(n, (cj + 1) * cc) - cj * cc)
+        return _Chunk(fd, tmp, final, left, writes)
+
+    def _plan_ahead(self, key: tuple) -> None:
+        """(Under the lock.) After a writer first asked for ``key``: make the ``ahead`` chunks
+        that follow it in the writers' order where not made yet (at most 4 ``ahead`` made and
+        not yet asked for: guesses of another order wait for their turn)."""
+        last, self._last = self._last, key
+        if not self._ahead or self._closed:
+            return
+        rows, cols = self.grid
+        down = last is not None and (last[0] + 1, last[1]) == key
+        at = key[1] * rows + key[0] if down else key[0] * cols + key[1]
+        wanted = []
+        for at in range(at + 1, min(at + 1 + self._ahead, rows * cols)):
+            nxt = (at % rows, at // rows) if down else (at // cols, at % cols)
+            if (nxt in self._open or nxt in self._creating or nxt in self._finished
+                    or nxt in self._early):
+                continue
+            if len(self._early) + len(wanted) >= 4 * self._ahead:
+                break
+            wanted.append(nxt)
+        if not wanted:
+            return
+        self._early.update(wanted)  # (claimed now; made, or given up, on the maker's thread)
+        if self._maker is None:
+            self._maker = ThreadPoolExecutor(1, thread_name_prefix="bigmm-chunk-files")
+        for nxt in wanted:
+            self._maker.submit(self._make_early, nxt)
+
+    def _make_early(self, key: tuple) -> None:
+        made = None
+        try:
+            if not os.path.exists(os.path.join(self.folder, *self.key(key).split("/"))):
+                made = self._chunk(*key, asked=False)  # (not a chunk a run before wrote)
+        except Exception:  # a writer meets any error itself, making the file then
+            pass
+        if made is None:
+            with self._lock:
+                self._early.discard(key)
 
     def _reserve(self, fd: int, tmp: str):
         """Give the new chunk file its full size: storage reserved and a direct writer where
@@ -247,6 +331,11 @@ class ChunkFiles:
 
     def close(self) -> None:
         """Drop what was not published (its temporary files); idempotent."""
+        with self._lock:
+            self._closed = True
+            maker, self._maker = self._maker, None
+        if maker is not None:
+            maker.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             left = list(self._open.values()) + self._ready
             self._open, self._ready = {}, []

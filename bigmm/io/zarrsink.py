@@ -44,8 +44,8 @@ from .layout import chunk_cells
 from .sink import JournaledSink, Sink, _check_tile, _write_error
 from .inputs import DEFAULT_THREADS
 from .spec import ZARR, Spec
-from .zarrfiles import (OLD_SUFFIX, ChunkFiles, drop_stale, fsync_path, remove_tree, swap,
-                        write_attributes)
+from .zarrfiles import (AHEAD, OLD_SUFFIX, ChunkFiles, drop_stale, fsync_path, remove_tree,
+                        swap, write_attributes)
 from .zarrsource import (META, ZarrSource, ancestors, array_dir, direct_codec, enclosing_array,
                          node_type, open_array, read_meta, zarr_module)
 
@@ -110,7 +110,7 @@ class ZarrSink(JournaledSink):
         drop_stale(self.dir)
         if codec == "" and result is None and tiles_hold_chunks(arr, chunks):
             self._files = ChunkFiles(self.dir, self.shape, arr.chunks, stored_dtype(arr),
-                                     arr.metadata.encode_chunk_key)
+                                     arr.metadata.encode_chunk_key, ahead=AHEAD)
             self._key = arr.metadata.encode_chunk_key
             self._chunks = tuple(arr.chunks)
             self.layout, self.parallel_writes = "zarr-chunks", True

@@ -119,9 +119,11 @@ def test_chunks_appear_only_once_durable_and_committed(tmp_path, ab):
     sink.write(0, 30, 0, 64, data[0:30, 0:64])  # rows of a tile as they arrive
     sink.write(30, 64, 0, 64, data[30:64, 0:64])
     sink.write(128, M, 64, N, data[128:, 64:])    # the corner tile
-    assert not (folder / "c" / "0" / "0").exists() and len(_leftovers(folder)) == 2
+    written = [folder / "c" / "0" / "0", folder / "c" / "2" / "1"]
+    assert not any(p.exists() for p in written)
+    assert all(os.path.exists(f"{p}.bigmm-tmp") for p in written)  # (and some made ahead)
     sink.commit([(0, 0), (2, 1)])
-    assert (folder / "c" / "0" / "0").exists() and not _leftovers(folder)
+    assert all(p.exists() and not os.path.exists(f"{p}.bigmm-tmp") for p in written)
     assert read_journal(spec) is not None and sink.journal.tiles == {(0, 0), (2, 1)}
     for i, j in ((0, 1), (1, 0), (1, 1), (2, 0)):
         r0, c0 = 64 * i, 64 * j
@@ -129,6 +131,7 @@ def test_chunks_appear_only_once_durable_and_committed(tmp_path, ab):
     sink.commit([(0, 1), (1, 0), (1, 1), (2, 0)])
     sink.finish()
     sink.close()
+    assert not _leftovers(folder)
     got, attrs, arr = _read(spec)
     assert np.array_equal(got, data) and attrs["bigmm_complete"]
     # a chunk file is the raw little-endian block, padded at the edges
@@ -213,6 +216,82 @@ def test_writers_meeting_at_new_chunk_files(tmp_path, threads):
     tiles = [(i, j) for i in range(-(-m // t)) for j in range(-(-n // t))]
     assert sorted(set(made)) == tiles
     sink.commit(tiles)
+    sink.finish()
+    sink.close()
+    assert np.array_equal(_read(spec)[0], data)
+    assert not _leftovers(tmp_path / "c.zarr")
+
+
+def _tmp(folder, i, j):
+    return folder / "c" / str(i) / f"{j}.bigmm-tmp"
+
+
+def _eventually(cond, seconds=5.0):
+    import time
+
+    end = time.monotonic() + seconds
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+    return cond()
+
+
+# The order the writers go through the tiles, and the chunk files made ahead after two tiles
+# (zarrfiles.AHEAD = 2; after the first tile the guess is row-major).
+ORDERS = [
+    ("rows", [(0, 0), (0, 1)], [(0, 2), (1, 0)]),  # row-major: the rest of the row, then on
+    ("columns", [(0, 0), (1, 0)], [(0, 1), (0, 2), (2, 0)]),  # one above the other: down
+]
+
+
+@pytest.mark.parametrize("name, first, ahead", ORDERS, ids=[o[0] for o in ORDERS])
+def test_chunk_files_are_made_ahead_in_the_writers_order(tmp_path, name, first, ahead):
+    from bigmm.io import zarrfiles
+
+    assert zarrfiles.AHEAD == 2
+    t = 64
+    data = random_matrix((3 * t, 3 * t), np.float32, seed=9)
+    spec = f"{tmp_path / 'c.zarr'}:/C"
+    sink = open_output(spec, shape=data.shape, dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(t, t))
+    folder = tmp_path / "c.zarr" / "C"
+    for i, j in first:
+        sink.write(i * t, i * t + t, j * t, j * t + t, data[i * t:i * t + t, j * t:j * t + t])
+    assert _eventually(lambda: all(_tmp(folder, i, j).exists() for i, j in ahead))
+    others = [(i, j) for i in range(3) for j in range(3) if (i, j) not in first + ahead]
+    assert not any(_tmp(folder, i, j).exists() for i, j in others)
+    sink.commit(first)
+    sink.close()  # the files made ahead and never written are dropped
+    assert not _leftovers(folder)
+    got = _read(spec)[0]
+    for i, j in first:
+        assert np.array_equal(got[i * t:i * t + t, j * t:j * t + t],
+                              data[i * t:i * t + t, j * t:j * t + t])
+
+
+def test_a_chunk_finished_before_it_was_made_ahead_is_not_made_again(tmp_path, monkeypatch):
+    import threading
+
+    from bigmm.io import zarrfiles
+
+    t = 64
+    data = random_matrix((t, 3 * t), np.float32, seed=10)
+    go = threading.Event()
+    early = zarrfiles.ChunkFiles._make_early
+
+    def held(self, key):  # the maker runs only once the writer has finished the chunks
+        go.wait(5)
+        return early(self, key)
+
+    monkeypatch.setattr(zarrfiles.ChunkFiles, "_make_early", held)
+    spec = f"{tmp_path / 'c.zarr'}:/C"
+    sink = open_output(spec, shape=data.shape, dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(t, t))
+    for j in range(3):  # (0, 1) and (0, 2) are queued to be made ahead after (0, 0)
+        sink.write(0, t, j * t, j * t + t, data[:, j * t:j * t + t])
+    go.set()
+    sink._files._maker.shutdown(wait=True)  # the maker's turns have run
+    assert len(sink._files._ready) == 3  # finished, not yet durable: made again, they'd empty
+    sink.commit([(0, 0), (0, 1), (0, 2)])
     sink.finish()
     sink.close()
     assert np.array_equal(_read(spec)[0], data)
