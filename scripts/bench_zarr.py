@@ -18,7 +18,7 @@ Parts (``--parts``):
   opt-in FusedCodecPipeline), cold page cache (``posix_fadvise(DONTNEED)`` on every file after
   an fsync) and warm; each result checked against A.
 * ``jobs``: ``bigmm.matmul`` of the HDF5 files into an HDF5 C against the same job on the Zarr
-  stores into a Zarr C (same budgets, so the same plan), cold (once each) and warm (median of
+  stores into a Zarr C (same budgets, so the same plan), cold and warm (each the median of
   ``--repeat``, the two formats interleaved, the first of each pair alternating); every C
   checked against the in-core product (cuBLAS without TF32 on the GPU) before its time counts.
   C goes to ``--out-dir`` (default: beside the inputs; a tmpfs such as /dev/shm takes the disk
@@ -321,28 +321,23 @@ def job_part(args, data, ref, res, out_dir: Path) -> None:
                == (zplan.bm, zplan.bn, zplan.bk, zplan.order)}
         for fmt in ("h5", "zarr"):  # warm-up (kernels, pinned buffers), checked
             run(fmt, cold=False)
-        for fmt in ("h5", "zarr"):
-            t, err, st = run(fmt, cold=True)
-            row[f"{fmt}_cold"] = {"seconds": t, "tflops": tflops(args.n, t), "rel_error": err,
-                                  "read_busy": st.read_busy, "write_busy": st.write_busy}
-            log(f"job {lay} {fmt} cold: {t:.3f} s ({tflops(args.n, t):.1f} TFLOP/s)")
-        times = {"h5": [], "zarr": []}
-        busy = {"h5": [], "zarr": []}
-        for rep in range(args.repeat):
-            order = ("h5", "zarr") if rep % 2 == 0 else ("zarr", "h5")
-            for fmt in order:
-                t, err, st = run(fmt, cold=False)
-                times[fmt].append(t)
-                busy[fmt].append((st.read_busy, st.write_busy))
-        for fmt in ("h5", "zarr"):
-            t = statistics.median(times[fmt])
-            row[f"{fmt}_warm"] = {"seconds": t, "tflops": tflops(args.n, t),
-                                  "all": times[fmt], "busy": busy[fmt]}
-            log(f"job {lay} {fmt} warm: median {t:.3f} s of {[round(x, 3) for x in times[fmt]]}")
-        ratios = [z / h for z, h in zip(times["zarr"], times["h5"])]
-        row["warm_ratio"] = row["zarr_warm"]["seconds"] / row["h5_warm"]["seconds"]
-        row["warm_ratio_pairs"] = ratios
-        row["cold_ratio"] = row["zarr_cold"]["seconds"] / row["h5_cold"]["seconds"]
+        for cache in ("cold", "warm"):  # each the median of --repeat, the formats interleaved
+            times = {"h5": [], "zarr": []}
+            busy = {"h5": [], "zarr": []}
+            for rep in range(args.repeat):
+                order = ("h5", "zarr") if rep % 2 == 0 else ("zarr", "h5")
+                for fmt in order:
+                    t, err, st = run(fmt, cold=cache == "cold")
+                    times[fmt].append(t)
+                    busy[fmt].append((st.read_busy, st.write_busy))
+            for fmt in ("h5", "zarr"):
+                t = statistics.median(times[fmt])
+                row[f"{fmt}_{cache}"] = {"seconds": t, "tflops": tflops(args.n, t),
+                                         "all": times[fmt], "busy": busy[fmt]}
+                log(f"job {lay} {fmt} {cache}: median {t:.3f} s of "
+                    f"{[round(x, 3) for x in times[fmt]]}")
+            row[f"{cache}_ratio"] = row[f"zarr_{cache}"]["seconds"] / row[f"h5_{cache}"]["seconds"]
+            row[f"{cache}_ratio_pairs"] = [z / h for z, h in zip(times["zarr"], times["h5"])]
         out[lay] = row
         for p in outs.values():
             if p.exists():
