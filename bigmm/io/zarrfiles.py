@@ -199,7 +199,7 @@ class ChunkFiles:
                     return chunk
                 made = self._creating.get(key)
                 if made is None:
-                    final = os.path.join(self.folder, *self.key(key).split("/"))
+                    final = self._final(key)
                     self._dirs(os.path.dirname(final))  # once a directory: under the lock
                     made = self._creating[key] = threading.Event()
                     break
@@ -216,6 +216,10 @@ class ChunkFiles:
             with self._lock:
                 del self._creating[key]
             made.set()
+
+    def _final(self, key: tuple) -> str:
+        """The path of chunk ``key``'s file in place."""
+        return os.path.join(self.folder, *self.key(key).split("/"))
 
     def _make(self, ci: int, cj: int, final: str) -> _Chunk:
         tmp = final + TMP_SUFFIX
@@ -239,9 +243,9 @@ class ChunkFiles:
             return
         rows, cols = self.grid
         down = last is not None and (last[0] + 1, last[1]) == key
-        at = key[1] * rows + key[0] if down else key[0] * cols + key[1]
+        here = key[1] * rows + key[0] if down else key[0] * cols + key[1]  # place in that order
         wanted = []
-        for at in range(at + 1, min(at + 1 + self._ahead, rows * cols)):
+        for at in range(here + 1, min(here + 1 + self._ahead, rows * cols)):
             nxt = (at % rows, at // rows) if down else (at // cols, at % cols)
             if (nxt in self._open or nxt in self._creating or nxt in self._finished
                     or nxt in self._early):
@@ -260,7 +264,7 @@ class ChunkFiles:
     def _make_early(self, key: tuple) -> None:
         made = None
         try:
-            if not os.path.exists(os.path.join(self.folder, *self.key(key).split("/"))):
+            if not os.path.exists(self._final(key)):
                 made = self._chunk(*key, asked=False)  # (not a chunk a run before wrote)
         except Exception:  # a writer meets any error itself, making the file then
             pass
