@@ -698,6 +698,53 @@ __device__ __forceinline__ unsigned long long wgmma_desc_sw128(unsigned addr) {
 #define BIGMM_WG_W16(i) BIGMM_WG_W4(i), BIGMM_WG_W4((i) + 4), BIGMM_WG_W4((i) + 8), BIGMM_WG_W4((i) + 12)
 #define BIGMM_WG_W64(i) BIGMM_WG_W16(i), BIGMM_WG_W16((i) + 16), BIGMM_WG_W16((i) + 32), BIGMM_WG_W16((i) + 48)
 
+// D(64 x N) = A(64 x 8) B(8 x N) (+ D when scale_d) on the TF32 tensor cores, float32
+// accumulators, N = 128 or 256.  A from registers: a = {A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]} of the warp's 16 rows (g = lane / 4, t = lane % 4); B from the descriptor (K-major,
+// 128-byte swizzle).  d[4j + e]: row g + 8 (e >> 1), column 8j + 2t + (e & 1) of the warp's 16 rows.
+template <int N>
+__device__ __forceinline__ void wgmma_tf32(float* d, const unsigned* a, unsigned long long desc,
+                                           int scale_d);
+
+template <>
+__device__ __forceinline__ void wgmma_tf32<128>(float* d, const unsigned* a,
+                                                unsigned long long desc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        BIGMM_WG_LIST64 ", "
+        "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+        : BIGMM_WG_D64(0)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+}
+
+// D(64 x 128) = A(64 x 8) B(8 x 128): a fresh sum, D only written (its old values are not read).
+template <int N>
+__device__ __forceinline__ void wgmma_tf32_zero(float* d, const unsigned* a, unsigned long long desc);
+
+template <>
+__device__ __forceinline__ void wgmma_tf32_zero<128>(float* d, const unsigned* a,
+                                                     unsigned long long desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        BIGMM_WG_LIST64 ", "
+        "{%64, %65, %66, %67}, %68, 0, 1, 1;\n"
+        : BIGMM_WG_W64(0)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_tf32<256>(float* d, const unsigned* a,
+                                                unsigned long long desc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+        BIGMM_WG_LIST128 ", "
+        "{%128, %129, %130, %131}, %132, p, 1, 1;\n}\n"
+        : BIGMM_WG_D64(0), BIGMM_WG_D64(64)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+}
+
 #endif  // BIGMM_WGMMA
 
 }  // namespace bigmm
