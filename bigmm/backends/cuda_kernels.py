@@ -18,7 +18,9 @@ FMAs on the CUDA cores, ``gemm_regblock.cu``), "tf32x3" (the TF32 tensor cores, 
 over a big + small split of every operand: float32's accuracy, ``gemm_tf32.cu``) and "tf32"
 (one TF32 pass: about 1e-4 relative error). Each has its own rules in the table. On Hopper
 (compute capability 9.0) the TF32 precisions run on the warpgroup tensor cores
-(``gemm_wgmma.cu``, compiled for sm_90a) where the table has rules for "<precision>@sm_90a";
+(``gemm_wgmma.cu``, compiled for sm_90a; large products from operands split ahead:
+:mod:`.cuda_presplit`; plain TF32 reading one operand as stored: :mod:`.cuda_direct`) where the
+table has rules for "<precision>@sm_90a";
 elsewhere, and for configs without ``wgmma``, on ``mma.sync`` (``gemm_tf32.cu``).
 
 cupy is imported inside functions only: importing this module needs no GPU.
@@ -29,6 +31,7 @@ from __future__ import annotations
 from ..errors import DtypeError, KernelError, ShapeError
 from .cuda_build import (grant_smem, kernel_dir, kernel_source, raw_kernel,  # noqa: F401
                          sm_count, sm_count_of)
+from .cuda_direct import direct_layout, direct_pays, prepare_direct
 from .cuda_presplit import (PARTS, can_presplit, prepare_presplit, presplit_pays,  # noqa: F401
                             split_parts)
 from .kernel_configs import (_DTYPES, _LOADERS, TF32X3_MIN_K,
@@ -181,7 +184,9 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     op(a) and op(b) are split into big and small parts (TF32: rounded) once, into a workspace of
     :func:`split_workspace_bytes` (``gemm_wgmma_split.cu``), before the product; ``workspace``
     (``workspace(nbytes)`` returns a device array of at least ``nbytes``, None = cupy's pool)
-    gives that workspace.
+    gives that workspace. "tf32" NN and TT products that do not split ahead (``presplit`` None)
+    round only the smaller operand ahead, into that workspace, where the other has 16-byte
+    aligned rows (:mod:`.cuda_direct`, ``gemm_wgmma_direct.cu``).
     """
     import cupy
 
@@ -247,10 +252,15 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     if config is None:
         if precision == "tf32x3" and k < TF32X3_MIN_K:
             precision = dtype  # memory-bound anyway; the split's own error would show (see below)
-        if precision in PARTS and checks is None and not upper and split_k in (None, 1) and (
-                presplit if presplit is not None else presplit_pays(m, n, k)) and can_presplit(m, n, k):
+        whole = precision in PARTS and checks is None and not upper and split_k in (None, 1)
+        if whole and (presplit if presplit is not None else presplit_pays(m, n, k)) and can_presplit(m, n, k):
             return prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k,
                                     (lda, ldb, ldc), workspace, PARTS[precision])
+        layout = (direct_layout(trans_a, trans_b, *((pa, lda) if trans_a else (pb, ldb)))
+                  if whole and precision == "tf32" and presplit is None else None)
+        if direct_pays(m, n, layout):
+            return prepare_direct(a, b, c, alpha, beta, layout, m, n, k, (lda, ldb, ldc),
+                                  workspace)
         short = precision == "tf32x3" and k < TF32X3_WGMMA_MIN_K
         cfg = select_config(dtype, m, n, k, precision=precision, arch=None if short else "auto")
     elif isinstance(config, TileConfig):

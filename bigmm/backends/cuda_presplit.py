@@ -42,11 +42,21 @@ def can_presplit(m: int, n: int, k: int) -> bool:
     return k >= 1 and max(m, n) <= 32 * 65535 and device_arch() == "sm_90a"
 
 
+def workspace_words(workspace, words: int):
+    """``words`` 32-bit words of device memory for a product's operands split or rounded
+    ahead: from ``workspace(nbytes)`` (a device array of at least ``nbytes``), or from cupy's
+    pool for None."""
+    import cupy
+
+    if workspace is None:
+        return cupy.empty(words, dtype=cupy.uint32)
+    return workspace(4 * words).view(cupy.uint32)[:words]
+
+
 def prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k, lds, workspace, parts):
     """The launch of a product from operands split ahead (``parts`` 2: 3xTF32, 1: TF32): op(a)
     and op(b)^T split into the workspace (by which way each source is contiguous), then the
     product (gemm_wgmma_split.cu)."""
-    import cupy
     import numpy as np
 
     lda, ldb, ldc = lds
@@ -68,10 +78,7 @@ def prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k, lds, works
 
     def launch(stream) -> None:
         with stream:
-            if workspace is None:
-                work = cupy.empty(words, dtype=cupy.uint32)
-            else:
-                work = workspace(4 * words).view(cupy.uint32)[:words]
+            work = workspace_words(workspace, words)
             ops, at = [], 0
             for (x, rows, rp, sr, sk, perm), split in zip(sides, splits):
                 big = work[at:at + rp * ld]

@@ -78,6 +78,12 @@ def split_workspace_bytes(rows_a: int, rows_b: int, depth: int, parts: int = 2) 
             * 32 * (-(-depth // 32) + 1))
 
 
+def direct_workspace_bytes(rows_a: int, rows_b: int, depth: int) -> int:
+    """Device bytes a plain TF32 gemm that rounds only the smaller operand ahead
+    (kernels/gemm_wgmma_direct.cu) holds: that operand's TF32 copy, rows 4-element aligned."""
+    return 4 * min(rows_a, rows_b) * (-(-depth // 4) * 4)
+
+
 class Timing(Protocol):
     """What a plan's predicted time comes from: :class:`bigmm.planner.model.Rates`."""
 
@@ -342,12 +348,15 @@ class Plan:
     @property
     def device_bytes(self) -> int:
         """Bytes the compute side holds: C tiles, the A and B panel slots and the gemm's
-        workspace where it splits its panels ahead."""
+        workspace where it splits its panels ahead (TF32 tiles too small for that: where it
+        rounds the smaller panel ahead)."""
         w = self.itemsize
         return (self.c_itemsize * self.c_slots * self.bm * self.bn
                 + w * (self.a_slots * self.bm * self.bk + self.b_slots * self.bk * self.bn)
                 + (split_workspace_bytes(self.bm, self.bn, self.bk, self.presplit)
-                   if self.splits_ahead else 0))
+                   if self.splits_ahead else 0)
+                + (direct_workspace_bytes(self.bm, self.bn, self.bk)
+                   if self.presplit == 1 and not self.splits_ahead else 0))
 
     @property
     def splits_ahead(self) -> bool:

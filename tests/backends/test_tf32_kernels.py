@@ -190,32 +190,29 @@ def test_presplit_gives_the_in_loop_splits_sums_exactly(cp, precision, m, n, k, 
     assert bool((ahead == in_loop).all()), f"seed {seed}"
 
 
-def test_presplit_keeps_the_order_of_the_callers_stream(cp):
-    """Two products back to back on a stream of the caller's, sharing one workspace, their
-    operands written on that stream just before and overwritten just after: each C as on the
-    default stream."""
+def stream_order_check(cp, m, n, k, nbytes, **kw):
+    """Two TF32 products back to back on a stream of the caller's, sharing one workspace of
+    ``nbytes`` (as the out-of-core run's slots do), their operands written on that stream just
+    before and overwritten just after: each C as on the default stream. ``kw`` go to gemm."""
     from bigmm.backends import cuda_kernels
-    from bigmm.planner.schedule import split_workspace_bytes
 
-    _presplit_device()
-    n = 4096
-    hosts = [[random_matrix((n, n), np.float32, SEED + 40 + 2 * i + j) for j in range(2)]
-             for i in range(2)]
+    hosts = [(random_matrix((m, k), np.float32, SEED + 40 + 2 * i),
+              random_matrix((k, n), np.float32, SEED + 41 + 2 * i)) for i in range(2)]
     want = []
     for a_h, b_h in hosts:
-        c = cp.full((n, n), np.nan, np.float32)
-        cuda_kernels.gemm(cp.asarray(a_h), cp.asarray(b_h), c, precision=T1, presplit=True)
+        c = cp.full((m, n), np.nan, np.float32)
+        cuda_kernels.gemm(cp.asarray(a_h), cp.asarray(b_h), c, precision=T1, **kw)
         want.append(cp.asnumpy(c))
-    work = cp.empty(split_workspace_bytes(n, n, n, 1), dtype=cp.uint8)
+    work = cp.empty(nbytes, dtype=cp.uint8)
     stream = cp.cuda.Stream(non_blocking=True)
     got = []
     with stream:
         for a_h, b_h in hosts:
-            a, b = cp.empty((n, n), np.float32), cp.empty((n, n), np.float32)
+            a, b = cp.empty((m, k), np.float32), cp.empty((k, n), np.float32)
             a.set(a_h, stream=stream)
             b.set(b_h, stream=stream)
-            c = cp.full((n, n), np.nan, np.float32)
-            cuda_kernels.prepare_gemm(a, b, c, precision=T1, presplit=True,
+            c = cp.full((m, n), np.nan, np.float32)
+            cuda_kernels.prepare_gemm(a, b, c, precision=T1, **kw,
                                       workspace=lambda nbytes: work[:nbytes])(stream)
             a.fill(np.nan)  # after the product, in the stream's order
             b.fill(np.nan)
@@ -223,6 +220,14 @@ def test_presplit_keeps_the_order_of_the_callers_stream(cp):
     stream.synchronize()
     for g, w in zip(got, want):
         assert bool((cp.asnumpy(g) == w).all()), f"seed {SEED}"
+
+
+def test_presplit_keeps_the_order_of_the_callers_stream(cp):
+    from bigmm.planner.schedule import split_workspace_bytes
+
+    _presplit_device()
+    stream_order_check(cp, 4096, 4096, 4096, split_workspace_bytes(4096, 4096, 4096, 1),
+                       presplit=True)
 
 
 def test_presplit_is_chosen_for_large_products_only(cp):

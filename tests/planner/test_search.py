@@ -329,15 +329,17 @@ def test_of_near_resident_c_plans_the_deepest_panels_are_chosen(monkeypatch):
 @settings(max_examples=60, deadline=None)
 @given(problems())
 def test_presplit_plans_hold_the_split_workspace_within_the_budget(kw):
-    from bigmm.planner import split_workspace_bytes
+    from bigmm.planner import direct_workspace_bytes, split_workspace_bytes
 
     parts = 1 + kw["m"] % 2  # TF32's one part or 3xTF32's two
     plan = plan_or_none(dict(kw, presplit=parts))
     if plan is None:
         return
     assert plan.presplit and plan.device_bytes <= plan.device_budget
-    # counted where the tiles are large enough for the gemm to split ahead
-    held = split_workspace_bytes(plan.bm, plan.bn, plan.bk, parts) if plan.splits_ahead else 0
+    # counted where the tiles are large enough for the gemm to split ahead; TF32 on smaller
+    # tiles rounds the smaller panel ahead
+    held = (split_workspace_bytes(plan.bm, plan.bn, plan.bk, parts) if plan.splits_ahead
+            else direct_workspace_bytes(plan.bm, plan.bn, plan.bk) if parts == 1 else 0)
     assert plan.device_bytes - replace(plan, presplit=0).device_bytes == held
     assert plan.splits_ahead == (1024 * (plan.bm + plan.bn) < plan.bm * plan.bn)
     assert ("split panels" in str(plan)) == plan.splits_ahead
@@ -347,7 +349,7 @@ def test_presplit_plans_hold_the_split_workspace_within_the_budget(kw):
 
 
 def test_split_workspace_pads_rows_and_depth_plus_one_k_tile():
-    from bigmm.planner import split_workspace_bytes, splits_ahead
+    from bigmm.planner import direct_workspace_bytes, split_workspace_bytes, splits_ahead
 
     assert splits_ahead(4096, 4096) and splits_ahead(2304, 32768)
     assert not splits_ahead(2048, 2048) and not splits_ahead(256, 1 << 20)
@@ -358,4 +360,6 @@ def test_split_workspace_pads_rows_and_depth_plus_one_k_tile():
 
     # A's rows to 128, B's to 256 (TF32's C tiles are 256 wide); two parts or one
     assert split_workspace_bytes(128, 128, 32) == 8 * (128 + 256) * 64
+    # rounding only the smaller panel: its rows, 4-element aligned
+    assert direct_workspace_bytes(256, 16384, 4097) == 4 * 256 * 4100
     assert split_workspace_bytes(129, 257, 33, 1) == 4 * (256 + 512) * 96
