@@ -184,9 +184,10 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     op(a) and op(b) are split into big and small parts (TF32: rounded) once, into a workspace of
     :func:`split_workspace_bytes` (``gemm_wgmma_split.cu``), before the product; ``workspace``
     (``workspace(nbytes)`` returns a device array of at least ``nbytes``, None = cupy's pool)
-    gives that workspace. "tf32" NN and TT products that do not split ahead (``presplit`` None)
-    round only the smaller operand ahead, into that workspace, where the other has 16-byte
-    aligned rows (:mod:`.cuda_direct`, ``gemm_wgmma_direct.cu``).
+    gives that workspace. "tf32" NN and TT products (``presplit`` None) whose smaller operand
+    has at most :data:`.cuda_direct.DIRECT_ROWS` rows round only that one ahead, into that
+    workspace, and read the other as stored where its rows are 16-byte aligned
+    (:mod:`.cuda_direct`, ``gemm_wgmma_direct.cu``).
     """
     import cupy
 
@@ -253,14 +254,14 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
         if precision == "tf32x3" and k < TF32X3_MIN_K:
             precision = dtype  # memory-bound anyway; the split's own error would show (see below)
         whole = precision in PARTS and checks is None and not upper and split_k in (None, 1)
-        if whole and (presplit if presplit is not None else presplit_pays(m, n, k)) and can_presplit(m, n, k):
-            return prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k,
-                                    (lda, ldb, ldc), workspace, PARTS[precision])
         layout = (direct_layout(trans_a, trans_b, *((pa, lda) if trans_a else (pb, ldb)))
                   if whole and precision == "tf32" and presplit is None else None)
         if direct_pays(m, n, layout):
             return prepare_direct(a, b, c, alpha, beta, layout, m, n, k, (lda, ldb, ldc),
                                   workspace)
+        if whole and (presplit if presplit is not None else presplit_pays(m, n, k)) and can_presplit(m, n, k):
+            return prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k,
+                                    (lda, ldb, ldc), workspace, PARTS[precision])
         short = precision == "tf32x3" and k < TF32X3_WGMMA_MIN_K
         cfg = select_config(dtype, m, n, k, precision=precision, arch=None if short else "auto")
     elif isinstance(config, TileConfig):

@@ -27,13 +27,16 @@ def cp():
     (16384, 256, "tt", True),  # TT rounds op(B)^T, N rows
     (256, 16384, "tt", False),  # TT with op(B)^T the larger
     (256, 16384, None, False),  # NT, TN, unaligned: not this way at all
+    (2304, 32768, "nn", True),  # the 8 GiB job's strips: faster than rounding both ahead
+    (3072, 32768, "nn", False),  # more rows: rounding both ahead is faster
+    (0, 16384, "nn", False),  # no rows: nothing to launch
 ])
 def test_direct_is_chosen_where_the_operand_rounded_ahead_is_the_smaller(m, n, layout, pays):
     assert direct_pays(m, n, layout) == pays
 
 
 # (precision, M, N, K, trans_a, trans_b, alpha, beta, view): products the launcher runs this
-# way (NN or TT, the smaller operand rounded ahead, no split ahead).
+# way (NN or TT, the smaller operand rounded ahead).
 CASES = [
     (T1, 1, 1, 1, False, False, 1.0, 0.0, None),  # one element, K = 1
     (T1, 7, 9, 17, False, False, 1.0, 0.0, None),  # under every tile, K one past 16
@@ -41,6 +44,7 @@ CASES = [
     (T1, 255, 4097, 1000, False, False, 1.0, 0.0, None),  # one S tile less a row, R ragged
     (T1, 257, 1000, 4097, False, False, 1.0, 0.0, None),  # one S row past a tile, K ragged
     (T1, 256, 16384, 4096, False, False, 1.0, 0.0, None),  # the planner's TF32 tile
+    (T1, 2304, 2500, 1000, False, False, 1.0, 0.0, None),  # the most rows rounded ahead
     (T1, 7, 300, 100003, False, False, 1.0, 0.0, None),  # long sums, tiny M (no split K)
     (T1, 1000, 129, 127, True, True, 1.0, 0.0, None),  # TT
     (T1, 4097, 300, 1000, True, True, -0.5, 0.75, None),  # TT with alpha and beta
@@ -51,11 +55,10 @@ CASES = [
 
 
 def _takes_direct(cp, case):
-    from bigmm.backends import cuda_kernels
     from bigmm.backends.cuda_direct import direct_layout
 
-    _, m, n, k, ta, tb, _, _, _ = case
-    assert not cuda_kernels.presplit_pays(m, n, k) and direct_pays(m, n, "tt" if ta else "nn")
+    _, m, n, _, ta, tb, _, _, _ = case
+    assert direct_pays(m, n, "tt" if ta else "nn")
     r = cp.empty((16, 16), np.float32)
     assert direct_layout(ta, tb, r.data.ptr, 16) == ("tt" if ta else "nn")
 

@@ -145,7 +145,7 @@ SPLIT_CASES = [c for c in CASES if c[0] == X3] + [
     (T1, 1000, 1000, 1000, True, True, 1.0, 0.0, None),  # TF32 TT
     (T1, 129, 1000, 70, True, False, -0.5, 0.75, "odd"),  # TF32 unaligned, alpha, beta
     (T1, 300, 257, 4097, False, True, 1.0, 1.0, "ld"),  # TF32 NT, beta = 1, C 256 + 1 wide
-    (T1, 2304, 2500, 1000, False, False, 1.0, 0.0, None),  # TF32, the launcher's own choice
+    (T1, 2560, 2500, 1000, False, False, 1.0, 0.0, None),  # TF32, the launcher's own choice
 ]
 
 
