@@ -37,12 +37,13 @@ def direct_layout(trans_a: bool, trans_b: bool, r_ptr: int, r_ld: int) -> str | 
 DIRECT_ROWS = 2304
 
 
-def direct_pays(m: int, n: int, layout: str | None) -> bool:
+def direct_pays(m: int, n: int, k: int, layout: str | None) -> bool:
     """Whether a plain TF32 product reads one operand as stored (before any split ahead):
     where the operand rounded ahead (NN: op(A), M rows; TT: op(B)^T, N rows) is the smaller
-    and at most :data:`DIRECT_ROWS` rows."""
+    and at most :data:`DIRECT_ROWS` rows, and K below 2^29 (the kernel's byte offsets along K
+    are 32-bit)."""
     rows, other = (m, n) if layout == "nn" else (n, m) if layout == "tt" else (0, 0)
-    return 0 < rows <= min(other, DIRECT_ROWS)
+    return 0 < rows <= min(other, DIRECT_ROWS) and k < 2**29
 
 
 def prepare_direct(a, b, c, alpha, beta, layout, m, n, k, lds, workspace):

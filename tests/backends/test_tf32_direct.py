@@ -20,19 +20,20 @@ def cp():
     return pytest.importorskip("cupy")
 
 
-@pytest.mark.parametrize("m, n, layout, pays", [
-    (256, 16384, "nn", True),  # the planner's TF32 tile: op(A) the smaller operand
-    (16384, 256, "nn", False),  # op(A) the larger: its rounding would cost as much as the product
-    (1000, 1000, "nn", True),  # equal: either way
-    (16384, 256, "tt", True),  # TT rounds op(B)^T, N rows
-    (256, 16384, "tt", False),  # TT with op(B)^T the larger
-    (256, 16384, None, False),  # NT, TN, unaligned: not this way at all
-    (2304, 32768, "nn", True),  # the 8 GiB job's strips: faster than rounding both ahead
-    (3072, 32768, "nn", False),  # more rows: rounding both ahead is faster
-    (0, 16384, "nn", False),  # no rows: nothing to launch
+@pytest.mark.parametrize("m, n, k, layout, pays", [
+    (256, 16384, 4096, "nn", True),  # the planner's TF32 tile: op(A) the smaller operand
+    (16384, 256, 4096, "nn", False),  # op(A) the larger: its rounding would cost as much as the product
+    (1000, 1000, 1000, "nn", True),  # equal: either way
+    (16384, 256, 4096, "tt", True),  # TT rounds op(B)^T, N rows
+    (256, 16384, 4096, "tt", False),  # TT with op(B)^T the larger
+    (256, 16384, 4096, None, False),  # NT, TN, unaligned: not this way at all
+    (2304, 32768, 4096, "nn", True),  # the 8 GiB job's strips: faster than rounding both ahead
+    (3072, 32768, 4096, "nn", False),  # more rows: rounding both ahead is faster
+    (0, 16384, 4096, "nn", False),  # no rows: nothing to launch
+    (256, 16384, 2**29, "nn", False),  # K past the kernel's 32-bit byte offsets
 ])
-def test_direct_is_chosen_where_the_operand_rounded_ahead_is_the_smaller(m, n, layout, pays):
-    assert direct_pays(m, n, layout) == pays
+def test_direct_is_chosen_where_the_operand_rounded_ahead_is_the_smaller(m, n, k, layout, pays):
+    assert direct_pays(m, n, k, layout) == pays
 
 
 # (precision, M, N, K, trans_a, trans_b, alpha, beta, view): products the launcher runs this
@@ -57,8 +58,8 @@ CASES = [
 def _takes_direct(cp, case):
     from bigmm.backends.cuda_direct import direct_layout
 
-    _, m, n, _, ta, tb, _, _, _ = case
-    assert direct_pays(m, n, "tt" if ta else "nn")
+    _, m, n, k, ta, tb, _, _, _ = case
+    assert direct_pays(m, n, k, "tt" if ta else "nn")
     r = cp.empty((16, 16), np.float32)
     assert direct_layout(ta, tb, r.data.ptr, 16) == ("tt" if ta else "nn")
 
@@ -104,5 +105,5 @@ def test_direct_keeps_the_order_of_the_callers_stream(cp):
     from bigmm.planner import direct_workspace_bytes
 
     _presplit_device()
-    assert direct_pays(256, 8192, "nn")
+    assert direct_pays(256, 8192, 2048, "nn")
     stream_order_check(cp, 256, 8192, 2048, direct_workspace_bytes(256, 8192, 2048))
