@@ -2,7 +2,7 @@
 (``kernels/gemm_wgmma_direct.cu``): the operand contiguous along the rows of C (NN's B, TT's A)
 goes to the tensor cores from registers, rounded as it is loaded; the other, contiguous along K,
 is rounded ahead into a K-major copy (``round_rows``), then one product kernel. Where the
-smaller operand has few rows (:data:`DIRECT_ROWS`) this replaces rounding both ahead
+smaller operand has few rows (:data:`bigmm.planner.DIRECT_ROWS`) this replaces rounding both ahead
 (:mod:`.cuda_presplit`), whose pass over the large one costs more than reading it as stored.
 
 cupy is imported inside functions only: importing this module needs no GPU.
@@ -10,7 +10,7 @@ cupy is imported inside functions only: importing this module needs no GPU.
 
 from __future__ import annotations
 
-from ..planner.schedule import direct_workspace_bytes
+from ..planner.workspace import direct_workspace_bytes, rounds_one_ahead
 from .cuda_build import grant_smem, raw_kernel, sm_count
 from .cuda_presplit import workspace_words
 from .kernel_configs import device_arch
@@ -31,19 +31,13 @@ def direct_layout(trans_a: bool, trans_b: bool, r_ptr: int, r_ld: int) -> str | 
     return "tt" if trans_a else "nn"
 
 
-#: The most rows of the operand rounded ahead for which reading the other as stored pays:
-#: measured on an H100 (kernels/README.md), 1536-2304 x 32768 x 4096 ran 1.03-1.18x faster
-#: this way than with both operands rounded ahead, 3072 rows 0.94x.
-DIRECT_ROWS = 2304
-
-
 def direct_pays(m: int, n: int, k: int, layout: str | None) -> bool:
     """Whether a plain TF32 product reads one operand as stored (before any split ahead):
-    where the operand rounded ahead (NN: op(A), M rows; TT: op(B)^T, N rows) is the smaller
-    and at most :data:`DIRECT_ROWS` rows, and K below 2^29 (the kernel's byte offsets along K
-    are 32-bit)."""
-    rows, other = (m, n) if layout == "nn" else (n, m) if layout == "tt" else (0, 0)
-    return 0 < rows <= min(other, DIRECT_ROWS) and k < 2**29
+    the planner's rule (:func:`bigmm.planner.rounds_one_ahead`: the operand rounded ahead the
+    smaller, at most :data:`bigmm.planner.DIRECT_ROWS` rows), and K below 2^29 (the kernel's
+    byte offsets along K are 32-bit)."""
+    return layout is not None and rounds_one_ahead(m, n, layout == "tt", layout == "tt") and (
+        k < 2**29)
 
 
 def prepare_direct(a, b, c, alpha, beta, layout, m, n, k, lds, workspace):

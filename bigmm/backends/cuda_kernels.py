@@ -185,7 +185,7 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     :func:`split_workspace_bytes` (``gemm_wgmma_split.cu``), before the product; ``workspace``
     (``workspace(nbytes)`` returns a device array of at least ``nbytes``, None = cupy's pool)
     gives that workspace. "tf32" NN and TT products (``presplit`` None) whose smaller operand
-    has at most :data:`.cuda_direct.DIRECT_ROWS` rows round only that one ahead, into that
+    has at most :data:`bigmm.planner.DIRECT_ROWS` rows round only that one ahead, into that
     workspace, and read the other as stored where its rows are 16-byte aligned
     (:mod:`.cuda_direct`, ``gemm_wgmma_direct.cu``).
     """

@@ -7,7 +7,7 @@ cupy is imported inside functions only: importing this module needs no GPU.
 
 from __future__ import annotations
 
-from ..planner.schedule import split_workspace_bytes, splits_ahead
+from ..planner.workspace import split_workspace_bytes, splits_ahead
 from .cuda_build import grant_smem, raw_kernel
 from .kernel_configs import TF32X3_WGMMA_MIN_K, device_arch
 

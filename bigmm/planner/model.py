@@ -93,12 +93,14 @@ class Rates:
     #: read by few threads (:meth:`load_rate`).
     thread_bytes: float | None = None
     #: Flops per second of the products a gemm that splits its panels ahead (``Plan.presplit``)
-    #: leaves unsplit, those of tiles too small for it (None: ``flops`` for every product).
+    #: leaves unsplit: those of tiles too small for it, and plain TF32 ones that round only the
+    #: smaller panel ahead (None: ``flops`` for every product).
     unsplit_flops: float | None = None
 
     def for_plan(self, p: Plan) -> "Rates":
         """These rates for ``p``'s products: ``flops`` is ``unsplit_flops`` where p's gemm
-        could split its panels ahead but its tiles are too small (``Plan.splits_ahead``)."""
+        could split its panels ahead but does not (``Plan.splits_ahead``: tiles too small, or
+        only the smaller panel rounded ahead)."""
         if self.unsplit_flops and p.presplit and not p.splits_ahead:
             return replace(self, flops=self.unsplit_flops)
         return self

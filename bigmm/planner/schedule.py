@@ -34,6 +34,8 @@ from typing import Iterator, Protocol
 
 from ..units import DTYPES, accumulate_dtype, format_bytes, format_seconds
 from . import gram
+from .workspace import (direct_workspace_bytes, rounds_one_ahead, split_workspace_bytes,
+                        splits_ahead)
 
 ORDERS = ("stream", "resident-a", "resident-b", "resident-c")
 #: The operands, as ``Plan.in_place`` and ``Plan.registered`` name them.
@@ -57,31 +59,6 @@ MAX_LOOKAHEAD = 64
 #: docs/benchmarks-history.md). The model counts it (``Rates.thread_bytes``).
 PIECE_BYTES = 4 << 20
 IN_FLIGHT_BYTES = 16 * PIECE_BYTES
-
-
-#: A gemm that can split its panels ahead does so where 1/M + 1/N < 1/PRESPLIT_HARMONIC: the
-#: split moves 12 (M + N) K bytes, the product it speeds up does 2 M N K flops.
-PRESPLIT_HARMONIC = 1024
-
-
-def splits_ahead(rows_a: int, rows_b: int) -> bool:
-    """Whether a gemm that can split its panels ahead does so for a C tile rows_a x rows_b."""
-    return PRESPLIT_HARMONIC * (rows_a + rows_b) < rows_a * rows_b
-
-
-def split_workspace_bytes(rows_a: int, rows_b: int, depth: int, parts: int = 2) -> int:
-    """Device bytes a gemm that splits its panels ahead (kernels/gemm_wgmma_split.cu) holds for
-    op(A) rows_a x depth and op(B) depth x rows_b: ``parts`` 4-byte parts of each element (2:
-    3xTF32's big and small, 1: TF32's rounded value), A's rows padded to 128, B's to 256,
-    32 (ceil(depth / 32) + 1) deep."""
-    return (4 * parts * (-(-rows_a // 128) * 128 + -(-rows_b // 256) * 256)
-            * 32 * (-(-depth // 32) + 1))
-
-
-def direct_workspace_bytes(rows_a: int, rows_b: int, depth: int) -> int:
-    """Device bytes a plain TF32 gemm that rounds only the smaller operand ahead
-    (kernels/gemm_wgmma_direct.cu) holds: that operand's TF32 copy, rows 4-element aligned."""
-    return 4 * min(rows_a, rows_b) * (-(-depth // 4) * 4)
 
 
 class Timing(Protocol):
@@ -172,7 +149,8 @@ class Plan:
     upper: bool = False
     #: The gemm splits a step's panels ahead into this many parts an element (2: 3xTF32, 1:
     #: TF32; 0: it does not) in a workspace (:func:`split_workspace_bytes`), where the tiles are
-    #: large enough (:func:`splits_ahead`); the device memory counts it.
+    #: large enough (:func:`splits_ahead`); plain TF32 rounds only the smaller panel ahead
+    #: where it has few rows (:func:`rounds_one_ahead`); the device memory counts either.
     presplit: int = 0
     rates: Timing | None = field(default=None, compare=False)
     #: How the products are computed, as printed (e.g. "3xTF32 (float32 accuracy on tensor
@@ -348,20 +326,38 @@ class Plan:
     @property
     def device_bytes(self) -> int:
         """Bytes the compute side holds: C tiles, the A and B panel slots and the gemm's
-        workspace where it splits its panels ahead (TF32 tiles too small for that: where it
-        rounds the smaller panel ahead)."""
+        workspace (:attr:`workspace_bytes`)."""
         w = self.itemsize
         return (self.c_itemsize * self.c_slots * self.bm * self.bn
                 + w * (self.a_slots * self.bm * self.bk + self.b_slots * self.bk * self.bn)
-                + (split_workspace_bytes(self.bm, self.bn, self.bk, self.presplit)
-                   if self.splits_ahead else 0)
-                + (direct_workspace_bytes(self.bm, self.bn, self.bk)
-                   if self.presplit == 1 and not self.splits_ahead else 0))
+                + self.workspace_bytes)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The gemm's workspace: where it splits its panels ahead, or (plain TF32) rounds the
+        smaller one ahead; a gemm that rounds one panel ahead falls back to splitting both
+        where a panel's rows are not 16-byte aligned, so that tiles large enough for a split
+        count the larger of the two."""
+        if not self.presplit:
+            return 0
+        split = (split_workspace_bytes(self.bm, self.bn, self.bk, self.presplit)
+                 if splits_ahead(self.bm, self.bn) else 0)
+        one = direct_workspace_bytes(self.bm, self.bn, self.bk) if self.rounds_one_ahead else 0
+        return max(split, one)
 
     @property
     def splits_ahead(self) -> bool:
-        """The gemm splits this plan's panels ahead (``presplit``, and tiles large enough)."""
-        return self.presplit > 0 and splits_ahead(self.bm, self.bn)
+        """The gemm splits this plan's panels ahead (``presplit``, tiles large enough, and not
+        a plain TF32 gemm that rounds one panel ahead)."""
+        return (self.presplit > 0 and splits_ahead(self.bm, self.bn)
+                and not self.rounds_one_ahead)
+
+    @property
+    def rounds_one_ahead(self) -> bool:
+        """The plain TF32 gemm (``presplit`` 1) rounds only the smaller panel ahead and reads
+        the other as stored (:func:`rounds_one_ahead`)."""
+        return self.presplit == 1 and rounds_one_ahead(self.bm, self.bn, self.trans_a,
+                                                       self.trans_b)
 
     @property
     def host_bytes(self) -> int:
@@ -541,7 +537,11 @@ class Plan:
                             else "")),
             ("device memory", f"{format_bytes(self.device_bytes)} of {format_bytes(self.device_budget)}"
                               f" (C {self.c_slots}, A {self.a_slots}, B {self.b_slots} slots"
-                              + (", the split panels' workspace)" if self.splits_ahead else ")")),
+                              + (", the split panels' workspace)" if self.splits_ahead
+                                 else ", the rounded A panel's copy)" if self.rounds_one_ahead
+                                 and not self.trans_a
+                                 else ", the rounded B panel's copy)" if self.rounds_one_ahead
+                                 else ")")),
             ("host staging", f"{format_bytes(self.host_bytes)} of {format_bytes(self.host_budget)}"
                              + ("" if self.staging else " (shared with compute)")
                              + self._in_place_note()),

@@ -223,7 +223,7 @@ def stream_order_check(cp, m, n, k, nbytes, **kw):
 
 
 def test_presplit_keeps_the_order_of_the_callers_stream(cp):
-    from bigmm.planner.schedule import split_workspace_bytes
+    from bigmm.planner.workspace import split_workspace_bytes
 
     _presplit_device()
     stream_order_check(cp, 4096, 4096, 4096, split_workspace_bytes(4096, 4096, 4096, 1),

@@ -336,13 +336,21 @@ def test_presplit_plans_hold_the_split_workspace_within_the_budget(kw):
     if plan is None:
         return
     assert plan.presplit and plan.device_bytes <= plan.device_budget
-    # counted where the tiles are large enough for the gemm to split ahead; TF32 on smaller
-    # tiles rounds the smaller panel ahead
-    held = (split_workspace_bytes(plan.bm, plan.bn, plan.bk, parts) if plan.splits_ahead
-            else direct_workspace_bytes(plan.bm, plan.bn, plan.bk) if parts == 1 else 0)
-    assert plan.device_bytes - replace(plan, presplit=0).device_bytes == held
-    assert plan.splits_ahead == (1024 * (plan.bm + plan.bn) < plan.bm * plan.bn)
+    held = plan.device_bytes - replace(plan, presplit=0).device_bytes
+    assert held == plan.workspace_bytes
+    large = 1024 * (plan.bm + plan.bn) < plan.bm * plan.bn
+    # plain TF32 rounds only op(A) (NN) or op(B) (TT) ahead where it is the smaller and has
+    # at most 2304 rows; otherwise panels large enough are split ahead
+    small = plan.bn if plan.trans_a else plan.bm
+    one = (parts == 1 and plan.trans_a == plan.trans_b
+           and small <= min(plan.bm, plan.bn, 2304))
+    assert plan.rounds_one_ahead == one and plan.splits_ahead == (large and not one)
+    # the workspace holds either pass: a gemm rounding one panel ahead falls back to splitting
+    # both where a panel is not 16-byte aligned
+    assert held == max(split_workspace_bytes(plan.bm, plan.bn, plan.bk, parts) if large else 0,
+                       direct_workspace_bytes(plan.bm, plan.bn, plan.bk) if one else 0)
     assert ("split panels" in str(plan)) == plan.splits_ahead
+    assert ("rounded" in str(plan)) == plan.rounds_one_ahead
     # a resumed run states the same flag and gets the same schedule back
     assert make_plan(**dict(kw, presplit=parts, tile=(plan.bm, plan.bn, plan.bk),
                             order=plan.order)) == plan
@@ -360,6 +368,28 @@ def test_split_workspace_pads_rows_and_depth_plus_one_k_tile():
 
     # A's rows to 128, B's to 256 (TF32's C tiles are 256 wide); two parts or one
     assert split_workspace_bytes(128, 128, 32) == 8 * (128 + 256) * 64
+    assert split_workspace_bytes(129, 257, 33, 1) == 4 * (256 + 512) * 96
     # rounding only the smaller panel: its rows, 4-element aligned
     assert direct_workspace_bytes(256, 16384, 4097) == 4 * 256 * 4100
-    assert split_workspace_bytes(129, 257, 33, 1) == 4 * (256 + 512) * 96
+
+
+@pytest.mark.parametrize("rows_a, rows_b, trans_a, trans_b, one", [
+    (256, 16384, False, False, True),  # NN, op(A) the smaller: the planner's TF32 tile
+    (2304, 32768, False, False, True),  # the 8 GiB job's strips
+    (3072, 32768, False, False, False),  # more rows: both split ahead instead
+    (16384, 256, False, False, False),  # NN with op(A) the larger
+    (16384, 256, True, True, True),  # TT rounds op(B) ahead
+    (256, 16384, False, True, False),  # NT: neither operand along the rows of C
+    (256, 16384, True, False, False),  # TN
+])
+def test_plain_tf32_rounds_one_panel_ahead_where_it_is_small(rows_a, rows_b, trans_a, trans_b,
+                                                             one):
+    from bigmm.planner import rounds_one_ahead
+
+    assert rounds_one_ahead(rows_a, rows_b, trans_a, trans_b) == one
+    p = make_plan(rows_a, rows_b, 4096, device_budget=4 * GiB, presplit=1, trans_a=trans_a,
+                  trans_b=trans_b, tile=(rows_a, rows_b, 4096), order="stream")
+    assert p.rounds_one_ahead == one
+    assert ("rounded " + ("B" if trans_a else "A")) in str(p) if one else "rounded" not in str(p)
+    # 3xTF32 splits both whatever the shape
+    assert not replace(p, presplit=2).rounds_one_ahead

@@ -1,0 +1,48 @@
+"""The gemm's passes over a step's panels ahead of the product, by tile shape: which tiles
+have both panels split (3xTF32) or rounded (TF32) ahead, which have only the smaller one rounded
+(plain TF32 reading the other as stored), and the device bytes each holds. Pure: the CUDA
+launcher follows these rules and the plan counts their memory."""
+
+from __future__ import annotations
+
+#: A gemm that can split its panels ahead does so where 1/M + 1/N < 1/PRESPLIT_HARMONIC: the
+#: split moves 12 (M + N) K bytes, the product it speeds up does 2 M N K flops.
+PRESPLIT_HARMONIC = 1024
+
+
+def splits_ahead(rows_a: int, rows_b: int) -> bool:
+    """Whether a gemm that can split its panels ahead does so for a C tile rows_a x rows_b."""
+    return PRESPLIT_HARMONIC * (rows_a + rows_b) < rows_a * rows_b
+
+
+def split_workspace_bytes(rows_a: int, rows_b: int, depth: int, parts: int = 2) -> int:
+    """Device bytes a gemm that splits its panels ahead (kernels/gemm_wgmma_split.cu) holds for
+    op(A) rows_a x depth and op(B) depth x rows_b: ``parts`` 4-byte parts of each element (2:
+    3xTF32's big and small, 1: TF32's rounded value), A's rows padded to 128, B's to 256,
+    32 (ceil(depth / 32) + 1) deep."""
+    return (4 * parts * (-(-rows_a // 128) * 128 + -(-rows_b // 256) * 256)
+            * 32 * (-(-depth // 32) + 1))
+
+
+#: The most rows of the smaller operand that a plain TF32 gemm rounds ahead alone, reading the
+#: other as stored (kernels/gemm_wgmma_direct.cu): measured on an H100 (kernels/README.md),
+#: 1536-2304 x 32768 x 4096 ran 1.03-1.18x faster this way than with both operands rounded
+#: ahead, 3072 rows 0.94x.
+DIRECT_ROWS = 2304
+
+
+def rounds_one_ahead(rows_a: int, rows_b: int, trans_a: bool, trans_b: bool) -> bool:
+    """Whether a plain TF32 gemm for a C tile rows_a x rows_b rounds only one operand ahead and
+    reads the other as stored: NN with op(A) the smaller, TT with op(B) the smaller, at most
+    :data:`DIRECT_ROWS` rows (NT and TN: neither operand is contiguous along the rows of C
+    and K at once as this needs)."""
+    if trans_a != trans_b:
+        return False
+    rows, other = (rows_b, rows_a) if trans_a else (rows_a, rows_b)
+    return 0 < rows <= min(other, DIRECT_ROWS)
+
+
+def direct_workspace_bytes(rows_a: int, rows_b: int, depth: int) -> int:
+    """Device bytes a plain TF32 gemm that rounds only the smaller operand ahead
+    (kernels/gemm_wgmma_direct.cu) holds: that operand's TF32 copy, rows 4-element aligned."""
+    return 4 * min(rows_a, rows_b) * (-(-depth // 4) * 4)
