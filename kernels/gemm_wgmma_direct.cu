@@ -1,7 +1,7 @@
 // bigmm's plain TF32 GEMM on Hopper's warpgroup tensor cores (sm_90a only) that reads one
 // operand as it is stored: C = alpha * op(A) @ op(B) + beta * C in float32, row-major, any M,
-// N, K, where one operand is contiguous along its rows of C (R: NN's B, TT's A, stored R[k][r],
-// 16-byte aligned rows) and the other along K (S: NN's A, TT's B, stored S[s][k]).
+// N, K, where one operand is contiguous along its side of C (R: NN's B along N, TT's A along M,
+// stored R[k][r], 16-byte aligned rows) and the other along K (S: NN's A, TT's B, S[s][k]).
 //
 // wgmma takes TF32 operands from shared memory only K-major, but its first operand may come
 // from registers in any layout.  So R is copied raw (16-byte cp.async) into a padded tile from

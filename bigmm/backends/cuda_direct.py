@@ -1,9 +1,10 @@
 """Plain TF32 products on sm_90a that read one operand as it is stored
-(``kernels/gemm_wgmma_direct.cu``): the operand contiguous along the rows of C (NN's B, TT's A)
-goes to the tensor cores from registers, rounded as it is loaded; the other, contiguous along K,
-is rounded ahead into a K-major copy (``round_rows``), then one product kernel. Where the
-smaller operand has few rows (:data:`bigmm.planner.DIRECT_ROWS`) this replaces rounding both ahead
-(:mod:`.cuda_presplit`), whose pass over the large one costs more than reading it as stored.
+(``kernels/gemm_wgmma_direct.cu``): the operand contiguous along its side of C (NN's B along N,
+TT's A along M) goes to the tensor cores from registers, rounded as it is loaded; the other,
+contiguous along K, is rounded ahead into a K-major copy (``round_rows``), then one product
+kernel. Where the smaller operand has few rows (:data:`bigmm.planner.DIRECT_ROWS`) this
+replaces rounding both ahead (:mod:`.cuda_presplit`), whose pass over the large one costs more
+than reading it as stored.
 
 cupy is imported inside functions only: importing this module needs no GPU.
 """

@@ -34,8 +34,8 @@ DIRECT_ROWS = 2304
 def rounds_one_ahead(rows_a: int, rows_b: int, trans_a: bool, trans_b: bool) -> bool:
     """Whether a plain TF32 gemm for a C tile rows_a x rows_b rounds only one operand ahead and
     reads the other as stored: NN with op(A) the smaller, TT with op(B) the smaller, at most
-    :data:`DIRECT_ROWS` rows (NT and TN: neither operand is contiguous along the rows of C
-    and K at once as this needs)."""
+    :data:`DIRECT_ROWS` rows (NT and TN: the operands are not one along K and the other along
+    its side of C, as this needs)."""
     if trans_a != trans_b:
         return False
     rows, other = (rows_b, rows_a) if trans_a else (rows_a, rows_b)
