@@ -538,10 +538,8 @@ class Plan:
             ("device memory", f"{format_bytes(self.device_bytes)} of {format_bytes(self.device_budget)}"
                               f" (C {self.c_slots}, A {self.a_slots}, B {self.b_slots} slots"
                               + (", the split panels' workspace)" if self.splits_ahead
-                                 else ", the rounded A panel's copy)" if self.rounds_one_ahead
-                                 and not self.trans_a
-                                 else ", the rounded B panel's copy)" if self.rounds_one_ahead
-                                 else ")")),
+                                 else f", the rounded {'B' if self.trans_a else 'A'} panel's copy)"
+                                 if self.rounds_one_ahead else ")")),
             ("host staging", f"{format_bytes(self.host_bytes)} of {format_bytes(self.host_budget)}"
                              + ("" if self.staging else " (shared with compute)")
                              + self._in_place_note()),
