@@ -16,9 +16,9 @@
 //    wgmma (as cuBLAS's TF32 mode).  Loads run two k-tiles ahead.
 //  * Fragments: logical rows g and g + 8 of a warp's 16 are stored rows 2g and 2g + 1, so that
 //    each k-step is two conflict-free float2 loads (row stride 136 = 8 mod 32).
-//  * Each k-tile's wgmmas are waited for before the next k-tile's fragments are loaded: keeping
-//    them in flight over the fragment loads and copies (two fragment sets) ran 0.8x as fast on
-//    an H100, with the block barrier or with per-stage mbarriers alike (kernels/README.md).
+//  * Two fragment sets, used by alternate k-tiles: a k-tile's wgmmas stay in flight over the
+//    next k-tile's barrier, fragment loads and copies, and are waited for before their set is
+//    loaded again (kernels/README.md has the variants measured).
 //  * Epilogue: D through shared memory into C's layout, then 16-byte stores of whole rows.
 #define BIGMM_WGMMA 1
 #include "common.cuh"
@@ -90,37 +90,44 @@ __device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha,
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     const int frag = 64 * wg + 16 * ((tid / 32) % 4) + 2 * g;  // this thread's stored R rows
-    unsigned f[4][4];
+    unsigned f[2][4][4];  // fragment sets of even and odd k-tiles
 
     load(0, 0);
     cp_async_commit();
     if (KT > 1) load(1, 1);
     cp_async_commit();
-    for (int kt = 0; kt < KT; ++kt) {
+    auto step = [&](int kt, unsigned (&fs)[4][4]) {
         const int st = kt % DIRECT_STAGES;
         cp_async_wait<1>();  // k-tile kt landed (this thread's copies) ...
         fence_proxy_async();
-        __syncthreads();     // ... everyone's; every wgmma of kt - 1 retired
+        __syncthreads();     // ... everyone's; every wgmma of kt - 2 retired
         const float* rt = reinterpret_cast<const float*>(smem + st * DIRECT_STAGE + DIRECT_S_BYTES);
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             const float2 lo = *reinterpret_cast<const float2*>(rt + (8 * s + t) * DIRECT_RP + frag);
             const float2 hi = *reinterpret_cast<const float2*>(rt + (8 * s + t + 4) * DIRECT_RP + frag);
-            f[s][0] = tf32_rna(lo.x);
-            f[s][1] = tf32_rna(lo.y);
-            f[s][2] = tf32_rna(hi.x);
-            f[s][3] = tf32_rna(hi.y);
+            fs[s][0] = tf32_rna(lo.x);
+            fs[s][1] = tf32_rna(lo.y);
+            fs[s][2] = tf32_rna(hi.x);
+            fs[s][3] = tf32_rna(hi.y);
         }
         wgmma_fence();
 #pragma unroll
         for (int s = 0; s < 4; ++s)
-            wgmma_tf32<256>(acc, f[s], wgmma_desc_sw128(base + unsigned(st * DIRECT_STAGE + 32 * s)), 1);
+            wgmma_tf32<256>(acc, fs[s], wgmma_desc_sw128(base + unsigned(st * DIRECT_STAGE + 32 * s)), 1);
         wgmma_commit();
         // into k-tile kt - 2's stage, whose wgmmas every warpgroup retired before the barrier
         if (kt + 2 < KT) load((kt + 2) % DIRECT_STAGES, kt + 2);
         cp_async_commit();
-        wgmma_wait<0>();
+        wgmma_wait<1>();     // k-tile kt - 1's wgmmas done: its fragment set is free
+    };
+    int kt = 0;
+    for (; kt + 1 < KT; kt += 2) {
+        step(kt, f[0]);
+        step(kt + 1, f[1]);
     }
+    if (kt < KT) step(kt, f[0]);
+    wgmma_wait<0>();
     cp_async_wait<0>();
     __syncthreads();  // every stage read: the window holds the C tile now
 

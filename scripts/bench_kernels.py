@@ -329,10 +329,17 @@ def run_precisions(label, m, n, k, configs, reps=None, reference=True) -> list[d
         ref = cp.matmul(a.astype(cp.float64), b.astype(cp.float64))
     rows, fns = [], []
     # 3xTF32 and TF32 as the launcher runs them (operands split or rounded ahead on sm_90a
-    # where it pays), beside each config run alone
-    split = [(f"bigmm {p} (as launched)",
-              (lambda p: lambda c: lambda: ck.gemm(a, b, c, precision=p))(p))
-             for p in ("tf32x3", "tf32")
+    # where it pays): each call checked and set up again ("as launched"), or set up once and
+    # issued again as the out-of-core run issues its steps ("prepared"); beside each config
+    def prepared(p):
+        def of(c):
+            launch = ck.prepare_gemm(a, b, c, precision=p)
+            return lambda: launch(cp.cuda.get_current_stream())
+        return of
+
+    split = [row for p in ("tf32x3", "tf32") for row in (
+        (f"bigmm {p} (as launched)", (lambda p: lambda c: lambda: ck.gemm(a, b, c, precision=p))(p)),
+        (f"bigmm {p} (prepared)", prepared(p)))
              ] if ck.device_arch() == "sm_90a" and k >= ck.TF32X3_WGMMA_MIN_K else []
     for name, fn_of in [("cuBLAS SGEMM", lambda c: lambda: cp.matmul(a, b, out=c)),
                         ("cuBLAS TF32", lambda c: cublas_tf32_fn(a, b, c))] + split + [

@@ -25,10 +25,10 @@ def split_workspace_bytes(rows_a: int, rows_b: int, depth: int, parts: int = 2) 
 
 
 #: The most rows of the smaller operand that a plain TF32 gemm rounds ahead alone, reading the
-#: other as stored (kernels/gemm_wgmma_direct.cu): measured on an H100 (kernels/README.md),
-#: 1536-2304 x 32768 x 4096 ran 1.03-1.18x faster this way than with both operands rounded
-#: ahead, 3072 rows 0.94x.
-DIRECT_ROWS = 2304
+#: other as stored (kernels/gemm_wgmma_direct.cu): on an H100 strips of up to 3072 x 32768 x
+#: 4096 ran faster this way than with both operands rounded ahead, 4608 rows slower
+#: (kernels/README.md).
+DIRECT_ROWS = 3072
 
 
 def rounds_one_ahead(rows_a: int, rows_b: int, trans_a: bool, trans_b: bool) -> bool:

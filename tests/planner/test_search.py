@@ -12,7 +12,7 @@ from plan_cases import (GiB, H100_ARRAYS, H100_DISK, H100_PINNED, H200_BF16, N32
                         problems, rates)
 
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
-from bigmm.planner import Rates, make_plan
+from bigmm.planner import DIRECT_ROWS, Rates, make_plan
 from bigmm.planner.model import predict_seconds, stage_times
 from bigmm.planner import search
 from bigmm.planner.search import STEP_COST_BYTES, cpu_step_bytes, even_edge
@@ -340,10 +340,10 @@ def test_presplit_plans_hold_the_split_workspace_within_the_budget(kw):
     assert held == plan.workspace_bytes
     large = 1024 * (plan.bm + plan.bn) < plan.bm * plan.bn
     # plain TF32 rounds only op(A) (NN) or op(B) (TT) ahead where it is the smaller and has
-    # at most 2304 rows; otherwise panels large enough are split ahead
+    # at most DIRECT_ROWS rows; otherwise panels large enough are split ahead
     small = plan.bn if plan.trans_a else plan.bm
     one = (parts == 1 and plan.trans_a == plan.trans_b
-           and small <= min(plan.bm, plan.bn, 2304))
+           and small <= min(plan.bm, plan.bn, DIRECT_ROWS))
     assert plan.rounds_one_ahead == one and plan.splits_ahead == (large and not one)
     # the workspace holds either pass: a gemm rounding one panel ahead falls back to splitting
     # both where a panel is not 16-byte aligned
@@ -376,7 +376,8 @@ def test_split_workspace_pads_rows_and_depth_plus_one_k_tile():
 @pytest.mark.parametrize("rows_a, rows_b, trans_a, trans_b, one", [
     (256, 16384, False, False, True),  # NN, op(A) the smaller: the planner's TF32 tile
     (2304, 32768, False, False, True),  # the 8 GiB job's strips
-    (3072, 32768, False, False, False),  # more rows: both split ahead instead
+    (3072, 32768, False, False, True),  # the most rows rounded ahead alone
+    (3073, 32768, False, False, False),  # one more: both split ahead instead
     (16384, 256, False, False, False),  # NN with op(A) the larger
     (16384, 256, True, True, True),  # TT rounds op(B) ahead
     (256, 16384, False, True, False),  # NT: neither operand along the rows of C
