@@ -29,19 +29,34 @@ cupy is imported inside functions only: importing this module needs no GPU.
 from __future__ import annotations
 
 from ..errors import DtypeError, KernelError, ShapeError
-from .cuda_build import (grant_smem, kernel_dir, kernel_source, raw_kernel,  # noqa: F401
-                         sm_count, sm_count_of)
+from .cuda_build import (device_id, grant_smem, kernel_dir, kernel_source,  # noqa: F401
+                         raw_kernel, sm_count, sm_count_of)
 from .cuda_direct import direct_layout, direct_pays, prepare_direct
 from .cuda_presplit import (PARTS, can_presplit, prepare_presplit, presplit_pays,  # noqa: F401
                             split_parts)
-from .kernel_configs import (_DTYPES, _LOADERS, TF32X3_MIN_K,
+from .kernel_configs import (_LOADERS, TF32X3_MIN_K,
                              TF32X3_WGMMA_MIN_K, TileConfig, device_arch, load_table,
                              parse_precision, select_config, tile_configs)
 
 _INT32_MAX = 2**31 - 1
+_CHARS = {"f": "float32", "d": "float64"}  # dtype.char of the dtypes with kernels
+
+
+#: Kernels by (config, entry, checks, upper, device), and the configs checked: a launch's
+#: host time is mostly these lookups once a kernel is compiled.
+_gemm_kernels: dict[tuple, object] = {}
+_checked: set[TileConfig] = set()
 
 
 def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False, upper: bool = False):
+    key = (config, entry, checks, upper, device_id())
+    kern = _gemm_kernels.get(key)
+    if kern is None:
+        kern = _gemm_kernels[key] = _compiled_gemm(config, entry, checks, upper)
+    return kern
+
+
+def _compiled_gemm(config: TileConfig, entry: str, checks: bool, upper: bool):
     options = config.defines() + config.compile_options() + (
         "-DBIGMM_ONLY=1", f"-DBIGMM_ONLY_NAME=gemm_{entry}",
         f"-DBIGMM_ONLY_A={_LOADERS[entry[0]]}", f"-DBIGMM_ONLY_B={_LOADERS[entry[1]]}")
@@ -212,12 +227,11 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     rows_a, cols_a, lda, pa = _operand(a, "a")
     rows_b, cols_b, ldb, pb = _operand(b, "b")
     rows_c, cols_c, ldc, pc = _operand(c, "c")
-    dtypes = {str(x.dtype) for x in (a, b, c)}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in _DTYPES:
+    dtype = _CHARS.get(c.dtype.char)
+    if dtype is None or a.dtype != c.dtype or b.dtype != c.dtype:
         raise DtypeError(
             f"Expected a, b and c all float32 or all float64. Got {a.dtype}, {b.dtype}, {c.dtype}."
         )
-    dtype = str(c.dtype)
     precision = parse_precision(dtype, precision)
     if checks is not None and precision != dtype:
         raise KernelError(f"Expected checks only with precision {dtype} (the checksum bounds are "
@@ -276,7 +290,9 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     if cfg.precision != precision:
         raise KernelError(f"Expected a tile config of precision {precision}. Got {cfg.name}, "
                           f"which computes {cfg.precision}.")
-    cfg.check()
+    if cfg not in _checked:
+        cfg.check()
+        _checked.add(cfg)
     if cfg.arch is not None and cfg.arch != device_arch():
         raise KernelError(f"Expected a device of target {cfg.arch} for tile config {cfg.name}. Got "
                           f"{device_arch() or 'another target'}.")
