@@ -72,7 +72,7 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         x = dev[: n * n].reshape(n, n)
         t_gemm = time_events(lambda: be.gemm(x, x, c, 1.0, 0.0, False, False, s), s)
         # a gemm that splits large products ahead: also a product too small for it (plain
-        # TF32: the smaller operand rounded ahead alone, as the strips of up to 2304 rows)
+        # TF32: the smaller operand rounded ahead alone, as strips of up to DIRECT_ROWS rows)
         narrow = n // 4 if isinstance(be, SplitsPanels) and be.split_parts else 0
         t_unsplit = time_events(lambda: be.gemm(x[:narrow], x, c[:narrow], 1.0, 0.0, False,
                                                 False, s), s) if narrow else 0.0
