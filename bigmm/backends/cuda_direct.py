@@ -1,7 +1,7 @@
 """Plain TF32 products on sm_90a that read one operand as it is stored
 (``kernels/gemm_wgmma_direct.cu``): the operand contiguous along its side of C (NN's B along N,
 TT's A along M) goes to the tensor cores from registers, rounded as it is loaded; the other,
-contiguous along K, is rounded ahead into a K-major copy (``round_rows``), then one product
+contiguous along K, is rounded ahead into K-major tiles (``round_tiles``), then one product
 kernel. Where the smaller operand has few rows (:data:`bigmm.planner.DIRECT_ROWS`) this
 replaces rounding both ahead (:mod:`.cuda_presplit`), whose pass over the large one costs more
 than reading it as stored.
@@ -17,8 +17,8 @@ from .cuda_presplit import workspace_words
 from .kernel_configs import device_arch
 
 _FILE = "gemm_wgmma_direct.cu"
-#: Four stages of the S tile (256 x 32) and the R tile (32 x 136), aligned.
-_SMEM = 4 * (256 * 128 + 32 * 136 * 4) + 1024
+#: Four stages of the S tile (256 x 32) and the R tile (32 x 136), eight mbarriers, aligned.
+_SMEM = 4 * (256 * 128 + 32 * 136 * 4) + 64 + 1024
 #: D tile: rows of R, rows of S.
 _TILE_R, _TILE_S = 128, 256
 
@@ -49,26 +49,25 @@ def prepare_direct(a, b, c, alpha, beta, layout, m, n, k, lds, workspace):
     opts = ("-arch=sm_90a",)
     product = raw_kernel(_FILE, "gemm_direct_" + layout, opts)
     grant_smem(product, (_FILE, "gemm_direct_" + layout), _SMEM, "gemm_direct_" + layout)
-    rounding = raw_kernel(_FILE, "round_rows", opts)
+    rounding = raw_kernel(_FILE, "round_tiles", opts)
     s_src, s_rows, s_ld = (a, m, lda) if layout == "nn" else (b, n, ldb)
-    ld = -(-k // 4) * 4
     words = direct_workspace_bytes(m, n, k) // 4
     rows_r = n if layout == "nn" else m
     tiles = (-(-s_rows // _TILE_S)) * (-(-rows_r // _TILE_R))
-    round_blocks = max(1, min(-(-(s_rows * ld // 4) // 256), 16 * sm_count()))
+    round_blocks = max(1, min(-(-words // 1024), 16 * sm_count()))  # a thread per 4 words
     c_vec = np.int32(1 if c.data.ptr % 16 == 0 and ldc % 4 == 0 else 0)
 
     def launch(stream) -> None:
         with stream:
-            s = workspace_words(workspace, words)[:s_rows * ld]
+            s = workspace_words(workspace, words)
             rounding((round_blocks,), (256,), (s_src, np.int64(s_ld), np.int64(1),
-                                               np.int32(s_rows), np.int32(k), s, np.int64(ld)))
+                                               np.int32(s_rows), np.int32(k), s))
             args = (np.int32(m), np.int32(n), np.int32(k), np.float32(alpha))
             if layout == "nn":
-                args += (s, np.int64(ld), b, np.int64(ldb))
+                args += (s, b, np.int64(ldb))
             else:
-                args += (a, np.int64(lda), s, np.int64(ld))
-            product((tiles,), (256,), args + (np.float32(beta), c, np.int64(ldc), c_vec),
+                args += (a, np.int64(lda), s)
+            product((tiles,), (384,), args + (np.float32(beta), c, np.int64(ldc), c_vec),
                     shared_mem=_SMEM)
 
     return launch

@@ -25,10 +25,10 @@ def split_workspace_bytes(rows_a: int, rows_b: int, depth: int, parts: int = 2) 
 
 
 #: The most rows of the smaller operand that a plain TF32 gemm rounds ahead alone, reading the
-#: other as stored (kernels/gemm_wgmma_direct.cu): on an H100 strips of up to 3072 x 32768 x
-#: 4096 ran faster this way than with both operands rounded ahead, 4608 rows slower
+#: other as stored (kernels/gemm_wgmma_direct.cu): on an H100 strips of up to 4608 x 32768 x
+#: 4096 and 4096^3 ran faster this way than with both operands rounded ahead, 6144 rows slower
 #: (kernels/README.md).
-DIRECT_ROWS = 3072
+DIRECT_ROWS = 4608
 
 
 def rounds_one_ahead(rows_a: int, rows_b: int, trans_a: bool, trans_b: bool) -> bool:
@@ -44,5 +44,6 @@ def rounds_one_ahead(rows_a: int, rows_b: int, trans_a: bool, trans_b: bool) -> 
 
 def direct_workspace_bytes(rows_a: int, rows_b: int, depth: int) -> int:
     """Device bytes a plain TF32 gemm that rounds only the smaller operand ahead
-    (kernels/gemm_wgmma_direct.cu) holds: that operand's TF32 copy, rows 4-element aligned."""
-    return 4 * min(rows_a, rows_b) * (-(-depth // 4) * 4)
+    (kernels/gemm_wgmma_direct.cu) holds: that operand's TF32 copy in tiles of 256 rows and 32
+    deep (rows and depth padded to them)."""
+    return 4 * (-(-min(rows_a, rows_b) // 256) * 256) * (-(-depth // 32) * 32)

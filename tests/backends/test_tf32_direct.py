@@ -28,8 +28,8 @@ def cp():
     (256, 16384, 4096, "tt", False),  # TT with op(B)^T the larger
     (256, 16384, 4096, None, False),  # NT, TN, unaligned: not this way at all
     (2304, 32768, 4096, "nn", True),  # the 8 GiB job's strips: faster than rounding both ahead
-    (3072, 32768, 4096, "nn", True),  # the most rows rounded ahead alone
-    (4608, 32768, 4096, "nn", False),  # more rows: rounding both ahead is faster
+    (4608, 32768, 4096, "nn", True),  # the most rows rounded ahead alone
+    (6144, 32768, 4096, "nn", False),  # more rows: rounding both ahead is faster
     (0, 16384, 4096, "nn", False),  # no rows: nothing to launch
     (256, 16384, 2**29, "nn", False),  # K past the kernel's 32-bit byte offsets
 ])
@@ -46,7 +46,7 @@ CASES = [
     (T1, 255, 4097, 1000, False, False, 1.0, 0.0, None),  # one S tile less a row, R ragged
     (T1, 257, 1000, 4097, False, False, 1.0, 0.0, None),  # one S row past a tile, K ragged
     (T1, 256, 16384, 4096, False, False, 1.0, 0.0, None),  # the planner's TF32 tile
-    (T1, 3072, 3100, 1000, False, False, 1.0, 0.0, None),  # the most rows rounded ahead
+    (T1, 4608, 4700, 1000, False, False, 1.0, 0.0, None),  # the most rows rounded ahead
     (T1, 7, 300, 100003, False, False, 1.0, 0.0, None),  # long sums, tiny M (no split K)
     (T1, 1000, 129, 127, True, True, 1.0, 0.0, None),  # TT
     (T1, 4097, 300, 1000, True, True, -0.5, 0.75, None),  # TT with alpha and beta

@@ -369,15 +369,17 @@ def test_split_workspace_pads_rows_and_depth_plus_one_k_tile():
     # A's rows to 128, B's to 256 (TF32's C tiles are 256 wide); two parts or one
     assert split_workspace_bytes(128, 128, 32) == 8 * (128 + 256) * 64
     assert split_workspace_bytes(129, 257, 33, 1) == 4 * (256 + 512) * 96
-    # rounding only the smaller panel: its rows, 4-element aligned
-    assert direct_workspace_bytes(256, 16384, 4097) == 4 * 256 * 4100
+    # rounding only the smaller panel: tiles of 256 rows, 32 deep
+    assert direct_workspace_bytes(256, 16384, 4097) == 4 * 256 * 4128
+    assert direct_workspace_bytes(3000, 2304, 4096) == 4 * 2304 * 4096
+    assert direct_workspace_bytes(257, 16384, 32) == 4 * 512 * 32
 
 
 @pytest.mark.parametrize("rows_a, rows_b, trans_a, trans_b, one", [
     (256, 16384, False, False, True),  # NN, op(A) the smaller: the planner's TF32 tile
     (2304, 32768, False, False, True),  # the 8 GiB job's strips
-    (3072, 32768, False, False, True),  # the most rows rounded ahead alone
-    (3073, 32768, False, False, False),  # one more: both split ahead instead
+    (4608, 32768, False, False, True),  # the most rows rounded ahead alone
+    (4609, 32768, False, False, False),  # one more: both split ahead instead
     (16384, 256, False, False, False),  # NN with op(A) the larger
     (16384, 256, True, True, True),  # TT rounds op(B) ahead
     (256, 16384, False, True, False),  # NT: neither operand along the rows of C
