@@ -145,6 +145,7 @@ def test_inputs_are_copied_out_of_their_maps_in_wide_blocks(tmp_path):
     assert relative_error(c, reference_gemm(a, b)) <= tolerance(F32, 8000)
 
 
+@pytest.mark.device_memory
 @pytest.mark.gpu
 def test_device_memory_stays_within_the_budget():
     import cupy

@@ -257,6 +257,7 @@ def device_memory_held(operands, name: str, budget: str, calibration: str) -> in
     return held
 
 
+@pytest.mark.device_memory
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("name,budget", GPU_CASES)
@@ -267,6 +268,7 @@ def test_device_memory_of_the_run_within_budget(operands, name, budget):
 
 # The whole command, the plan's rate calibration included (it holds at most the run's smaller
 # budget: a copy buffer of half of it and one square operand).
+@pytest.mark.device_memory
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("name,budget", GPU_CASES[:1])

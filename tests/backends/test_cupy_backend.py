@@ -318,6 +318,7 @@ def test_copies_refuse_host_rows_that_are_not_contiguous():
         be.close()
 
 
+@pytest.mark.device_memory
 def test_device_buffers_bypass_the_pool_and_are_freed_at_close():
     pool = cupy.get_default_memory_pool()
     before_pool = pool.total_bytes()
