@@ -34,12 +34,11 @@ from .cuda_build import (device_id, grant_smem, kernel_dir, kernel_source,  # no
 from .cuda_direct import direct_layout, direct_pays, prepare_direct
 from .cuda_presplit import (PARTS, can_presplit, prepare_presplit, presplit_pays,  # noqa: F401
                             split_parts)
-from .kernel_configs import (_LOADERS, TF32X3_MIN_K,
+from .kernel_configs import (_DTYPES, _LOADERS, TF32X3_MIN_K,
                              TF32X3_WGMMA_MIN_K, TileConfig, device_arch, load_table,
                              parse_precision, select_config, tile_configs)
 
 _INT32_MAX = 2**31 - 1
-_CHARS = {"f": "float32", "d": "float64"}  # dtype.char of the dtypes with kernels
 
 
 #: Kernels by (config, entry, checks, upper, device), and the configs checked: a launch's
@@ -227,8 +226,8 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
     rows_a, cols_a, lda, pa = _operand(a, "a")
     rows_b, cols_b, ldb, pb = _operand(b, "b")
     rows_c, cols_c, ldc, pc = _operand(c, "c")
-    dtype = _CHARS.get(c.dtype.char)
-    if dtype is None or a.dtype != c.dtype or b.dtype != c.dtype:
+    dtype = c.dtype.name
+    if dtype not in _DTYPES or a.dtype != c.dtype or b.dtype != c.dtype:
         raise DtypeError(
             f"Expected a, b and c all float32 or all float64. Got {a.dtype}, {b.dtype}, {c.dtype}."
         )
