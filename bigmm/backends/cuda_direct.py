@@ -35,8 +35,8 @@ def direct_layout(trans_a: bool, trans_b: bool, r_ptr: int, r_ld: int) -> str | 
 def direct_pays(m: int, n: int, k: int, layout: str | None) -> bool:
     """Whether a plain TF32 product reads one operand as stored (before any split ahead):
     the planner's rule (:func:`bigmm.planner.rounds_one_ahead`: the operand rounded ahead the
-    smaller, at most :data:`bigmm.planner.DIRECT_ROWS` rows), and K below 2^29 (the kernel's
-    byte offsets along K are 32-bit)."""
+    smaller, at most :data:`bigmm.planner.DIRECT_ROWS` rows), and K below 2^29 (longer sums,
+    never tested this way, go to the other paths)."""
     return layout is not None and rounds_one_ahead(m, n, layout == "tt", layout == "tt") and (
         k < 2**29)
 

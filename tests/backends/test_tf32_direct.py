@@ -31,7 +31,7 @@ def cp():
     (4608, 32768, 4096, "nn", True),  # the most rows rounded ahead alone
     (6144, 32768, 4096, "nn", False),  # more rows: rounding both ahead is faster
     (0, 16384, 4096, "nn", False),  # no rows: nothing to launch
-    (256, 16384, 2**29, "nn", False),  # K past the kernel's 32-bit byte offsets
+    (256, 16384, 2**29, "nn", False),  # K of 2^29 and more: the other paths
 ])
 def test_direct_is_chosen_where_the_operand_rounded_ahead_is_the_smaller(m, n, k, layout, pays):
     assert direct_pays(m, n, k, layout) == pays
