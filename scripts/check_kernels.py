@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
 sys.path.insert(0, str(ROOT))
+from bigmm.backends.cuda_direct import SMEM_BYTES as DIRECT_SMEM  # noqa: E402  (no GPU needed)
 from bigmm.backends.kernel_configs import TileConfig  # noqa: E402  (no GPU needed to import)
 
 TABLE = ROOT / "bigmm" / "backends" / "kernel_table.json"
@@ -107,7 +108,7 @@ def jobs_from_table() -> list[dict]:
     # plain TF32 reading one operand as stored (sm_90a): the products (three warpgroups, 197
     # KB of shared memory) and the rounding of the other operand
     jobs.append({"name": "gemm_wgmma_direct", "file": "gemm_wgmma_direct.cu", "defines": [],
-                 "threads": 384, "dynamic_smem": 4 * 50176 + 64 + 1024, "min_blocks": 1,
+                 "threads": 384, "dynamic_smem": DIRECT_SMEM, "min_blocks": 1,
                  "arch": "sm_90a", "entries": ["gemm_direct_nn", "gemm_direct_tt", "round_tiles"],
                  "whole": True})
     return jobs

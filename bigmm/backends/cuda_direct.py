@@ -18,7 +18,7 @@ from .kernel_configs import device_arch
 
 _FILE = "gemm_wgmma_direct.cu"
 #: Four stages of the S tile (256 x 32) and the R tile (32 x 136), eight mbarriers, aligned.
-_SMEM = 4 * (256 * 128 + 32 * 136 * 4) + 64 + 1024
+SMEM_BYTES = 4 * (256 * 128 + 32 * 136 * 4) + 64 + 1024
 #: D tile: rows of R, rows of S.
 _TILE_R, _TILE_S = 128, 256
 
@@ -48,7 +48,7 @@ def prepare_direct(a, b, c, alpha, beta, layout, m, n, k, lds, workspace):
     lda, ldb, ldc = lds
     opts = ("-arch=sm_90a",)
     product = raw_kernel(_FILE, "gemm_direct_" + layout, opts)
-    grant_smem(product, (_FILE, "gemm_direct_" + layout), _SMEM, "gemm_direct_" + layout)
+    grant_smem(product, (_FILE, "gemm_direct_" + layout), SMEM_BYTES, "gemm_direct_" + layout)
     rounding = raw_kernel(_FILE, "round_tiles", opts)
     s_src, s_rows, s_ld = (a, m, lda) if layout == "nn" else (b, n, ldb)
     words = direct_workspace_bytes(m, n, k) // 4
@@ -68,6 +68,6 @@ def prepare_direct(a, b, c, alpha, beta, layout, m, n, k, lds, workspace):
             else:
                 args += (a, np.int64(lda), s)
             product((tiles,), (384,), args + (np.float32(beta), c, np.int64(ldc), c_vec),
-                    shared_mem=_SMEM)
+                    shared_mem=SMEM_BYTES)
 
     return launch
