@@ -13,6 +13,12 @@ Loop orders (C is M x N, depth K):
 * ``resident-a``: a whole row panel of A (bm x K) stays on the device while the tiles of that
   row sweep over B: A is read once, B ceil(M/bm) times.
 * ``resident-b``: the mirror image, column-major tile order: B read once, A ceil(N/bn) times.
+* ``whole-a``: all of A stays on the device, each panel kept from the first tile that uses
+  it; tiles in column-major order, a column panel of B (K x bn) staying while the column's
+  tiles sweep down A. A and B are read once, and the first tile waits only for one row panel
+  of A and one column panel of B (resident-a with one row of tiles reads all of A first):
+  C's writes start early, so runs bound by the writes end sooner.
+* ``whole-b``: the mirror image, row-major: all of B stays, a row panel of A at a time.
 * ``resident-c``: every C tile (row strips the width of C) stays on the device while the K
   panels stream: for each of the first nk - tail K panels, its B panel is loaded once and every
   strip adds its A panel times it; then the strips are finished one by one over the last
@@ -37,7 +43,9 @@ from . import gram
 from .workspace import (direct_workspace_bytes, rounds_one_ahead, split_workspace_bytes,
                         splits_ahead)
 
-ORDERS = ("stream", "resident-a", "resident-b", "resident-c")
+ORDERS = ("stream", "resident-a", "resident-b", "resident-c", "whole-a", "whole-b")
+#: The orders that keep one operand whole on the device (not for Gram plans).
+WHOLE_ORDERS = ("whole-a", "whole-b")
 #: The operands, as ``Plan.in_place`` and ``Plan.registered`` name them.
 OPERANDS = "ABC"
 
@@ -243,9 +251,13 @@ class Plan:
     # ----- slots --------------------------------------------------------------------------
     @property
     def a_slots(self) -> int:
-        """A panel slots: a row panel and one more (resident-a); one panel per strip and one
-        more (resident-c: a round's A panels load while the round before computes, and with
-        them the next B panel); else two."""
+        """A panel slots: a row panel and one more (resident-a, whole-b); one panel per strip
+        and one more (resident-c: a round's A panels load while the round before computes,
+        and with them the next B panel); every panel of A (whole-a); else two."""
+        if self.order == "whole-a":
+            return self.ni * self.nk
+        if self.order == "whole-b":
+            return self.nk + 1
         if self.order in ("resident-a", "resident-c"):
             return (self.nk if self.order == "resident-a" else self.ni) + 1
         return 2
@@ -255,7 +267,9 @@ class Plan:
         """B panel slots (none in a Gram plan of one tile row: its only tiles are diagonal)."""
         if self.symmetric and self.ni == 1:
             return 0
-        if self.order == "resident-b":
+        if self.order == "whole-b":
+            return self.nj * self.nk
+        if self.order in ("resident-b", "whole-a"):
             return self.nk + 1
         return self.tail + 1 if self.order == "resident-c" else 2
 
@@ -405,7 +419,7 @@ class Plan:
     # ----- traffic ------------------------------------------------------------------------
     @property
     def row_major(self) -> bool:
-        return self.order != "resident-b"
+        return self.order not in ("resident-b", "whole-a")
 
     @property
     def a_reads(self) -> int:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from ..errors import BudgetError, DtypeError, PlanError, ShapeError
 from ..units import DTYPES, format_bytes
 from .model import SIM_STEPS, Rates, StageTimes, stage_times
-from .schedule import OPERANDS, ORDERS, Plan
+from .schedule import OPERANDS, ORDERS, WHOLE_ORDERS, Plan
 
 #: Fixed cost of one gemm step (launch, events, the executor's bookkeeping), counted as bytes
 #: moved when comparing schedules: about 40 us at 25 GB/s. Stops the planner from trading a few
@@ -32,6 +32,9 @@ STEP_COST_BYTES = 1 << 20
 DRAIN_WEIGHT = 2
 #: Most candidate plans simulated when choosing by time (those with the lowest bounds).
 SIM_PLANS = 32
+#: Of each loop order, the candidates with the lowest guesses simulated beside them (the
+#: guess ranks some orders' plans poorly: a whole-a plan's first column waits for all of A).
+SIM_PER_ORDER = 4
 #: Candidates with the fewest gemm steps simulated beside them, and how many of the fastest
 #: are also tried with deeper K panels.
 SIM_LARGE = 8
@@ -118,6 +121,7 @@ def _cached_plans(plan_fn):
         return cached(*args, **{k: tuple(v) if isinstance(v, list) else v
                                 for k, v in kwargs.items()})
 
+    plan.cache_clear = cached.cache_clear
     return plan
 
 
@@ -131,7 +135,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               rates: Rates | None = None, step_bytes: int = STEP_COST_BYTES,
               tail: int | None = None, in_place: str | None = None,
               registered: str = "", symmetric: bool = False, upper: bool = False,
-              presplit: int = 0) -> Plan:
+              presplit: int = 0, whole: bool = False) -> Plan:
     """Choose the schedule moving the fewest bytes within both budgets (cached: see
     :func:`_cached_plans`).
 
@@ -163,6 +167,10 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     :mod:`.schedule`): square tiles only, and resident-c only as one tile; ``upper``: its
     lower triangle is not written. ``presplit``: the parts an element the gemm splits its
     panels into ahead, in a workspace that the device budget holds (``Plan.presplit``).
+
+    ``whole``: orders whole-a and whole-b are candidates too (when choosing by time with
+    staging, and not for a Gram plan): for C written to storage, whose writes they start
+    early (:mod:`.schedule`). From host arrays they ran slower than the model predicts.
     """
     _check_dims(m, n, k)
     _check_symmetric(m, n, trans_a, trans_b, symmetric, upper)
@@ -203,14 +211,18 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                 found += _resident_c([m] if symmetric else _candidates(m, um, min_tile), bks,
                                      base, step_bytes, _deeper(k, uk, shallow) if rates else [])
             orders = tuple(o for o in orders if o != "resident-c")
+        if not order and (not whole or symmetric or rates is None or not staging):
+            orders = tuple(o for o in orders if o not in WHOLE_ORDERS)
         for o in orders:
             for bm in _candidates(m, um, min_tile):
                 for bn in ([bm] if symmetric else _candidates(n, un, min_tile)):
+                    if not order and _same_as_resident(o, bm, bn, m, n):
+                        continue
                     if not _fits(Plan(bm=bm, bn=bn, bk=bks[-1], order=o, **base)):
                         continue
                     for bk in bks:  # largest first: the first that fits is the best for (bm, bn)
                         p = Plan(bm=bm, bn=bn, bk=bk, order=o, **base)
-                        if _fits(p):
+                        if _fits(p) and not _first_line_too_long(p):
                             found.append(((_cost(p, step_bytes), p.n_steps, -p.bk,
                                            ORDERS.index(o)), p))
                             break
@@ -226,11 +238,28 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                           **base))
 
 
+def _same_as_resident(order: str, bm: int, bn: int, m: int, n: int) -> bool:
+    """Whether a whole-a (whole-b) candidate has one row (column) of tiles: resident-a's
+    (resident-b's) schedule with more B (A) slots than it uses."""
+    return (order == "whole-a" and bm >= m) or (order == "whole-b" and bn >= n)
+
+
+def _first_line_too_long(p: Plan) -> bool:
+    """Whether a whole-a (whole-b) plan's first column (row) of tiles, which reads all of the
+    operand kept whole, is too long for the pipeline model to simulate twice over
+    (:func:`~bigmm.planner.model.predict_seconds` extrapolates from whole columns); such tiles
+    are small for an order meant for runs bound by the copies, and are not candidates."""
+    if p.order not in WHOLE_ORDERS:
+        return False
+    return 2 * (p.ni if p.order == "whole-a" else p.nj) * p.nk > SIM_STEPS
+
+
 def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = ()) -> Plan:
     """The candidate with the shortest predicted makespan, or one within NEAR of it (see
     there: the fewest bytes read, the deepest resident-c strips). Of the
-    candidates in orders stream and resident-a/b, the first SIM_PLANS in order of
-    ``StageTimes.guess`` and the SIM_LARGE with the fewest steps are simulated, and the
+    candidates in the orders other than resident-c, the first SIM_PLANS in order of
+    ``StageTimes.guess``, the first SIM_PER_ORDER of each order and the SIM_LARGE with the
+    fewest steps are simulated, and the
     DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest first)
     that fits (fewer C-tile updates and steps against a longer fill); of the resident-c
     candidates, the first SIM_RESIDENT_C by guess of each K panel depth. A candidate whose
@@ -253,6 +282,9 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     for candidate in tiles[:SIM_PLANS]:
         simulate_unless_bounded(*candidate)
     rest = tiles[SIM_PLANS:]
+    for order in dict.fromkeys(p.order for _, _, p in rest):  # each order's best guesses too
+        for candidate in [c for c in rest if c[2].order == order][:SIM_PER_ORDER]:
+            simulate_unless_bounded(*candidate)
     for candidate in sorted(rest, key=lambda x: (x[2].n_steps, x[0].guess, x[1]))[:SIM_LARGE]:
         simulate_unless_bounded(*candidate)
     timed.sort(key=lambda x: x[:2])
@@ -287,6 +319,9 @@ def _fixed(tile: tuple[int, int, int], order: str, tail: int | None, base: dict)
     if plan.symmetric and plan.bm != plan.bn:
         raise PlanError(f"Expected square tiles (bm == bn) for a Gram plan. Got bm={bm}, "
                         f"bn={bn}.")
+    if plan.symmetric and order in WHOLE_ORDERS:
+        raise PlanError(f"Expected a Gram plan in order stream, resident-a, resident-b or "
+                        f"resident-c. Got {order}.")
     if order == "resident-c":
         if plan.bn != n:
             raise PlanError(f"Expected tiles as wide as C ({n}) for order resident-c. "

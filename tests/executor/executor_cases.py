@@ -246,6 +246,8 @@ def run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alp
     budget = w * (2 * bm * bn + 2 * (bm + bn) * bk) * 4
     if order == "resident-c":  # every strip of C on the device
         bn, budget = n, w * ((m + 2 * bm) * n + (m + 2 * bm) * bk + (k + 2 * bk) * n) * 2
+    if order in ("whole-a", "whole-b"):  # all of one operand on the device
+        budget = w * (2 * bm * bn + (m + bm) * (k + bk) + (k + bk) * (n + bn)) * 2
     plan = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb, reads_c=beta != 0,
                      device_budget=budget, staging=backend.staging, align=8,
                      tile=(bm, bn, bk), order=order, tail=tail)

@@ -39,6 +39,8 @@ CASES = [
     (37, 41, 97, np.float64, False, False, -1.5, 0.0, "resident-c"),  # every C strip resident
     (53, 29, 61, np.float32, True, True, 1.0, 0.5, "resident-c"),  # old C read into strips
     # through two host C buffers in the first round
+    (53, 37, 61, np.float64, False, True, 0.5, 1.0, "whole-a"),  # all of A, columns of tiles
+    (37, 53, 61, np.float32, True, False, 1.0, 0.0, "whole-b"),  # all of B, rows of tiles
 ]
 
 

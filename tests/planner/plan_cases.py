@@ -41,6 +41,21 @@ def resident_c(draw):
                 order="resident-c", tail=draw(st.integers(1, nk)))
 
 
+@st.composite
+def whole(draw):
+    """Problems forced into order whole-a or whole-b (one operand wholly on the device, random
+    tiles), with a budget that holds them."""
+    kw = draw(problems())
+    m, n, k = kw["m"], kw["n"], kw["k"]
+    bm, bn, bk = (draw(st.integers(max(1, d // 12), d)) for d in (m, n, k))
+    ni, nj, nk = -(-m // bm), -(-n // bn), -(-k // bk)
+    order = draw(st.sampled_from(["whole-a", "whole-b"]))
+    a, b = (ni * nk, nk + 1) if order == "whole-a" else (nk + 1, nj * nk)
+    w = 4 if kw["dtype"] == "float32" else 8
+    budget = w * (2 * bm * bn + a * bm * bk + b * bk * bn) + 64
+    return dict(kw, device_budget=budget, host_budget=None, tile=(bm, bn, bk), order=order)
+
+
 def plan_or_none(kw):
     try:
         return make_plan(**kw)

@@ -40,11 +40,16 @@ def test_simulated_makespan_lies_between_the_stage_bounds(kw, r, ops):
     (40000, 40000, 100000, 2 * GiB),   # resident rows of ~5000 steps: from whole tiles
     (65536, 65536, 65536, 2 * GiB),    # resident rows of 400 steps: from whole rows
     (20000, 20000, 300000, 8 * GiB),   # deep K: each row's first tile reads a long panel
+    (8192, 200000, 8192, 2 * GiB),     # A whole on the device, its first column read once
+    (200000, 8192, 8192, 2 * GiB),     # B whole, the mirror image
 ])
 def test_extrapolation_matches_the_whole_simulation(m, n, k, budget):
     long = 0
     for order in ORDERS:
         if order == "resident-c" and m * n * 4 > budget:  # all of C on the device
+            continue
+        kept = {"whole-a": m * k, "whole-b": k * n}.get(order, 0)
+        if 4 * kept > budget:  # the operand kept whole does not fit
             continue
         plan = make_plan(m, n, k, device_budget=budget, host_budget=32 * GiB,
                          rates=H100_ARRAYS, order=order)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from plan_cases import plan_or_none, problems, resident_c
+from plan_cases import plan_or_none, problems, resident_c, whole
 
 from bigmm.planner import make_plan
 
@@ -49,7 +49,7 @@ def test_k_panels_cover_k_once_and_budgets_hold(kw):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.one_of(problems(), resident_c()), st.sampled_from([None, "", "A", "BC", "ABC"]))
+@given(st.one_of(problems(), resident_c(), whole()), st.sampled_from([None, "", "A", "BC", "ABC"]))
 def test_host_slots_list_each_staged_buffer_once_the_first_steps_first(kw, ops):
     plan = plan_or_none(dict(kw, in_place=ops))
     if plan is None:
@@ -73,8 +73,8 @@ def test_host_slots_list_each_staged_buffer_once_the_first_steps_first(kw, ops):
         assert n == 4 or n * panel * plan.itemsize >= 64 << 20
 
 
-@settings(max_examples=120, deadline=None)
-@given(st.one_of(problems(), resident_c()), st.data())
+@settings(max_examples=160, deadline=None)
+@given(st.one_of(problems(), resident_c(), whole()), st.data())
 def test_steps_load_every_panel_into_a_free_slot(kw, data):
     """Simulate the slots: every gemm finds its panels in place; loads match the traffic;
     every tile's K panels come in order (resident-c: its first ones in rounds over the
@@ -134,6 +134,8 @@ def test_plan_prints_a_table_and_serialises():
     "resident-a",  # a row panel of A stays for its row of tiles
     "resident-b",  # a column panel of B stays for its column of tiles
     "resident-c",  # every C strip stays, K panels streamed once
+    "whole-a",     # all of A stays, tiles column by column
+    "whole-b",     # all of B stays, tiles row by row
 ])
 def test_each_order_is_valid_when_forced(order):
     # small budget, odd shape: every forced order still covers C within budget
@@ -179,12 +181,41 @@ def test_resident_c_reads_each_input_once_and_holds_all_of_c(kw):
     assert again == plan and again.key()["tail"] == plan.tail
 
 
+@settings(max_examples=100, deadline=None)
+@given(whole())
+def test_whole_orders_read_each_input_once_and_start_on_one_row_and_column(kw):
+    plan = plan_or_none(kw)
+    if plan is None:
+        return
+    assert (plan.a_reads, plan.b_reads) == (1, 1)
+    assert plan.bytes_read == (plan.itemsize * (plan.m * plan.k + plan.k * plan.n)
+                               + plan.reads_c * plan.c_itemsize * plan.m * plan.n)
+    kept = plan.itemsize * (plan.m * plan.k if plan.order == "whole-a" else plan.k * plan.n)
+    assert plan.device_bytes >= kept
+    tiles = [t.index for t in plan.tiles()]
+    if plan.order == "whole-a":  # column by column
+        assert tiles == [(i, j) for j in range(plan.nj) for i in range(plan.ni)]
+    else:
+        assert tiles == [(i, j) for i in range(plan.ni) for j in range(plan.nj)]
+    # the first tile's steps load its own row and column panels, nothing else
+    first = [s for s in plan.steps() if s.tile.index == (0, 0)]
+    assert all(s.load_a and s.load_b for s in first) and len(first) == plan.nk
+    # the counts of loads agree with the traffic: every panel of both inputs loaded once
+    loads = [(s.tile.i, s.kp) for s in plan.steps() if s.load_a]
+    assert sorted(loads) == sorted(set(loads)) and len(loads) == plan.ni * plan.nk
+    loads = [(s.tile.j, s.kp) for s in plan.steps() if s.load_b]
+    assert sorted(loads) == sorted(set(loads)) and len(loads) == plan.nj * plan.nk
+    assert make_plan(**kw) == plan
+
+
 @pytest.mark.parametrize("kwargs, words", [
+    (dict(tile=(8, 8, 8), order="whole-a", symmetric=True, trans_a=True),
+     ["Gram plan", "whole-a"]),  # a Gram plan keeps neither operand whole
     (dict(tile=(8, 10, 8), order="resident-c"), ["as wide as C", "bn=10"]),  # strips of C
     (dict(tile=(8, 30, 8), order="resident-c", tail=5), ["tail", "between 1 and 4"]),  # tail
     (dict(in_place="AD"), ["in_place", "AD"]),  # an operand that is not one
 ])
-def test_bad_resident_c_and_in_place_arguments_name_the_value(kwargs, words):
+def test_bad_order_and_in_place_arguments_name_the_value(kwargs, words):
     with pytest.raises(Exception) as exc:
         make_plan(30, 30, 30, device_budget=1 << 20, **kwargs)
     for w in words:

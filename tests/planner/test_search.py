@@ -260,6 +260,38 @@ def test_cost_per_flop_is_flat_from_32768_to_81920_on_cuda_cores():
     assert max(per_flop) <= 1.1 * min(per_flop)
 
 
+#: The H100 host's warm page cache: HDF5 inputs read at 20 GB/s, C written at 2 GB/s.
+H100_WARM = Rates(flops=47e12, read_bytes=20e9, write_bytes=2e9, h2d_bytes=20e9)
+
+
+@pytest.mark.parametrize("r, faster", [
+    (replace(H100_WARM, read_bytes=2e9, write_bytes=1e9), 0.97),  # the job's nominal disk
+    (H100_DISK, 1.0),  # a cold disk: reading bounds the run, writes start early all the same
+])
+def test_writes_to_storage_start_early_with_one_operand_whole(r, faster):
+    # n = 32768 from chunked HDF5 files into a file, 8 GiB: without the whole orders the plan
+    # reading each input once keeps a row panel of all of A's rows, and its first tile waits
+    # for all of A; whole-a or -b starts C's writes after one row and one column panel
+    chunks = dict(a_chunks=(4096, 4096), b_chunks=(4096, 4096))
+    before = make_plan(**N32, **chunks, rates=r)
+    plan = make_plan(**N32, **chunks, rates=r, whole=True)
+    assert before.order not in search.WHOLE_ORDERS and before.bm == before.m
+    assert plan.order in search.WHOLE_ORDERS and (plan.a_reads, plan.b_reads) == (1, 1)
+    assert plan.predicted_seconds < faster * before.predicted_seconds
+    assert (plan.bm + plan.bn) * plan.k < 0.75 * before.m * before.k  # the first tile's input
+
+
+def test_whole_orders_are_candidates_only_when_asked_and_timed_with_staging():
+    chunks = dict(a_chunks=(4096, 4096), b_chunks=(4096, 4096))
+    for kw in (dict(), dict(rates=H100_WARM, staging=False),
+               dict(rates=H100_WARM, symmetric=True, trans_a=True)):
+        assert make_plan(**N32, **chunks, whole=True, **kw).order not in search.WHOLE_ORDERS
+    # forced (a resumed run): any order that fits, checked against the budget
+    assert make_plan(**N32, order="whole-b", whole=False).order == "whole-b"
+    with pytest.raises(BudgetError):
+        make_plan(**dict(N32, device_budget=2 * GiB), order="whole-a")  # A is 4 GiB
+
+
 def test_resident_c_is_a_candidate_only_when_timed_with_staging():
     # by bytes (no rates) or on the CPU the orders are those of before
     for kw in (dict(), dict(rates=TF32_IN_PLACE, staging=False)):
