@@ -141,7 +141,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
                 a_chunks=A.panel_chunks, b_chunks=B.panel_chunks,
                 rates=rates if be.staging else None,  # CPU: the fewest bytes, as matmul plans
                 symmetric=bool(symmetric), upper=bool(upper),
-                presplit=be.split_parts if isinstance(be, SplitsPanels) else 0)
+                presplit=be.split_parts if isinstance(be, SplitsPanels) else 0,
+                whole=out is not None and not isinstance(out, np.ndarray))
     threads = be.gemm_threads() if isinstance(be, HostHints) else None
     if not be.staging and threads:  # a gemm call costs more with more BLAS threads
         args["step_bytes"] = cpu_step_bytes(threads)

@@ -22,6 +22,7 @@ from bigmm import api, errors, job
 from bigmm.backends.numpy import NumpyBackend
 from bigmm.executor import RunStats, calibrate
 from bigmm.planner import Plan, Rates, make_plan
+from bigmm.planner import search
 from bigmm.planner.model import snap_rate
 from bigmm.testing import (random_matrix, reference_gemm, relative_error, tolerance,
                             wait_for_journaled_tiles, zarr_array)
@@ -399,8 +400,33 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind):
     snapped = _GPU_RATES.snapped()
     assert p.rates.flops == snapped.flops and p.rates.h2d_bytes == snapped.h2d_bytes
     best = make_plan(600, 400, 500, device_budget=2 * 2**20, host_budget=4 * 2**20,
-                     rates=p.rates, a_chunks=A.chunks, b_chunks=B.chunks)
+                     rates=p.rates, a_chunks=A.chunks, b_chunks=B.chunks,
+                     whole=kind == "file")
     assert p.key() == best.key() and p.predicted_seconds == best.predicted_seconds
+
+
+@pytest.mark.parametrize("out, whole", [
+    ("c.h5:/C", True),  # C written to a file: its writes should start early
+    (None, False),      # C a new array: not tried (nor faster here: C is copied out fast)
+])
+def test_c_written_to_storage_plans_with_one_operand_whole(tmp_path, out, whole):
+    # n = 32768 chunked HDF5 inputs (never written: planning reads no data), 8 GiB
+    specs = []
+    for name in "AB":
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:
+            f.create_dataset(name, shape=(32768, 32768), dtype=np.float32, chunks=(4096, 4096))
+        specs.append(f"{tmp_path / f'{name}.h5'}:/{name}")
+    closing = []
+    A, B = job.open_inputs(*specs, closing)
+    try:
+        p, _ = job.plan_job(A, B, out and f"{tmp_path / out}", _StagingBackend(), alpha=1.0,
+                            beta=0.0, trans_a=False, trans_b=False, memory="8GiB",
+                            host_memory="16GiB", resume=False, calibrate=True)
+    finally:
+        for x in closing:
+            x.close()
+    assert (p.order in search.WHOLE_ORDERS) == whole
+    assert (p.a_reads, p.b_reads) == (1, 1)
 
 
 @pytest.mark.parametrize("pinned, verify, in_place, read, write", [
