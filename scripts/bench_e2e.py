@@ -71,6 +71,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
 import bigmm  # noqa: E402
+from bigmm.planner import search  # noqa: E402
 import storage  # noqa: E402
 from bigmm import io as bio  # noqa: E402
 from bigmm.profile import Profile  # noqa: E402
@@ -280,7 +281,7 @@ def bigmm_host(a, b, n, memory, repeat, ref, out_dir, res, host_variants=(), pin
         key = kernel if host is None else f"{kernel}_host{host}"
         key += "_pinned" if c is not pageable[2] else ""
         kw = dict(memory=memory, backend="cupy", kernel=kernel, host_memory=host)
-        plan = bigmm.plan(a, b, **kw)
+        plan = bigmm.plan(a, b, c, **kw)
         times, stats = [], None
         for i in range(repeat + 1):  # the first run is the warm-up (pins staging, loads kernels)
             c.fill(np.nan)
@@ -356,18 +357,32 @@ def floor(path_a, path_b, c_host, threads, d, res):
                                                  threads, log)
 
 
+ALL_ORDERS = search.ORDERS
+
+
+def use_orders(plans: str) -> None:
+    """The planner's loop orders for the runs that follow: "all", or "resident" (whole-a and
+    whole-b not tried: the plans of before they were added)."""
+    if plans not in ("all", "resident"):
+        raise SystemExit(f"Expected plans all or resident. Got {plans!r}.")
+    search.ORDERS = tuple(o for o in ALL_ORDERS
+                          if plans == "all" or o not in search.WHOLE_ORDERS)
+    search.make_plan.cache_clear()
+
+
 def bigmm_h5(spec_a, spec_b, path_a, path_b, n, memory, ref, d, out_dir, res, layout,
              host_memory=None, prewarm=False, runs=("cold:auto", "warm:auto")):
-    """bigmm on the HDF5 files, each of ``runs`` ("cache:writes": cold or warm page cache,
-    tiles written as ``bigmm.io.direct.MODE`` says), each profiled and checked. ``prewarm``:
-    one untimed run first (kernels compiled, pinned staging allocated)."""
+    """bigmm on the HDF5 files, each of ``runs`` ("cache:writes[:plans]": cold or warm page
+    cache, tiles written as ``bigmm.io.direct.MODE`` says, the planner's orders as
+    :func:`use_orders` says, default all), each profiled and checked. ``prewarm``: one
+    untimed run first (kernels compiled, pinned staging allocated)."""
     from bigmm.io import direct
 
     out = {"runs": []}
     c_path = d / "c.h5"
     buf = np.empty((n, n), F32)
     kw = dict(memory=memory, host_memory=host_memory, backend="cupy")
-    plan = bigmm.plan(spec_a, spec_b, **kw)
+    plan = bigmm.plan(spec_a, spec_b, f"{c_path}:/C", **kw)  # the plan for a file C
     out["plan"], out["plan_text"] = plan.to_dict(), str(plan)
     log(str(plan))
     if prewarm:
@@ -375,10 +390,13 @@ def bigmm_h5(spec_a, spec_b, path_a, path_b, n, memory, ref, d, out_dir, res, la
         bigmm.matmul(spec_a, spec_b, f"{c_path}:/C", overwrite=True, **kw)
         out["prewarm_seconds"] = time.perf_counter() - t0
     for run in runs:
-        cache, mode = run.split(":")
+        cache, mode, plans = (run + ":all").split(":")[:3]
         direct.MODE = mode
+        use_orders(plans)
         if c_path.exists():
             c_path.unlink()
+        p = bigmm.plan(spec_a, spec_b, f"{c_path}:/C", **kw)
+        used = f"{p.order} {p.bm}x{p.bn}x{p.bk}"
         if cache == "cold":
             out["cold_by"] = storage.drop_caches(path_a, path_b)
         else:
@@ -391,17 +409,21 @@ def bigmm_h5(spec_a, spec_b, path_a, path_b, n, memory, ref, d, out_dir, res, la
         err = ref.check(buf, f"bigmm HDF5 {layout} {run}")
         summ = prof.summary()
         busy = {k: v["busy_seconds"] for k, v in summ.items()}
-        out["runs"].append({"cache": cache, "writes": mode, "seconds": t,
+        out["runs"].append({"cache": cache, "writes": mode, "plans": plans,
+                            "plan": used, "seconds": t,
                             "tflops": tflops(n, t), "rel_error": err,
                             "stats": stats.to_dict(), "busy": busy,
                             "profile_table": prof.table()})
-        log(f"bigmm HDF5 {layout} {cache} writes={mode}: {t:.2f} s ({tflops(n, t):.1f} "
+        log(f"bigmm HDF5 {layout} {cache} writes={mode} plans={plans} ({used}): {t:.2f} s "
+            f"({tflops(n, t):.1f} "
             f"TFLOP/s); busy " + ", ".join(f"{k} {v:.2f} s" for k, v in busy.items()))
         log(prof.table())
     direct.MODE = "auto"
+    use_orders("all")
     c_path.unlink()
     for cache in ("cold", "warm"):
-        times = [r for r in out["runs"] if r["cache"] == cache and r["writes"] == "auto"]
+        times = [r for r in out["runs"] if r["cache"] == cache and r["writes"] == "auto"
+                 and r["plans"] == "all"]
         if times:
             out[cache] = min(times, key=lambda r: r["seconds"])
     res.setdefault("bigmm_h5", {})[layout] = out
@@ -411,9 +433,12 @@ BOUNDED_CHILD = r"""
 import json, sys, time
 import bigmm
 from bigmm.backends.cupy import pinned_bytes_held
-a, b, c, memory, host = sys.argv[1:6]
+a, b, c, memory, host, plans = sys.argv[1:7]
+if plans == "resident":  # whole-a and whole-b not tried (see use_orders)
+    from bigmm.planner import search
+    search.ORDERS = tuple(o for o in search.ORDERS if o not in search.WHOLE_ORDERS)
 kw = dict(memory=memory, host_memory=host, backend="cupy")
-plan = bigmm.plan(a, b, **kw)
+plan = bigmm.plan(a, b, c, **kw)
 t0 = time.perf_counter()
 _, stats = bigmm.matmul(a, b, c, overwrite=True, stats=True, **kw)
 t = time.perf_counter() - t0
@@ -424,30 +449,29 @@ print(json.dumps({"seconds": t, "plan": str(plan), "stats": stats.to_dict(),
 """
 
 
-def bounded(spec_a, spec_b, path_a, path_b, n, memory, host_memory, limits, ref, d, res):
+def bounded(spec_a, spec_b, path_a, path_b, n, memory, host_memory, limits, ref, d, res,
+            plans=("all",)):
     """The job in a cgroup whose memory.max is far below A, B and C (cold page cache), at the
-    first of ``limits`` it completes under; C checked; peaks of the cgroup's memory."""
-    out = {"attempts": []}
+    first of ``limits`` it completes under; C checked; peaks of the cgroup's memory. The
+    planner's orders as the first of ``plans`` says (:func:`use_orders`); the others run
+    after it at the same limit, each once (``res["bounded"]["plans"]``)."""
+    out = {"attempts": [], "plans": {}}
     c_spec = f"{d / 'c_bounded.h5'}:/C"
     env = dict(os.environ)
-    for limit in limits:
+
+    def attempt(limit: str, kind: str) -> dict:
         out["cold_by"] = storage.drop_caches(path_a, path_b)
-        try:
-            r = storage.bounded_run([sys.executable, "-c", BOUNDED_CHILD, spec_a, spec_b, c_spec,
-                                     memory, host_memory], parse_size(limit), env=env)
-        except OSError as exc:
-            out["unavailable"] = str(exc)
-            log(f"bounded job: no cgroup ({exc})")
-            break
-        r["limit_text"] = limit
-        out["attempts"].append(r)
-        log(f"bounded job, memory.max {limit}: exit {r['rc']}, {r['seconds']:.2f} s; peak "
-            f"{r['peak'] / 2**30:.2f} GiB (anon {r['peak_anon'] / 2**30:.2f}, page cache "
-            f"{r['peak_file'] / 2**30:.2f}); events {r['events']}; disk read "
-            f"{r['io']['rbytes'] / 2**30:.2f} GiB, written {r['io']['wbytes'] / 2**30:.2f} GiB")
+        r = storage.bounded_run([sys.executable, "-c", BOUNDED_CHILD, spec_a, spec_b, c_spec,
+                                 memory, host_memory, kind], parse_size(limit), env=env)
+        r["limit_text"], r["plans"] = limit, kind
+        log(f"bounded job, memory.max {limit}, plans {kind}: exit {r['rc']}, "
+            f"{r['seconds']:.2f} s; peak {r['peak'] / 2**30:.2f} GiB (anon "
+            f"{r['peak_anon'] / 2**30:.2f}, page cache {r['peak_file'] / 2**30:.2f}); events "
+            f"{r['events']}; disk read {r['io']['rbytes'] / 2**30:.2f} GiB, written "
+            f"{r['io']['wbytes'] / 2**30:.2f} GiB")
         if r["rc"] != 0:
             log(r["stderr"][-2000:])
-            continue
+            return r
         child = json.loads(r["stdout"].strip().splitlines()[-1])
         r["child"] = child
         buf = np.empty((n, n), F32)
@@ -456,7 +480,21 @@ def bounded(spec_a, spec_b, path_a, path_b, n, memory, host_memory, limits, ref,
         log(child["plan"])
         log(f"bounded job: matmul {child['seconds']:.2f} s, VmHWM {child['vm_hwm']}, "
             f"pinned {child['pinned_held'] / 2**30:.2f} GiB, C error {r['rel_error']:.2e}")
+        return r
+
+    for limit in limits:
+        try:
+            r = attempt(limit, plans[0])
+        except OSError as exc:
+            out["unavailable"] = str(exc)
+            log(f"bounded job: no cgroup ({exc})")
+            break
+        out["attempts"].append(r)
+        if r["rc"] != 0:
+            continue
         out["result"] = r
+        for kind in plans[1:]:
+            out["plans"][kind] = attempt(limit, kind)
         break
     path = Path(c_spec.split(":/")[0])
     if path.exists():
@@ -700,7 +738,8 @@ def storage_lines(res) -> list[str]:
                 if r["writes"] == "auto":
                     note += f" [<= 1.1: {_verdict(ratio <= 1.1)}]"
             busy = ", ".join(f"{k} {v:.2f}" for k, v in r["busy"].items() if v)
-            lines.append(f"HDF5 {layout} {r['cache']} writes={r['writes']}: bigmm "
+            lines.append(f"HDF5 {layout} {r['cache']} writes={r['writes']} "
+                         f"({r.get('plan', '')}): bigmm "
                          f"{r['seconds']:.2f} s{note}; busy {busy} s")
         for cache in ("cold", "warm"):
             runs = {k: v for k, v in (dk or {}).items()
@@ -721,6 +760,9 @@ def storage_lines(res) -> list[str]:
                      f"{note}; peak {r['peak'] / 2**30:.2f} GiB (anon "
                      f"{r['peak_anon'] / 2**30:.2f}, page cache {r['peak_file'] / 2**30:.2f}), "
                      f"VmHWM {r['child']['vm_hwm']}")
+        for kind, o in bd.get("plans", {}).items():
+            if o.get("child"):
+                lines.append(f"  plans {kind}: {o['child']['seconds']:.2f} s")
     elif bd:
         lines.append(f"bounded job: {bd.get('unavailable') or 'failed at every limit'}")
     return lines
@@ -815,7 +857,10 @@ def main(argv=None) -> int:
     ap.add_argument("--host-variants", default="",
                     help="extra host staging budgets for the own-kernel host run, e.g. 2GiB")
     ap.add_argument("--h5-runs", default="cold:auto,warm:auto,warm:mapped,warm:auto",
-                    help="HDF5 runs as cache:writes (cold|warm : auto|direct|mapped)")
+                    help="HDF5 runs as cache:writes[:plans] (cold|warm : auto|direct|mapped "
+                         ": all|resident, resident: whole-a/-b not tried)")
+    ap.add_argument("--bounded-plans", default="all",
+                    help="the bounded job's planner orders, each run once: all, resident")
     ap.add_argument("--bounded-limits", default="4GiB,6GiB",
                     help="memory.max of the bounded job's cgroup, tried in turn (--parts "
                          "bounded)")
@@ -881,7 +926,8 @@ def main(argv=None) -> int:
                 save()
             if "bounded" in parts and i == 0:
                 bounded(spec_a, spec_b, path_a, path_b, n, args.memory,
-                        args.bounded_host_memory, args.bounded_limits.split(","), ref, d, res)
+                        args.bounded_host_memory, args.bounded_limits.split(","), ref, d, res,
+                        args.bounded_plans.split(","))
                 save()
             if "verify" in parts and i == 0:
                 verify_overhead(spec_a, spec_b, a, b, n, args.memory, ref, d,
