@@ -239,9 +239,13 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
 
 
 def _same_as_resident(order: str, bm: int, bn: int, m: int, n: int) -> bool:
-    """Whether a whole-a (whole-b) candidate has one row (column) of tiles: resident-a's
-    (resident-b's) schedule with more B (A) slots than it uses."""
-    return (order == "whole-a" and bm >= m) or (order == "whole-b" and bn >= n)
+    """Whether a whole-a (whole-b) candidate is not one: one row (column) of tiles is
+    resident-a's (resident-b's) schedule with more B (A) slots than it uses; and tiles
+    narrower than half of C were written 1.4-1.6x slower than wider ones (for C written to
+    storage, what these orders are for; the model does not count it), so they are left out."""
+    if order not in WHOLE_ORDERS:
+        return False
+    return (order == "whole-a" and bm >= m) or (order == "whole-b" and bn >= n) or 2 * bn < n
 
 
 def _first_line_too_long(p: Plan) -> bool:

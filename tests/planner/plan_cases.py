@@ -56,6 +56,20 @@ def whole(draw):
     return dict(kw, device_budget=budget, host_budget=None, tile=(bm, bn, bk), order=order)
 
 
+@st.composite
+def write_bound(draw):
+    """Problems whose C is written to a slow disk, with budgets that may hold a whole operand
+    (where the whole-a/-b orders are candidates), and their rates."""
+    m, n, k = (draw(st.integers(64, 3000)) for _ in range(3))
+    budget = int(4 * (m * k + k * n + m * n) * draw(st.sampled_from([0.4, 0.7, 1.0])))
+    r = Rates(flops=draw(st.sampled_from([1e12, 1e13, 5e13])),
+              read_bytes=draw(st.sampled_from([2e9, 1e10])),
+              write_bytes=draw(st.sampled_from([5e8, 1e9, 2e9])), h2d_bytes=2e10,
+              per_load=draw(st.sampled_from([0.0, 1e-4])))
+    return dict(m=m, n=n, k=k, device_budget=budget, host_budget=4 * budget, rates=r,
+                align=draw(st.sampled_from([1, 16, 128])), whole=True)
+
+
 def plan_or_none(kw):
     try:
         return make_plan(**kw)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from plan_cases import (GiB, H100_ARRAYS, H100_DISK, H100_PINNED, H200_BF16, N32, plan_or_none,
-                        problems, rates)
+                        problems, rates, write_bound)
 
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
 from bigmm.planner import DIRECT_ROWS, Rates, make_plan
@@ -107,6 +107,21 @@ def test_the_rates_choose_among_the_same_plans(kw, r):
     assert plan.device_bytes <= plan.device_budget and plan.host_bytes <= plan.host_budget
     assert plan.predicted_seconds == pytest.approx(predict_seconds(plan, r))
     assert plan.predicted_seconds >= stage_times(plan, r).lower_bound * (1 - 1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(write_bound())
+def test_whole_orders_chosen_keep_tiles_at_least_half_as_wide_as_c(kw):
+    plan = plan_or_none(kw)
+    if plan is None or plan.order not in search.WHOLE_ORDERS:
+        return
+    assert plan.staging and 2 * plan.bn >= plan.n  # narrower tiles were written slower
+    assert plan.ni > 1 if plan.order == "whole-a" else plan.nj > 1  # else resident-a/-b's
+    assert (plan.a_reads, plan.b_reads) == (1, 1)
+    assert plan.predicted_seconds == pytest.approx(predict_seconds(plan, kw["rates"]))
+    # no slower than without them (but for near ties, where fewer bytes read win)
+    assert plan.predicted_seconds <= (1 + search.NEAR) * make_plan(
+        **dict(kw, whole=False)).predicted_seconds
 
 
 def test_host_arrays_no_longer_wait_for_all_of_a():
