@@ -71,8 +71,8 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
 import bigmm  # noqa: E402
-from bigmm.planner import search  # noqa: E402
 import storage  # noqa: E402
+from orders import use_orders  # noqa: E402
 from bigmm import io as bio  # noqa: E402
 from bigmm.profile import Profile  # noqa: E402
 from bigmm.testing import tolerance  # noqa: E402
@@ -357,24 +357,11 @@ def floor(path_a, path_b, c_host, threads, d, res):
                                                  threads, log)
 
 
-ALL_ORDERS = search.ORDERS
-
-
-def use_orders(plans: str) -> None:
-    """The planner's loop orders for the runs that follow: "all", or "resident" (whole-a and
-    whole-b not tried: the plans of before they were added)."""
-    if plans not in ("all", "resident"):
-        raise SystemExit(f"Expected plans all or resident. Got {plans!r}.")
-    search.ORDERS = tuple(o for o in ALL_ORDERS
-                          if plans == "all" or o not in search.WHOLE_ORDERS)
-    search.make_plan.cache_clear()
-
-
 def bigmm_h5(spec_a, spec_b, path_a, path_b, n, memory, ref, d, out_dir, res, layout,
              host_memory=None, prewarm=False, runs=("cold:auto", "warm:auto")):
     """bigmm on the HDF5 files, each of ``runs`` ("cache:writes[:plans]": cold or warm page
     cache, tiles written as ``bigmm.io.direct.MODE`` says, the planner's orders as
-    :func:`use_orders` says, default all), each profiled and checked. ``prewarm``: one
+    :func:`orders.use_orders` says, default all), each profiled and checked. ``prewarm``: one
     untimed run first (kernels compiled, pinned staging allocated)."""
     from bigmm.io import direct
 
@@ -434,7 +421,7 @@ import json, sys, time
 import bigmm
 from bigmm.backends.cupy import pinned_bytes_held
 a, b, c, memory, host, plans = sys.argv[1:7]
-if plans == "resident":  # whole-a and whole-b not tried (see use_orders)
+if plans == "resident":  # whole-a and whole-b not tried (see orders.use_orders)
     from bigmm.planner import search
     search.ORDERS = tuple(o for o in search.ORDERS if o not in search.WHOLE_ORDERS)
 kw = dict(memory=memory, host_memory=host, backend="cupy")
@@ -453,7 +440,7 @@ def bounded(spec_a, spec_b, path_a, path_b, n, memory, host_memory, limits, ref,
             plans=("all",)):
     """The job in a cgroup whose memory.max is far below A, B and C (cold page cache), at the
     first of ``limits`` it completes under; C checked; peaks of the cgroup's memory. The
-    planner's orders as the first of ``plans`` says (:func:`use_orders`); the others run
+    planner's orders as the first of ``plans`` says (:func:`orders.use_orders`); the others run
     after it at the same limit, each once (``res["bounded"]["plans"]``)."""
     out = {"attempts": [], "plans": {}}
     c_spec = f"{d / 'c_bounded.h5'}:/C"

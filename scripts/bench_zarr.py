@@ -63,6 +63,7 @@ import numpy as np  # noqa: E402
 import bigmm  # noqa: E402
 from bigmm import io as bio  # noqa: E402
 from bigmm.io.zarrsource import ZarrSource  # noqa: E402
+from orders import PLANS, use_orders  # noqa: E402
 from storage import evict  # noqa: E402
 
 F32 = np.float32
@@ -314,11 +315,13 @@ def job_part(args, data, ref, res, out_dir: Path) -> None:
             err = ref.check(targets[fmt], f"{lay} {fmt}")
             return t, err, st
 
-        plan = bigmm.plan(sp[("h5", "A")], sp[("h5", "B")], **kw)
-        zplan = bigmm.plan(sp[("zarr", "A")], sp[("zarr", "B")], **kw)
-        row = {"plan": plan.key() if hasattr(plan, "key") else str(plan),
+        plan = bigmm.plan(sp[("h5", "A")], sp[("h5", "B")], targets["h5"], **kw)
+        zplan = bigmm.plan(sp[("zarr", "A")], sp[("zarr", "B")], targets["zarr"], **kw)
+        row = {"plan": plan.key(), "zarr_plan": zplan.key(), "plans": args.plans,
                "same_plan": (plan.bm, plan.bn, plan.bk, plan.order)
                == (zplan.bm, zplan.bn, zplan.bk, zplan.order)}
+        log(f"plans {args.plans}: HDF5 job {plan.order} {plan.bm}x{plan.bn}x{plan.bk}, Zarr job "
+            f"{zplan.order} {zplan.bm}x{zplan.bn}x{zplan.bk}")
         for fmt in ("h5", "zarr"):  # warm-up (kernels, pinned buffers), checked
             run(fmt, cold=False)
         for cache in ("cold", "warm"):  # each the median of --repeat, the formats interleaved
@@ -424,6 +427,8 @@ def main(argv=None) -> int:
     ap.add_argument("--host-memory", default=None)
     ap.add_argument("--backend", default="cupy")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--plans", default="all", choices=PLANS,
+                    help="the planner's orders (resident: whole-a/-b not tried)")
     ap.add_argument("--dask-layouts", default="chunked")
     ap.add_argument("--dask-chunks", default="4096")
     ap.add_argument("--dir", default="bench-zarr-data")
@@ -434,6 +439,7 @@ def main(argv=None) -> int:
     args.layouts = [x for x in args.layouts.split(",") if x]
     args.parts = [x for x in args.parts.split(",") if x]
     args.dask_layouts = [x for x in args.dask_layouts.split(",") if x in args.layouts]
+    use_orders(args.plans)
     args.dask_chunks = [int(x) for x in args.dask_chunks.split(",") if x]
     for lay in args.layouts:
         if lay not in LAYOUTS:
