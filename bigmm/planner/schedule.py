@@ -13,12 +13,6 @@ Loop orders (C is M x N, depth K):
 * ``resident-a``: a whole row panel of A (bm x K) stays on the device while the tiles of that
   row sweep over B: A is read once, B ceil(M/bm) times.
 * ``resident-b``: the mirror image, column-major tile order: B read once, A ceil(N/bn) times.
-* ``whole-a``: all of A stays on the device, each panel kept from the first tile that uses
-  it; tiles in column-major order, a column panel of B (K x bn) staying while the column's
-  tiles sweep down A. A and B are read once, and the first tile waits only for one row panel
-  of A and one column panel of B (resident-a with one row of tiles reads all of A first):
-  C's writes start early, so runs bound by the writes end sooner.
-* ``whole-b``: the mirror image, row-major: all of B stays, a row panel of A at a time.
 * ``resident-c``: every C tile (row strips the width of C) stays on the device while the K
   panels stream: for each of the first nk - tail K panels, its B panel is loaded once and every
   strip adds its A panel times it; then the strips are finished one by one over the last
@@ -26,6 +20,12 @@ Loop orders (C is M x N, depth K):
   next computes. A and B are each read once, and the gemms start as soon as the first panels
   land (the orders above read a whole row panel of A, or all of B, before their first tile is
   done): the order for runs bound by the copies, where C fits on the device.
+* ``whole-a``: all of A stays on the device, each panel kept from the first tile that uses
+  it; tiles in column-major order, a column panel of B (K x bn) staying while the column's
+  tiles sweep down A. A and B are read once, and the first tile waits only for one row panel
+  of A and one column panel of B (resident-a with one row of tiles reads all of A first):
+  C's writes start early, so runs bound by the writes end sooner.
+* ``whole-b``: the mirror image, row-major: all of B stays, a row panel of A at a time.
 
 The pipeline's slots and window are stated here once: the Plan sizes its memory by the slots,
 the executor allocates and fills them, and the pipeline model simulates them.

@@ -170,7 +170,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
 
     ``whole``: orders whole-a and whole-b are candidates too (when choosing by time with
     staging, and not for a Gram plan): for C written to storage, whose writes they start
-    early (:mod:`.schedule`). From host arrays they ran slower than the model predicts.
+    early (:mod:`.schedule`); from host arrays they ran slower than the model predicts.
     """
     _check_dims(m, n, k)
     _check_symmetric(m, n, trans_a, trans_b, symmetric, upper)
@@ -216,7 +216,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
         for o in orders:
             for bm in _candidates(m, um, min_tile):
                 for bn in ([bm] if symmetric else _candidates(n, un, min_tile)):
-                    if not order and _same_as_resident(o, bm, bn, m, n):
+                    if not order and _whole_left_out(o, bm, bn, m, n):
                         continue
                     if not _fits(Plan(bm=bm, bn=bn, bk=bks[-1], order=o, **base)):
                         continue
@@ -238,11 +238,11 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                           **base))
 
 
-def _same_as_resident(order: str, bm: int, bn: int, m: int, n: int) -> bool:
-    """Whether a whole-a (whole-b) candidate is not one: one row (column) of tiles is
+def _whole_left_out(order: str, bm: int, bn: int, m: int, n: int) -> bool:
+    """Whether a whole-a (whole-b) candidate is left out: one row (column) of tiles is
     resident-a's (resident-b's) schedule with more B (A) slots than it uses; and tiles
-    narrower than half of C were written 1.4-1.6x slower than wider ones (for C written to
-    storage, what these orders are for; the model does not count it), so they are left out."""
+    narrower than half of C were written markedly slower than wider ones, which the model
+    does not count (docs/planner.md)."""
     if order not in WHOLE_ORDERS:
         return False
     return (order == "whole-a" and bm >= m) or (order == "whole-b" and bn >= n) or 2 * bn < n
@@ -260,14 +260,13 @@ def _first_line_too_long(p: Plan) -> bool:
 
 def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = ()) -> Plan:
     """The candidate with the shortest predicted makespan, or one within NEAR of it (see
-    there: the fewest bytes read, the deepest resident-c strips). Of the
-    candidates in the orders other than resident-c, the first SIM_PLANS in order of
-    ``StageTimes.guess``, the first SIM_PER_ORDER of each order and the SIM_LARGE with the
-    fewest steps are simulated, and the
-    DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest first)
-    that fits (fewer C-tile updates and steps against a longer fill); of the resident-c
-    candidates, the first SIM_RESIDENT_C by guess of each K panel depth. A candidate whose
-    lower bound exceeds the best makespan found is not simulated."""
+    there: the fewest bytes read, the deepest resident-c strips). Of the candidates in the
+    orders other than resident-c, the first SIM_PLANS in order of ``StageTimes.guess``, the
+    first SIM_PER_ORDER of each order and the SIM_LARGE with the fewest steps are simulated,
+    and the DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest
+    first) that fits (fewer C-tile updates and steps against a longer fill); of the
+    resident-c candidates, the first SIM_RESIDENT_C by guess of each K panel depth. A
+    candidate whose lower bound exceeds the best makespan found is not simulated."""
     timed: list[tuple[float, tuple, Plan]] = []
     best = math.inf
 
