@@ -436,9 +436,8 @@ def _host_costs(rates: Rates | None, A, B, be, dtype: str, threads: int) -> Rate
 def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: int) -> Rates:
     """``rates`` with the read and write speeds of these operands where they are staged
     (those in ``in_place_ops`` are copied in place: the model counts no host work for
-    them): a source's own ``read_rate`` attribute (bytes per second) where it has one, else
-    for files READ_RATE (the slower of A and B) and WRITE_RATE; for NumPy arrays the host's
-    copy rate with ``threads`` threads, of which the run has COPY_SHARE, and one thread's rate
+    them): for files READ_RATE and WRITE_RATE; for NumPy arrays the host's copy rate with
+    ``threads`` threads, of which the run has COPY_SHARE, and one thread's rate
     (``Rates.thread_bytes``: a small panel is read by few threads); for both the cost per row
     of a panel (:func:`bigmm.executor.calibrate.copy_rate`,
     :func:`~bigmm.executor.calibrate.copy_row_seconds`, timed within a quarter of the
@@ -456,13 +455,8 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
     if set("ABC") - set(in_place_ops):  # staged panels of files are copied row by row too
         row = snap_rate(costs.copy_row_seconds(threads, size))  # in every process
 
-    def read_rate(src) -> float:
-        own = getattr(src, "read_rate", None)
-        if own:
-            return float(own)
-        return copies if src.layout == "array" else READ_RATE
-
-    reads = [read_rate(src) for op, src in staged.items() if op not in in_place_ops]
+    reads = [copies if src.layout == "array" else READ_RATE
+             for op, src in staged.items() if op not in in_place_ops]
     return replace(rates, read_bytes=min(reads, default=math.inf),
                    write_bytes=copies if array_out else WRITE_RATE,
                    per_host_row=row or 0.0, thread_bytes=one)
