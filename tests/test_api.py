@@ -339,6 +339,39 @@ def test_resume_with_another_budget_keeps_the_recorded_schedule(tmp_path):
         assert np.array_equal(f["C"][...], full)
 
 
+def test_a_run_keeping_one_operand_whole_resumes_with_its_schedule(tmp_path):
+    # a GPU run writing C to a file may keep all of B on the device (whole-b); its journal
+    # records the order, and a resume on any backend finishes with it, bit for bit
+    import threading
+
+    from bigmm import io
+    from bigmm.executor import execute
+
+    m, n, k = 50, 44, 36
+    a, b = random_matrix((m, k), np.float64, seed=7), random_matrix((k, n), np.float64, seed=8)
+    spec_a, spec_b = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    spec_c = f"{tmp_path / 'c.h5'}:/C"
+    plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=False,
+                     tile=(8, 16, 12), order="whole-b")
+    A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
+    full = io.open_output(None, shape=(m, n), dtype=np.float64, inputs=[A, B], job={})
+    execute(plan, A, B, full, NumpyBackend())
+    stop = threading.Event()
+    sink = io.open_output(spec_c, shape=(m, n), dtype=np.float64, inputs=[A, B],
+                          job=job.job_record(plan, 1.0, 0.0))
+    with pytest.raises(errors.Interrupted):
+        execute(plan, A, B, sink, NumpyBackend(),
+                progress=lambda p: p.tiles_done == 4 and stop.set(), stop=stop)
+    sink.close(), A.close(), B.close()
+    p = bigmm.plan(spec_a, spec_b, spec_c, memory="1MiB", backend="numpy", resume=True)
+    assert (p.order, p.bm, p.bn, p.bk) == ("whole-b", 8, 16, 12)
+    _, stats = bigmm.matmul(spec_a, spec_b, spec_c, memory="1MiB", backend="numpy",
+                            resume=True, stats=True)
+    assert stats.tiles_skipped >= 4 and stats.tiles_done == p.n_tiles - stats.tiles_skipped
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert np.array_equal(f["C"][...], full.result)
+
+
 class _StagingBackend:
     """Just enough of a GPU backend for planning: staging, memory, calibrated rates, and which
     host arrays it takes as pinned (``pinned``: their ids)."""

@@ -237,13 +237,18 @@ def test_truncated_input_file_is_a_read_error(tmp_path):
     A.close(), B.close()
 
 
+@pytest.mark.parametrize("order", [
+    "stream",   # tiles row by row, panels streamed
+    "whole-a",  # all of A kept, tiles column by column
+    "whole-b",  # all of B kept, tiles row by row
+])
 @pytest.mark.parametrize("bname", list(BACKENDS))
-def test_stop_interrupts_and_resume_is_bit_identical(tmp_path, bname):
+def test_stop_interrupts_and_resume_is_bit_identical(tmp_path, bname, order):
     m, n, k = 50, 44, 36
     a, b = random_matrix((m, k), np.float64, seed=7), random_matrix((k, n), np.float64, seed=8)
     spec_a, spec_b = h5(tmp_path / "a.h5", "A", a), h5(tmp_path / "b.h5", "B", b)
     plan = make_plan(m, n, k, "float64", device_budget=1 << 20, staging=bname == "async",
-                     tile=(8, 16, 12))
+                     tile=(8, 16, 12), order=order)
     A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
     full = io.open_output(None, shape=(m, n), dtype=np.float64, inputs=[A, B], job={})
     execute(plan, A, B, full, BACKENDS[bname]())
