@@ -32,8 +32,9 @@ STEP_COST_BYTES = 1 << 20
 DRAIN_WEIGHT = 2
 #: Most candidate plans simulated when choosing by time (those with the lowest bounds).
 SIM_PLANS = 32
-#: Of each loop order, the candidates with the lowest guesses simulated beside them (the
-#: guess ranks some orders' plans poorly: a whole-a plan's first column waits for all of A).
+#: Of orders whole-a and whole-b, the candidates with the lowest guesses simulated beside
+#: the others (the guess ranks their plans poorly: a whole-a plan's first column waits for all
+#: of A).
 SIM_PER_ORDER = 4
 #: Candidates with the fewest gemm steps simulated beside them, and how many of the fastest
 #: are also tried with deeper K panels.
@@ -262,7 +263,8 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     """The candidate with the shortest predicted makespan, or one within NEAR of it (see
     there: the fewest bytes read, the deepest resident-c strips). Of the candidates in the
     orders other than resident-c, the first SIM_PLANS in order of ``StageTimes.guess``, the
-    first SIM_PER_ORDER of each order and the SIM_LARGE with the fewest steps are simulated,
+    first SIM_PER_ORDER of whole-a and of whole-b and the SIM_LARGE with the fewest steps are
+    simulated,
     and the DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest
     first) that fits (fewer C-tile updates and steps against a longer fill); of the
     resident-c candidates, the first SIM_RESIDENT_C by guess of each K panel depth. A
@@ -285,7 +287,7 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     for candidate in tiles[:SIM_PLANS]:
         simulate_unless_bounded(*candidate)
     rest = tiles[SIM_PLANS:]
-    for order in dict.fromkeys(p.order for _, _, p in rest):  # each order's best guesses too
+    for order in WHOLE_ORDERS:  # their best guesses too
         for candidate in [c for c in rest if c[2].order == order][:SIM_PER_ORDER]:
             simulate_unless_bounded(*candidate)
     for candidate in sorted(rest, key=lambda x: (x[2].n_steps, x[0].guess, x[1]))[:SIM_LARGE]:
