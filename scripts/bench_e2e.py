@@ -420,10 +420,10 @@ BOUNDED_CHILD = r"""
 import json, sys, time
 import bigmm
 from bigmm.backends.cupy import pinned_bytes_held
-a, b, c, memory, host, plans = sys.argv[1:7]
-if plans == "resident":  # whole-a and whole-b not tried (see orders.use_orders)
-    from bigmm.planner import search
-    search.ORDERS = tuple(o for o in search.ORDERS if o not in search.WHOLE_ORDERS)
+a, b, c, memory, host, plans, scripts = sys.argv[1:8]
+sys.path.insert(0, scripts)
+from orders import use_orders
+use_orders(plans)
 kw = dict(memory=memory, host_memory=host, backend="cupy")
 plan = bigmm.plan(a, b, c, **kw)
 t0 = time.perf_counter()
@@ -449,7 +449,8 @@ def bounded(spec_a, spec_b, path_a, path_b, n, memory, host_memory, limits, ref,
     def attempt(limit: str, kind: str) -> dict:
         out["cold_by"] = storage.drop_caches(path_a, path_b)
         r = storage.bounded_run([sys.executable, "-c", BOUNDED_CHILD, spec_a, spec_b, c_spec,
-                                 memory, host_memory, kind], parse_size(limit), env=env)
+                                 memory, host_memory, kind, str(Path(__file__).parent)],
+                                parse_size(limit), env=env)
         r["limit_text"], r["plans"] = limit, kind
         log(f"bounded job, memory.max {limit}, plans {kind}: exit {r['rc']}, "
             f"{r['seconds']:.2f} s; peak {r['peak'] / 2**30:.2f} GiB (anon "
