@@ -142,7 +142,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
                 rates=rates if be.staging else None,  # CPU: the fewest bytes, as matmul plans
                 symmetric=bool(symmetric), upper=bool(upper),
                 presplit=be.split_parts if isinstance(be, SplitsPanels) else 0,
-                whole=out is not None and not isinstance(out, np.ndarray))
+                whole=not _c_in_memory(out))
     threads = be.gemm_threads() if isinstance(be, HostHints) else None
     if not be.staging and threads:  # a gemm call costs more with more BLAS threads
         args["step_bytes"] = cpu_step_bytes(threads)
@@ -433,6 +433,12 @@ def _host_costs(rates: Rates | None, A, B, be, dtype: str, threads: int) -> Rate
     return replace(rates, per_load=per_load).snapped()
 
 
+def _c_in_memory(out) -> bool:
+    """Whether C is a NumPy array (the one given, or a new one where ``out`` is None), not a
+    file or store."""
+    return out is None or isinstance(out, np.ndarray)
+
+
 def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: int) -> Rates:
     """``rates`` with the read and write speeds of these operands where they are staged
     (those in ``in_place_ops`` are copied in place: the model counts no host work for
@@ -445,7 +451,7 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
     staged = {"A": A, "B": B}
     array_in = [src for op, src in staged.items()
                 if op not in in_place_ops and src.layout == "array"]
-    array_out = "C" not in in_place_ops and (out is None or isinstance(out, np.ndarray))
+    array_out = "C" not in in_place_ops and _c_in_memory(out)
     copies = row = one = None
     size = min(costs.COPY_BYTES, max(16 << 20, host // 4))
     if array_in or array_out:
