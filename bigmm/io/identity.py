@@ -206,14 +206,15 @@ def array_footprint(x: np.ndarray) -> Footprint:
     hi = lo + sum((k - 1) * abs(s) for k, s in zip(x.shape, x.strides)) + x.itemsize
     ranges = []
     for start, end, offset, dev, ino in _mappings():
-        if start < hi and lo < end and ino:
+        if start < hi and lo < end:
             ranges.append((dev, ino, offset + max(lo, start) - start,
                            offset + min(hi, end) - start))
     return Footprint(ranges=tuple(ranges), files=tuple({r[:2] for r in ranges}), array=x)
 
 
 def _mappings() -> list[tuple[int, int, int, int, int]]:
-    """(start, end, file offset, device, inode) of this process's memory mappings."""
+    """(start, end, file offset, device, inode) of this process's mappings of files (those of
+    inode 0, anonymous memory, are left out unparsed: a CUDA process has thousands)."""
     try:
         with open("/proc/self/maps") as f:
             lines = f.read().splitlines()
@@ -225,6 +226,8 @@ def _mappings() -> list[tuple[int, int, int, int, int]]:
         if len(parts) < 5:
             continue
         span, _perms, offset, dev, ino = parts[:5]
+        if ino == "0":
+            continue
         start, end = (int(v, 16) for v in span.split("-"))
         major, minor = (int(v, 16) for v in dev.split(":"))
         out.append((start, end, int(offset, 16), os.makedev(major, minor), int(ino)))

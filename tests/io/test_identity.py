@@ -3,6 +3,7 @@ lies (HDF5 objects, mapped file ranges, memory), on real files, links, maps and 
 
 from __future__ import annotations
 
+import mmap
 import os
 from multiprocessing import shared_memory
 
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 
 from bigmm.io import open_input
-from bigmm.io.identity import (SAMPLE_MAX, array_footprint, describe, differences, fingerprint,
-                               overlaps, sample_regions)
+from bigmm.io.identity import (SAMPLE_MAX, _mappings, array_footprint, describe, differences,
+                               fingerprint, overlaps, sample_regions)
 from bigmm.testing import random_matrix
 
 SHAPE = (301, 257)  # multiples of nothing; 600 KiB of float64: sampled, not hashed whole
@@ -186,6 +187,24 @@ def test_shared_memory_mapped_twice_overlaps():
         other.close()
         shm.close()
         shm.unlink()
+
+
+def test_footprints_name_files_among_many_anonymous_mappings(tmp_path):
+    # thousands of anonymous mappings (as in a CUDA process) are skipped, a file's is found
+    path = tmp_path / "raw.bin"
+    np.arange(4096, dtype=np.float64).tofile(path)
+    anonymous = [mmap.mmap(-1, mmap.PAGESIZE) for _ in range(2000)]
+    try:
+        x = np.memmap(path, np.float64, "r", shape=(64, 64))
+        fp = array_footprint(x)
+        st = os.stat(path)
+        assert fp.files == ((st.st_dev, st.st_ino),)
+        assert fp.ranges == ((st.st_dev, st.st_ino, 0, x.nbytes),)
+        assert all(ino for *_, ino in _mappings())
+        del x
+    finally:
+        for m in anonymous:
+            m.close()
 
 
 def test_views_of_one_array_share_memory():
