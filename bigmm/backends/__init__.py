@@ -1,8 +1,8 @@
 """Compute backends: one registry selected by name; ``auto`` picks cupy where a GPU is usable.
 
 :class:`Backend` is the core protocol; :class:`Checksums`, :class:`Calibrates`,
-:class:`Profiles`, :class:`HostHints`, :class:`Registers`, :class:`SplitsPanels` and
-:class:`Syrk` are optional abilities, tested for with ``isinstance``.
+:class:`Profiles`, :class:`HostHints`, :class:`Registers`, :class:`SplitsPanels`,
+:class:`Syrk` and :class:`DeviceBlocks` are optional abilities, tested for with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import importlib
 import importlib.util
 
 from ..errors import BackendUnavailable
-from .base import (Backend, Calibrates, Checksums, HostHints, Profiles, Registers,
-                   SplitsPanels, Syrk)
+from .base import (Backend, Calibrates, Checksums, DeviceBlocks, HostHints, Profiles,
+                   Registers, SplitsPanels, Syrk)
 
-__all__ = ["BACKENDS", "Backend", "Calibrates", "Checksums", "HostHints", "Profiles",
-           "Registers", "SplitsPanels", "Syrk", "get_backend", "probe_cuda"]
+__all__ = ["BACKENDS", "Backend", "Calibrates", "Checksums", "DeviceBlocks", "HostHints",
+           "Profiles", "Registers", "SplitsPanels", "Syrk", "get_backend", "probe_cuda"]
 
 #: Names ``get_backend`` accepts.
 BACKENDS = ("auto", "numpy", "cupy")

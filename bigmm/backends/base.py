@@ -13,7 +13,9 @@ events. Optional abilities are protocols of their own, which code tests for expl
 * :class:`Registers`: page-locking a user's host memory in place for a run, so that copies
   use the user's arrays without staging;
 * :class:`Syrk`: a rank-k update of a square tile's upper triangle (BLAS syrk), the diagonal
-  tiles of Gram plans at half a gemm's flops.
+  tiles of Gram plans at half a gemm's flops;
+* :class:`DeviceBlocks`: a run's equal buffers from one allocation (one call to allocate and
+  one to free them, where a device's allocator costs a fraction of a millisecond a call).
 
 Buffers are allocated once per run as flat 1-D arrays; a panel or tile is a contiguous view of
 a buffer's first rows*cols elements (``view``), so edge tiles need no strided kernels or copies.
@@ -253,6 +255,15 @@ class Syrk(Protocol):
         alpha * op(a) @ op(a)^T + beta * c on ``stream``, op(a) = a^T when ``trans`` (c = alpha
         a^T a + beta c) else a (c = alpha a a^T + beta c); beta == 0 never reads c. The strictly
         lower triangle of c is left undefined (untouched, or overwritten)."""
+
+
+@runtime_checkable
+class DeviceBlocks(Protocol):
+    """A backend that allocates several equal device buffers at once."""
+
+    def device_buffers(self, size: int, count: int, dtype: np.dtype) -> list:
+        """``count`` flat device arrays of ``size`` elements each, disjoint, from one
+        allocation (freed by ``close``), as ``device_buffer`` gives one."""
 
 
 def rows_contiguous(x) -> bool:

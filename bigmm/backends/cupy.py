@@ -37,10 +37,11 @@ Besides the core :class:`~.base.Backend` it is :class:`~.base.Checksums` (kernel
 abft_checksum.cu; bigmm's float32-precision kernel fuses a step's updates),
 :class:`~.base.Calibrates` (:mod:`.cupy_rates`: its gemm, copies, pitched copies, device
 memory and page-locking timed), :class:`~.base.Profiles`,
-:class:`~.base.HostHints` (wide blocks for copies out of file maps) and
+:class:`~.base.HostHints` (wide blocks for copies out of file maps),
 :class:`~.base.Registers` (``cudaHostRegister``: a user's array page-locked in place for a
 run, read-only where the process may not write it; anything still locked is released at
-:meth:`close`).
+:meth:`close`) and :class:`~.base.DeviceBlocks` (a run's slots of one operand from one
+cudaMalloc).
 
 Its device-array helpers (bfloat16 as uint16 bits, extents, pitches, the gemm's operand
 checks) are in :mod:`.cupy_arrays`. This module imports cupy at its top: the registry imports
@@ -78,6 +79,9 @@ _LANES = {"copy_in": "GPU copy-in stream", "compute": "GPU compute stream",
 #: and wait, retried until they are at most ANCHOR_WINDOW seconds apart (a thread descheduled
 #: between them would shift every interval), at most ANCHOR_TRIES times.
 ANCHOR_TRIES, ANCHOR_WINDOW = 8, 50e-6
+#: Buffers of one :meth:`CupyBackend.device_buffers` block start on multiples of this many
+#: bytes (cudaMalloc's own alignment).
+BLOCK_ALIGN = 256
 
 
 _PINNED = PinnedCache()
@@ -176,6 +180,20 @@ class CupyBackend:
         self.device_bytes += nbytes
         mem = cupy.cuda.UnownedMemory(ptr, nbytes, self, self._device.id)
         return cupy.ndarray((int(size),), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+    def device_buffers(self, size: int, count: int, dtype) -> list:
+        """``count`` flat device arrays of ``size`` elements from one cudaMalloc (freed by
+        :meth:`close`), each starting on a BLOCK_ALIGN boundary."""
+        dtype = device_dtype(dtype)
+        step = -(-int(size) * dtype.itemsize // BLOCK_ALIGN) * BLOCK_ALIGN
+        nbytes = step * int(count)
+        with self._device:
+            ptr = cupy.cuda.runtime.malloc(max(nbytes, 1))
+        self._device_ptrs.append(ptr)
+        self.device_bytes += nbytes
+        mem = cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), self, self._device.id)
+        return [cupy.ndarray((int(size),), dtype, memptr=cupy.cuda.MemoryPointer(mem, i * step))
+                for i in range(int(count))]
 
     def view(self, buf, shape: tuple[int, int]):
         return flat_view(buf, shape)

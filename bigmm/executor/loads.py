@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import rows_contiguous
+from ..backends.base import DeviceBlocks, rows_contiguous
 from ..errors import BigmmError, ReadError
 from ..io.inputs import on_caller_thread
 from ..io.sink import ArraySink
@@ -85,9 +85,9 @@ class Slots:
     @classmethod
     def allocate(cls, be, p: Plan, direct: dict[str, Any]) -> Slots:
         dt, ct = numpy_dtype(p.dtype), numpy_dtype(p.c_dtype)
-        dev = {"A": [be.device_buffer(p.bm * p.bk, dt) for _ in range(p.a_slots)],
-               "B": [be.device_buffer(p.bk * p.bn, dt) for _ in range(p.b_slots)],
-               "C": [be.device_buffer(p.bm * p.bn, ct) for _ in range(p.c_slots)]}
+        dev = {"A": _device_buffers(be, p.bm * p.bk, p.a_slots, dt),
+               "B": _device_buffers(be, p.bk * p.bn, p.b_slots, dt),
+               "C": _device_buffers(be, p.bm * p.bn, p.c_slots, ct)}
         slots = cls(dev, {}, direct, bool(be.staging))
         slots.itemsize = {"A": dt.itemsize, "B": dt.itemsize, "C": ct.itemsize}
         if not be.staging:
@@ -119,6 +119,14 @@ class Slots:
         """The key of ``c_written`` for a device C slot: the host C buffer its tiles pass
         through (staging), else the slot itself (its buffer is what the writer reads)."""
         return c_slot % HOST_C_SLOTS if self.staging else c_slot
+
+
+def _device_buffers(be, size: int, count: int, dtype) -> list:
+    """``count`` device buffers of ``size`` elements: one allocation where the backend can
+    (:class:`~bigmm.backends.base.DeviceBlocks`)."""
+    if count > 1 and isinstance(be, DeviceBlocks):
+        return be.device_buffers(size, count, dtype)
+    return [be.device_buffer(size, dtype) for _ in range(count)]
 
 
 def _pin(be, size: int, dtype, fut: cf.Future) -> None:

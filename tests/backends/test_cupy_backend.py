@@ -226,6 +226,32 @@ def test_auto_picks_cupy_where_a_gpu_answers():
 
 # ----- buffers ------------------------------------------------------------------------------
 
+def test_device_buffers_of_one_block_are_disjoint_aligned_and_freed():
+    from bigmm.backends import DeviceBlocks
+    from bigmm.backends.cupy import BLOCK_ALIGN
+
+    be = _backend()
+    try:
+        assert isinstance(be, DeviceBlocks)
+        size, count = 1000003, 5  # multiples of nothing
+        free0 = cupy.cuda.runtime.memGetInfo()[0]
+        bufs = be.device_buffers(size, count, np.float32)
+        assert be.device_bytes >= size * count * 4 and len(bufs) == count
+        ptrs = [x.data.ptr for x in bufs]
+        assert all(p % BLOCK_ALIGN == 0 for p in ptrs)
+        assert all(q - p >= size * 4 for p, q in zip(ptrs, ptrs[1:]))
+        for i, x in enumerate(bufs):
+            assert x.shape == (size,) and x.dtype == np.float32
+            x[...] = i
+        cupy.cuda.runtime.deviceSynchronize()
+        assert [float(x.min()) for x in bufs] == [float(x.max()) for x in bufs] == [
+            float(i) for i in range(count)]
+    finally:
+        be.close()
+    assert be.device_bytes == 0
+    assert cupy.cuda.runtime.memGetInfo()[0] >= free0 - (64 << 20)  # given back
+
+
 def test_host_buffers_are_pinned_and_reused_across_runs():
     from bigmm.backends.cupy import pinned_bytes_held, release_pinned
 

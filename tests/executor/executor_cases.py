@@ -217,6 +217,26 @@ class RecordingAsyncBackend(PinnedAsyncBackend):
         super().gemm(a, b, c, alpha, beta, trans_a, trans_b, stream)
 
 
+class BlockAsyncBackend(AsyncBackend):
+    """AsyncBackend that also allocates equal device buffers as one block (DeviceBlocks),
+    recording each call's (size, count)."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        self.blocks: list[tuple[int, int]] = []
+        self.singles = 0
+
+    def device_buffer(self, size, dtype):
+        self.singles += 1
+        return super().device_buffer(size, dtype)
+
+    def device_buffers(self, size, count, dtype):
+        self.blocks.append((size, count))
+        step = size + 3  # buffers apart, as on a device
+        block = np.full(step * count, np.nan, dtype=dtype)
+        return [_Dev(block[i * step:i * step + size]) for i in range(count)]
+
+
 # ----- helpers ------------------------------------------------------------------------------
 
 def h5(path, name, array, **kw) -> str:

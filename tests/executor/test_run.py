@@ -11,8 +11,8 @@ import time
 import h5py
 import numpy as np
 import pytest
-from executor_cases import (BACKENDS, AsyncBackend, PinnedAsyncBackend, RecordingAsyncBackend,
-                            array_run, h5, job_record, run)
+from executor_cases import (BACKENDS, AsyncBackend, BlockAsyncBackend, PinnedAsyncBackend,
+                            RecordingAsyncBackend, array_run, h5, job_record, run)
 
 from bigmm import io
 from bigmm.backends.numpy import NumpyBackend
@@ -121,6 +121,21 @@ def test_staging_pinned_in_the_background_while_the_run_starts(tmp_path, m, n, k
         i >= first for i in range(len(slots))]
     assert first == 2 + (beta != 0) and len(slots) > first
     assert be.first_gemm < be.pins[-1][1]  # computing before the last buffer was pinned
+
+
+@pytest.mark.parametrize("m,n,k,order", [
+    (37, 41, 97, "stream"),  # two slots of each operand
+    (53, 29, 61, "resident-c"),  # every C strip on the device
+    (29, 53, 61, "whole-b"),  # all of B on the device, one block of its panels
+])
+def test_equal_device_buffers_come_from_one_block(tmp_path, m, n, k, order):
+    be = BlockAsyncBackend(seed=3)
+    out, ref, _, plan = run(tmp_path, be, m=m, n=n, k=k, order=order, io_threads=3)
+    assert relative_error(out, ref) <= tolerance(np.float64, k)
+    slots = {"A": (plan.bm * plan.bk, plan.a_slots), "B": (plan.bk * plan.bn, plan.b_slots),
+             "C": (plan.bm * plan.bn, plan.c_slots)}
+    assert be.blocks and be.blocks == [v for v in slots.values() if v[1] > 1]
+    assert be.singles == sum(1 for _, count in slots.values() if count == 1)
 
 
 @pytest.mark.parametrize("fail", [
