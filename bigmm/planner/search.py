@@ -51,6 +51,13 @@ SIM_RESIDENT_C = 5
 #: 81920 strips at 271 TFLOP/s and 8192-deep ones at 342 on an H100, which the model does not
 #: know).
 NEAR = 0.03
+#: Where C goes to storage (``make_plan(..., whole=True)``), of the near plans reading the
+#: fewest bytes in the best plan's order, the one the model puts fastest with the inputs read
+#: at this rate (bytes per second; at least the rates' own), as from the page cache: at the
+#: nominal file rates the model loads the reads as much as the writes and cannot tell which
+#: heights of the tiles keep the gemms and the writer busy while the operand kept whole is
+#: read (see BENCHMARKS.md, the HDF5 and Zarr jobs).
+CACHED_READ_RATE = 8e9
 
 
 def _check_dims(m: int, n: int, k: int) -> None:
@@ -230,7 +237,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
         if found:
             if rates is None:
                 return min(found, key=lambda x: x[0])[1]
-            return _fastest(found, rates, _deeper(k, uk, shallow))
+            return _fastest(found, rates, _deeper(k, uk, shallow),
+                            _cached(rates) if whole and staging else None)
     smallest = min(m, min_tile), min(n, min_tile), min(k, min_tile)
     if order == "resident-c":  # strips C's width, and every one of them on the device
         smallest = (smallest[0], n, smallest[2])
@@ -259,7 +267,13 @@ def _first_line_too_long(p: Plan) -> bool:
     return 2 * (p.ni if p.order == "whole-a" else p.nj) * p.nk > SIM_STEPS
 
 
-def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = ()) -> Plan:
+def _cached(rates: Rates) -> Rates:
+    """``rates`` with the inputs read at least at CACHED_READ_RATE."""
+    return replace(rates, read_bytes=max(rates.read_bytes, CACHED_READ_RATE))
+
+
+def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = (),
+             cached: Rates | None = None) -> Plan:
     """The candidate with the shortest predicted makespan, or one within NEAR of it (see
     there: the fewest bytes read, the deepest resident-c strips). Of the candidates in the
     orders other than resident-c, the first SIM_PLANS in order of ``StageTimes.guess``, the
@@ -306,6 +320,11 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     st = stage_times(best[2], rates)
     if max(st.read, st.write) > st.compute:  # the copies bound the run: the fewest bytes
         best = min(near, key=lambda x: (x[2].bytes_read, x[:2]))
+        if cached is not None and best[2].order in WHOLE_ORDERS:
+            line = [x for x in near if x[2].order == best[2].order
+                    and x[2].bytes_read == best[2].bytes_read]
+            best = min(line, key=lambda x: (replace(x[2], rates=cached).predicted_seconds,
+                                            x[:2]))
     if best[2].order == "resident-c":  # of strips as near and reading as little, the deepest
         best = min((x for x in near if x[2].order == "resident-c"
                     and x[2].bytes_read <= best[2].bytes_read), key=lambda x: (x[2].nk, x[:2]))
