@@ -178,7 +178,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
 
     ``whole``: orders whole-a and whole-b are candidates too (when choosing by time with
     staging, and not for a Gram plan): for C written to storage, whose writes they start
-    early (:mod:`.schedule`); from host arrays they ran slower than the model predicts.
+    early (:mod:`.schedule`); from host arrays they ran slower than the model predicts. Near
+    ties in those orders are then broken with the inputs cached (CACHED_READ_RATE).
     """
     _check_dims(m, n, k)
     _check_symmetric(m, n, trans_a, trans_b, symmetric, upper)
@@ -275,7 +276,9 @@ def _cached(rates: Rates) -> Rates:
 def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = (),
              cached: Rates | None = None) -> Plan:
     """The candidate with the shortest predicted makespan, or one within NEAR of it (see
-    there: the fewest bytes read, the deepest resident-c strips). Of the candidates in the
+    there: the fewest bytes read, the deepest resident-c strips; with ``cached`` rates, those
+    of the inputs cached, the fastest at them of the best whole-a or whole-b order: see
+    CACHED_READ_RATE). Of the candidates in the
     orders other than resident-c, the first SIM_PLANS in order of ``StageTimes.guess``, the
     first SIM_PER_ORDER of whole-a and of whole-b and the SIM_LARGE with the fewest steps are
     simulated,
