@@ -57,11 +57,17 @@ struct FmaCompute {
         for (int j = 0; j < TN / VW; ++j) load16(&fb[buf][j * VW], Bs + step * TL::SB + j * TH_N * VW);
     }
 
+    // Rows of the register tile in turn, odd rows backwards: each FMA shares an operand with
+    // the one before, so that the operand reuse caches serve it (fewer register-file reads);
+    // every sum is the same as in row order.
     __device__ __forceinline__ void mma(int buf) {
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
-            for (int j = 0; j < TN; ++j) acc[i][j] = fma_rn(fa[buf][i], fb[buf][j], acc[i][j]);
+            for (int j = 0; j < TN; ++j) {
+                const int jj = (i & 1) ? TN - 1 - j : j;
+                acc[i][jj] = fma_rn(fa[buf][i], fb[buf][jj], acc[i][jj]);
+            }
     }
 
     template <class F>
