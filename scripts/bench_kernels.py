@@ -466,7 +466,7 @@ def main(argv=None) -> int:
     results["peak_tflops"] = {d: peak_fma(d) for d in ("float32", "float64", "float64_dmma")}
     print(f"FMA ceilings: {results['peak_tflops']}", flush=True)
 
-    table_cfgs = {d: list(ck.tile_configs(d, args.table).values()) for d in args.dtypes}
+    table_cfgs = {d: list(ck.tile_configs(d, args.table, precision=d).values()) for d in args.dtypes}
     results["correctness"] = correctness_sweep([c for d in args.dtypes for c in table_cfgs[d]])
     bad = [r for r in results["correctness"] if not r["ok"]]
     print(f"correctness: {len(results['correctness']) - len(bad)}/{len(results['correctness'])} ok", flush=True)
