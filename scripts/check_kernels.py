@@ -3,7 +3,8 @@
 
 Compiles every kernel (each tile config of bigmm/backends/kernel_table.json for the GEMM
 families: gemm_regblock.cu, and gemm_tf32.cu for the TF32 and 3xTF32 configs; for one config
-of each family and arithmetic also the Gram variant, -DBIGMM_UPPER=1; plus kernel 01, the FMA
+of each family and arithmetic also the Gram variant, -DBIGMM_UPPER=1; for each float32 config
+the variant with the fused checksum updates, -DBIGMM_CHECKS=1; plus kernel 01, the FMA
 probes, the split-K reduction and the ABFT checksums) with
 ``nvcc -cubin -Xptxas -v`` for sm_80 and sm_90 (the wgmma configs, gemm_wgmma.cu, for sm_90a
 only, in place of sm_90) and fails when any kernel:
@@ -85,6 +86,9 @@ def jobs_from_table() -> list[dict]:
             "arch": cfg.arch, "entries": ["gemm_" + e for e in cfg.entries],
         }
         jobs.append(job)
+        if cfg.precision == "float32":  # the fused checksum updates (float64's spill a little)
+            jobs.append(dict(job, name=name + "+checks", defines=list(cfg.defines(checks=True)),
+                             min_blocks=cfg.checks_blocks))
         kind = (cfg.source, cfg.dtype, cfg.precision)
         if kind not in upper:
             upper.add(kind)

@@ -56,11 +56,9 @@ def _gemm_kernel(config: TileConfig, entry: str, checks: bool = False, upper: bo
 
 
 def _compiled_gemm(config: TileConfig, entry: str, checks: bool, upper: bool):
-    options = config.defines() + config.compile_options() + (
+    options = config.defines(checks) + config.compile_options() + (
         "-DBIGMM_ONLY=1", f"-DBIGMM_ONLY_NAME=gemm_{entry}",
         f"-DBIGMM_ONLY_A={_LOADERS[entry[0]]}", f"-DBIGMM_ONLY_B={_LOADERS[entry[1]]}")
-    if checks:
-        options += ("-DBIGMM_CHECKS=1",)
     if upper:
         options += ("-DBIGMM_UPPER=1",)
     kern = raw_kernel(config.source, "gemm_" + entry, options)

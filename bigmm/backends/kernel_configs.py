@@ -33,6 +33,9 @@ TF32X3_MIN_K = 64
 TF32X3_WGMMA_MIN_K = 64
 #: Precisions of :func:`gemm` per dtype (None = the dtype's own: "float32" or "float64").
 PRECISIONS = {"float32": ("float32", "tf32x3", "tf32"), "float64": ("float64",)}
+#: Blocks an SM that a kernel with the fused checksum updates (-DBIGMM_CHECKS) is built for at
+#: most: the updates need more than the 128 registers a thread of four 128-thread blocks.
+CHECKS_MAX_BLOCKS = 3
 
 # (A mode, B mode) -> entry point.  Modes: k = A/B contiguous along K (transposed on load),
 # v = contiguous along M/N and 16-byte aligned, s = contiguous along M/N, unaligned; w = A
@@ -111,12 +114,14 @@ class TileConfig:
             return raw + self.split_bufs * parts * self.bn * self.bk * 4 + 1024
         return raw
 
-    def defines(self) -> tuple[str, ...]:
+    def defines(self, checks: bool = False) -> tuple[str, ...]:
+        """The tile macros; ``checks``: of the variant with the fused checksum updates."""
         ctype = "float" if self.dtype == "float32" else "double"
         values = {
             "DTYPE": ctype, "BM": self.bm, "BN": self.bn, "BK": self.bk, "WM": self.wm,
             "WN": self.wn, "TM": self.tm, "TN": self.tn, "STAGES": self.stages,
-            "PAD_BYTES": self.pad_bytes, "MIN_BLOCKS": self.min_blocks, "DMMA": int(self.dmma),
+            "PAD_BYTES": self.pad_bytes, "MIN_BLOCKS": self.checks_blocks if checks else
+            self.min_blocks, "DMMA": int(self.dmma),
         }
         if self.tf32:
             values["TF32_PASSES"] = self.tf32
@@ -126,7 +131,14 @@ class TileConfig:
                 values.pop(key, None)
             values["WG_PIPE"] = int(self.pipe)
             values["WG_SPLITS"] = self.split_bufs
+        if checks:
+            values["CHECKS"] = 1
         return tuple(f"-DBIGMM_{k}={v}" for k, v in values.items())
+
+    @property
+    def checks_blocks(self) -> int:
+        """The blocks an SM the variant with the fused checksum updates is built for."""
+        return min(self.min_blocks, CHECKS_MAX_BLOCKS)
 
     def check(self) -> None:
         """Raise KernelError when the parameters break the family's static rules."""

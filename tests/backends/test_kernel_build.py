@@ -50,3 +50,19 @@ def test_every_kernel_compiles_without_spills():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_kernels.py")],
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_every_float32_config_is_built_with_its_checks_too():
+    # the fused checksum variant is compiled and held to its own occupancy target (at most
+    # CHECKS_MAX_BLOCKS blocks an SM), so that a config whose plain kernel fits four blocks an
+    # SM cannot ship a checks kernel that spills
+    jobs = {j["name"]: j for j in check_kernels.jobs_from_table()}
+    float32 = [n for n, j in jobs.items() if "-DBIGMM_DTYPE=float" in j["defines"]
+               and not any(d.startswith(("-DBIGMM_TF32", "-DBIGMM_WG")) for d in j["defines"])
+               and "+" not in n]
+    assert float32
+    for name in float32:
+        checks = jobs[name + "+checks"]
+        assert "-DBIGMM_CHECKS=1" in checks["defines"]
+        assert checks["min_blocks"] == min(jobs[name]["min_blocks"], 3)
+        assert f"-DBIGMM_MIN_BLOCKS={checks['min_blocks']}" in checks["defines"]
