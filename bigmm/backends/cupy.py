@@ -173,12 +173,7 @@ class CupyBackend:
         """A flat device array from its own cudaMalloc (not the memory pool), freed by
         :meth:`close` (views of it must not be used after that); bfloat16 as uint16 bits."""
         dtype = device_dtype(dtype)
-        nbytes = int(size) * dtype.itemsize
-        with self._device:
-            ptr = cupy.cuda.runtime.malloc(nbytes)
-        self._device_ptrs.append(ptr)
-        self.device_bytes += nbytes
-        mem = cupy.cuda.UnownedMemory(ptr, nbytes, self, self._device.id)
+        mem = self._allocate(int(size) * dtype.itemsize)
         return cupy.ndarray((int(size),), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
     def device_buffers(self, size: int, count: int, dtype) -> list:
@@ -186,14 +181,18 @@ class CupyBackend:
         :meth:`close`), each starting on a BLOCK_ALIGN boundary."""
         dtype = device_dtype(dtype)
         step = -(-int(size) * dtype.itemsize // BLOCK_ALIGN) * BLOCK_ALIGN
-        nbytes = step * int(count)
+        mem = self._allocate(step * int(count))
+        return [cupy.ndarray((int(size),), dtype, memptr=cupy.cuda.MemoryPointer(mem, i * step))
+                for i in range(int(count))]
+
+    def _allocate(self, nbytes: int):
+        """``nbytes`` of device memory from a cudaMalloc of its own, counted in
+        ``device_bytes`` and freed by :meth:`close`."""
         with self._device:
             ptr = cupy.cuda.runtime.malloc(max(nbytes, 1))
         self._device_ptrs.append(ptr)
         self.device_bytes += nbytes
-        mem = cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), self, self._device.id)
-        return [cupy.ndarray((int(size),), dtype, memptr=cupy.cuda.MemoryPointer(mem, i * step))
-                for i in range(int(count))]
+        return cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), self, self._device.id)
 
     def view(self, buf, shape: tuple[int, int]):
         return flat_view(buf, shape)
