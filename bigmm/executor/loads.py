@@ -327,8 +327,8 @@ class Loader:
                 event = slots.events.get(host_key or (op, slot))
                 ready = ((lambda: be.synchronize(event)) if event is not None
                          else (lambda: None))
-            # pieces of whole chunk rows: a chunk read whole is decoded once, and a raw chunk's
-            # pages are not faulted by several threads at once
+            # pieces of whole chunk rows: a chunk read whole is decoded once (a source splits
+            # a large raw chunk between its own threads in blocks of whole fault windows)
             chunks = None if op == "C" else src.panel_chunks or src.chunks
             rows = io_pieces(r0, r1, c1 - c0, src.dtype.itemsize, self.threads, chunks)
             # a part split between reader threads: each piece on its thread alone (a part in

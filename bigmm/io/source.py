@@ -36,7 +36,7 @@ from .inputs import (DEFAULT_THREADS, TASK_BYTES, Source, _batches, caller_split
 from .h5open import check_readable, open_h5
 from .identity import Footprint, array_footprint, file_facts
 from .layout import MAX_INDEX_CELLS, Layout, chunk_cells, chunk_index, probe_layout
-from .mapped import PAGE, STEP_BYTES, FileMap
+from .mapped import FAULT_GRAIN, PAGE, STEP_BYTES, FileMap
 from .rawio import read_block
 from .spec import Spec, parse_spec
 
@@ -306,16 +306,27 @@ class H5Source(Source):
                 for a in range(r0, r1, per)]
 
     def _mapped_chunks(self, r0, r1, c0, c1, out, piece) -> list:
+        """Tasks of whole chunks' parts; a part larger than ``piece`` goes in blocks of rows
+        (whole FAULT_GRAIN windows of the chunk where its rows allow), so that a region of
+        few large chunks is copied by as many threads as one of many small ones. Threads on
+        neighbouring blocks of a chunk may drop pages at their shared edge that the other
+        then faults in again from the page cache: no more."""
         cr, cc = self._layout.chunks
         offsets, stored, fill = self._layout.chunk_offsets, self._stored(), self._layout.fill
+        w = self.dtype.itemsize
+        grain = max(1, FAULT_GRAIN // (cc * w))
 
         def cells():
             for ci, cj, a0, a1, b0, b1 in chunk_cells((cr, cc), r0, r1, c0, c1):
-                base = int(offsets[ci, cj])
-                src = None if base < 0 else self._map.array(base, (cr, cc), stored)[
-                    a0 - ci * cr:a1 - ci * cr, b0 - cj * cc:b1 - cj * cc]
-                yield ((out[a0 - r0:a1 - r0, b0 - c0:b1 - c0], src, fill),
-                       (a1 - a0) * (b1 - b0) * self.dtype.itemsize)
+                base, row = int(offsets[ci, cj]), (b1 - b0) * w
+                chunk = None if base < 0 else self._map.array(base, (cr, cc), stored)
+                per = (a1 - a0 if (a1 - a0) * row <= piece
+                       else max(grain, piece // row // grain * grain))
+                for x0 in range(a0, a1, per):
+                    x1 = min(a1, x0 + per)
+                    src = None if chunk is None else chunk[x0 - ci * cr:x1 - ci * cr,
+                                                           b0 - cj * cc:b1 - cj * cc]
+                    yield (out[x0 - r0:x1 - r0, b0 - c0:b1 - c0], src, fill), (x1 - x0) * row
 
         return _batches(cells(), piece)
 

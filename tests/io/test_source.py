@@ -142,6 +142,22 @@ def test_region_split_over_pool(tmp_path, monkeypatch, task_bytes, kwargs, use_m
         check_reads(src, data, seed=5)
 
 
+@pytest.mark.parametrize("grain, per", [
+    (8 * 13 * 3, 3),  # windows of three rows: blocks of whole windows within a 512-byte task
+    (1, 4),  # windows smaller than a row: blocks of as many rows as a task holds
+])
+def test_large_chunks_are_copied_in_blocks_of_rows(tmp_path, monkeypatch, grain, per):
+    monkeypatch.setattr(source, "TASK_BYTES", 64)
+    monkeypatch.setattr(source, "FAULT_GRAIN", grain)
+    path, data = make(tmp_path, {"chunks": (41, 13)}, "<f8", seed=9)
+    with open_input(f"{path}:/A", threads=3) as src:
+        assert src.mapped
+        tasks = src._mapped_chunks(0, 41, 0, 13, np.empty((41, 13)), 512)
+        rows = [dest.shape[0] for task in tasks for dest, _, _ in task]
+        assert rows == [per] * (41 // per) + ([41 % per] if 41 % per else [])
+        check_reads(src, data, seed=10)
+
+
 @pytest.mark.parametrize("kwargs", [
     {},                                          # contiguous
     {"chunks": (11, 13)},                        # raw chunks
