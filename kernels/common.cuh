@@ -141,6 +141,15 @@ __device__ __forceinline__ unsigned tf32_rna(float x) {
     return u & 0xffffe000u;
 }
 
+// x rounded to TF32 for plain TF32 products: to nearest with ties to even, as the TMA unit
+// rounds float32 read through a TFLOAT32 tensor map (and cuBLAS's TF32 mode), so that every
+// plain TF32 kernel multiplies the same values: magnitudes from 0x1.ffep127 up round to
+// infinity, NaN stays NaN.  Returns the bits the mma takes.
+__device__ __forceinline__ unsigned tf32_rne(float x) {
+    const unsigned u = __float_as_uint(x);
+    return x != x ? 0x7fffe000u : (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
+}
+
 // The 3xTF32 split: x = big + small * 2^-10 + r with big = tf32(x), small = tf32(2^10 (x - big))
 // (x - big is exact), |small| <= |x| and |r| <= 2^-23 |x|.  The scale keeps the small part of a
 // tiny x (x - big below 2^-126) out of TF32's subnormals, whose 10-bit mantissa would lose it;

@@ -107,14 +107,14 @@ struct Tf32Compute {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 if (PASSES == 3) tf32_split(fa[buf][i][e], ab[i][e], as[i % SI][e], FADD);
-                else ab[i][e] = tf32_rna(fa[buf][i][e]);
+                else ab[i][e] = tf32_rne(fa[buf][i][e]);
             }
 #pragma unroll
         for (int p = 0; p < NP; ++p)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 if (PASSES == 3) tf32_split(fb[buf][p][e], bb[p][e], bs[p % SP][e], FADD);
-                else bb[p][e] = tf32_rna(fb[buf][p][e]);
+                else bb[p][e] = tf32_rne(fb[buf][p][e]);
             }
 #pragma unroll
         for (int i = 0; i < MI; ++i)

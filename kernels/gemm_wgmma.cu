@@ -135,7 +135,7 @@ __device__ __forceinline__ void split_chunk(const float* raw_b, unsigned char* d
         *reinterpret_cast<uint4*>(dst + S::PART_BYTES + off) = small;
     } else {
         *reinterpret_cast<uint4*>(dst + off) =
-            make_uint4(tf32_rna(x[0]), tf32_rna(x[1]), tf32_rna(x[2]), tf32_rna(x[3]));
+            make_uint4(tf32_rne(x[0]), tf32_rne(x[1]), tf32_rne(x[2]), tf32_rne(x[3]));
     }
 }
 
@@ -246,7 +246,7 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             if (PASSES == 3) tf32_split(x[e], b[e], sm[e]);
-            else b[e] = tf32_rna(x[e]);
+            else b[e] = tf32_rne(x[e]);
         }
     };
     auto desc_at = [&](int buf, int part, int s) {  // B operand of k-step s in split buffer buf

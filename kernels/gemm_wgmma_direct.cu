@@ -1,27 +1,27 @@
-// bigmm's plain TF32 GEMM on Hopper's warpgroup tensor cores (sm_90a only) that reads one
-// operand as it is stored: C = alpha * op(A) @ op(B) + beta * C in float32, row-major, any M,
-// N, K, where one operand is contiguous along its side of C (R: NN's B along N, TT's A along M,
-// stored R[k][r], 16-byte aligned rows) and the other along K (S: NN's A, TT's B, S[s][k]).
+// bigmm's plain TF32 GEMM on Hopper's warpgroup tensor cores (sm_90a only) that reads both
+// operands as they are stored: C = alpha * op(A) @ op(B) + beta * C in float32, row-major, any
+// M, N, K, where one operand is contiguous along its side of C (R: NN's B along N, TT's A along
+// M, stored R[k][r]) and the other along K (S: NN's A, TT's B, S[s][k]).
 //
-// wgmma takes TF32 operands from shared memory only K-major, but its first operand may come
-// from registers in any layout.  So R is copied raw (16-byte cp.async) into a padded tile from
-// which each thread loads its fragments and rounds them (tf32_rna), while S is rounded ahead by
-// round_tiles into 256 x 32 tiles already in the 128-byte swizzle the descriptor reads, one
-// after another (8 |S| bytes of traffic: the launcher takes this kernel where S is the small
-// operand), each stage's S tile one bulk copy: D[r][s] = sum_k R[k][r] S[s][k], which is C (TT)
-// or C^T (NN).  Every product is of values rounded to nearest, as the kernels rounding both
-// operands ahead (gemm_wgmma_split.cu).
-//  * Block: three warpgroups.  The third is the producer: per k-tile one thread issues the S
-//    tile's bulk copy and its 128 threads the R tile's 16-byte copies, completing the stage's
-//    "full" mbarrier; the two others (setmaxnreg: 232 registers against the producer's 40)
-//    compute a D tile of 128 (r) x 256 (s), each k-step one wgmma.m64n256k8 a warpgroup with
-//    its 64 rows of R from registers, accumulating in the wgmma (as cuBLAS's TF32 mode).  Four
-//    stages of 49 KB (S 256 x 32, R 32 x 128 at row stride 136 floats).
-//  * Fragments: logical rows g and g + 8 of a warp's 16 are stored rows 2g and 2g + 1, so that
-//    each k-step is two conflict-free float2 loads (row stride 136 = 8 mod 32).
+// The tiles come through the TMA unit from TFLOAT32 tensor maps, which round float32 to TF32
+// (to nearest, ties to even) on the way into shared memory: no rounding pass, no rounding
+// instructions, zeros past the edges.  wgmma takes TF32 operands from shared memory only
+// K-major, but its first operand may come from registers in any layout.  So S (K-major) lands
+// in the 128-byte swizzle the descriptor reads, a 256 x 32 box a stage, and R in four 32 x 32
+// boxes (the same swizzle) from which each thread loads its fragments with two conflict-free
+// float2 loads a k-step: D[r][s] = sum_k R[k][r] S[s][k], which is C (TT) or C^T
+// (NN).  Where S's rows are not 16-byte aligned (no tensor map), round_tiles rounds it ahead
+// into the same tiles, one bulk copy a stage.
+//  * Block: three warpgroups.  One thread of the third issues a stage's copies and the bytes
+//    complete its "full" mbarrier; the two others (setmaxnreg: 232 registers against the
+//    producer's 40) compute a D tile of 128 (r) x 256 (s), each k-step one wgmma.m64n256k8 a
+//    warpgroup with its 64 rows of R from registers, accumulating in the wgmma (as cuBLAS's
+//    TF32 mode).  Four stages of 48 KB (S 256 x 32, R 32 x 128).
+//  * Fragments: logical rows g and g + 8 of a warp are two adjacent rows of R, the warp's 16
+//    rows spread over a box's chunks so that no two threads of a half-warp share banks.
 //  * Two fragment sets, used by alternate k-tiles: a k-tile's wgmmas stay in flight over the
-//    next k-tile's wait, fragment loads and rounding, and are waited for before their set is
-//    loaded again; then each consumer warp arrives on that stage's "empty" mbarrier, which the
+//    next k-tile's wait and fragment loads, and are waited for before their set is loaded
+//    again; then each consumer warp arrives on that stage's "empty" mbarrier, which the
 //    producer waits for before refilling it (kernels/README.md has the variants measured).
 //  * Epilogue: D through shared memory into C's layout (the consumers' named barrier), then
 //    16-byte stores of whole rows.
@@ -32,10 +32,15 @@ namespace bigmm {
 
 constexpr int DIRECT_STAGES = 4;
 constexpr int DIRECT_S_BYTES = 256 * 128;            // S tile: 256 rows of 32 k
-constexpr int DIRECT_RP = 136;                       // R tile row stride (floats)
-constexpr int DIRECT_R_BYTES = 32 * DIRECT_RP * 4;   // R tile: 32 k of 128 r
+constexpr int DIRECT_BOX_BYTES = 32 * 128;           // R box: 32 k of 32 r
+constexpr int DIRECT_R_BYTES = 4 * DIRECT_BOX_BYTES; // R tile: 32 k of 128 r
 constexpr int DIRECT_STAGE = DIRECT_S_BYTES + DIRECT_R_BYTES;
 static_assert(DIRECT_STAGE % 1024 == 0, "every stage's S tile on a swizzle atom");
+
+// A CUtensorMap (the driver's encoding of a 2-D tensor map), passed by value.
+struct alignas(64) TmaMap {
+    unsigned long long words[16];
+};
 
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -70,16 +75,26 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
         ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// The box at (x, y) (x along the contiguous dimension) of a tensor map into shared memory.
+__device__ __forceinline__ void tma_load(unsigned dst, const TmaMap* map, int x, int y,
+                                         unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];"
+        ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, 256;" ::: "memory");
 }
 
-// The D tile at (r0, s0) = (128, 256) x block coordinates; C_T: C is D^T (NN).  S: the rounded
-// tiles of round_tiles, (s tile, k-tile) at ((s tile) KT + k-tile) 32 KB.
+// The D tile at (r0, s0) = (128, 256) x block coordinates; C_T: C is D^T (NN).  S from its
+// tensor map, or (s_tiles not null) the rounded tiles of round_tiles, (s tile, k-tile) at
+// ((s tile) KT + k-tile) 32 KB.
 template <bool C_T>
-__device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha,
-                                            const float* __restrict__ R, long long ldr,
-                                            const unsigned char* __restrict__ S, float beta,
+__device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha, const TmaMap* r_map,
+                                            const TmaMap* s_map,
+                                            const unsigned char* __restrict__ s_tiles, float beta,
                                             float* __restrict__ C, long long ldc, int c_vec) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = swizzle_aligned(smem_raw);
@@ -90,11 +105,11 @@ __device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha,
     int tile_s, tile_r;
     swizzle_tile<8>(blockIdx.x, (SN + 255) / 256, (RN + 127) / 128, tile_s, tile_r);
     const int s0 = tile_s * 256, r0 = tile_r * 128;
-    const int KT = (K + 31) / 32, KF = K / 32;  // k-tiles; those wholly inside K
+    const int KT = (K + 31) / 32;
     if (tid == 0) {
         for (int i = 0; i < DIRECT_STAGES; ++i) {
-            mbar_init(full + 8 * i, 129);  // the bulk copy's arrival and 128 threads' copies
-            mbar_init(empty + 8 * i, 8);   // the consumer warps
+            mbar_init(full + 8 * i, 1);   // the producer's arrival; the bytes complete it
+            mbar_init(empty + 8 * i, 8);  // the consumer warps
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -102,29 +117,24 @@ __device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha,
 
     if (wg == 2) {  // the producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-        // R: chunk cr of k rows kr + 4 j (columns past RN zero-filled, k rows from K on too)
-        const int p = tid - 256, cr = p % 32, kr = p / 32;
-        const int rcol = r0 + 4 * cr, rbytes = 4 * max(0, min(4, RN - rcol));
-        const float* r_row = rbytes ? R + rcol + (long long)kr * ldr : R;
-        const unsigned char* s_tiles = S + (long long)tile_s * KT * DIRECT_S_BYTES;
-        const unsigned rdst = unsigned(DIRECT_S_BYTES + (kr * DIRECT_RP + 4 * cr) * 4);
+        if (tid != 256) return;
+        asm volatile("prefetch.tensormap [%0];" ::"l"(r_map) : "memory");
+        if (!s_tiles) asm volatile("prefetch.tensormap [%0];" ::"l"(s_map) : "memory");
+        const unsigned char* s_src = s_tiles + (long long)tile_s * KT * DIRECT_S_BYTES;
         for (int kt = 0; kt < KT; ++kt) {
             const int st = kt % DIRECT_STAGES;
             if (kt >= DIRECT_STAGES) mbar_wait(empty + 8 * st, (kt / DIRECT_STAGES - 1) & 1);
-            const unsigned dst = base + unsigned(st * DIRECT_STAGE);
-            if (p == 0) {
-                mbar_arrive_expect(full + 8 * st, DIRECT_S_BYTES);
-                bulk_copy(dst, s_tiles + (long long)kt * DIRECT_S_BYTES, DIRECT_S_BYTES, full + 8 * st);
-            }
-            const float* rk = r_row + (rbytes ? (long long)kt * 32 * ldr : 0);
+            const unsigned dst = base + unsigned(st * DIRECT_STAGE), bar = full + 8 * st;
+            mbar_arrive_expect(bar, DIRECT_STAGE);
+            if (s_tiles)
+                bulk_copy(dst, s_src + (long long)kt * DIRECT_S_BYTES, DIRECT_S_BYTES, bar);
+            else
+                tma_load(dst, s_map, 32 * kt, s0, bar);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int bytes = kt < KF || kt * 32 + kr + 4 * j < K ? rbytes : 0;
-                cp_async<16>(dst + rdst + 4 * DIRECT_RP * 4 * j, bytes ? rk + j * 4 * ldr : R, bytes);
-            }
-            mbar_arrive_copies(full + 8 * st);
+            for (int j = 0; j < 4; ++j)
+                tma_load(dst + DIRECT_S_BYTES + j * DIRECT_BOX_BYTES, r_map, r0 + 32 * j, 32 * kt,
+                         bar);
         }
-        cp_async_wait<0>();
         return;
     }
 
@@ -132,20 +142,28 @@ __device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha,
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-    const int frag = 64 * wg + 16 * ((tid / 32) % 4) + 2 * g;  // this thread's stored R rows
+    // This thread's R rows, frag and frag + 1 (its fragments' rows g and g + 8), in box `box`
+    // at 16-byte chunk `chunk` (before the swizzle): each half-warp's float2 loads of a k-step
+    // then fall on 8 different chunks of 4 rows, conflict-free.
+    const int wi = (tid / 32) % 4, box = 2 * wg + wi / 2;
+    const int chunk = 4 * ((g >> 1) & 1) + (g >> 2) + 2 * (wi & 1);
+    const int frag = 32 * box + 4 * chunk + 2 * (g & 1);
+    const int at = box * (DIRECT_BOX_BYTES / 4) + 2 * (g & 1);
     unsigned f[2][4][4];  // fragment sets of even and odd k-tiles
     auto step = [&](int kt, unsigned (&fs)[4][4]) {
         const int st = kt % DIRECT_STAGES;
         mbar_wait(full + 8 * st, (kt / DIRECT_STAGES) & 1);  // k-tile kt landed
-        const float* rt = reinterpret_cast<const float*>(smem + st * DIRECT_STAGE + DIRECT_S_BYTES);
+        const float* rt =
+            reinterpret_cast<const float*>(smem + st * DIRECT_STAGE + DIRECT_S_BYTES) + at;
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-            const float2 lo = *reinterpret_cast<const float2*>(rt + (8 * s + t) * DIRECT_RP + frag);
-            const float2 hi = *reinterpret_cast<const float2*>(rt + (8 * s + t + 4) * DIRECT_RP + frag);
-            fs[s][0] = tf32_rna(lo.x);
-            fs[s][1] = tf32_rna(lo.y);
-            fs[s][2] = tf32_rna(hi.x);
-            fs[s][3] = tf32_rna(hi.y);
+            const uint2 lo = *reinterpret_cast<const uint2*>(rt + (8 * s + t) * 32 + 4 * (chunk ^ t));
+            const uint2 hi =
+                *reinterpret_cast<const uint2*>(rt + (8 * s + t + 4) * 32 + 4 * (chunk ^ (t + 4)));
+            fs[s][0] = lo.x;
+            fs[s][1] = lo.y;
+            fs[s][2] = hi.x;
+            fs[s][3] = hi.y;
         }
         wgmma_fence();
 #pragma unroll
@@ -195,24 +213,28 @@ __device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha,
 
 }  // namespace bigmm
 
-// NN: A (M x K, rows along K) rounded ahead is S, B (K x N, rows along N) is R; C = D^T.
+// NN: A (M x K, rows along K) is S, B (K x N, rows along N) is R; C = D^T.  a_tiles: A rounded
+// ahead (null: through a_map).
 extern "C" __global__ void __launch_bounds__(384, 1)
-gemm_direct_nn(int M, int N, int K, float alpha, const unsigned char* __restrict__ A,
-               const float* __restrict__ B, long long ldb, float beta, float* __restrict__ C,
+gemm_direct_nn(int M, int N, int K, float alpha, const __grid_constant__ bigmm::TmaMap a_map,
+               const unsigned char* __restrict__ a_tiles,
+               const __grid_constant__ bigmm::TmaMap b_map, float beta, float* __restrict__ C,
                long long ldc, int c_vec) {
-    bigmm::direct_tile<true>(M, N, K, alpha, B, ldb, A, beta, C, ldc, c_vec);
+    bigmm::direct_tile<true>(M, N, K, alpha, &b_map, &a_map, a_tiles, beta, C, ldc, c_vec);
 }
 
-// TT: A stored K x M (rows along M) is R, B stored N x K (rows along K) rounded ahead is S;
-// C = D.
+// TT: A stored K x M (rows along M) is R, B stored N x K (rows along K) is S; C = D.  b_tiles:
+// B rounded ahead (null: through b_map).
 extern "C" __global__ void __launch_bounds__(384, 1)
-gemm_direct_tt(int M, int N, int K, float alpha, const float* __restrict__ A, long long lda,
-               const unsigned char* __restrict__ B, float beta, float* __restrict__ C,
+gemm_direct_tt(int M, int N, int K, float alpha, const __grid_constant__ bigmm::TmaMap a_map,
+               const __grid_constant__ bigmm::TmaMap b_map,
+               const unsigned char* __restrict__ b_tiles, float beta, float* __restrict__ C,
                long long ldc, int c_vec) {
-    bigmm::direct_tile<false>(M, N, K, alpha, A, lda, B, beta, C, ldc, c_vec);
+    bigmm::direct_tile<false>(M, N, K, alpha, &a_map, &b_map, b_tiles, beta, C, ldc, c_vec);
 }
 
-// S (rows x K, element (r, k) at X[r sr + k sk]) rounded to TF32 into Y: 256 x 32 tiles, tile
+// S (rows x K, element (r, k) at X[r sr + k sk]) rounded to TF32 (tf32_rne, as the tensor maps
+// round) into Y: 256 x 32 tiles, tile
 // (s tile, k-tile) at ((s tile) ceil(K / 32) + k-tile) 32 KB, each in the 128-byte swizzle
 // (16-byte chunk c of row r at r 128 + 16 (c ^ (r mod 8))), zero past the rows and K: one thread
 // per chunk.
@@ -229,7 +251,7 @@ round_tiles(const float* __restrict__ X, long long sr, long long sk, int rows, i
         unsigned v[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-            v[u] = row < rows && k + u < K ? bigmm::tf32_rna(X[row * sr + (k + u) * sk]) : 0u;
+            v[u] = row < rows && k + u < K ? bigmm::tf32_rne(X[row * sr + (k + u) * sk]) : 0u;
         *reinterpret_cast<uint4*>(Y + tile * 32768 + r * 128 + ((c ^ (r & 7)) << 4)) =
             make_uint4(v[0], v[1], v[2], v[3]);
     }

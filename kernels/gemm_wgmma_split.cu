@@ -100,7 +100,7 @@ __device__ __forceinline__ void split_tile(const float* __restrict__ X, long lon
             big[o] = b;
             small[o] = s;
         } else {
-            big[o] = tf32_rna(tile[src][tx]);
+            big[o] = tf32_rne(tile[src][tx]);
         }
     }
 }

@@ -1,10 +1,10 @@
-"""Plain TF32 products on sm_90a that read one operand as it is stored
-(``kernels/gemm_wgmma_direct.cu``): the operand contiguous along its side of C (NN's B along N,
-TT's A along M) goes to the tensor cores from registers, rounded as it is loaded; the other,
-contiguous along K, is rounded ahead into K-major tiles (``round_tiles``), then one product
-kernel. Where the smaller operand has few rows (:data:`bigmm.planner.DIRECT_ROWS`) this
-replaces rounding both ahead (:mod:`.cuda_presplit`), whose pass over the large one costs more
-than reading it as stored.
+"""Plain TF32 products on sm_90a that read their operands as they are stored
+(``kernels/gemm_wgmma_direct.cu``): both through TFLOAT32 tensor maps (:mod:`.cuda_tma`), which
+round to TF32 on the way in; the operand contiguous along its side of C (NN's B along N, TT's A
+along M) goes to the tensor cores from registers, the other, contiguous along K, from shared
+memory. Where that other operand's rows are not 16-byte aligned it is rounded ahead into
+K-major tiles (``round_tiles``) instead, which pays where it is the smaller operand and has few
+rows (:data:`bigmm.planner.DIRECT_ROWS`).
 
 cupy is imported inside functions only: importing this module needs no GPU.
 """
@@ -14,11 +14,12 @@ from __future__ import annotations
 from ..planner.workspace import direct_workspace_bytes, rounds_one_ahead
 from .cuda_build import grant_smem, raw_kernel, sm_count
 from .cuda_presplit import workspace_words
+from .cuda_tma import SWIZZLE_128B, tensor_map, tma_aligned
 from .kernel_configs import device_arch
 
 _FILE = "gemm_wgmma_direct.cu"
-#: Four stages of the S tile (256 x 32) and the R tile (32 x 136), eight mbarriers, aligned.
-SMEM_BYTES = 4 * (256 * 128 + 32 * 136 * 4) + 64 + 1024
+#: Four stages of the S tile (256 x 32) and the R tile (32 x 128), eight mbarriers, aligned.
+SMEM_BYTES = 4 * (256 * 128 + 32 * 128 * 4) + 64 + 1024
 #: D tile: rows of R, rows of S.
 _TILE_R, _TILE_S = 128, 256
 
@@ -27,47 +28,54 @@ def direct_layout(trans_a: bool, trans_b: bool, r_ptr: int, r_ld: int) -> str | 
     """"nn" or "tt" where the product can run this way on this device: NN or TT, the operand
     read as stored (NN: b, TT: a; ``r_ptr``, ``r_ld`` elements) with 16-byte aligned rows;
     None otherwise."""
-    if device_arch() != "sm_90a" or trans_a != trans_b or r_ptr % 16 or r_ld % 4:
+    if device_arch() != "sm_90a" or trans_a != trans_b or not tma_aligned(r_ptr, r_ld):
         return None
     return "tt" if trans_a else "nn"
 
 
-def direct_pays(m: int, n: int, k: int, layout: str | None) -> bool:
-    """Whether a plain TF32 product reads one operand as stored (before any split ahead):
-    the planner's rule (:func:`bigmm.planner.rounds_one_ahead`: the operand rounded ahead the
-    smaller, at most :data:`bigmm.planner.DIRECT_ROWS` rows), and K below 2^29 (longer sums,
-    never tested this way, go to the other paths)."""
-    return layout is not None and rounds_one_ahead(m, n, layout == "tt", layout == "tt") and (
-        k < 2**29)
+def direct_pays(m: int, n: int, k: int, layout: str | None, s_aligned: bool) -> bool:
+    """Whether a plain TF32 product reads its operands as stored (before any split ahead):
+    ``layout`` not None, K below 2^29 (longer sums, never tested this way, go to the other
+    paths), and the other operand (NN's a, TT's b) read through its tensor map
+    (``s_aligned``: 16-byte aligned rows) or, where it cannot be, rounded ahead under the
+    planner's rule (:func:`bigmm.planner.rounds_one_ahead`: the smaller operand, at most
+    :data:`bigmm.planner.DIRECT_ROWS` rows)."""
+    return layout is not None and k < 2**29 and (
+        s_aligned or rounds_one_ahead(m, n, layout == "tt", layout == "tt"))
 
 
 def prepare_direct(a, b, c, alpha, beta, layout, m, n, k, lds, workspace):
-    """The launch: op(a) (NN) or op(b)^T (TT) rounded into the workspace, then the product."""
+    """The launch: the product through tensor maps of both operands, or with op(a) (NN) or
+    op(b)^T (TT) rounded ahead into the workspace where its rows are not 16-byte aligned."""
     import numpy as np
 
     lda, ldb, ldc = lds
     opts = ("-arch=sm_90a",)
-    product = raw_kernel(_FILE, "gemm_direct_" + layout, opts)
-    grant_smem(product, (_FILE, "gemm_direct_" + layout), SMEM_BYTES, "gemm_direct_" + layout)
-    rounding = raw_kernel(_FILE, "round_tiles", opts)
-    s_src, s_rows, s_ld = (a, m, lda) if layout == "nn" else (b, n, ldb)
-    words = direct_workspace_bytes(m, n, k) // 4
-    rows_r = n if layout == "nn" else m
+    entry = "gemm_direct_" + layout
+    product = raw_kernel(_FILE, entry, opts)
+    grant_smem(product, (_FILE, entry), SMEM_BYTES, entry)
+    # (array, rows, cols, ld) of R (rows along K) and S (rows along the other side of C)
+    r_side, s_side = ((b, k, n, ldb), (a, m, k, lda)) if layout == "nn" else (
+        (a, k, m, lda), (b, n, k, ldb))
+    r_map = tensor_map(*r_side, 32, 32, SWIZZLE_128B)
+    rows_r, s_rows = r_side[2], s_side[1]
+    ahead = not tma_aligned(s_side[0].data.ptr, s_side[3])
+    s_map = r_map if ahead else tensor_map(*s_side, 32, 256, SWIZZLE_128B)
     tiles = (-(-s_rows // _TILE_S)) * (-(-rows_r // _TILE_R))
-    round_blocks = max(1, min(-(-words // 1024), 16 * sm_count()))  # a thread per 4 words
     c_vec = np.int32(1 if c.data.ptr % 16 == 0 and ldc % 4 == 0 else 0)
+    words = direct_workspace_bytes(m, n, k) // 4 if ahead else 0
+    rounding = raw_kernel(_FILE, "round_tiles", opts) if ahead else None
+    round_blocks = max(1, min(-(-words // 1024), 16 * sm_count()))  # a thread per 4 words
 
     def launch(stream) -> None:
         with stream:
-            s = workspace_words(workspace, words)
-            rounding((round_blocks,), (256,), (s_src, np.int64(s_ld), np.int64(1),
-                                               np.int32(s_rows), np.int32(k), s))
-            args = (np.int32(m), np.int32(n), np.int32(k), np.float32(alpha))
-            if layout == "nn":
-                args += (s, b, np.int64(ldb))
-            else:
-                args += (a, np.int64(lda), s)
-            product((tiles,), (384,), args + (np.float32(beta), c, np.int64(ldc), c_vec),
-                    shared_mem=SMEM_BYTES)
+            s = None
+            if ahead:
+                s = workspace_words(workspace, words)
+                rounding((round_blocks,), (256,), (s_side[0], np.int64(s_side[3]), np.int64(1),
+                                                   np.int32(s_rows), np.int32(k), s))
+            maps = (s_map, s, r_map) if layout == "nn" else (r_map, s_map, s)
+            product((tiles,), (384,), (np.int32(m), np.int32(n), np.int32(k), np.float32(alpha))
+                    + maps + (np.float32(beta), c, np.int64(ldc), c_vec), shared_mem=SMEM_BYTES)
 
     return launch

@@ -19,7 +19,7 @@ over a big + small split of every operand: float32's accuracy, ``gemm_tf32.cu``)
 (one TF32 pass: about 1e-4 relative error). Each has its own rules in the table. On Hopper
 (compute capability 9.0) the TF32 precisions run on the warpgroup tensor cores
 (``gemm_wgmma.cu``, compiled for sm_90a; large products from operands split ahead:
-:mod:`.cuda_presplit`; plain TF32 reading one operand as stored: :mod:`.cuda_direct`) where the
+:mod:`.cuda_presplit`; plain TF32 reading its operands as stored: :mod:`.cuda_direct`) where the
 table has rules for "<precision>@sm_90a";
 elsewhere, and for configs without ``wgmma``, on ``mma.sync`` (``gemm_tf32.cu``).
 
@@ -34,6 +34,7 @@ from .cuda_build import (device_id, grant_smem, kernel_dir, kernel_source,  # no
 from .cuda_direct import direct_layout, direct_pays, prepare_direct
 from .cuda_presplit import (PARTS, can_presplit, prepare_presplit, presplit_pays,  # noqa: F401
                             split_parts)
+from .cuda_tma import tma_aligned
 from .kernel_configs import (_DTYPES, _LOADERS, TF32X3_MIN_K,
                              TF32X3_WGMMA_MIN_K, TileConfig, device_arch, load_table,
                              parse_precision, select_config, tile_configs)
@@ -196,10 +197,11 @@ def gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, stream=None
     op(a) and op(b) are split into big and small parts (TF32: rounded) once, into a workspace of
     :func:`split_workspace_bytes` (``gemm_wgmma_split.cu``), before the product; ``workspace``
     (``workspace(nbytes)`` returns a device array of at least ``nbytes``, None = cupy's pool)
-    gives that workspace. "tf32" NN and TT products (``presplit`` None) whose smaller operand
-    has at most :data:`bigmm.planner.DIRECT_ROWS` rows round only that one ahead, into that
-    workspace, and read the other as stored where its rows are 16-byte aligned
-    (:mod:`.cuda_direct`, ``gemm_wgmma_direct.cu``).
+    gives that workspace. "tf32" NN and TT products (``presplit`` None) whose operand contiguous
+    along its side of C (NN's b, TT's a) has 16-byte aligned rows read both operands as stored,
+    through tensor maps that round them on the way in, or, where the other's rows are not
+    aligned and it is the smaller with at most :data:`bigmm.planner.DIRECT_ROWS` rows, round
+    that one ahead into the workspace (:mod:`.cuda_direct`, ``gemm_wgmma_direct.cu``).
     """
     import cupy
 
@@ -267,7 +269,7 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
         whole = precision in PARTS and checks is None and not upper and split_k in (None, 1)
         layout = (direct_layout(trans_a, trans_b, *((pa, lda) if trans_a else (pb, ldb)))
                   if whole and precision == "tf32" and presplit is None else None)
-        if direct_pays(m, n, k, layout):
+        if direct_pays(m, n, k, layout, tma_aligned(*((pb, ldb) if trans_a else (pa, lda)))):
             return prepare_direct(a, b, c, alpha, beta, layout, m, n, k, (lda, ldb, ldc),
                                   workspace)
         if whole and (presplit if presplit is not None else presplit_pays(m, n, k)) and can_presplit(m, n, k):

@@ -72,7 +72,7 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         x = dev[: n * n].reshape(n, n)
         t_gemm = time_events(lambda: be.gemm(x, x, c, 1.0, 0.0, False, False, s), s)
         # a gemm that splits large products ahead: also a product too small for it (plain
-        # TF32: the smaller operand rounded ahead alone, as strips of up to DIRECT_ROWS rows)
+        # TF32 reads both operands of this one and of the product above as stored)
         narrow = n // 4 if isinstance(be, SplitsPanels) and be.split_parts else 0
         t_unsplit = time_events(lambda: be.gemm(x[:narrow], x, c[:narrow], 1.0, 0.0, False,
                                                 False, s), s) if narrow else 0.0

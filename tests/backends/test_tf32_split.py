@@ -1,6 +1,7 @@
-"""CPU checks of the 3xTF32 split's arithmetic (kernels/common.cuh tf32_rna, tf32_split), emulated
-in NumPy bit for bit (tests/backends/tf32_cases.py): TF32 rounding is round to nearest with ties
-away from zero on the top 19 bits (cvt.rna.tf32.f32), big + small reconstructs x to 2^-23, the
+"""CPU checks of the 3xTF32 split's arithmetic (kernels/common.cuh tf32_rna, tf32_split) and of
+plain TF32's rounding (tf32_rne), emulated in NumPy bit for bit (tests/backends/tf32_cases.py):
+the split's TF32 rounding is round to nearest with ties away from zero on the top 19 bits
+(cvt.rna.tf32.f32), plain TF32's ties to even, big + small reconstructs x to 2^-23, the
 three-term product's error against float64 stays within 2x a float32 FMA chain's on the
 contract's distributions for K >= 64, and nothing near the float32 limits turns into Inf or NaN.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf32_cases import DISTRIBUTIONS, SMALL_SCALE, chain_sgemm, emulate_gemm, errors, operands, tf32_rna, tf32_split
+from tf32_cases import (DISTRIBUTIONS, SMALL_SCALE, chain_sgemm, emulate_gemm, errors, operands, tf32_rna,
+                        tf32_rne, tf32_split)
 
 F32_MAX = np.finfo(np.float32).max
 
@@ -43,6 +45,43 @@ def test_tf32_rna_keeps_nan_non_finite():
     x = np.array([np.nan, -np.nan], np.float32)
     x = np.concatenate([x, np.uint32([0x7FFFFFFF, 0xFFC00001]).view(np.float32)])
     assert not np.isfinite(tf32_rna(x)).any()
+
+
+# (x bits, expected TF32 bits) of plain TF32's rounding: what the TMA unit gave for these
+# values read through a TFLOAT32 tensor map on an H100.
+RNE_CASES = [
+    (0x3F801000, 0x3F800000),  # a tie to the even neighbour: down
+    (0x3F803000, 0x3F804000),  # a tie to the even neighbour: up
+    (0xBF801000, 0xBF800000),  # negative tie: to even
+    (0x3F801001, 0x3F802000),  # just over the tie: up
+    (0x3F800FFF, 0x3F800000),  # just under: down
+    (0x00003000, 0x00004000),  # subnormal tie, kept (not flushed)
+    (0x00001000, 0x00000000),  # subnormal tie to even: zero
+    (0x007FFFFF, 0x00800000),  # the largest subnormal rounds up to the smallest normal
+    (0x7F7FEFFF, 0x7F7FE000),  # the largest magnitude that stays finite
+    (0x7F7FF000, 0x7F800000),  # the tie above it rounds to Inf (as cuBLAS's TF32 mode)
+    (0xFF7FFFFF, 0xFF800000),  # -float32 max: -Inf
+    (0x7F800000, 0x7F800000),  # Inf stays Inf
+]
+
+
+@pytest.mark.parametrize("x, expected", RNE_CASES)
+def test_tf32_rne_rounds_ties_to_even_as_tensor_maps_do(x, expected):
+    assert int(_bits(tf32_rne(np.uint32(x).view(np.float32)))[0]) == expected
+
+
+def test_tf32_rne_keeps_nan_nan():
+    x = np.uint32([0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FFFFFFF]).view(np.float32)
+    assert np.isnan(tf32_rne(x)).all()
+
+
+def test_tf32_rne_differs_from_rna_on_ties_only():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(200_000).astype(np.float32)
+    x[:1000] = (x[:1000].view(np.uint32) & np.uint32(0xFFFFE000) | np.uint32(0x1000)).view(np.float32)
+    tie = (_bits(x) & 0x1FFF) == 0x1000
+    differ = _bits(tf32_rne(x)) != _bits(tf32_rna(x))
+    assert tie[:1000].all() and (differ == (tie & ((_bits(x) & 0x2000) == 0))).all()
 
 
 def test_tf32_rna_is_nearest_on_random_floats():

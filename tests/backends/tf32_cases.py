@@ -2,7 +2,7 @@
 by the CPU tests (test_tf32_split.py) and the GPU tests (test_tf32_kernels.py).
 
 The emulation follows kernels/common.cuh bit for bit where the kernels do plain integer and
-float32 arithmetic (tf32_rna, tf32_split); the tensor core's sum of one k-step's products is
+float32 arithmetic (tf32_rna, tf32_rne, tf32_split); the tensor core's sum of one k-step's products is
 modelled as the exact sum rounded once toward zero (the tensor cores truncate), and the kernel's
 float32 accumulator as float32 additions rounded to nearest.
 """
@@ -23,6 +23,16 @@ def tf32_rna(x) -> np.ndarray:
     finite_low = mag < _GUARD  # NaN and Inf compare above the guard as integers too
     r = np.where(finite_low, u + np.uint32(0x1000), u) & np.uint32(0xFFFFE000)
     return r.astype(np.uint32).view(np.float32)
+
+
+def tf32_rne(x) -> np.ndarray:
+    """float32 -> TF32 (as float32) as plain TF32 products round it (kernels/common.cuh
+    tf32_rne, and the TMA unit reading a TFLOAT32 tensor map): to nearest, ties to even;
+    magnitudes from 0x1.ffep127 up round to infinity; NaN stays NaN."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0xFFF + ((u >> 13) & 1)) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), x, r)
 
 
 SMALL_SCALE = 2.0**10  # kernels/common.cuh TF32_SMALL_SCALE
