@@ -94,14 +94,15 @@ class Rates:
     thread_bytes: float | None = None
     #: Flops per second of the products a gemm that splits its panels ahead (``Plan.presplit``)
     #: leaves unsplit: those of tiles too small for it, and plain TF32 ones that round only the
-    #: smaller panel ahead (None: ``flops`` for every product).
+    #: smaller panel ahead (None: ``flops`` for every product). Plain TF32 products that read
+    #: both panels as stored (``Plan.reads_as_stored``) run at ``flops``, which was measured so.
     unsplit_flops: float | None = None
 
     def for_plan(self, p: Plan) -> "Rates":
         """These rates for ``p``'s products: ``flops`` is ``unsplit_flops`` where p's gemm
         could split its panels ahead but does not (``Plan.splits_ahead``: tiles too small, or
         only the smaller panel rounded ahead)."""
-        if self.unsplit_flops and p.presplit and not p.splits_ahead:
+        if self.unsplit_flops and p.presplit and not p.splits_ahead and not p.reads_as_stored:
             return replace(self, flops=self.unsplit_flops)
         return self
 

@@ -40,8 +40,8 @@ from typing import Iterator, Protocol
 
 from ..units import DTYPES, accumulate_dtype, format_bytes, format_seconds
 from . import gram
-from .workspace import (direct_workspace_bytes, rounds_one_ahead, split_workspace_bytes,
-                        splits_ahead)
+from .workspace import (direct_workspace_bytes, reads_as_stored, rounds_one_ahead,
+                        split_workspace_bytes, splits_ahead)
 
 ORDERS = ("stream", "resident-a", "resident-b", "resident-c", "whole-a", "whole-b")
 #: The orders that keep one operand whole on the device (not for Gram plans).
@@ -157,8 +157,9 @@ class Plan:
     upper: bool = False
     #: The gemm splits a step's panels ahead into this many parts an element (2: 3xTF32, 1:
     #: TF32; 0: it does not) in a workspace (:func:`split_workspace_bytes`), where the tiles are
-    #: large enough (:func:`splits_ahead`); plain TF32 rounds only the smaller panel ahead
-    #: where it has few rows (:func:`rounds_one_ahead`); the device memory counts either.
+    #: large enough (:func:`splits_ahead`); plain TF32 reads NN and TT panels as stored where
+    #: their rows are aligned (:func:`reads_as_stored`), else rounds only the smaller panel
+    #: ahead where it has few rows (:func:`rounds_one_ahead`); the device memory counts either.
     presplit: int = 0
     rates: Timing | None = field(default=None, compare=False)
     #: How the products are computed, as printed (e.g. "3xTF32 (float32 accuracy on tensor
@@ -352,7 +353,7 @@ class Plan:
         smaller one ahead; a gemm that rounds one panel ahead falls back to splitting both
         where a panel's rows are not 16-byte aligned, so that tiles large enough for a split
         count the larger of the two."""
-        if not self.presplit:
+        if not self.presplit or self.reads_as_stored:
             return 0
         split = (split_workspace_bytes(self.bm, self.bn, self.bk, self.presplit)
                  if splits_ahead(self.bm, self.bn) else 0)
@@ -364,14 +365,21 @@ class Plan:
         """The gemm splits this plan's panels ahead (``presplit``, tiles large enough, and not
         a plain TF32 gemm that rounds one panel ahead)."""
         return (self.presplit > 0 and splits_ahead(self.bm, self.bn)
-                and not self.rounds_one_ahead)
+                and not self.rounds_one_ahead and not self.reads_as_stored)
+
+    @property
+    def reads_as_stored(self) -> bool:
+        """The plain TF32 gemm (``presplit`` 1) reads both panels as stored, rounded on the way
+        in, with no workspace (:func:`reads_as_stored`)."""
+        return self.presplit == 1 and reads_as_stored(self.m, self.n, self.k, self.bm, self.bn,
+                                                      self.bk, self.trans_a, self.trans_b)
 
     @property
     def rounds_one_ahead(self) -> bool:
         """The plain TF32 gemm (``presplit`` 1) rounds only the smaller panel ahead and reads
         the other as stored (:func:`rounds_one_ahead`)."""
-        return self.presplit == 1 and rounds_one_ahead(self.bm, self.bn, self.trans_a,
-                                                       self.trans_b)
+        return (self.presplit == 1 and not self.reads_as_stored
+                and rounds_one_ahead(self.bm, self.bn, self.trans_a, self.trans_b))
 
     @property
     def host_bytes(self) -> int:

@@ -1,7 +1,8 @@
-"""The gemm's passes over a step's panels ahead of the product, by tile shape: which tiles
-have both panels split (3xTF32) or rounded (TF32) ahead, which have only the smaller one rounded
-(plain TF32 reading the other as stored), and the device bytes each holds. Pure: the CUDA
-launcher follows these rules and the plan counts their memory."""
+"""The gemm's passes over a step's panels ahead of the product, by tile shape: which plain
+TF32 gemms need none (both panels read as stored, rounded on the way in), which tiles have both
+panels split (3xTF32) or rounded (TF32) ahead, which have only the smaller one rounded (plain
+TF32 reading the other as stored), and the device bytes each holds. Pure: the CUDA launcher
+follows these rules and the plan counts their memory."""
 
 from __future__ import annotations
 
@@ -24,18 +25,32 @@ def split_workspace_bytes(rows_a: int, rows_b: int, depth: int, parts: int = 2) 
             * 32 * (-(-depth // 32) + 1))
 
 
-#: The most rows of the smaller operand that a plain TF32 gemm rounds ahead alone, reading the
-#: other as stored (kernels/gemm_wgmma_direct.cu): on an H100 strips of up to 4608 x 32768 x
-#: 4096 and 4096^3 ran faster this way than with both operands rounded ahead, 6144 rows slower
-#: (kernels/README.md).
+def reads_as_stored(m: int, n: int, k: int, bm: int, bn: int, bk: int, trans_a: bool,
+                    trans_b: bool) -> bool:
+    """Whether a plain TF32 gemm reads every step's panels as stored, through tensor maps that
+    round them to TF32 on the way into shared memory (kernels/gemm_wgmma_direct.cu), with no
+    pass ahead and no workspace: NN or TT products whose panels all have 16-byte aligned rows
+    (the depths of op(A)'s panels (NN) or op(B)'s (TT) and the widths of the other's, whole
+    and at the edges, multiples of 4 elements)."""
+    if trans_a != trans_b:
+        return False
+    side, width = (m, bm) if trans_a else (n, bn)
+    return all(x % 4 == 0 for x in (k, bk, side, width))
+
+
+#: The most rows of the smaller operand that a plain TF32 gemm whose panels are not all
+#: 16-byte aligned rounds ahead alone, reading the other as stored (kernels/gemm_wgmma_direct.cu):
+#: on an H100 strips of up to 4608 x 32768 x 4096 and 4096^3 ran faster this way than with both
+#: operands rounded ahead, 6144 rows slower (kernels/README.md).
 DIRECT_ROWS = 4608
 
 
 def rounds_one_ahead(rows_a: int, rows_b: int, trans_a: bool, trans_b: bool) -> bool:
-    """Whether a plain TF32 gemm for a C tile rows_a x rows_b rounds only one operand ahead and
-    reads the other as stored: NN with op(A) the smaller, TT with op(B) the smaller, at most
-    :data:`DIRECT_ROWS` rows (NT and TN: the operands are not one along K and the other along
-    its side of C, as this needs)."""
+    """Whether a plain TF32 gemm for a C tile rows_a x rows_b that cannot read both operands
+    as stored (:func:`reads_as_stored`) rounds only one ahead and reads the other as stored:
+    NN with op(A) the smaller, TT with op(B) the smaller, at most :data:`DIRECT_ROWS` rows (NT
+    and TN: the operands are not one along K and the other along its side of C, as this
+    needs)."""
     if trans_a != trans_b:
         return False
     rows, other = (rows_b, rows_a) if trans_a else (rows_a, rows_b)

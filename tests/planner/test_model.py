@@ -240,3 +240,18 @@ def test_fixed_costs_of_steps_and_reads_count_per_step_and_per_read():
     assert costed.read - bare.read == pytest.approx(2e-3 * loads)
     assert costed.write - bare.write == pytest.approx(2e-3 * p.n_tiles)
     assert predict_seconds(p, costly) > predict_seconds(p, base) + 1e-3 * p.n_steps * 0.99
+
+
+@pytest.mark.parametrize("k, presplit, tile, flops", [
+    (4096, 1, (2304, 32768, 4096), "flops"),  # plain TF32 read as stored: measured at flops
+    (4097, 1, (2304, 32768, 4097), "unsplit"),  # op(A) rounded ahead alone: the narrow rate
+    (4096, 2, (256, 16384, 4096), "unsplit"),  # 3xTF32 tiles too small to split ahead
+    (4096, 2, (4096, 4096, 4096), "flops"),  # 3xTF32 split ahead
+    (4096, 0, (256, 16384, 4096), "flops"),  # a gemm that never splits
+])
+def test_products_run_at_the_rate_of_the_way_the_gemm_takes_them(k, presplit, tile, flops):
+    r = Rates(flops=400e12, read_bytes=10e9, write_bytes=10e9, h2d_bytes=50e9,
+              unsplit_flops=250e12)
+    p = make_plan(tile[0], tile[1], k, device_budget=64 * GiB, presplit=presplit, tile=tile,
+                  order="stream")
+    assert r.for_plan(p).flops == (400e12 if flops == "flops" else 250e12)

@@ -432,16 +432,25 @@ def test_presplit_plans_hold_the_split_workspace_within_the_budget(kw):
     held = plan.device_bytes - replace(plan, presplit=0).device_bytes
     assert held == plan.workspace_bytes
     large = 1024 * (plan.bm + plan.bn) < plan.bm * plan.bn
-    # plain TF32 rounds only op(A) (NN) or op(B) (TT) ahead where it is the smaller and has
-    # at most DIRECT_ROWS rows; otherwise panels large enough are split ahead
+    # plain TF32 NN and TT read both panels as stored where every panel's rows are 16-byte
+    # aligned: the depths (K and its panels) and the widths of op(B)'s panels (NN) or op(A)'s
+    # (TT) multiples of 4
+    side, width = (plan.m, plan.bm) if plan.trans_a else (plan.n, plan.bn)
+    stored = (parts == 1 and plan.trans_a == plan.trans_b
+              and plan.k % 4 == 0 and plan.bk % 4 == 0 and side % 4 == 0 and width % 4 == 0)
+    assert plan.reads_as_stored == stored
+    # otherwise plain TF32 rounds only op(A) (NN) or op(B) (TT) ahead where it is the smaller
+    # and has at most DIRECT_ROWS rows, and panels large enough are split ahead
     small = plan.bn if plan.trans_a else plan.bm
-    one = (parts == 1 and plan.trans_a == plan.trans_b
+    one = (parts == 1 and plan.trans_a == plan.trans_b and not stored
            and small <= min(plan.bm, plan.bn, DIRECT_ROWS))
-    assert plan.rounds_one_ahead == one and plan.splits_ahead == (large and not one)
+    assert plan.rounds_one_ahead == one
+    assert plan.splits_ahead == (large and not one and not stored)
     # the workspace holds either pass: a gemm rounding one panel ahead falls back to splitting
-    # both where a panel is not 16-byte aligned
-    assert held == max(split_workspace_bytes(plan.bm, plan.bn, plan.bk, parts) if large else 0,
-                       direct_workspace_bytes(plan.bm, plan.bn, plan.bk) if one else 0)
+    # both where a panel is not 16-byte aligned; none where both are read as stored
+    assert held == (0 if stored else max(
+        split_workspace_bytes(plan.bm, plan.bn, plan.bk, parts) if large else 0,
+        direct_workspace_bytes(plan.bm, plan.bn, plan.bk) if one else 0))
     assert ("split panels" in str(plan)) == plan.splits_ahead
     assert ("rounded" in str(plan)) == plan.rounds_one_ahead
     # a resumed run states the same flag and gets the same schedule back
@@ -483,9 +492,33 @@ def test_plain_tf32_rounds_one_panel_ahead_where_it_is_small(rows_a, rows_b, tra
     from bigmm.planner import rounds_one_ahead
 
     assert rounds_one_ahead(rows_a, rows_b, trans_a, trans_b) == one
-    p = make_plan(rows_a, rows_b, 4096, device_budget=4 * GiB, presplit=1, trans_a=trans_a,
-                  trans_b=trans_b, tile=(rows_a, rows_b, 4096), order="stream")
-    assert p.rounds_one_ahead == one
+    # K = 4097: op(A)'s rows (NN) are not 16-byte aligned, so no tensor map reads them
+    p = make_plan(rows_a, rows_b, 4097, device_budget=4 * GiB, presplit=1, trans_a=trans_a,
+                  trans_b=trans_b, tile=(rows_a, rows_b, 4097), order="stream")
+    assert not p.reads_as_stored and p.rounds_one_ahead == one
     assert ("rounded " + ("B" if trans_a else "A")) in str(p) if one else "rounded" not in str(p)
     # 3xTF32 splits both whatever the shape
     assert not replace(p, presplit=2).rounds_one_ahead
+
+
+@pytest.mark.parametrize("m, n, k, bk, trans_a, trans_b, stored", [
+    (2304, 32768, 4096, 4096, False, False, True),  # the 8 GiB job's strips
+    (32768, 32768, 32768, 8192, False, False, True),  # square tiles too: no workspace
+    (256, 16384, 4096, 4096, True, True, True),  # TT: op(A) (stored K x M) 16-byte aligned
+    (2304, 32768, 4097, 4097, False, False, False),  # op(A)'s rows of 4097 elements
+    (2304, 32768, 8192, 4098, False, False, False),  # panels 4098 deep
+    (2304, 32766, 4096, 4096, False, False, False),  # op(B)'s rows of 32766
+    (2302, 32768, 4096, 4096, True, True, False),  # TT: op(A) stored with rows of 2302
+    (2304, 32768, 4096, 4096, False, True, False),  # NT: op(B) is not along C's rows
+])
+def test_plain_tf32_reads_aligned_nn_and_tt_panels_as_stored(m, n, k, bk, trans_a, trans_b,
+                                                             stored):
+    p = make_plan(m, n, k, device_budget=64 * GiB, presplit=1, trans_a=trans_a,
+                  trans_b=trans_b, tile=(m, n, bk), order="stream")
+    assert p.reads_as_stored == stored
+    if stored:
+        assert p.workspace_bytes == 0 and not p.splits_ahead and not p.rounds_one_ahead
+        assert p.device_bytes == replace(p, presplit=0).device_bytes
+        assert "rounded" not in str(p) and "split panels" not in str(p)
+    # 3xTF32 has no such way: it splits its panels whatever their alignment
+    assert not replace(p, presplit=2).reads_as_stored
