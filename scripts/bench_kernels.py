@@ -15,7 +15,8 @@ prints a short table last.
 With --tf32: the precisions section instead (float32 operands): cuBLAS SGEMM, cuBLAS in TF32
 mode (compute type TF32), bigmm float32, 3xTF32 and TF32 (the table's configs, or every config
 of each precision with --variants), interleaved in one process, each with its relative error
-against a float64 reference (cuBLAS DGEMM on the upcast operands) printed beside its speed:
+against a float64 reference (cuBLAS DGEMM on the upcast operands) printed beside its speed;
+writes bench_precisions.json (and bench_precisions.png when matplotlib is there):
 
     CUPY_TF32=0 PYTHONPATH=. python scripts/bench_kernels.py --tf32 --out results [--variants]
 """
@@ -425,6 +426,43 @@ def plot(results: dict, path: Path) -> bool:
     return True
 
 
+def plot_precisions(results: dict, path: Path) -> bool:
+    """The precisions section as bars: TFLOP/s of cuBLAS SGEMM and TF32 and of bigmm's float32,
+    3xTF32 and TF32 (prepared launches) per shape, each kernel's relative error in its label."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return False
+    rows = [r for r in results["precisions"] if r.get("tflops")]
+    series = {"cuBLAS SGEMM": lambda kn: kn == "cuBLAS SGEMM",
+              "bigmm float32": lambda kn: kn.endswith("(float32)"),
+              "bigmm 3xTF32": lambda kn: kn == "bigmm tf32x3 (prepared)",
+              "cuBLAS TF32": lambda kn: kn == "cuBLAS TF32",
+              "bigmm TF32": lambda kn: kn == "bigmm tf32 (prepared)"}
+    shapes = list(dict.fromkeys((r["m"], r["n"], r["k"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(13, 4.5))
+    width = 0.8 / len(series)
+    for i, (name, match) in enumerate(series.items()):
+        ys, errs = [], []
+        for shape in shapes:
+            hit = [r for r in rows if (r["m"], r["n"], r["k"]) == shape and match(r["kernel"])]
+            ys.append(hit[0]["tflops"] if hit else 0)
+            errs += [hit[0]["error"]] if hit and isinstance(hit[0]["error"], float) else []
+        err = f", error {max(errs):.1e}" if errs else ""
+        ax.bar(np.arange(len(shapes)) + i * width, ys, width, label=name + err)
+    ax.set_xticks(np.arange(len(shapes)) + 0.4 - width / 2)
+    ax.set_xticklabels([f"{m} x {n} x {k}" for m, n, k in shapes], fontsize=8)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"float32 operands by precision, {results['device']['name']}, {results['date']}")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
@@ -449,6 +487,7 @@ def main(argv=None) -> int:
         print(f"device {results['device']}", flush=True)
         results["precisions"] = precisions_section(args)
         (out / "bench_precisions.json").write_text(json.dumps(results, indent=1))
+        plot_precisions(results, out / "bench_precisions.png")
         print(f"\n== {results['device']['name']}, {results['date']} ==")
         print("| shape | M x N x K | kernel | TFLOP/s | x SGEMM | x cuBLAS TF32 | rel. error |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
