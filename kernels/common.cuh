@@ -436,6 +436,44 @@ __device__ __forceinline__ void store_vec(T* __restrict__ C, long long ldc, int 
     }
 }
 
+// store_vec in two halves, so that a loop can issue many loads of old C before its stores
+// (the compiler keeps a load of C behind every earlier store to C, which may alias it):
+// load_c reads what store_vec would read (zeros outside C or where !read_c), store_c writes.
+template <typename T, int VW>
+__device__ __forceinline__ void load_c(const T* __restrict__ C, long long ldc, int M, int N,
+                                       int row, int col, bool read_c, int c_vec, T* old) {
+#pragma unroll
+    for (int u = 0; u < VW; ++u) old[u] = T(0);
+    if (!read_c || row >= M) return;
+    const T* crow = C + (long long)row * ldc;
+    if (c_vec && col + VW <= N) {
+        load16(old, crow + col);
+    } else {
+#pragma unroll
+        for (int u = 0; u < VW; ++u)
+            if (col + u < N) old[u] = crow[col + u];
+    }
+}
+
+template <typename T, int VW>
+__device__ __forceinline__ void store_c(T* __restrict__ C, long long ldc, int M, int N, int row,
+                                        int col, const T* vals, T alpha, T beta, bool read_c,
+                                        int c_vec, const T* old) {
+    if (row >= M) return;
+    T* crow = C + (long long)row * ldc;
+    T out[VW];
+#pragma unroll
+    for (int u = 0; u < VW; ++u) out[u] = read_c ? fma_rn(beta, old[u], alpha * vals[u])
+                                                 : alpha * vals[u];
+    if (c_vec && col + VW <= N) {
+        store16(crow + col, out);
+    } else {
+#pragma unroll
+        for (int u = 0; u < VW; ++u)
+            if (col + u < N) crow[col + u] = out[u];
+    }
+}
+
 // Checksum updates fused into the product (see the header): out[r] (+)= scale * sum_k w[k] X[k][r]
 // and out_abs[r] (+)= |scale| * sum_k wa[k] |X[k][r]| for X = op(B) (columns, r < N) and X =
 // op(A)^T (rows, r < M).  The weights are float64 vectors of length K.

@@ -24,7 +24,8 @@
 //    again; then each consumer warp arrives on that stage's "empty" mbarrier, which the
 //    producer waits for before refilling it (kernels/README.md has the variants measured).
 //  * Epilogue: D through shared memory into C's layout (the consumers' named barrier), then
-//    16-byte stores of whole rows.
+//    16-byte stores of whole rows, old C (beta != 0) loaded 8 runs at a time and its tile
+//    prefetched into L2 by the producer once its last copies are issued.
 #define BIGMM_WGMMA 1
 #include "common.cuh"
 
@@ -103,7 +104,8 @@ __device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha, co
     const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int RN = C_T ? N : M, SN = C_T ? M : N;  // rows of R (D's rows) and of S
     int tile_s, tile_r;
-    swizzle_tile<8>(blockIdx.x, (SN + 255) / 256, (RN + 127) / 128, tile_s, tile_r);
+    // groups of 8 R tiles (8 S tiles ran large products at 0.52-0.77x: kernels/README.md)
+    swizzle_tile<8>(blockIdx.x, (RN + 127) / 128, (SN + 255) / 256, tile_r, tile_s);
     const int s0 = tile_s * 256, r0 = tile_r * 128;
     const int KT = (K + 31) / 32;
     if (tid == 0) {
@@ -134,6 +136,14 @@ __device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha, co
             for (int j = 0; j < 4; ++j)
                 tma_load(dst + DIRECT_S_BYTES + j * DIRECT_BOX_BYTES, r_map, r0 + 32 * j, 32 * kt,
                          bar);
+        }
+        if (!(beta == 0.f) && c_vec) {  // the epilogue reads C: its tile into L2 meanwhile
+            const int m0 = C_T ? s0 : r0, n0 = C_T ? r0 : s0, rows = C_T ? 256 : 128;
+            const int cols = min(C_T ? 128 : 256, N - n0);
+            for (int i = 0; i < rows && m0 + i < M && cols >= 4; ++i)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                             ::"l"(C + (long long)(m0 + i) * ldc + n0), "r"(4 * (cols & ~3))
+                             : "memory");
         }
         return;
     }
@@ -202,12 +212,23 @@ __device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha, co
     consumers_sync();
     const int m0 = C_T ? s0 : r0, n0 = C_T ? r0 : s0;
     const bool read_c = !(beta == 0.f);
-#pragma unroll 4
-    for (int i = tid; i < ROWS * COLS / 4; i += 256) {
-        const int row = i / (COLS / 4), q = i % (COLS / 4);
-        const float4 v4 = *reinterpret_cast<const float4*>(ct + row * CP + 4 * q);
-        const float v[4] = {v4.x, v4.y, v4.z, v4.w};
-        store_vec<float, 4>(C, ldc, M, N, m0 + row, n0 + 4 * q, v, alpha, beta, read_c, c_vec);
+    constexpr int RUNS = ROWS * COLS / 4 / 256, BATCH = 8;  // a thread's 4-float runs; loads
+#pragma unroll 1                                              // of old C issued together
+    for (int i0 = 0; i0 < RUNS; i0 += BATCH) {
+        float old[BATCH][4];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int i = tid + 256 * (i0 + b), row = i / (COLS / 4), q = i % (COLS / 4);
+            load_c<float, 4>(C, ldc, M, N, m0 + row, n0 + 4 * q, read_c, c_vec, old[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int i = tid + 256 * (i0 + b), row = i / (COLS / 4), q = i % (COLS / 4);
+            const float4 v4 = *reinterpret_cast<const float4*>(ct + row * CP + 4 * q);
+            const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+            store_c<float, 4>(C, ldc, M, N, m0 + row, n0 + 4 * q, v, alpha, beta, read_c, c_vec,
+                              old[b]);
+        }
     }
 }
 

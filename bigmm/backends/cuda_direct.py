@@ -11,7 +11,7 @@ cupy is imported inside functions only: importing this module needs no GPU.
 
 from __future__ import annotations
 
-from ..planner.workspace import direct_workspace_bytes, rounds_one_ahead
+from ..planner.workspace import direct_workspace_bytes, rounds_one_ahead, stored_fits
 from .cuda_build import grant_smem, raw_kernel, sm_count
 from .cuda_presplit import workspace_words
 from .cuda_tma import SWIZZLE_128B, tensor_map, tma_aligned
@@ -36,11 +36,12 @@ def direct_layout(trans_a: bool, trans_b: bool, r_ptr: int, r_ld: int) -> str | 
 def direct_pays(m: int, n: int, k: int, layout: str | None, s_aligned: bool) -> bool:
     """Whether a plain TF32 product reads its operands as stored (before any split ahead):
     ``layout`` not None, K below 2^29 (longer sums, never tested this way, go to the other
-    paths), and the other operand (NN's a, TT's b) read through its tensor map
-    (``s_aligned``: 16-byte aligned rows) or, where it cannot be, rounded ahead under the
-    planner's rule (:func:`bigmm.planner.rounds_one_ahead`: the smaller operand, at most
+    paths), operands small enough (:func:`bigmm.planner.stored_fits`), and the other operand
+    (NN's a, TT's b) read through its tensor map (``s_aligned``: 16-byte aligned rows) or,
+    where it cannot be, rounded ahead under the planner's rule
+    (:func:`bigmm.planner.rounds_one_ahead`: the smaller operand, at most
     :data:`bigmm.planner.DIRECT_ROWS` rows)."""
-    return layout is not None and k < 2**29 and (
+    return layout is not None and k < 2**29 and stored_fits(m, n, k) and (
         s_aligned or rounds_one_ahead(m, n, layout == "tt", layout == "tt"))
 
 

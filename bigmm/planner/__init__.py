@@ -8,10 +8,10 @@ from __future__ import annotations
 from .model import READ_RATE, WRITE_RATE, Rates, predict_seconds, simulate, stage_times
 from .schedule import C_SLOTS, ORDERS, Plan, Step, Tile
 from .search import cpu_step_bytes, even_edge, make_plan
-from .workspace import (DIRECT_ROWS, direct_workspace_bytes, reads_as_stored, rounds_one_ahead,
-                        split_workspace_bytes, splits_ahead)
+from .workspace import (DIRECT_ROWS, STORED_BYTES, direct_workspace_bytes, reads_as_stored,
+                        rounds_one_ahead, split_workspace_bytes, splits_ahead, stored_fits)
 
-__all__ = ["C_SLOTS", "DIRECT_ROWS", "ORDERS", "READ_RATE", "WRITE_RATE", "Plan", "Rates", "Step",
-           "Tile", "cpu_step_bytes", "direct_workspace_bytes", "even_edge", "make_plan",
-           "predict_seconds", "reads_as_stored", "rounds_one_ahead", "simulate",
-           "split_workspace_bytes", "splits_ahead", "stage_times"]
+__all__ = ["C_SLOTS", "DIRECT_ROWS", "ORDERS", "READ_RATE", "STORED_BYTES", "WRITE_RATE", "Plan",
+           "Rates", "Step", "Tile", "cpu_step_bytes", "direct_workspace_bytes", "even_edge",
+           "make_plan", "predict_seconds", "reads_as_stored", "rounds_one_ahead", "simulate",
+           "split_workspace_bytes", "splits_ahead", "stage_times", "stored_fits"]

@@ -25,14 +25,27 @@ def split_workspace_bytes(rows_a: int, rows_b: int, depth: int, parts: int = 2) 
             * 32 * (-(-depth // 32) + 1))
 
 
+#: The most operand bytes, 4 (M + N) K, a plain TF32 gemm reads as stored: on an H100 the
+#: product through tensor maps ran 0.95-1.2x cuBLAS TF32 up to 2.8 GB of operands (3072 x
+#: 81920 x 8192), but 0.90-0.92x at 24576^3 and 32768^3, where both operands rounded ahead
+#: into tile order ran 0.92-1.03x (kernels/README.md).
+STORED_BYTES = 3 << 30
+
+
+def stored_fits(rows_a: int, rows_b: int, depth: int) -> bool:
+    """Whether a plain TF32 product of op(A) rows_a x depth and op(B) depth x rows_b is small
+    enough to read as stored (:data:`STORED_BYTES`)."""
+    return 4 * (rows_a + rows_b) * depth <= STORED_BYTES
+
+
 def reads_as_stored(m: int, n: int, k: int, bm: int, bn: int, bk: int, trans_a: bool,
                     trans_b: bool) -> bool:
     """Whether a plain TF32 gemm reads every step's panels as stored, through tensor maps that
     round them to TF32 on the way into shared memory (kernels/gemm_wgmma_direct.cu), with no
     pass ahead and no workspace: NN or TT products whose panels all have 16-byte aligned rows
     (the depths of op(A)'s panels (NN) or op(B)'s (TT) and the widths of the other's, whole
-    and at the edges, multiples of 4 elements)."""
-    if trans_a != trans_b:
+    and at the edges, multiples of 4 elements) and whose steps fit :func:`stored_fits`."""
+    if trans_a != trans_b or not stored_fits(bm, bn, bk):
         return False
     side, width = (m, bm) if trans_a else (n, bn)
     return all(x % 4 == 0 for x in (k, bk, side, width))

@@ -26,6 +26,8 @@ def cp():
 @pytest.mark.parametrize("m, n, k, layout, s_aligned, pays", [
     (256, 16384, 4096, "nn", True, True),  # the planner's TF32 tile, through tensor maps
     (8192, 8192, 8192, "nn", True, True),  # square: through tensor maps too, nothing ahead
+    (3072, 81920, 8192, "nn", True, True),  # 2.8 GB of operands: the n = 81920 job's steps
+    (24576, 24576, 24576, "nn", True, False),  # 4.8 GB: both rounded ahead into tile order
     (16384, 256, 4096, "nn", True, True),  # op(A) the larger: read as stored all the same
     (256, 16384, 4096, "tt", True, True),  # TT
     (256, 16384, 4096, "nn", False, True),  # op(A) unaligned, the smaller: rounded ahead

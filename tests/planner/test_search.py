@@ -12,7 +12,7 @@ from plan_cases import (GiB, H100_ARRAYS, H100_DISK, H100_PINNED, H200_BF16, N32
                         problems, rates, write_bound)
 
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
-from bigmm.planner import DIRECT_ROWS, Rates, make_plan
+from bigmm.planner import DIRECT_ROWS, STORED_BYTES, Rates, make_plan
 from bigmm.planner.model import predict_seconds, stage_times
 from bigmm.planner import search
 from bigmm.planner.search import STEP_COST_BYTES, cpu_step_bytes, even_edge
@@ -433,11 +433,12 @@ def test_presplit_plans_hold_the_split_workspace_within_the_budget(kw):
     assert held == plan.workspace_bytes
     large = 1024 * (plan.bm + plan.bn) < plan.bm * plan.bn
     # plain TF32 NN and TT read both panels as stored where every panel's rows are 16-byte
-    # aligned: the depths (K and its panels) and the widths of op(B)'s panels (NN) or op(A)'s
-    # (TT) multiples of 4
+    # aligned (the depths, K and its panels', and the widths of op(B)'s panels (NN) or op(A)'s
+    # (TT) multiples of 4) and a step's panels hold at most STORED_BYTES
     side, width = (plan.m, plan.bm) if plan.trans_a else (plan.n, plan.bn)
     stored = (parts == 1 and plan.trans_a == plan.trans_b
-              and plan.k % 4 == 0 and plan.bk % 4 == 0 and side % 4 == 0 and width % 4 == 0)
+              and plan.k % 4 == 0 and plan.bk % 4 == 0 and side % 4 == 0 and width % 4 == 0
+              and 4 * (plan.bm + plan.bn) * plan.bk <= STORED_BYTES)
     assert plan.reads_as_stored == stored
     # otherwise plain TF32 rounds only op(A) (NN) or op(B) (TT) ahead where it is the smaller
     # and has at most DIRECT_ROWS rows, and panels large enough are split ahead
@@ -504,6 +505,7 @@ def test_plain_tf32_rounds_one_panel_ahead_where_it_is_small(rows_a, rows_b, tra
 @pytest.mark.parametrize("m, n, k, bk, trans_a, trans_b, stored", [
     (2304, 32768, 4096, 4096, False, False, True),  # the 8 GiB job's strips
     (32768, 32768, 32768, 8192, False, False, True),  # square tiles too: no workspace
+    (24576, 24576, 24576, 24576, False, False, False),  # 4.5 GiB of panels: rounded ahead
     (256, 16384, 4096, 4096, True, True, True),  # TT: op(A) (stored K x M) 16-byte aligned
     (2304, 32768, 4097, 4097, False, False, False),  # op(A)'s rows of 4097 elements
     (2304, 32768, 8192, 4098, False, False, False),  # panels 4098 deep
