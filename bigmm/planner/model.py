@@ -101,7 +101,7 @@ class Rates:
     def for_plan(self, p: Plan) -> "Rates":
         """These rates for ``p``'s products: ``flops`` is ``unsplit_flops`` where p's gemm
         could split its panels ahead but does not (``Plan.splits_ahead``: tiles too small, or
-        only the smaller panel rounded ahead)."""
+        only the smaller panel rounded ahead), and not plain TF32 reading both as stored."""
         if self.unsplit_flops and p.presplit and not p.splits_ahead and not p.reads_as_stored:
             return replace(self, flops=self.unsplit_flops)
         return self

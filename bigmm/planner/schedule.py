@@ -352,7 +352,7 @@ class Plan:
         """The gemm's workspace: where it splits its panels ahead, or (plain TF32) rounds the
         smaller one ahead; a gemm that rounds one panel ahead falls back to splitting both
         where a panel's rows are not 16-byte aligned, so that tiles large enough for a split
-        count the larger of the two."""
+        count the larger of the two; none where plain TF32 reads both panels as stored."""
         if not self.presplit or self.reads_as_stored:
             return 0
         split = (split_workspace_bytes(self.bm, self.bn, self.bk, self.presplit)
@@ -363,7 +363,7 @@ class Plan:
     @property
     def splits_ahead(self) -> bool:
         """The gemm splits this plan's panels ahead (``presplit``, tiles large enough, and not
-        a plain TF32 gemm that rounds one panel ahead)."""
+        a plain TF32 gemm that reads both panels as stored or rounds one panel ahead)."""
         return (self.presplit > 0 and splits_ahead(self.bm, self.bn)
                 and not self.rounds_one_ahead and not self.reads_as_stored)
 
