@@ -410,35 +410,10 @@ __device__ __forceinline__ double fma_rn(double a, double b, double c) { return 
 // each_vec(f) (calls f(row, col, vals) per run of VW consecutive C elements it holds).
 
 // C[row][col, col + VW) = alpha * vals + beta * C, guarded by M and N; C is never read when
-// beta == 0; one 16-byte store when C is aligned (c_vec) and the run is whole.
-template <typename T, int VW>
-__device__ __forceinline__ void store_vec(T* __restrict__ C, long long ldc, int M, int N, int row,
-                                          int col, const T* vals, T alpha, T beta, bool read_c,
-                                          int c_vec) {
-    if (row >= M) return;
-    T* crow = C + (long long)row * ldc;
-    T out[VW];
-#pragma unroll
-    for (int u = 0; u < VW; ++u) out[u] = alpha * vals[u];
-    if (c_vec && col + VW <= N) {
-        if (read_c) {
-            T old[VW];
-            load16(old, crow + col);
-#pragma unroll
-            for (int u = 0; u < VW; ++u) out[u] = fma_rn(beta, old[u], out[u]);
-        }
-        store16(crow + col, out);
-    } else {
-#pragma unroll
-        for (int u = 0; u < VW; ++u) {
-            if (col + u < N) crow[col + u] = read_c ? fma_rn(beta, crow[col + u], out[u]) : out[u];
-        }
-    }
-}
-
-// store_vec in two halves, so that a loop can issue many loads of old C before its stores
-// (the compiler keeps a load of C behind every earlier store to C, which may alias it):
-// load_c reads what store_vec would read (zeros outside C or where !read_c), store_c writes.
+// beta == 0; one 16-byte access when C is aligned (c_vec) and the run is whole. In two halves,
+// so that a loop can issue many loads of old C before its stores (the compiler keeps a load of
+// C behind every earlier store to C, which may alias it): load_c reads the old values (zeros
+// outside C or where !read_c), store_c writes; store_vec is the two at once.
 template <typename T, int VW>
 __device__ __forceinline__ void load_c(const T* __restrict__ C, long long ldc, int M, int N,
                                        int row, int col, bool read_c, int c_vec, T* old) {
@@ -472,6 +447,15 @@ __device__ __forceinline__ void store_c(T* __restrict__ C, long long ldc, int M,
         for (int u = 0; u < VW; ++u)
             if (col + u < N) crow[col + u] = out[u];
     }
+}
+
+template <typename T, int VW>
+__device__ __forceinline__ void store_vec(T* __restrict__ C, long long ldc, int M, int N, int row,
+                                          int col, const T* vals, T alpha, T beta, bool read_c,
+                                          int c_vec) {
+    T old[VW];
+    load_c<T, VW>(C, ldc, M, N, row, col, read_c, c_vec, old);
+    store_c<T, VW>(C, ldc, M, N, row, col, vals, alpha, beta, read_c, c_vec, old);
 }
 
 // Checksum updates fused into the product (see the header): out[r] (+)= scale * sum_k w[k] X[k][r]

@@ -414,10 +414,19 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
     const int em0 = tile_m * BM, en0 = tile_n * BN, et = etid % 4;
     const bool read_c = !(beta == 0.f);
     const int row0 = 16 * int(etid / 32) + 2 * int((etid % 32) / 4);  // 64 wg + 16 w + 2 g
+    constexpr int RUNS = 2 * (BN / 16), BATCH = 4;  // run j: h = j / (BN / 16), p = j % (BN / 16)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int j0 = 0; j0 < RUNS; j0 += BATCH) {
+        float old[BATCH][4];  // old C of a batch of runs, loaded ahead of their stores
 #pragma unroll
-        for (int p = 0; p < BN / 16; ++p) {
+        for (int b = 0; b < BATCH; ++b) {
+            const int h = (j0 + b) / (BN / 16), p = (j0 + b) % (BN / 16);
+            load_c<float, 4>(C, ldc, M, N, em0 + row0 + h, en0 + 16 * p + 4 * et, read_c, c_vec,
+                             old[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int h = (j0 + b) / (BN / 16), p = (j0 + b) % (BN / 16);
             float v[4];
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
@@ -427,9 +436,10 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
                            ? __fmaf_rn(cor[i % COR_N], 1.f / TF32_SMALL_SCALE, acc[i])
                            : acc[i];
             }
-            store_vec<float, 4>(C, ldc, M, N, em0 + row0 + h, en0 + 16 * p + 4 * et, v, alpha, beta,
-                                read_c, c_vec);
+            store_c<float, 4>(C, ldc, M, N, em0 + row0 + h, en0 + 16 * p + 4 * et, v, alpha, beta,
+                              read_c, c_vec, old[b]);
         }
+    }
 }
 
 // The compute policy: PASSES (3: 3xTF32, 1: TF32), PIPE (wgmma groups stay in flight across

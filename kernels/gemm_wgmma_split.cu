@@ -116,16 +116,26 @@ __device__ __forceinline__ void store_tile(float* __restrict__ C, long long ldc,
     const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int row0 = m0 + 64 * (tid / 128) + 16 * ((tid / 32) % 4) + g;
     const bool read_c = !(beta == 0.f);
+    constexpr int RUNS = 2 * (BN / 16), BATCH = 4;  // run j: h = j / (BN / 16), p = j % (BN / 16)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int j0 = 0; j0 < RUNS; j0 += BATCH) {
+        float old[BATCH][4];  // old C of a batch of runs, loaded ahead of their stores
 #pragma unroll
-        for (int p = 0; p < BN / 16; ++p) {
+        for (int b = 0; b < BATCH; ++b) {
+            const int h = (j0 + b) / (BN / 16), p = (j0 + b) % (BN / 16);
+            load_c<float, 4>(C, ldc, M, N, row0 + 8 * h, n0 + 16 * p + 4 * t, read_c, c_vec,
+                             old[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int h = (j0 + b) / (BN / 16), p = (j0 + b) % (BN / 16);
             float v[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) v[q] = value(8 * p + 4 * (q >> 1) + 2 * h + (q & 1));
-            store_vec<float, 4>(C, ldc, M, N, row0 + 8 * h, n0 + 16 * p + 4 * t, v, alpha, beta,
-                                read_c, c_vec);
+            store_c<float, 4>(C, ldc, M, N, row0 + 8 * h, n0 + 16 * p + 4 * t, v, alpha, beta,
+                              read_c, c_vec, old[b]);
         }
+    }
 }
 
 }  // namespace bigmm

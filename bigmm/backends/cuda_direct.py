@@ -45,9 +45,10 @@ def direct_pays(m: int, n: int, k: int, layout: str | None, s_aligned: bool) -> 
         s_aligned or rounds_one_ahead(m, n, layout == "tt", layout == "tt"))
 
 
-def prepare_direct(a, b, c, alpha, beta, layout, m, n, k, lds, workspace):
+def prepare_direct(a, b, c, alpha, beta, layout, m, n, k, lds, workspace, s_aligned):
     """The launch: the product through tensor maps of both operands, or with op(a) (NN) or
-    op(b)^T (TT) rounded ahead into the workspace where its rows are not 16-byte aligned."""
+    op(b)^T (TT) rounded ahead into the workspace where its rows are not 16-byte aligned
+    (``s_aligned`` False)."""
     import numpy as np
 
     lda, ldb, ldc = lds
@@ -60,7 +61,7 @@ def prepare_direct(a, b, c, alpha, beta, layout, m, n, k, lds, workspace):
         (a, k, m, lda), (b, n, k, ldb))
     r_map = tensor_map(*r_side, 32, 32, SWIZZLE_128B)
     rows_r, s_rows = r_side[2], s_side[1]
-    ahead = not tma_aligned(s_side[0].data.ptr, s_side[3])
+    ahead = not s_aligned
     s_map = r_map if ahead else tensor_map(*s_side, 32, 256, SWIZZLE_128B)
     tiles = (-(-s_rows // _TILE_S)) * (-(-rows_r // _TILE_R))
     c_vec = np.int32(1 if c.data.ptr % 16 == 0 and ldc % 4 == 0 else 0)

@@ -269,9 +269,10 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
         whole = precision in PARTS and checks is None and not upper and split_k in (None, 1)
         layout = (direct_layout(trans_a, trans_b, *((pa, lda) if trans_a else (pb, ldb)))
                   if whole and precision == "tf32" and presplit is None else None)
-        if direct_pays(m, n, k, layout, tma_aligned(*((pb, ldb) if trans_a else (pa, lda)))):
+        s_aligned = tma_aligned(*((pb, ldb) if trans_a else (pa, lda)))
+        if direct_pays(m, n, k, layout, s_aligned):
             return prepare_direct(a, b, c, alpha, beta, layout, m, n, k, (lda, ldb, ldc),
-                                  workspace)
+                                  workspace, s_aligned)
         if whole and (presplit if presplit is not None else presplit_pays(m, n, k)) and can_presplit(m, n, k):
             return prepare_presplit(a, b, c, alpha, beta, trans_a, trans_b, m, n, k,
                                     (lda, ldb, ldc), workspace, PARTS[precision])
