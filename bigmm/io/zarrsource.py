@@ -15,7 +15,12 @@ source's ``layout`` says which):
   the source's life (as HDF5 inputs are, :class:`.mapped.FileMaps`; with ``preadv`` where
   :data:`MAPPED_READS` is off),
   the byte order converted in the copy; any part of a chunk is read alone, so plans need not
-  align to these chunks (``panel_chunks`` is None);
+  align to these chunks (``panel_chunks`` is None). Before a region's chunks are copied, the
+  kernel is asked to read their parts ahead (``posix_fadvise(WILLNEED)``, see
+  :func:`read_ahead`): a thread copies its chunks one after another, and a chunk file's pages
+  would otherwise be read only when the copy reaches them, one file at a time, where an HDF5
+  file's read-ahead runs on into the next chunk. Parts narrower than half a chunk's rows are
+  left to the kernel (the range asked for would be mostly bytes the region does not need);
 * ``zarr-zstd``, ``zarr-blosc``, ``zarr-gzip``: ``bytes`` then one of those compressors: each
   chunk file is read whole and decoded in the reader threads by the very numcodecs codec
   zarr-python's own codec wraps (they release the GIL), then copied into place.
@@ -299,6 +304,10 @@ class ZarrSource(Source):
 
     def _read_chunks(self, r0, r1, c0, c1, out) -> None:
         cells = list(chunk_cells(self.chunks, r0, r1, c0, c1))
+        if self._decode is None:
+            read_ahead([(self.chunk_path(ci, cj), self._part(ci, cj, a0, a1, b0, b1))
+                        for ci, cj, a0, a1, b0, b1 in cells
+                        if 2 * (b1 - b0) >= self.chunks[1] or a1 - a0 == 1])
         nbytes = (r1 - r0) * (c1 - c0) * self.dtype.itemsize
         groups = _even_groups([(cell, self._cell_bytes(cell)) for cell in cells],
                               min(self._threads, nbytes // TASK_BYTES))
@@ -312,6 +321,14 @@ class ZarrSource(Source):
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bigmm-zarr")
         for fut in [self._pool.submit(self._group, t) for t in tasks]:
             fut.result()
+
+    def _part(self, ci, cj, a0, a1, b0, b1) -> tuple[int, int]:
+        """The bytes [lo, hi) of chunk (ci, cj)'s file that rows a0:a1, columns b0:b1 of the
+        array lie in (uncompressed chunks)."""
+        cr, cc = self.chunks
+        w = self.dtype.itemsize
+        return (((a0 - ci * cr) * cc + b0 - cj * cc) * w,
+                ((a1 - 1 - ci * cr) * cc + b1 - cj * cc) * w)
 
     def _cell_bytes(self, cell) -> int:
         _ci, _cj, a0, a1, b0, b1 = cell
@@ -375,6 +392,27 @@ class ZarrSource(Source):
             self._pool = None
         if self._codec == "":
             self._maps.close()
+
+
+def read_ahead(parts: list) -> None:
+    """Ask the kernel to start reading the byte ranges ``(path, (lo, hi))`` of files into
+    the page cache without waiting for them (``posix_fadvise(WILLNEED)``; pages cached already
+    cost a lookup). Missing files and systems without the call are passed over: it is only a
+    hint."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:  # pragma: no cover
+        return
+    for path, (lo, hi) in parts:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue
+        try:
+            advise(fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+        except OSError:  # pragma: no cover
+            pass
+        finally:
+            os.close(fd)
 
 
 def _even_groups(items: list, k: int) -> list[list]:

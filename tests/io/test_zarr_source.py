@@ -213,6 +213,41 @@ def test_reads_on_the_callers_thread_use_no_pool(tmp_path, monkeypatch, codec):
         assert src._pool is not None
 
 
+@pytest.mark.parametrize("codec,advised", [
+    ("raw", True),    # uncompressed: every chunk part read ahead before the copies
+    ("zstd", False),  # compressed chunk files are read whole in one call: no hint
+])
+def test_the_parts_a_region_needs_are_read_ahead(tmp_path, monkeypatch, codec, advised):
+    data = random_matrix((50, 40), np.float32, seed=12)
+    arr = zarr_array(tmp_path / "h.zarr", data, chunks=(20, 15), codec=codec)
+    os.remove(tmp_path / "h.zarr" / "c" / "1" / "1")  # a missing chunk is passed over
+    calls = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, advice: (
+        calls.append((os.readlink(f"/proc/self/fd/{fd}"), off, n, advice)),
+        real(fd, off, n, advice))[1])
+    r0, r1, c0, c1 = 7, 43, 3, 34  # column parts 12, 15 and 4 wide of 15: the 4 not asked for
+    with open_input(arr, threads=2) as src:
+        out = np.empty((r1 - r0, c1 - c0), np.float32)
+        src.read(r0, r1, c0, c1, out)
+    assert np.array_equal(out, np.where(
+        (np.arange(r0, r1)[:, None] // 20 == 1) & (np.arange(c0, c1)[None, :] // 15 == 1),
+        0.0, data[r0:r1, c0:c1]))
+    expect = set()
+    for ci in range(r0 // 20, (r1 - 1) // 20 + 1):
+        for cj in range(c0 // 15, (c1 - 1) // 15 + 1):
+            if (ci, cj) == (1, 1):
+                continue
+            a0, a1 = max(r0, 20 * ci) - 20 * ci, min(r1, 20 * ci + 20) - 20 * ci
+            b0, b1 = max(c0, 15 * cj) - 15 * cj, min(c1, 15 * cj + 15) - 15 * cj
+            if 2 * (b1 - b0) < 15:  # mostly bytes the region does not need: not asked for
+                continue
+            lo, hi = 4 * (a0 * 15 + b0), 4 * ((a1 - 1) * 15 + b1)  # first and past last byte
+            expect.add((str(tmp_path / "h.zarr" / "c" / str(ci) / str(cj)), lo, hi - lo,
+                        os.POSIX_FADV_WILLNEED))
+    assert set(calls) == (expect if advised else set())
+
+
 def test_missing_chunks_read_as_the_fill_value(tmp_path):
     data = random_matrix((50, 40), np.float32, seed=3)
     arr = zarr_array(tmp_path / "f.zarr", data, chunks=(20, 20), fill_value=-7.5)
