@@ -396,23 +396,39 @@ class ZarrSource(Source):
 
 def read_ahead(parts: list) -> None:
     """Ask the kernel to start reading the byte ranges ``(path, (lo, hi))`` of files into
-    the page cache without waiting for them (``posix_fadvise(WILLNEED)``; pages cached already
-    cost a lookup). Missing files and systems without the call are passed over: it is only a
-    hint."""
+    the page cache without waiting for them (``posix_fadvise(WILLNEED)``), unless the first
+    range's first and last bytes are cached already: then the region is taken to be cached
+    (asking walks every page of a range: a third of a warm read's time for 4 MiB ranges, and
+    a file opened per range). Missing files and systems without the calls are passed over:
+    it is only a hint."""
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:  # pragma: no cover
         return
-    for path, (lo, hi) in parts:
+    for i, (path, (lo, hi)) in enumerate(parts):
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             continue
         try:
+            if i == 0 and _cached(fd, lo) and _cached(fd, hi - 1):
+                return
             advise(fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
         except OSError:  # pragma: no cover
             pass
         finally:
             os.close(fd)
+
+
+def _cached(fd: int, offset: int) -> bool:
+    """Whether the byte at ``offset`` of the open file is in the page cache (a one-byte read
+    that may not wait for the disk); False where that cannot be asked."""
+    nowait = getattr(os, "RWF_NOWAIT", None)
+    if nowait is None:  # pragma: no cover
+        return False
+    try:
+        return os.preadv(fd, [bytearray(1)], offset, nowait) == 1
+    except OSError:  # EAGAIN: not cached; EOPNOTSUPP: not asked
+        return False
 
 
 def _even_groups(items: list, k: int) -> list[list]:

@@ -213,14 +213,16 @@ def test_reads_on_the_callers_thread_use_no_pool(tmp_path, monkeypatch, codec):
         assert src._pool is not None
 
 
-@pytest.mark.parametrize("codec,advised", [
-    ("raw", True),    # uncompressed: every chunk part read ahead before the copies
-    ("zstd", False),  # compressed chunk files are read whole in one call: no hint
+@pytest.mark.parametrize("codec,cached,advised", [
+    ("raw", False, True),    # uncompressed, cold: every chunk part read ahead before the copies
+    ("raw", True, False),    # uncompressed, the first part cached: the region taken as cached
+    ("zstd", False, False),  # compressed chunk files are read whole in one call: no hint
 ])
-def test_the_parts_a_region_needs_are_read_ahead(tmp_path, monkeypatch, codec, advised):
+def test_the_parts_a_region_needs_are_read_ahead(tmp_path, monkeypatch, codec, cached, advised):
     data = random_matrix((50, 40), np.float32, seed=12)
     arr = zarr_array(tmp_path / "h.zarr", data, chunks=(20, 15), codec=codec)
     os.remove(tmp_path / "h.zarr" / "c" / "1" / "1")  # a missing chunk is passed over
+    monkeypatch.setattr(zarrsource, "_cached", lambda fd, offset: cached)
     calls = []
     real = os.posix_fadvise
     monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, advice: (
@@ -246,6 +248,23 @@ def test_the_parts_a_region_needs_are_read_ahead(tmp_path, monkeypatch, codec, a
             expect.add((str(tmp_path / "h.zarr" / "c" / str(ci) / str(cj)), lo, hi - lo,
                         os.POSIX_FADV_WILLNEED))
     assert set(calls) == (expect if advised else set())
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="no RWF_NOWAIT reads here")
+def test_cached_tells_bytes_in_the_page_cache(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(8 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if zarrsource._cached(fd, 300_000):
+            pytest.skip("this file system keeps the file's pages (tmpfs)")
+        os.pread(fd, 4096, 299_008)  # the page holding byte 300000
+        assert zarrsource._cached(fd, 300_000)
+        assert not zarrsource._cached(fd, 7_900_000)  # far beyond any read-ahead of that read
+    finally:
+        os.close(fd)
 
 
 def test_missing_chunks_read_as_the_fill_value(tmp_path):
