@@ -398,9 +398,8 @@ def read_ahead(parts: list) -> None:
     """Ask the kernel to start reading the byte ranges ``(path, (lo, hi))`` of files into
     the page cache without waiting for them (``posix_fadvise(WILLNEED)``), unless the first
     range's first and last bytes are cached already: then the region is taken to be cached
-    (asking walks every page of a range: a third of a warm read's time for 4 MiB ranges, and
-    a file opened per range). Missing files and systems without the calls are passed over:
-    it is only a hint."""
+    (asking walks every page of a range). Missing files and systems without the calls are
+    passed over: it is only a hint."""
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:  # pragma: no cover
         return
@@ -421,14 +420,17 @@ def read_ahead(parts: list) -> None:
 
 def _cached(fd: int, offset: int) -> bool:
     """Whether the byte at ``offset`` of the open file is in the page cache (a one-byte read
-    that may not wait for the disk); False where that cannot be asked."""
+    that may not wait for the disk); True where that cannot be asked (no hint is given then:
+    reads are left to the kernel's read-ahead, as where the file lives in memory)."""
     nowait = getattr(os, "RWF_NOWAIT", None)
     if nowait is None:  # pragma: no cover
-        return False
+        return True
     try:
         return os.preadv(fd, [bytearray(1)], offset, nowait) == 1
-    except OSError:  # EAGAIN: not cached; EOPNOTSUPP: not asked
+    except BlockingIOError:  # not cached
         return False
+    except OSError:  # EOPNOTSUPP (tmpfs, some network file systems): not asked
+        return True
 
 
 def _even_groups(items: list, k: int) -> list[list]:
