@@ -412,7 +412,7 @@ def read_ahead(parts: list) -> None:
             if i == 0 and _cached(fd, lo) and _cached(fd, hi - 1):
                 return
             advise(fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
-        except OSError:  # pragma: no cover
+        except OSError:  # a refused hint: the copies read as they would have
             pass
         finally:
             os.close(fd)

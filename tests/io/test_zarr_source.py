@@ -7,6 +7,7 @@ array the store was written from (fresh random data, shapes multiples of nothing
 
 from __future__ import annotations
 
+import errno
 import os
 
 import h5py
@@ -248,6 +249,23 @@ def test_the_parts_a_region_needs_are_read_ahead(tmp_path, monkeypatch, codec, c
             expect.add((str(tmp_path / "h.zarr" / "c" / str(ci) / str(cj)), lo, hi - lo,
                         os.POSIX_FADV_WILLNEED))
     assert set(calls) == (expect if advised else set())
+
+
+def test_a_refused_read_ahead_hint_changes_nothing(tmp_path, monkeypatch):
+    data = random_matrix((50, 40), np.float32, seed=13)
+    arr = zarr_array(tmp_path / "r.zarr", data, chunks=(20, 15))
+    monkeypatch.setattr(zarrsource, "_cached", lambda fd, offset: False)
+    asked = []
+
+    def refuse(fd, off, n, advice):
+        asked.append(off)
+        raise OSError(errno.EIO, "hint refused")
+
+    monkeypatch.setattr(os, "posix_fadvise", refuse)
+    with open_input(arr, threads=2) as src:
+        out = np.full((50, 40), np.nan, np.float32)
+        src.read(0, 50, 0, 40, out)
+    assert asked and np.array_equal(out, data)
 
 
 @pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="no RWF_NOWAIT reads here")
