@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -212,9 +214,36 @@ def array_footprint(x: np.ndarray) -> Footprint:
     return Footprint(ranges=tuple(ranges), files=tuple({r[:2] for r in ranges}), array=x)
 
 
+_ONCE = threading.local()
+
+
+@contextmanager
+def mappings_once():
+    """Within it, this thread's footprints of arrays read ``/proc/self/maps`` once: the
+    footprints of a job's arrays (A, B and C, taken together while the output is opened) see
+    one snapshot of mappings that all of them had before the call. Nests."""
+    outer = getattr(_ONCE, "depth", 0)
+    _ONCE.depth = outer + 1
+    try:
+        yield
+    finally:
+        _ONCE.depth = outer
+        if not outer:
+            _ONCE.maps = None
+
+
 def _mappings() -> list[tuple[int, int, int, int, int]]:
     """(start, end, file offset, device, inode) of this process's mappings of files (those of
-    inode 0, anonymous memory, are left out unparsed: a CUDA process has thousands)."""
+    inode 0, anonymous memory, are left out unparsed: a CUDA process has thousands); within
+    :func:`mappings_once`, read once."""
+    if getattr(_ONCE, "depth", 0):
+        if getattr(_ONCE, "maps", None) is None:
+            _ONCE.maps = _read_mappings()
+        return _ONCE.maps
+    return _read_mappings()
+
+
+def _read_mappings() -> list[tuple[int, int, int, int, int]]:
     try:
         with open("/proc/self/maps") as f:
             lines = f.read().splitlines()

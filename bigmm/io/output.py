@@ -23,7 +23,8 @@ from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, Op
                       OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
                       ShapeError, SpecError)
 from ._h5 import COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles, stored_dtype
-from .identity import Footprint, array_footprint, describe, differences, fingerprint, overlaps
+from .identity import (Footprint, array_footprint, describe, differences, fingerprint,
+                       mappings_once, overlaps)
 from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
 from .lock import OutputLock, h5_open_retry
 from .filesink import H5_ALIGNMENT, PARTIAL_SUFFIX, FileSink, create_dataset, tile_chunks
@@ -60,7 +61,8 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
         _check_like(x.shape, x.dtype, shape, dtype, label)
         if not x.flags.writeable:
             raise OutputNotWritable("Expected a writeable NumPy array for C. Got a read-only one.")
-        refuse_alias(array_footprint(x), inputs, label)
+        with mappings_once():
+            refuse_alias(array_footprint(x), inputs, label)
         return ArraySink(x, label)
     if isinstance(x, h5py.Dataset):
         label = f"C ({x.file.filename}:{x.name})"
@@ -154,14 +156,15 @@ def _check_like(have_shape, have_dtype, shape, dtype, label) -> None:
 def refuse_alias(out: Footprint, inputs, label: str) -> None:
     """OutputIsInputError when the output's footprint shares a byte or an HDF5 object with an
     input's (same file by any name, same object by any link, overlapping maps or memory)."""
-    for src in inputs:
-        fp = src.footprint()
-        how = overlaps(out, fp)
-        if not how and src.layout == "array" and set(fp.files) & set(out.files):
-            how = "in a file that the input array maps"
-        if how:
-            raise OutputIsInputError(f"Expected an output other than the inputs. Got {label}, "
-                                     f"{how} {src.label}.")
+    with mappings_once():
+        for src in inputs:
+            fp = src.footprint()
+            how = overlaps(out, fp)
+            if not how and src.layout == "array" and set(fp.files) & set(out.files):
+                how = "in a file that the input array maps"
+            if how:
+                raise OutputIsInputError(f"Expected an output other than the inputs. Got "
+                                         f"{label}, {how} {src.label}.")
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,11 @@ import hdf5plugin
 import numpy as np
 import pytest
 
+import bigmm
 from bigmm.io import open_input
+from bigmm.io import identity
 from bigmm.io.identity import (SAMPLE_MAX, _mappings, array_footprint, describe, differences,
-                               fingerprint, overlaps, sample_regions)
+                               fingerprint, mappings_once, overlaps, sample_regions)
 from bigmm.testing import random_matrix
 
 SHAPE = (301, 257)  # multiples of nothing; 600 KiB of float64: sampled, not hashed whole
@@ -205,6 +207,28 @@ def test_footprints_name_files_among_many_anonymous_mappings(tmp_path):
     finally:
         for m in anonymous:
             m.close()
+
+
+def test_a_jobs_array_footprints_read_the_mappings_once(tmp_path, monkeypatch):
+    reads = []
+    real = identity._read_mappings
+    monkeypatch.setattr(identity, "_read_mappings", lambda: reads.append(1) or real())
+    a, b = random_matrix((40, 30), np.float32, seed=1), random_matrix((30, 20), np.float32)
+    c = np.empty((40, 20), np.float32)
+    bigmm.matmul(a, b, c, backend="numpy")
+    assert len(reads) == 1  # A, B and C: one snapshot
+    assert np.allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    path = tmp_path / "raw.bin"
+    np.arange(4096, dtype=np.float64).tofile(path)
+    x = np.memmap(path, np.float64, "r+", shape=(64, 64))
+    with mappings_once():
+        with mappings_once():  # nested: the same snapshot
+            assert overlaps(array_footprint(x), array_footprint(x[32:]))
+    assert len(reads) == 2
+    y = np.memmap(path, np.float64, "r+", shape=(64, 64))  # mapped after that snapshot
+    assert overlaps(array_footprint(x), array_footprint(y))  # outside it: read afresh
+    assert len(reads) == 4
+    del x, y
 
 
 def test_views_of_one_array_share_memory():
