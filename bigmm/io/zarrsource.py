@@ -369,9 +369,9 @@ class ZarrSource(Source):
                 if size != self._chunk_bytes:
                     raise OSError(f"chunk file '{path}' holds {size} bytes; an uncompressed "
                                   f"chunk holds {self._chunk_bytes}")
-                w = self.dtype.itemsize
-                off = ((a0 - ci * cr) * cc + (b0 - cj * cc)) * w
-                read_block(fd, off, cc * w, out, a0 - r0, a1 - r0, b0 - c0, b1 - c0)
+                off = self._part(ci, cj, a0, a1, b0, b1)[0]
+                read_block(fd, off, cc * self.dtype.itemsize, out, a0 - r0, a1 - r0, b0 - c0,
+                           b1 - c0)
                 if self._swap:
                     dest.byteswap(inplace=True)
                 return
