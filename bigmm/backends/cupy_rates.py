@@ -36,7 +36,8 @@ def rates(be, dtype: str, limit: int | None = None) -> Rates:
     precision, and the waves of its thread blocks), pinned host-to-device copies (whole, and
     pitched in rows of 16 KiB: the cost of a row), device memory (a copy within it),
     allocating pinned memory and page-locking a host array in place (and releasing them),
-    measured once per process and size (a 4096^3 product, a 256 MiB copy in, a 128 MiB copy
+    measured once per process and size (a 4096^3 product, 4096 x 4096 x 16384 for
+    half-precision operands, a 256 MiB copy in, a 128 MiB copy
     on the device, 64 MiB pinned and a 64 MiB array locked, timed with events and the host
     clock; smaller when ``limit``, the bytes the run may hold on the device and in pinned
     memory, is less, so that planning stays within the run's budgets)."""
@@ -70,7 +71,9 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         t_move = time_events(lambda: cupy.cuda.runtime.memcpyAsync(
             dev.data.ptr + half, dev.data.ptr, half, _D2D, s.ptr), s)
         x = dev[: n * n].reshape(n, n)
-        t_gemm = time_events(lambda: be.gemm(x, x, c, 1.0, 0.0, False, False, s), s)
+        depth = n * deep_factor(dtype, host.size, n)
+        xa, xb = dev[: n * depth].reshape(n, depth), dev[-depth * n:].reshape(depth, n)
+        t_gemm = time_events(lambda: be.gemm(xa, xb, c, 1.0, 0.0, False, False, s), s)
         # a gemm that splits large products ahead: also a product too small for it (plain
         # TF32 reads both operands of this one and of the product above as stored)
         narrow = n // 4 if isinstance(be, SplitsPanels) and be.split_parts else 0
@@ -83,13 +86,21 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
     full = n == 4096
     h2d = nbytes / t_copy
     per_row = max(0.0, t_rows - rows * ROW_BYTES / h2d) / rows if rows else 0.0
-    return Rates(flops=2 * n**3 / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
+    return Rates(flops=2 * n * n * depth / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
                  h2d_bytes=h2d,
                  memory_bytes=2 * half / t_move if full else None,
                  wave_flops=(wave_flops(be, dtype)
                              if full and str(dtype) not in HALF_DTYPES else None),
                  per_row=per_row, register_bytes=lock, pin_bytes=pin,
                  unsplit_flops=2 * narrow * n * n / t_unsplit if narrow else None)
+
+
+def deep_factor(dtype: np.dtype, elements: int, n: int) -> int:
+    """How many times n deep the timed product is: 4 for half-precision operands where
+    ``elements`` hold both n x 4n operands, else 1. A 4096^3 half-precision product lasts a
+    fifth of a millisecond on tensor cores, and its start and last wave weigh more there than
+    in the deep steps of the planner's tiles (see BENCHMARKS.md)."""
+    return 4 if str(dtype) in HALF_DTYPES and 2 * 4 * n * n <= elements else 1
 
 
 def wave_flops(be, dtype: np.dtype) -> float:

@@ -331,6 +331,7 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     if best[2].order == "resident-c":  # of strips as near and reading as little, the deepest
         best = min((x for x in near if x[2].order == "resident-c"
                     and x[2].bytes_read <= best[2].bytes_read), key=lambda x: (x[2].nk, x[:2]))
+        return _best_tail(best[2])
     return best[2]
 
 
@@ -393,6 +394,23 @@ def _resident_c(bms: list[int], bks: list[int], base: dict, step_bytes: int,
                     found.append(((_cost(p, step_bytes), p.n_steps, -p.bk,
                                    ORDERS.index(p.order)), p))
     return found
+
+
+def _best_tail(p: Plan) -> Plan:
+    """Resident-c plan ``p`` with the tail the model puts fastest of those reached from
+    p's, one K panel longer or shorter at a time while each is faster: TAIL_SHARES are coarse
+    where K has few panels (of ten, tails 5 and 10 and none between), and the best tail is
+    where the reads of the rounds before it take as long as their gemms (see BENCHMARKS.md,
+    jobs larger than the GPU). The strips' height and depth stay as chosen."""
+    best, seconds = p, p.predicted_seconds
+    for way in (1, -1):
+        q = best
+        while 1 <= q.tail + way <= q.nk and q.ni * (q.tail + way) <= SIM_STEPS:
+            q = replace(q, tail=q.tail + way)
+            if not _fits(q) or q.predicted_seconds >= seconds:
+                break
+            best, seconds = q, q.predicted_seconds
+    return best
 
 
 def _check_symmetric(m: int, n: int, trans_a: bool, trans_b: bool, symmetric: bool,

@@ -3,6 +3,7 @@ traffic and chunk alignment, and the choice by predicted time."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -374,6 +375,7 @@ def test_of_near_times_the_plan_reading_fewer_bytes_is_chosen(monkeypatch):
         (1 + search.NEAR) * twice.predicted_seconds)
     assert once.bytes_read < twice.bytes_read
     found = [((search._cost(p, STEP_COST_BYTES), p.n_steps, -p.bk, 0), p) for p in (twice, once)]
+    monkeypatch.setattr(search, "_best_tail", lambda p: p)  # these tails only
     assert search._fastest(found, H200_BF16) == once
     monkeypatch.setattr(search, "NEAR", 0.0)
     assert search._fastest(found, H200_BF16) == twice
@@ -402,6 +404,27 @@ def test_resident_c_tries_k_panels_deeper_than_max_bk_by_time():
     assert make_plan(**dict(args, rates=None), order="resident-c").bk <= 4096  # by bytes
 
 
+def test_resident_c_takes_the_tail_between_the_shares_that_the_model_puts_fastest():
+    # bfloat16 at n = 81920 on an H100 host (its calibration, the gemm timed deep): ten K
+    # panels, whose shares give tails 1, 2, 3, 5 and 10; the model puts 7 ahead of 5
+    # (measured on two hosts: 1.84 and 2.06 s against 2.00 and 2.11)
+    bf16 = Rates(flops=831e12, read_bytes=26.5e9, write_bytes=26.5e9, h2d_bytes=55.3e9,
+                 memory_bytes=2.85e12, per_step=3.96e-5, per_host_row=3.1e-8, per_row=8.1e-8,
+                 register_bytes=20.4e9, pin_bytes=8.23e9, thread_bytes=9.78e9)
+    args = dict(m=81920, n=81920, k=81920, dtype="bfloat16", device_budget=66 * GiB,
+                host_budget=18 * GiB, rates=bf16, in_place="")
+    plan = make_plan(**args)
+    assert plan.order == "resident-c" and plan.nk == 10
+    shares = {max(1, math.ceil(s * plan.nk)) for s in search.TAIL_SHARES}
+    assert plan.tail not in shares
+
+    def tailed(t):
+        return make_plan(**args, tile=(plan.bm, plan.bn, plan.bk), order="resident-c", tail=t)
+
+    assert all(plan.predicted_seconds < tailed(t).predicted_seconds
+               for t in shares | {plan.tail - 1, plan.tail + 1})
+
+
 def test_of_near_resident_c_plans_the_deepest_panels_are_chosen(monkeypatch):
     # another H100 host's calibration: the model puts 4096-deep panels 2% ahead of 8192-deep
     # ones, which measured 25% faster (it does not know cuBLAS TF32's shallow steps are slow)
@@ -410,6 +433,8 @@ def test_of_near_resident_c_plans_the_deepest_panels_are_chosen(monkeypatch):
                  per_host_row=1.93e-8, register_bytes=24.3e9, pin_bytes=6.62e9)
     args = dict(m=81920, n=81920, k=81920, dtype="float32", device_budget=65 * GiB,
                 host_budget=12 * GiB, rates=tf32, in_place="")
+    tailed = search.make_plan.__wrapped__(**args)
+    monkeypatch.setattr(search, "_best_tail", lambda p: p)  # the tails of TAIL_SHARES only
     plan, near = search.make_plan.__wrapped__(**args), search.NEAR
     monkeypatch.setattr(search, "NEAR", 0.0)
     fastest = search.make_plan.__wrapped__(**args)
@@ -417,6 +442,9 @@ def test_of_near_resident_c_plans_the_deepest_panels_are_chosen(monkeypatch):
     assert plan.nk < fastest.nk and plan.bk == 8192
     assert fastest.predicted_seconds < plan.predicted_seconds <= (
         (1 + near) * fastest.predicted_seconds)
+    # the tail is then the model's best for the strips chosen: their height and depth kept
+    assert (tailed.bm, tailed.bk) == (plan.bm, plan.bk) and tailed.tail != plan.tail
+    assert tailed.predicted_seconds < plan.predicted_seconds
 
 
 @settings(max_examples=60, deadline=None)
