@@ -458,6 +458,30 @@ __device__ __forceinline__ void store_vec(T* __restrict__ C, long long ldc, int 
     store_c<T, VW>(C, ldc, M, N, row, col, vals, alpha, beta, read_c, c_vec, old);
 }
 
+// One batch of a thread's epilogue: runs j0 .. j0 + BATCH - 1 of 4 floats, the old C of all of
+// them loaded before the first store (see load_c). place(j, row, col) gives run j's place in C,
+// value(j, v) its 4 products.
+template <int BATCH, class Place, class Value>
+__device__ __forceinline__ void store_batch(float* __restrict__ C, long long ldc, int M, int N,
+                                            int j0, float alpha, float beta, bool read_c,
+                                            int c_vec, Place place, Value value) {
+    float old[BATCH][4];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+        int row, col;
+        place(j0 + b, row, col);
+        load_c<float, 4>(C, ldc, M, N, row, col, read_c, c_vec, old[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+        int row, col;
+        place(j0 + b, row, col);
+        float v[4];
+        value(j0 + b, v);
+        store_c<float, 4>(C, ldc, M, N, row, col, v, alpha, beta, read_c, c_vec, old[b]);
+    }
+}
+
 // Checksum updates fused into the product (see the header): out[r] (+)= scale * sum_k w[k] X[k][r]
 // and out_abs[r] (+)= |scale| * sum_k wa[k] |X[k][r]| for X = op(B) (columns, r < N) and X =
 // op(A)^T (rows, r < M).  The weights are float64 vectors of length K.

@@ -415,31 +415,23 @@ __device__ __forceinline__ void wgmma_body(int M, int N, int K, float alpha,
     const bool read_c = !(beta == 0.f);
     const int row0 = 16 * int(etid / 32) + 2 * int((etid % 32) / 4);  // 64 wg + 16 w + 2 g
     constexpr int RUNS = 2 * (BN / 16), BATCH = 4;  // run j: h = j / (BN / 16), p = j % (BN / 16)
+    auto place = [&](int j, int& row, int& col) {
+        row = em0 + row0 + j / (BN / 16);
+        col = en0 + 16 * (j % (BN / 16)) + 4 * et;
+    };
+    auto value = [&](int j, float* v) {
+        const int h = j / (BN / 16), p = j % (BN / 16);
 #pragma unroll
-    for (int j0 = 0; j0 < RUNS; j0 += BATCH) {
-        float old[BATCH][4];  // old C of a batch of runs, loaded ahead of their stores
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int h = (j0 + b) / (BN / 16), p = (j0 + b) % (BN / 16);
-            load_c<float, 4>(C, ldc, M, N, em0 + row0 + h, en0 + 16 * p + 4 * et, read_c, c_vec,
-                             old[b]);
+        for (int c = 0; c < 4; ++c) {
+            const int i = 8 * p + 4 * (c >> 1) + 2 * h + (c & 1);
+            // (KT == 0: the pipelined schedule never started cor)
+            v[c] = PASSES == 3 && KT > 0 ? __fmaf_rn(cor[i % COR_N], 1.f / TF32_SMALL_SCALE, acc[i])
+                                         : acc[i];
         }
+    };
 #pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int h = (j0 + b) / (BN / 16), p = (j0 + b) % (BN / 16);
-            float v[4];
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int i = 8 * p + 4 * (c >> 1) + 2 * h + (c & 1);
-                // (KT == 0: the pipelined schedule never started cor)
-                v[c] = PASSES == 3 && KT > 0
-                           ? __fmaf_rn(cor[i % COR_N], 1.f / TF32_SMALL_SCALE, acc[i])
-                           : acc[i];
-            }
-            store_c<float, 4>(C, ldc, M, N, em0 + row0 + h, en0 + 16 * p + 4 * et, v, alpha, beta,
-                              read_c, c_vec, old[b]);
-        }
-    }
+    for (int j0 = 0; j0 < RUNS; j0 += BATCH)
+        store_batch<BATCH>(C, ldc, M, N, j0, alpha, beta, read_c, c_vec, place, value);
 }
 
 // The compute policy: PASSES (3: 3xTF32, 1: TF32), PIPE (wgmma groups stay in flight across

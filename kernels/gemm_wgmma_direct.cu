@@ -212,24 +212,21 @@ __device__ __forceinline__ void direct_tile(int M, int N, int K, float alpha, co
     consumers_sync();
     const int m0 = C_T ? s0 : r0, n0 = C_T ? r0 : s0;
     const bool read_c = !(beta == 0.f);
-    constexpr int RUNS = ROWS * COLS / 4 / 256, BATCH = 8;  // a thread's 4-float runs; loads
-#pragma unroll 1                                              // of old C issued together
-    for (int i0 = 0; i0 < RUNS; i0 += BATCH) {
-        float old[BATCH][4];
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int i = tid + 256 * (i0 + b), row = i / (COLS / 4), q = i % (COLS / 4);
-            load_c<float, 4>(C, ldc, M, N, m0 + row, n0 + 4 * q, read_c, c_vec, old[b]);
-        }
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int i = tid + 256 * (i0 + b), row = i / (COLS / 4), q = i % (COLS / 4);
-            const float4 v4 = *reinterpret_cast<const float4*>(ct + row * CP + 4 * q);
-            const float v[4] = {v4.x, v4.y, v4.z, v4.w};
-            store_c<float, 4>(C, ldc, M, N, m0 + row, n0 + 4 * q, v, alpha, beta, read_c, c_vec,
-                              old[b]);
-        }
-    }
+    constexpr int RUNS = ROWS * COLS / 4 / 256, BATCH = 8;  // a thread's 4-float runs
+    auto place = [&](int j, int& row, int& col) {
+        const int i = tid + 256 * j;
+        row = m0 + i / (COLS / 4);
+        col = n0 + 4 * (i % (COLS / 4));
+    };
+    auto value = [&](int j, float* v) {
+        const int i = tid + 256 * j;
+        const float4 v4 = *reinterpret_cast<const float4*>(ct + (i / (COLS / 4)) * CP
+                                                           + 4 * (i % (COLS / 4)));
+        v[0] = v4.x, v[1] = v4.y, v[2] = v4.z, v[3] = v4.w;
+    };
+#pragma unroll 1
+    for (int i0 = 0; i0 < RUNS; i0 += BATCH)
+        store_batch<BATCH>(C, ldc, M, N, i0, alpha, beta, read_c, c_vec, place, value);
 }
 
 }  // namespace bigmm

@@ -117,25 +117,18 @@ __device__ __forceinline__ void store_tile(float* __restrict__ C, long long ldc,
     const int row0 = m0 + 64 * (tid / 128) + 16 * ((tid / 32) % 4) + g;
     const bool read_c = !(beta == 0.f);
     constexpr int RUNS = 2 * (BN / 16), BATCH = 4;  // run j: h = j / (BN / 16), p = j % (BN / 16)
+    auto place = [&](int j, int& row, int& col) {
+        row = row0 + 8 * (j / (BN / 16));
+        col = n0 + 16 * (j % (BN / 16)) + 4 * t;
+    };
+    auto values = [&](int j, float* v) {
+        const int h = j / (BN / 16), p = j % (BN / 16);
 #pragma unroll
-    for (int j0 = 0; j0 < RUNS; j0 += BATCH) {
-        float old[BATCH][4];  // old C of a batch of runs, loaded ahead of their stores
+        for (int q = 0; q < 4; ++q) v[q] = value(8 * p + 4 * (q >> 1) + 2 * h + (q & 1));
+    };
 #pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int h = (j0 + b) / (BN / 16), p = (j0 + b) % (BN / 16);
-            load_c<float, 4>(C, ldc, M, N, row0 + 8 * h, n0 + 16 * p + 4 * t, read_c, c_vec,
-                             old[b]);
-        }
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int h = (j0 + b) / (BN / 16), p = (j0 + b) % (BN / 16);
-            float v[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) v[q] = value(8 * p + 4 * (q >> 1) + 2 * h + (q & 1));
-            store_c<float, 4>(C, ldc, M, N, row0 + 8 * h, n0 + 16 * p + 4 * t, v, alpha, beta,
-                              read_c, c_vec, old[b]);
-        }
-    }
+    for (int j0 = 0; j0 < RUNS; j0 += BATCH)
+        store_batch<BATCH>(C, ldc, M, N, j0, alpha, beta, read_c, c_vec, place, values);
 }
 
 }  // namespace bigmm

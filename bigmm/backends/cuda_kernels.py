@@ -269,7 +269,7 @@ def prepare_gemm(a, b, c, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, *, 
         whole = precision in PARTS and checks is None and not upper and split_k in (None, 1)
         layout = (direct_layout(trans_a, trans_b, *((pa, lda) if trans_a else (pb, ldb)))
                   if whole and precision == "tf32" and presplit is None else None)
-        s_aligned = tma_aligned(*((pb, ldb) if trans_a else (pa, lda)))
+        s_aligned = layout is not None and tma_aligned(*((pb, ldb) if trans_a else (pa, lda)))
         if direct_pays(m, n, k, layout, s_aligned):
             return prepare_direct(a, b, c, alpha, beta, layout, m, n, k, (lda, ldb, ldc),
                                   workspace, s_aligned)
