@@ -397,11 +397,13 @@ def _resident_c(bms: list[int], bks: list[int], base: dict, step_bytes: int,
 
 
 def _best_tail(p: Plan) -> Plan:
-    """Resident-c plan ``p`` with the tail the model puts fastest of those reached from
-    p's, one K panel longer or shorter at a time while each is faster: TAIL_SHARES are coarse
-    where K has few panels (of ten, tails 5 and 10 and none between), and the best tail is
-    where the reads of the rounds before it take as long as their gemms (see BENCHMARKS.md,
-    jobs larger than the GPU). The strips' height and depth stay as chosen."""
+    """Resident-c plan ``p`` with the longest of the tails the model puts within NEAR of the
+    fastest it reaches from p's, one K panel longer or shorter at a time while each is
+    faster. TAIL_SHARES are coarse where K has few panels (of ten, tails 5 and 10 and none
+    between); the best tail is where the rounds' reads before it take as long as their gemms,
+    and its strips' gemms as long as C's writes, which share the host's memory bandwidth with
+    the tail's reads where the model counts them apart: of near tails the longer ran faster
+    (see BENCHMARKS.md, jobs larger than the GPU). The strips' height and depth stay."""
     best, seconds = p, p.predicted_seconds
     for way in (1, -1):
         q = best
@@ -410,6 +412,11 @@ def _best_tail(p: Plan) -> Plan:
             if not _fits(q) or q.predicted_seconds >= seconds:
                 break
             best, seconds = q, q.predicted_seconds
+    while best.tail < best.nk and best.ni * (best.tail + 1) <= SIM_STEPS:
+        q = replace(best, tail=best.tail + 1)
+        if not _fits(q) or q.predicted_seconds > (1 + NEAR) * seconds:
+            break
+        best = q
     return best
 
 

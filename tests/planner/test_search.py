@@ -3,7 +3,6 @@ traffic and chunk alignment, and the choice by predicted time."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 
@@ -404,25 +403,35 @@ def test_resident_c_tries_k_panels_deeper_than_max_bk_by_time():
     assert make_plan(**dict(args, rates=None), order="resident-c").bk <= 4096  # by bytes
 
 
-def test_resident_c_takes_the_tail_between_the_shares_that_the_model_puts_fastest():
-    # bfloat16 at n = 81920 on an H100 host (its calibration, the gemm timed deep): ten K
-    # panels, whose shares give tails 1, 2, 3, 5 and 10; the model puts 7 ahead of 5
-    # (measured on two hosts: 1.84 and 2.06 s against 2.00 and 2.11)
-    bf16 = Rates(flops=831e12, read_bytes=26.5e9, write_bytes=26.5e9, h2d_bytes=55.3e9,
-                 memory_bytes=2.85e12, per_step=3.96e-5, per_host_row=3.1e-8, per_row=8.1e-8,
-                 register_bytes=20.4e9, pin_bytes=8.23e9, thread_bytes=9.78e9)
-    args = dict(m=81920, n=81920, k=81920, dtype="bfloat16", device_budget=66 * GiB,
-                host_budget=18 * GiB, rates=bf16, in_place="")
+@pytest.mark.parametrize("dtype, rates, tail", [
+    # bfloat16 at n = 81920 on an H100 host (the gemm calibrated deep): the model puts tail 7
+    # fastest, between the shares' 5 and 10 (measured on two hosts: 1.84 and 2.06 s against
+    # 2.00 and 2.11 for tail 5)
+    ("bfloat16", Rates(flops=831e12, read_bytes=26.5e9, write_bytes=26.5e9, h2d_bytes=55.3e9,
+                       memory_bytes=2.85e12, per_step=3.96e-5, per_host_row=3.1e-8,
+                       per_row=8.1e-8, register_bytes=20.4e9, pin_bytes=8.23e9,
+                       thread_bytes=9.78e9), 7),
+    # TF32 on another: tails 3 and 4 within 1% of each other in the model; measured 3.40 s
+    # with tail 4 against 3.62-3.96 with 3 (C's writes bound the shorter tail)
+    ("float32", Rates(flops=415.7e12, read_bytes=28.9e9, write_bytes=28.9e9, h2d_bytes=55.3e9,
+                      memory_bytes=2.85e12, wave_flops=8650752.0, per_step=3.96e-5,
+                      per_host_row=8.8e-8, per_row=2.1e-8, register_bytes=26.5e9,
+                      pin_bytes=8.59e9, thread_bytes=10.2e9), 4),
+])
+def test_resident_c_takes_the_longest_tail_the_model_puts_near_the_fastest(dtype, rates, tail):
+    # ten K panels, whose shares give tails 1, 2, 3, 5 and 10
+    args = dict(m=81920, n=81920, k=81920, dtype=dtype, device_budget=66 * GiB,
+                host_budget=16 * GiB, rates=rates, in_place="")
     plan = make_plan(**args)
-    assert plan.order == "resident-c" and plan.nk == 10
-    shares = {max(1, math.ceil(s * plan.nk)) for s in search.TAIL_SHARES}
-    assert plan.tail not in shares
+    assert (plan.order, plan.nk, plan.tail) == ("resident-c", 10, tail)
 
     def tailed(t):
-        return make_plan(**args, tile=(plan.bm, plan.bn, plan.bk), order="resident-c", tail=t)
+        return make_plan(**args, tile=(plan.bm, plan.bn, plan.bk), order="resident-c",
+                         tail=t).predicted_seconds
 
-    assert all(plan.predicted_seconds < tailed(t).predicted_seconds
-               for t in shares | {plan.tail - 1, plan.tail + 1})
+    fastest = min(tailed(t) for t in range(1, 11))
+    assert plan.predicted_seconds <= (1 + search.NEAR) * fastest
+    assert tailed(tail + 1) > (1 + search.NEAR) * fastest
 
 
 def test_of_near_resident_c_plans_the_deepest_panels_are_chosen(monkeypatch):
@@ -442,9 +451,9 @@ def test_of_near_resident_c_plans_the_deepest_panels_are_chosen(monkeypatch):
     assert plan.nk < fastest.nk and plan.bk == 8192
     assert fastest.predicted_seconds < plan.predicted_seconds <= (
         (1 + near) * fastest.predicted_seconds)
-    # the tail is then the model's best for the strips chosen: their height and depth kept
+    # the tail is then searched for the strips chosen: their height and depth kept
     assert (tailed.bm, tailed.bk) == (plan.bm, plan.bk) and tailed.tail != plan.tail
-    assert tailed.predicted_seconds < plan.predicted_seconds
+    assert tailed.predicted_seconds <= (1 + near) * plan.predicted_seconds
 
 
 @settings(max_examples=60, deadline=None)
