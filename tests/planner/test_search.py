@@ -13,7 +13,7 @@ from plan_cases import (GiB, H100_ARRAYS, H100_DISK, H100_PINNED, H200_BF16, N32
 
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
 from bigmm.planner import DIRECT_ROWS, STORED_BYTES, Rates, make_plan
-from bigmm.planner.model import predict_seconds, stage_times
+from bigmm.planner.model import SIM_STEPS, predict_seconds, stage_times
 from bigmm.planner import search
 from bigmm.planner.search import STEP_COST_BYTES, cpu_step_bytes, even_edge
 
@@ -107,6 +107,13 @@ def test_the_rates_choose_among_the_same_plans(kw, r):
     assert plan.device_bytes <= plan.device_budget and plan.host_bytes <= plan.host_budget
     assert plan.predicted_seconds == pytest.approx(predict_seconds(plan, r))
     assert plan.predicted_seconds >= stage_times(plan, r).lower_bound * (1 - 1e-9)
+    if plan.order == "resident-c":  # no tail one panel away faster by more than NEAR
+        for tail in (plan.tail - 1, plan.tail + 1):
+            if 1 <= tail <= plan.nk and plan.ni * tail <= SIM_STEPS:
+                other = plan_or_none(dict(kw, rates=r, tile=(plan.bm, plan.bn, plan.bk),
+                                          order="resident-c", tail=tail))
+                assert other is None or (
+                    (1 + search.NEAR) * other.predicted_seconds >= plan.predicted_seconds)
 
 
 @settings(max_examples=80, deadline=None)
