@@ -388,9 +388,10 @@ def _resident_c(bms: list[int], bks: list[int], base: dict, step_bytes: int,
         for bk in ([deepest] if deepest else []) + fitting[:1] + [
                 b for b in fitting[1:] if 2 * b <= fitting[0]][:1]:
             nk = -(-k // bk)
+            strips = Plan(bm=bm, bn=n, bk=bk, order="resident-c", tail=1, **base)
             for tail in sorted({max(1, math.ceil(share * nk)) for share in TAIL_SHARES}):
-                p = Plan(bm=bm, bn=n, bk=bk, order="resident-c", tail=tail, **base)
-                if ni * tail <= SIM_STEPS and _fits(p):
+                p = _with_tail(strips, tail)
+                if p is not None:
                     found.append(((_cost(p, step_bytes), p.n_steps, -p.bk,
                                    ORDERS.index(p.order)), p))
     return found
@@ -406,18 +407,24 @@ def _best_tail(p: Plan) -> Plan:
     (see BENCHMARKS.md, jobs larger than the GPU). The strips' height and depth stay."""
     best, seconds = p, p.predicted_seconds
     for way in (1, -1):
-        q = best
-        while 1 <= q.tail + way <= q.nk and q.ni * (q.tail + way) <= SIM_STEPS:
-            q = replace(q, tail=q.tail + way)
-            if not _fits(q) or q.predicted_seconds >= seconds:
-                break
+        q = _with_tail(best, best.tail + way)
+        while q is not None and q.predicted_seconds < seconds:
             best, seconds = q, q.predicted_seconds
-    while best.tail < best.nk and best.ni * (best.tail + 1) <= SIM_STEPS:
-        q = replace(best, tail=best.tail + 1)
-        if not _fits(q) or q.predicted_seconds > (1 + NEAR) * seconds:
-            break
-        best = q
+            q = _with_tail(q, q.tail + way)
+    q = _with_tail(best, best.tail + 1)
+    while q is not None and q.predicted_seconds <= (1 + NEAR) * seconds:
+        best, q = q, _with_tail(q, q.tail + 1)
     return best
+
+
+def _with_tail(p: Plan, tail: int) -> Plan | None:
+    """Resident-c plan ``p`` with ``tail``, or None where that is not between 1 and its K
+    panels, makes more strip steps than the model simulates whole (SIM_STEPS), or does not
+    fit the budgets."""
+    if not 1 <= tail <= p.nk or p.ni * tail > SIM_STEPS:
+        return None
+    q = replace(p, tail=tail)
+    return q if _fits(q) else None
 
 
 def _check_symmetric(m: int, n: int, trans_a: bool, trans_b: bool, symmetric: bool,
