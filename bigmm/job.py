@@ -10,7 +10,8 @@ from dataclasses import replace
 import numpy as np
 
 from . import io
-from .backends import Calibrates, Checksums, HostHints, Registers, SplitsPanels, get_backend
+from .backends import (Backend, Calibrates, Checksums, HostHints, Registers, SplitsPanels,
+                       get_backend)
 from .backends.numpy import memory_available as host_memory_available
 from .errors import DtypeError, OptionError, ResumeError, ShapeError
 from .executor import RunStats, in_place
@@ -423,14 +424,20 @@ def _host_costs(rates: Rates | None, A, B, be, dtype: str, threads: int) -> Rate
     """``rates`` with the host's fixed costs: where the gemm runs on the host, the executor's
     fixed cost per step with its small reads of A and B (the cores are shared:
     :func:`bigmm.executor.calibrate.step_seconds`); else one read of the slower input file
-    (:func:`bigmm.executor.calibrate.load_seconds`; none for arrays)."""
+    (:func:`bigmm.executor.calibrate.load_seconds`; none for arrays) and the issuing
+    thread's work per step and per staged load
+    (:func:`bigmm.executor.calibrate.issue_seconds`)."""
     if rates is None:
         return None
     if not be.staging:  # reads share the cores with the gemm: all in a step's cost
         return replace(rates, per_step=costs.step_seconds(be, threads, A, B)).snapped()
     per_load = max([costs.load_seconds(src) for src in (A, B) if src.layout != "array"],
                    default=0.0)
-    return replace(rates, per_load=per_load).snapped()
+    # (a backend that only plans, such as a test's, has nothing to run: no issuing costs)
+    per_issue, per_handoff = (costs.issue_seconds(be, threads) if isinstance(be, Backend)
+                              else (0.0, 0.0))
+    return replace(rates, per_load=per_load, per_issue=per_issue,
+                   per_handoff=per_handoff).snapped()
 
 
 def _c_in_memory(out) -> bool:
@@ -443,8 +450,9 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
     """``rates`` with the read and write speeds of these operands where they are staged
     (those in ``in_place_ops`` are copied in place: the model counts no host work for
     them): for files READ_RATE and WRITE_RATE; for NumPy arrays the host's copy rate with
-    ``threads`` threads, of which the run has COPY_SHARE, and one thread's rate
-    (``Rates.thread_bytes``: a small panel is read by few threads); for both the cost per row
+    ``threads`` threads, of which the run has COPY_SHARE, and one thread's rate in pieces
+    (``Rates.thread_bytes``: a small panel is read by few threads,
+    :func:`~bigmm.executor.calibrate.piece_rate`); for both the cost per row
     of a panel (:func:`bigmm.executor.calibrate.copy_rate`,
     :func:`~bigmm.executor.calibrate.copy_row_seconds`, timed within a quarter of the
     ``host`` budget)."""
@@ -457,7 +465,7 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
     if array_in or array_out:
         copies = snap_rate(COPY_SHARE * costs.copy_rate(threads, size))  # on the rates'
         # grid: one plan
-        one = snap_rate(costs.copy_rate(1, size)) if array_in else None  # one reader thread
+        one = snap_rate(costs.piece_rate(size)) if array_in else None  # one reader thread
     if set("ABC") - set(in_place_ops):  # staged panels of files are copied row by row too
         row = snap_rate(costs.copy_row_seconds(threads, size))  # in every process
 

@@ -403,7 +403,7 @@ def _copy_rates(host=4 * 2**20):
     threads, size = job.parse_io_threads(None), max(16 << 20, host // 4)
     copy = snap_rate(job.COPY_SHARE * calibrate.copy_rate(threads, size))
     return (copy, copy, snap_rate(calibrate.copy_row_seconds(threads, size)),
-            snap_rate(calibrate.copy_rate(1, size)))
+            snap_rate(calibrate.piece_rate(size)))
 
 
 @pytest.mark.parametrize("kind", [
@@ -543,6 +543,10 @@ def test_locking_for_the_run_is_searched_only_where_it_could_win(monkeypatch, ra
 def test_checked_runs_plan_with_the_checks_costs(fuses):
     class Checking(_StagingBackend, NumpyBackend):  # NumPy's checksums, GPU-like planning
         checksum_rate, checksum_step, fuses_checks = 1e10, 1e-4, fuses
+
+        def __init__(self):
+            NumpyBackend.__init__(self)
+            _StagingBackend.__init__(self)
 
     a, b = random_matrix((3000, 2500), np.float32), random_matrix((2500, 2000), np.float32, 1)
     closing = []

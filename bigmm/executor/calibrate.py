@@ -1,6 +1,7 @@
 """What the executor's host work costs on this machine, for the predicted time: copying
 between the user's arrays and staging buffers on the reader and writer threads, one step's
-fixed cost where the gemm runs on the host, one read of a panel from a source.
+fixed cost where the gemm runs on the host, the issuing thread's work per step and per staged
+load where it does not, one read of a panel from a source.
 
 Each figure is measured once per process and size (cached), in a few milliseconds, within
 the bytes it is given.
@@ -15,8 +16,9 @@ import time
 import numpy as np
 
 from ..io.sink import ArraySink
-from ..io.source import Source
+from ..io.source import ArraySource, Source
 from ..planner import make_plan
+from ..planner.schedule import PIECE_BYTES
 from ..units import common_dtype, dtype_name, numpy_dtype
 from .run import execute
 
@@ -27,6 +29,9 @@ COPY_BYTES = 256 << 20
 ROW_BYTES, PITCH_BYTES = 3 << 10, 16 << 10
 #: The job (m, n, k) that times the executor's fixed cost per step, and its tile edge.
 STEP_JOB, STEP_TILE = (64, 64, 64), 16
+#: The jobs (m = n, and two depths k) whose runs time the issuing thread of a staging
+#: backend, and their tile edge: 16 and 64 steps of tiny gemms.
+ISSUE_EDGE, ISSUE_DEPTHS, ISSUE_TILE = 128, (256, 1024), 64
 
 
 @functools.lru_cache(maxsize=16)
@@ -42,6 +47,23 @@ def copy_rate(threads: int, nbytes: int = COPY_BYTES) -> float:
         dst[a:b] = src[a:b]
 
     return src.nbytes / max(_fastest(copy, n, threads), 1e-9)
+
+
+@functools.lru_cache(maxsize=16)
+def piece_rate(nbytes: int = COPY_BYTES) -> float:
+    """Bytes per second one reader thread copies between two ordinary arrays of ``nbytes``
+    each in pieces of PIECE_BYTES, a call each, as a reader copies its pieces of a panel into
+    staging (the best of three; both arrays' pages touched first). One large copy runs
+    faster: the C library makes it with non-temporal stores."""
+    n = max(1, int(nbytes) // 8)
+    src, dst = np.ones(n), np.zeros(n)
+    step = max(1, PIECE_BYTES // 8)
+
+    def copy(a: int, b: int) -> None:
+        for i in range(a, b, step):
+            dst[i:min(b, i + step)] = src[i:min(b, i + step)]
+
+    return src.nbytes / max(_fastest(copy, n, 1), 1e-9)
 
 
 @functools.lru_cache(maxsize=16)
@@ -148,3 +170,58 @@ def _load_seconds(src: "_Corner", repeat: int) -> float:
         src.read(0, rows, 0, cols, out)
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def issue_seconds(be, threads: int) -> tuple[float, float]:
+    """(per step, per staged load): the host seconds the issuing thread of the staging
+    backend ``be`` spends on a step (launching its copies and gemm, its bookkeeping) and adds
+    for each load it takes over from the reader threads, where the device's work is too small
+    to hide them. Timed on runs of tiny tiles at two depths (the difference over the steps
+    between them: a run's own start and end cancel), the operands in the backend's pinned
+    buffers (copied in place; where its buffers are not page-locked, every cost counts per
+    step) and in ordinary arrays (staged: two loads a step); the best of three, cached per
+    backend kind and threads."""
+    key = (type(be), be.name, threads)
+    if key not in _ISSUE:
+        _ISSUE[key] = _issue_seconds(be, threads)
+    return _ISSUE[key]
+
+
+_ISSUE: dict[tuple, tuple[float, float]] = {}
+
+
+def _issue_seconds(be, threads: int) -> tuple[float, float]:
+    e, (k0, k1) = ISSUE_EDGE, ISSUE_DEPTHS
+    rng = np.random.default_rng(0)
+
+    def operands(k: int, pinned: bool):
+        shapes = ((e, k), (k, e), (e, e))
+        if not pinned:
+            return [rng.standard_normal(s, np.float32) for s in shapes]
+        out = [be.view(be.host_buffer(s[0] * s[1], np.dtype(np.float32)), s) for s in shapes]
+        for x in out[:2]:
+            x[...] = rng.standard_normal(x.shape, np.float32)
+        return out
+
+    def per_step(pinned: bool) -> float | None:
+        runs = {k: operands(k, pinned) for k in (k0, k1)}
+        if pinned and not all(be.host_pinned(x) for x in runs[k0]):
+            return None  # nothing to copy in place: staged costs only
+        plans = {k: make_plan(e, e, k, "float32", device_budget=64 << 20,
+                              host_budget=64 << 20, staging=True, align=8,
+                              tile=(ISSUE_TILE,) * 3, order="stream",
+                              in_place="ABC" if pinned else "") for k in (k0, k1)}
+        best = {k0: float("inf"), k1: float("inf")}
+        for _ in range(3):
+            for k in (k0, k1):
+                a, b, c = runs[k]
+                t0 = time.perf_counter()
+                execute(plans[k], ArraySource(a, "A"), ArraySource(b, "B"),
+                        ArraySink(c, "C"), be, io_threads=threads)
+                best[k] = min(best[k], time.perf_counter() - t0)
+        return max(0.0, best[k1] - best[k0]) / (plans[k1].n_steps - plans[k0].n_steps)
+
+    staged, direct = per_step(False), per_step(True)
+    if direct is None:
+        return staged, 0.0
+    return direct, max(0.0, staged - direct) / 2  # a step of the stream order loads A and B

@@ -73,6 +73,12 @@ class Rates:
     #: Fixed seconds of one read of a panel (or a C tile) by the host, and of one write of a C
     #: tile, beyond its bytes: the call into the source, its threads, a chunk's lookup.
     per_load: float = 0.0
+    #: Host seconds the issuing thread of a staging backend spends on each step (launching
+    #: its copies and gemm, its bookkeeping) and on each staged load it takes over from the
+    #: reader threads: work on that one thread, beside the compute stream, which bounds steps
+    #: too small to hide it.
+    per_issue: float = 0.0
+    per_handoff: float = 0.0
     #: Seconds per row of a host copy between a user's array and the staging buffers, beyond
     #: its bytes (a panel of a wider array is copied row by row), for reads and writes alike.
     per_host_row: float = 0.0
@@ -123,6 +129,8 @@ class Rates:
                        memory_bytes=snap_rate(self.memory_bytes),
                        per_step=snap_rate(self.per_step),
                        per_load=snap_rate(self.per_load),
+                       per_issue=snap_rate(self.per_issue),
+                       per_handoff=snap_rate(self.per_handoff),
                        per_row=snap_rate(self.per_row),
                        per_host_row=snap_rate(self.per_host_row),
                        register_bytes=snap_rate(self.register_bytes),
@@ -193,6 +201,9 @@ class StageTimes:
     setup: float = 0.0
     #: Pinning the staging buffers the first step does not use, in the background.
     pinning: float = 0.0
+    #: The issuing thread's own work (staging: ``Rates.per_issue`` a step and
+    #: ``Rates.per_handoff`` a staged load).
+    issue: float = 0.0
 
     @property
     def guess(self) -> float:
@@ -206,7 +217,7 @@ class StageTimes:
         and the drain, and a prefix's gemms wait for the prefix's reads; nothing starts
         before the locking."""
         return max(self.setup + self.read + self.drain, self.setup + self.copy_in,
-                   self.setup + self.copy_out,
+                   self.setup + self.copy_out, self.setup + self.issue,
                    self.fill + self.first + self.write, self.fill + self.compute + self.drain,
                    self.head)
 
@@ -215,7 +226,7 @@ class StageTimes:
         """The locking and all the pinning, then the stages one after the other (list
         scheduling never leaves all of them idle but while a buffer is pinned)."""
         return (self.setup + self.pinning + self.read + self.copy_in + self.compute
-                + self.copy_out + self.write)
+                + self.copy_out + self.write + self.issue)
 
 
 def direct_operands(p: Plan) -> tuple[bool, bool, bool]:
@@ -370,7 +381,9 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
                       fill=setup + first_read + copy(first)
                       + r.per_load * ((not da) + (not db)) + hr * first_rows,
                       drain=drain, head=head, first=tile0, bursts=bursts, setup=setup,
-                      pinning=max(pinned_at(p, r, 0.0).values(), default=0.0))
+                      pinning=max(pinned_at(p, r, 0.0).values(), default=0.0),
+                      issue=(r.per_issue * steps + r.per_handoff * sum(loads)
+                             if p.staging else 0.0))
 
 
 def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
@@ -401,7 +414,7 @@ def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
         (t0, *w0), (t1, *w1) = sim.marks[-2:]
         f = (t1 - t0) / max(b - a for a, b in zip(w0, w1))
         left = [total - done for total, done in
-                zip((st.read, st.copy_in, st.compute, st.copy_out, st.write), w1)]
+                zip((st.read, st.copy_in, st.compute, st.copy_out, st.write, st.issue), w1)]
         rows = (p.ni if p.row_major else p.nj) - 1 if period == p.nk else 0
         first = sim.marks[0]  # rows longer than the prefix: each later row's first tile
         steady = [max(0.0, x - rows * y) for x, y in zip(left, first[1:])]  # (new row panel)
@@ -426,10 +439,11 @@ def _resident_c_seconds(p: Plan, r: Rates, limit: int) -> float:
 class Simulated:
     """After simulating a schedule or a prefix: when it ended, where each stage's server
     stands (``ends``: read, copy_in, compute, copy_out, write), and at the end of every
-    ``period`` steps the last gemm's end followed by each stage's busy seconds so far."""
+    ``period`` steps the last gemm's end followed by each stage's busy seconds so far (the
+    issuing thread's last)."""
 
     end: float
-    ends: tuple[float, float, float, float, float]
+    ends: tuple[float, float, float, float, float, float]
     marks: tuple[tuple[float, ...], ...]
 
 
@@ -465,7 +479,9 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     depths = [k1 - k0 for k0, k1 in p.k_panels()]
     start0 = setup_seconds(p, r)
     read_end = cin_end = gemm_end = cout_end = write_end = issue = assign = start0
-    busy = [0.0] * 5  # seconds of work so far: read, copy_in, compute, copy_out, write
+    busy = [0.0] * 6  # seconds of work so far: read, copy_in, compute, copy_out, write, issue
+    per_issue = r.per_issue if staging else 0.0
+    per_handoff = r.per_handoff if staging else 0.0
     issued: list[float] = []  # per step: when the issuing thread was done with it
     gemms: list[float] = [start0]  # per step + 1: end of its gemm (gemms[0]: none)
     # per operand (A, B, C) and slot: the last step using the device slot, the last step
@@ -536,7 +552,10 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
         if p.symmetric and t.i == t.j:  # a rank-k update of the upper triangle
             gemm -= (rows * cols - rows * (rows + 1) // 2) * 2 * depth / r.flops
         busy[2] += gemm
-        if staging:
+        if staging:  # the issuing thread's own work before it issues the copies
+            work = per_issue + per_handoff * sum(1 for x in loads if not direct[x[0]])
+            start += work
+            busy[5] += work
             ready = start
             for op, slot, nbytes, pitch_rows, _ in loads:
                 free = c_copied[slot] if op == 2 else gemms[dev_user[op][slot] + 1]
@@ -579,4 +598,5 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
         if period and (s + 1) % period == 0:
             marks.append((gemm_end, *busy))
     return Simulated(end=max(write_end, gemm_end, cout_end, *c_written),
-                     ends=(read_end, cin_end, gemm_end, cout_end, write_end), marks=tuple(marks))
+                     ends=(read_end, cin_end, gemm_end, cout_end, write_end, issue),
+                     marks=tuple(marks))

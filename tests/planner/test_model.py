@@ -242,6 +242,38 @@ def test_fixed_costs_of_steps_and_reads_count_per_step_and_per_read():
     assert predict_seconds(p, costly) > predict_seconds(p, base) + 1e-3 * p.n_steps * 0.99
 
 
+@pytest.mark.parametrize("in_place_ops, tile, bound", [
+    ("", (256, 256, 256), True),  # staged tiny steps: a step and two hand-offs each, serial
+    ("ABC", (256, 256, 256), True),  # in place: a step each, no hand-offs
+    ("", (4096, 4096, 4096), False),  # steps of 0.3 s of gemm hide the issuing thread
+])
+def test_the_issuing_thread_bounds_steps_too_small_to_hide_its_work(in_place_ops, tile, bound):
+    base = replace(H100_ARRAYS, per_issue=0.0, per_handoff=0.0)
+    costly = replace(base, per_issue=2e-4, per_handoff=3e-4)
+    p = make_plan(8192, 8192, 8192, device_budget=4 * GiB, host_budget=4 * GiB, tile=tile,
+                  order="stream", in_place=in_place_ops, registered="")
+    handoffs = 0 if in_place_ops else p.a_reads * p.ni * p.nk + p.b_reads * p.nj * p.nk
+    work = 2e-4 * p.n_steps + 3e-4 * handoffs
+    assert stage_times(p, costly).issue == pytest.approx(work)
+    assert stage_times(p, base).issue == 0.0
+    before, after = predict_seconds(p, base), predict_seconds(p, costly)
+    assert after >= work
+    if bound:  # the run is the issuing thread's: it takes at least its work, beyond the rest
+        assert after > before and after >= 0.99 * max(before, work)
+    else:  # hidden but for the first step's
+        assert after - before <= 2e-4 + 2 * 3e-4 + 1e-9
+
+
+def test_the_issuing_thread_costs_nothing_where_the_gemm_runs_on_it():
+    # without staging the gemm runs on the issuing thread: its cost is per_step's alone
+    r = replace(H100_ARRAYS, per_issue=1e-3, per_handoff=1e-3)
+    p = make_plan(2048, 2048, 2048, device_budget=GiB, host_budget=GiB, tile=(256,) * 3,
+                  order="stream", staging=False)
+    assert stage_times(p, r).issue == 0.0
+    assert predict_seconds(p, r) == pytest.approx(
+        predict_seconds(p, replace(r, per_issue=0.0, per_handoff=0.0)))
+
+
 @pytest.mark.parametrize("k, presplit, tile, flops", [
     (4096, 1, (2304, 32768, 4096), "flops"),  # plain TF32 read as stored: measured at flops
     (4097, 1, (2304, 32768, 4097), "unsplit"),  # op(A) rounded ahead alone: the narrow rate

@@ -1,0 +1,60 @@
+"""The host costs timed for the predicted time: the issuing thread's work per step and per
+staged load, on real runs of a staging backend."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from bigmm.backends.numpy import NumpyBackend
+from bigmm.executor import calibrate
+
+
+class _Staging(NumpyBackend):
+    """The NumPy backend driven as a staging one (copies into "device" buffers, synchronous),
+    its own host buffers taken as page-locked: the steps' arrays copy in place."""
+
+    name, staging = "numpy-staging", True
+
+    def __init__(self, delay: float = 0.0):
+        super().__init__()
+        self.delay, self.pinned = delay, []
+
+    def host_buffer(self, size, dtype):
+        buf = super().host_buffer(size, dtype)
+        self.pinned.append((buf.ctypes.data, buf.ctypes.data + buf.nbytes))
+        return buf
+
+    def host_pinned(self, arr):
+        lo = arr.ctypes.data
+        return any(a <= lo and lo + arr.nbytes <= b for a, b in self.pinned)
+
+    def gemm_launcher(self, *args, **kwargs):
+        launch = super().gemm_launcher(*args, **kwargs)
+
+        def slow(stream):
+            time.sleep(self.delay)  # the launch's own cost, on the issuing thread
+            launch(stream)
+
+        return slow
+
+
+class _SlowLaunch(_Staging):
+    name = "numpy-staging-slow"
+
+
+def test_the_issuing_threads_work_per_step_is_timed_on_real_runs():
+    fast = calibrate.issue_seconds(_Staging(), 2)
+    slow = calibrate.issue_seconds(_SlowLaunch(3e-3), 2)
+    assert all(np.isfinite(x) and x >= 0 for x in fast + slow)
+    # 3 ms more per launch shows per step, not per hand-off
+    assert slow[0] - fast[0] >= 0.8 * 3e-3
+    assert fast[0] < 3e-3
+    assert calibrate.issue_seconds(_SlowLaunch(0.0), 2) == slow  # once per kind and threads
+
+
+def test_a_reader_threads_rate_is_timed_in_pieces():
+    rate = calibrate.piece_rate(16 << 20)
+    assert np.isfinite(rate) and rate > 1e8  # any host copies faster than 100 MB/s
+    assert calibrate.piece_rate(16 << 20) == rate  # once per size
