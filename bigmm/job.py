@@ -425,7 +425,7 @@ def _host_costs(rates: Rates | None, A, B, be, dtype: str, threads: int) -> Rate
     fixed cost per step with its small reads of A and B (the cores are shared:
     :func:`bigmm.executor.calibrate.step_seconds`); else one read of the slower input file
     (:func:`bigmm.executor.calibrate.load_seconds`; none for arrays) and the issuing
-    thread's work per step and per staged load
+    thread's work per step and per staged load, and a run's own start and end
     (:func:`bigmm.executor.calibrate.issue_seconds`)."""
     if rates is None:
         return None
@@ -434,10 +434,10 @@ def _host_costs(rates: Rates | None, A, B, be, dtype: str, threads: int) -> Rate
     per_load = max([costs.load_seconds(src) for src in (A, B) if src.layout != "array"],
                    default=0.0)
     # (a backend that only plans, such as a test's, has nothing to run: no issuing costs)
-    per_issue, per_handoff = (costs.issue_seconds(be, threads) if isinstance(be, Backend)
-                              else (0.0, 0.0))
-    return replace(rates, per_load=per_load, per_issue=per_issue,
-                   per_handoff=per_handoff).snapped()
+    per_issue, per_handoff, per_run = (costs.issue_seconds(be, threads)
+                                       if isinstance(be, Backend) else (0.0, 0.0, 0.0))
+    return replace(rates, per_load=per_load, per_issue=per_issue, per_handoff=per_handoff,
+                   per_run=per_run).snapped()
 
 
 def _c_in_memory(out) -> bool:

@@ -172,25 +172,26 @@ def _load_seconds(src: "_Corner", repeat: int) -> float:
     return best
 
 
-def issue_seconds(be, threads: int) -> tuple[float, float]:
-    """(per step, per staged load): the host seconds the issuing thread of the staging
-    backend ``be`` spends on a step (launching its copies and gemm, its bookkeeping) and adds
-    for each load it takes over from the reader threads, where the device's work is too small
-    to hide them. Timed on runs of tiny tiles at two depths (the difference over the steps
-    between them: a run's own start and end cancel), the operands in the backend's pinned
-    buffers (copied in place; where its buffers are not page-locked, every cost counts per
-    step) and in ordinary arrays (staged: two loads a step); the best of three, cached per
-    backend kind and threads."""
+def issue_seconds(be, threads: int) -> tuple[float, float, float]:
+    """(per step, per staged load, per run): the host seconds the issuing thread of the
+    staging backend ``be`` spends on a step (launching its copies and gemm, its bookkeeping)
+    and adds for each load it takes over from the reader threads, where the device's work is
+    too small to hide them, and a run's own start and end (its slots, streams and threads).
+    Timed on runs of tiny tiles at two depths (the difference over the steps between them;
+    the shorter run less its steps), the operands in the backend's pinned buffers (copied in
+    place; where its buffers are not page-locked, every cost counts per step) and in
+    ordinary arrays (staged: two loads a step); the best of three, cached per backend kind
+    and threads."""
     key = (type(be), be.name, threads)
     if key not in _ISSUE:
         _ISSUE[key] = _issue_seconds(be, threads)
     return _ISSUE[key]
 
 
-_ISSUE: dict[tuple, tuple[float, float]] = {}
+_ISSUE: dict[tuple, tuple[float, float, float]] = {}
 
 
-def _issue_seconds(be, threads: int) -> tuple[float, float]:
+def _issue_seconds(be, threads: int) -> tuple[float, float, float]:
     e, (k0, k1) = ISSUE_EDGE, ISSUE_DEPTHS
     rng = np.random.default_rng(0)
 
@@ -203,7 +204,7 @@ def _issue_seconds(be, threads: int) -> tuple[float, float]:
             x[...] = rng.standard_normal(x.shape, np.float32)
         return out
 
-    def per_step(pinned: bool) -> float | None:
+    def per_step(pinned: bool) -> tuple[float, float] | None:
         runs = {k: operands(k, pinned) for k in (k0, k1)}
         if pinned and not all(be.host_pinned(x) for x in runs[k0]):
             return None  # nothing to copy in place: staged costs only
@@ -219,9 +220,11 @@ def _issue_seconds(be, threads: int) -> tuple[float, float]:
                 execute(plans[k], ArraySource(a, "A"), ArraySource(b, "B"),
                         ArraySink(c, "C"), be, io_threads=threads)
                 best[k] = min(best[k], time.perf_counter() - t0)
-        return max(0.0, best[k1] - best[k0]) / (plans[k1].n_steps - plans[k0].n_steps)
+        step = max(0.0, best[k1] - best[k0]) / (plans[k1].n_steps - plans[k0].n_steps)
+        return step, max(0.0, best[k0] - step * plans[k0].n_steps)
 
-    staged, direct = per_step(False), per_step(True)
+    (staged, run), direct = per_step(False), per_step(True)
     if direct is None:
-        return staged, 0.0
-    return direct, max(0.0, staged - direct) / 2  # a step of the stream order loads A and B
+        return staged, 0.0, run
+    # a step of the stream order loads A and B
+    return direct[0], max(0.0, staged - direct[0]) / 2, direct[1]

@@ -79,6 +79,9 @@ class Rates:
     #: too small to hide it.
     per_issue: float = 0.0
     per_handoff: float = 0.0
+    #: Fixed seconds of a staging backend's run beyond its steps: starting and stopping its
+    #: slots, streams and threads (in the setup).
+    per_run: float = 0.0
     #: Seconds per row of a host copy between a user's array and the staging buffers, beyond
     #: its bytes (a panel of a wider array is copied row by row), for reads and writes alike.
     per_host_row: float = 0.0
@@ -131,6 +134,7 @@ class Rates:
                        per_load=snap_rate(self.per_load),
                        per_issue=snap_rate(self.per_issue),
                        per_handoff=snap_rate(self.per_handoff),
+                       per_run=snap_rate(self.per_run),
                        per_row=snap_rate(self.per_row),
                        per_host_row=snap_rate(self.per_host_row),
                        register_bytes=snap_rate(self.register_bytes),
@@ -252,13 +256,14 @@ def pitched_rows(p: Plan) -> tuple[Callable, Callable, Callable]:
 def setup_seconds(p: Plan, r: Rates) -> float:
     """Seconds before the run's first copy and after its last: pinning the staging buffers
     its first step uses (``r.pin_bytes``; :meth:`Plan.host_slots`), page-locking the
-    operands ``p.registered`` and releasing them (``r.register_bytes``); 0 for what has no
-    known rate, and without staging."""
+    operands ``p.registered`` and releasing them (``r.register_bytes``), the run's own start
+    and end (``r.per_run``); 0 for what has no known rate, and without staging."""
     if not p.staging:
         return 0.0
     pin = (sum(nbytes for _, _, nbytes, first in p.host_slots() if first) / r.pin_bytes
            if r.pin_bytes else 0.0)
-    return pin + lock_seconds(p.registered, p.m, p.n, p.k, p.itemsize, p.c_itemsize, r)
+    return (pin + lock_seconds(p.registered, p.m, p.n, p.k, p.itemsize, p.c_itemsize, r)
+            + r.per_run)
 
 
 def lock_seconds(ops: str, m: int, n: int, k: int, itemsize: int, c_itemsize: int,

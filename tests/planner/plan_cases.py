@@ -87,7 +87,7 @@ def rates(draw):
                  memory_bytes=draw(st.one_of(st.none(), rate)),
                  wave_flops=draw(st.one_of(st.none(), st.floats(min_value=1e3, max_value=1e9))),
                  per_step=draw(fixed), per_load=draw(fixed), per_row=draw(fixed),
-                 per_issue=draw(fixed), per_handoff=draw(fixed),
+                 per_issue=draw(fixed), per_handoff=draw(fixed), per_run=draw(fixed),
                  register_bytes=draw(st.one_of(st.none(), rate)),
                  pin_bytes=draw(st.one_of(st.none(), rate)),
                  thread_bytes=draw(st.one_of(st.none(), rate)))

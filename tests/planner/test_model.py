@@ -264,6 +264,18 @@ def test_the_issuing_thread_bounds_steps_too_small_to_hide_its_work(in_place_ops
         assert after - before <= 2e-4 + 2 * 3e-4 + 1e-9
 
 
+@pytest.mark.parametrize("staging", [
+    True,  # a GPU run's start and end: before its first copy and after its last
+    False,  # the CPU's: counted in its steps' timed cost
+])
+def test_a_runs_own_start_and_end_add_to_its_time_once(staging):
+    r = replace(H100_ARRAYS, per_run=0.0)
+    p = make_plan(8192, 8192, 8192, device_budget=GiB, host_budget=GiB, tile=(2048,) * 3,
+                  order="stream", staging=staging)
+    added = predict_seconds(p, replace(r, per_run=0.02)) - predict_seconds(p, r)
+    assert added == pytest.approx(0.02 if staging else 0.0, abs=1e-9)
+
+
 def test_the_issuing_thread_costs_nothing_where_the_gemm_runs_on_it():
     # without staging the gemm runs on the issuing thread: its cost is per_step's alone
     r = replace(H100_ARRAYS, per_issue=1e-3, per_handoff=1e-3)
