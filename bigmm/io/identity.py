@@ -200,8 +200,10 @@ def overlaps(a: Footprint, b: Footprint) -> str:
 
 def array_footprint(x: np.ndarray) -> Footprint:
     """The footprint of an in-memory array: itself, and the file ranges its pages map (a
-    ``numpy.memmap``, shared memory, any file mapping), read from ``/proc/self/maps``."""
-    if x.size == 0:
+    ``numpy.memmap``, shared memory, any file mapping), read from ``/proc/self/maps``; none
+    for memory NumPy allocated itself (anonymous: no file maps it, and a CUDA process's
+    mappings take milliseconds to read)."""
+    if x.size == 0 or _numpy_owned(x):
         return Footprint(array=x)
     lo = x.__array_interface__["data"][0]
     lo += sum((k - 1) * s for k, s in zip(x.shape, x.strides) if s < 0)
@@ -212,6 +214,17 @@ def array_footprint(x: np.ndarray) -> Footprint:
             ranges.append((dev, ino, offset + max(lo, start) - start,
                            offset + min(hi, end) - start))
     return Footprint(ranges=tuple(ranges), files=tuple({r[:2] for r in ranges}), array=x)
+
+
+def _numpy_owned(x: np.ndarray) -> bool:
+    """Whether ``x`` views memory that NumPy allocated (an array owning its data at the end
+    of its chain of bases), not a buffer of another object (a file map, shared memory)."""
+    base = x
+    while isinstance(base, np.ndarray):
+        if base.flags.owndata:
+            return True
+        base = base.base
+    return False
 
 
 _ONCE = threading.local()

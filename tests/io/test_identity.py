@@ -216,16 +216,20 @@ def test_a_jobs_array_footprints_read_the_mappings_once(tmp_path, monkeypatch):
     a, b = random_matrix((40, 30), np.float32, seed=1), random_matrix((30, 20), np.float32)
     c = np.empty((40, 20), np.float32)
     bigmm.matmul(a, b, c, backend="numpy")
-    assert len(reads) == 1  # A, B and C: one snapshot
-    assert np.allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    assert not reads  # NumPy's own memory: no file maps it
     path = tmp_path / "raw.bin"
-    np.arange(4096, dtype=np.float64).tofile(path)
-    x = np.memmap(path, np.float64, "r+", shape=(64, 64))
+    (np.arange(64 * 64, dtype=np.float32) / 4096).tofile(path)
+    bigmm.matmul(np.memmap(path, np.float32, "r", shape=(64, 64))[:40, :30], b, c,
+                 backend="numpy")
+    assert len(reads) == 1  # A, B and C: one snapshot
+    ref = (np.arange(64 * 64, dtype=np.float64) / 4096).reshape(64, 64)[:40, :30] @ b
+    assert np.allclose(c, ref, rtol=1e-5, atol=1e-5)
+    x = np.memmap(path, np.float32, "r+", shape=(64, 64))
     with mappings_once():
         with mappings_once():  # nested: the same snapshot
             assert overlaps(array_footprint(x), array_footprint(x[32:]))
     assert len(reads) == 2
-    y = np.memmap(path, np.float64, "r+", shape=(64, 64))  # mapped after that snapshot
+    y = np.memmap(path, np.float32, "r+", shape=(64, 64))  # mapped after that snapshot
     assert overlaps(array_footprint(x), array_footprint(y))  # outside it: read afresh
     assert len(reads) == 4
     del x, y
@@ -236,3 +240,10 @@ def test_views_of_one_array_share_memory():
     assert overlaps(array_footprint(a), array_footprint(a.T[::2]))
     assert not overlaps(array_footprint(a), array_footprint(a.copy()))
     assert array_footprint(a).ranges == ()  # private memory: no file
+    # a view of a buffer that is not NumPy's (a shared map of /dev/zero): its mapping found
+    buf = mmap.mmap(-1, 64 * 64 * 4)
+    x = np.frombuffer(buf, np.float32).reshape(64, 64)
+    assert overlaps(array_footprint(x), array_footprint(x[10:20]))
+    assert len(array_footprint(x).ranges) == 1
+    del x
+    buf.close()
