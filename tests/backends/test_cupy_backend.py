@@ -106,10 +106,11 @@ def test_beta_zero_never_reads_c(kernel, ta, tb):
     try:
         m, n, k = 150, 70, 90
         a, b, _ = _operands(m, n, k, np.float32, ta, tb, seed=3)
+        da, db = cupy.asarray(a), cupy.asarray(b)
         c = cupy.full((m, n), np.nan, np.float32)
         c[::3, ::2] = np.inf
-        cupy.cuda.runtime.deviceSynchronize()  # the fills ran on the legacy default stream
-        be.gemm(cupy.asarray(a), cupy.asarray(b), c, 1.0, 0.0, ta, tb, be.stream())
+        cupy.cuda.runtime.deviceSynchronize()  # copies, fills: on the legacy default stream
+        be.gemm(da, db, c, 1.0, 0.0, ta, tb, be.stream())
         cupy.cuda.runtime.deviceSynchronize()
         out = c.get()
         assert np.isfinite(out).all()
@@ -124,8 +125,9 @@ def test_tf32_kernel_is_close_but_not_exact():
     try:
         m, n, k = 512, 384, 2048
         a, b, _ = _operands(m, n, k, np.float32, False, False, seed=11)
-        c = cupy.empty((m, n), np.float32)
-        be.gemm(cupy.asarray(a), cupy.asarray(b), c, 1.0, 0.0, False, False, be.stream())
+        da, db, c = cupy.asarray(a), cupy.asarray(b), cupy.empty((m, n), np.float32)
+        cupy.cuda.runtime.deviceSynchronize()  # the copies ran on the legacy default stream
+        be.gemm(da, db, c, 1.0, 0.0, False, False, be.stream())
         cupy.cuda.runtime.deviceSynchronize()
         err = relative_error(c.get(), reference_gemm(a, b))
         assert err <= 2e-3  # TF32: 10-bit mantissa products, float32 accumulation
