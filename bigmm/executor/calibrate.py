@@ -30,8 +30,8 @@ ROW_BYTES, PITCH_BYTES = 3 << 10, 16 << 10
 #: The job (m, n, k) that times the executor's fixed cost per step, and its tile edge.
 STEP_JOB, STEP_TILE = (64, 64, 64), 16
 #: The jobs (m = n, and two depths k) whose runs time the issuing thread of a staging
-#: backend, and their tile edge: 16 and 64 steps of tiny gemms.
-ISSUE_EDGE, ISSUE_DEPTHS, ISSUE_TILE = 128, (256, 1024), 64
+#: backend, their tile edge (16 and 128 steps of tiny gemms), and the rounds of them timed.
+ISSUE_EDGE, ISSUE_DEPTHS, ISSUE_TILE, ISSUE_ROUNDS = 128, (256, 2048), 64, 5
 
 
 @functools.lru_cache(maxsize=16)
@@ -180,8 +180,8 @@ def issue_seconds(be, threads: int) -> tuple[float, float, float]:
     Timed on runs of tiny tiles at two depths (the difference over the steps between them;
     the shorter run less its steps), the operands in the backend's pinned buffers (copied in
     place; where its buffers are not page-locked, every cost counts per step) and in
-    ordinary arrays (staged: two loads a step); the best of three, cached per backend kind
-    and threads."""
+    ordinary arrays (staged: two loads a step); the best of ISSUE_ROUNDS, cached per backend
+    kind and threads."""
     key = (type(be), be.name, threads)
     if key not in _ISSUE:
         _ISSUE[key] = _issue_seconds(be, threads)
@@ -213,7 +213,7 @@ def _issue_seconds(be, threads: int) -> tuple[float, float, float]:
                               tile=(ISSUE_TILE,) * 3, order="stream",
                               in_place="ABC" if pinned else "") for k in (k0, k1)}
         best = {k0: float("inf"), k1: float("inf")}
-        for _ in range(3):
+        for _ in range(ISSUE_ROUNDS):
             for k in (k0, k1):
                 a, b, c = runs[k]
                 t0 = time.perf_counter()
