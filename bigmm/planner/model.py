@@ -401,14 +401,6 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
 
 
 def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
-    """The predicted time of ``p`` under ``r``: its pipeline's makespan
-    (:func:`pipeline_seconds`), and no less than the readers' and the writer's work together
-    where they share the host's copies (``StageTimes.copies``)."""
-    st = stage_times(p, r)
-    return min(max(pipeline_seconds(p, r, max_steps), st.copies), st.upper_bound)
-
-
-def pipeline_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
     """The makespan of ``p``'s pipeline under ``r``, within ``stage_times``' bounds.
 
     Schedules of at most ``max_steps`` (default SIM_STEPS) steps are simulated whole
@@ -421,7 +413,8 @@ def pipeline_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
     is taken to take ``f`` times its busiest stage's remaining work, then the drain (when the
     period is a tile, every later row's first tile, which loads a new row panel, is taken to
     take as long as the first one did, and its work is left out of the rest); never less
-    than any stage's end in the prefix plus its remaining work."""
+    than any stage's end in the prefix plus its remaining work, nor than the readers' and the
+    writer's work together where they share the host's copies (``StageTimes.copies``)."""
     st = stage_times(p, r)
     limit = SIM_STEPS if max_steps is None else max_steps
     total = p.n_steps
@@ -442,7 +435,7 @@ def pipeline_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
         steady = [max(0.0, x - rows * y) for x, y in zip(left, first[1:])]  # (new row panel)
         est = max(t1 + f * max(steady) + rows * first[0] + st.drain,  # takes as long as the first
                   *(end + rest for end, rest in zip(sim.ends, left)))
-    return min(max(est, st.lower_bound), st.upper_bound)
+    return min(max(est, st.lower_bound, st.copies), st.upper_bound)
 
 
 def _resident_c_seconds(p: Plan, r: Rates, limit: int) -> float:

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from ..errors import BudgetError, DtypeError, PlanError, ShapeError
 from ..units import DTYPES, format_bytes
-from .model import SIM_STEPS, Rates, StageTimes, pipeline_seconds, stage_times
+from .model import SIM_STEPS, Rates, StageTimes, stage_times
 from .schedule import OPERANDS, ORDERS, WHOLE_ORDERS, Plan
 
 #: Fixed cost of one gemm step (launch, events, the executor's bookkeeping), counted as bytes
@@ -404,20 +404,15 @@ def _best_tail(p: Plan) -> Plan:
     between); the best tail is where the rounds' reads before it take as long as their gemms,
     and its strips' gemms as long as C's writes, which share the host's memory bandwidth with
     the tail's reads where the model counts them apart: of near tails the longer ran faster
-    (see BENCHMARKS.md, jobs larger than the GPU). The strips' height and depth stay. Tails
-    are compared by their pipelines' makespans: every tail of the strips reads and writes the
-    same bytes, and the floor of shared host copies would make them all alike."""
-    def seconds_of(q: Plan) -> float:
-        return pipeline_seconds(q, q.rates)
-
-    best, seconds = p, seconds_of(p)
+    (see BENCHMARKS.md, jobs larger than the GPU). The strips' height and depth stay."""
+    best, seconds = p, p.predicted_seconds
     for way in (1, -1):
         q = _with_tail(best, best.tail + way)
-        while q is not None and (s := seconds_of(q)) < seconds:
-            best, seconds = q, s
+        while q is not None and q.predicted_seconds < seconds:
+            best, seconds = q, q.predicted_seconds
             q = _with_tail(q, q.tail + way)
     q = _with_tail(best, best.tail + 1)
-    while q is not None and seconds_of(q) <= (1 + NEAR) * seconds:
+    while q is not None and q.predicted_seconds <= (1 + NEAR) * seconds:
         best, q = q, _with_tail(q, q.tail + 1)
     return best
 

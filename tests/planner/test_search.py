@@ -13,7 +13,7 @@ from plan_cases import (GiB, H100_ARRAYS, H100_DISK, H100_PINNED, H200_BF16, N32
 
 from bigmm.errors import BudgetError, DtypeError, PlanError, ShapeError
 from bigmm.planner import DIRECT_ROWS, STORED_BYTES, Rates, make_plan
-from bigmm.planner.model import SIM_STEPS, pipeline_seconds, predict_seconds, stage_times
+from bigmm.planner.model import SIM_STEPS, predict_seconds, stage_times
 from bigmm.planner import search
 from bigmm.planner.search import STEP_COST_BYTES, cpu_step_bytes, even_edge
 
@@ -425,24 +425,19 @@ def test_resident_c_tries_k_panels_deeper_than_max_bk_by_time():
                       per_host_row=8.8e-8, per_row=2.1e-8, register_bytes=26.5e9,
                       pin_bytes=8.59e9, thread_bytes=10.2e9), 4),
 ])
-@pytest.mark.parametrize("shared", [
-    False,  # readers and writer served apart
-    True,  # sharing the host's copies: a floor alike for every tail, which must not decide
-])
-def test_resident_c_takes_the_longest_tail_the_model_puts_near_the_fastest(dtype, rates, tail,
-                                                                           shared):
+def test_resident_c_takes_the_longest_tail_the_model_puts_near_the_fastest(dtype, rates, tail):
     # ten K panels, whose shares give tails 1, 2, 3, 5 and 10
     args = dict(m=81920, n=81920, k=81920, dtype=dtype, device_budget=66 * GiB,
-                host_budget=16 * GiB, rates=replace(rates, shared_copies=shared), in_place="")
+                host_budget=16 * GiB, rates=rates, in_place="")
     plan = make_plan(**args)
     assert (plan.order, plan.nk, plan.tail) == ("resident-c", 10, tail)
 
     def tailed(t):
-        q = make_plan(**args, tile=(plan.bm, plan.bn, plan.bk), order="resident-c", tail=t)
-        return pipeline_seconds(q, q.rates)
+        return make_plan(**args, tile=(plan.bm, plan.bn, plan.bk), order="resident-c",
+                         tail=t).predicted_seconds
 
     fastest = min(tailed(t) for t in range(1, 11))
-    assert pipeline_seconds(plan, plan.rates) <= (1 + search.NEAR) * fastest
+    assert plan.predicted_seconds <= (1 + search.NEAR) * fastest
     assert tailed(tail + 1) > (1 + search.NEAR) * fastest
 
 
