@@ -455,8 +455,7 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
     :func:`~bigmm.executor.calibrate.piece_rate`); for both the cost per row
     of a panel (:func:`bigmm.executor.calibrate.copy_rate`,
     :func:`~bigmm.executor.calibrate.copy_row_seconds`, timed within a quarter of the
-    ``host`` budget); where arrays are staged both in and out, the readers and the writer
-    share that rate (``Rates.shared_copies``)."""
+    ``host`` budget)."""
     staged = {"A": A, "B": B}
     array_in = [src for op, src in staged.items()
                 if op not in in_place_ops and src.layout == "array"]
@@ -472,11 +471,9 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
 
     reads = [copies if src.layout == "array" else READ_RATE
              for op, src in staged.items() if op not in in_place_ops]
-    # staged reads of arrays and writes into one share the host's copy rate
-    shared = array_out and bool(reads) and all(x == copies for x in reads)
     return replace(rates, read_bytes=min(reads, default=math.inf),
                    write_bytes=copies if array_out else WRITE_RATE,
-                   per_host_row=row or 0.0, thread_bytes=one, shared_copies=shared)
+                   per_host_row=row or 0.0, thread_bytes=one)
 
 
 def parse_io_threads(n: int | None) -> int:

@@ -101,10 +101,6 @@ class Rates:
     #: not counted). A panel is read in pieces of PIECE_BYTES, one a thread: small panels are
     #: read by few threads (:meth:`load_rate`).
     thread_bytes: float | None = None
-    #: The readers and the writer copy through the host's memory at one shared rate (NumPy
-    #: arrays staged in and out, beside the device's copies both ways): together they take at
-    #: least their busy times summed, which the simulation, serving them apart, does not see.
-    shared_copies: bool = False
     #: Flops per second of the products a gemm that splits its panels ahead (``Plan.presplit``)
     #: leaves unsplit: those of tiles too small for it, and plain TF32 ones that round only the
     #: smaller panel ahead (None: ``flops`` for every product). Plain TF32 products that read
@@ -212,9 +208,6 @@ class StageTimes:
     #: The issuing thread's own work (staging: ``Rates.per_issue`` a step and
     #: ``Rates.per_handoff`` a staged load).
     issue: float = 0.0
-    #: No schedule ends sooner where the readers and the writer share the host's copies
-    #: (``Rates.shared_copies``): the setup, then their work one after the other.
-    copies: float = 0.0
 
     @property
     def guess(self) -> float:
@@ -382,22 +375,20 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     a_rows = p.a_passes * (p.k * p.ni if p.trans_a else p.m * p.nk) if rows_a(1, 1, 1) else 0
     b_rows = p.b_passes * (p.n * p.nk if p.trans_b else p.k * p.nj) if rows_b(1, 1, 1) else 0
     c_rows = p.m * p.nj if rows_c(1, 1, 1) else 0
-    read = read_seconds + r.per_load * sum(loads) + hr * host_rows
-    write = 0.0 if dc else (p.bytes_written / r.write_bytes + r.per_load * p.n_tiles
-                            + hr * p.m * p.nj)
-    return StageTimes(read=read,
+    return StageTimes(read=read_seconds + r.per_load * sum(loads)
+                      + hr * host_rows,
                       copy_in=copy(p.bytes_h2d) + row_s * (a_rows + b_rows
                                                            + (c_rows if p.reads_c else 0)),
                       compute=compute,
                       copy_out=copy(wc * p.c_elements) + row_s * c_rows,
-                      write=write,
+                      write=0.0 if dc else (p.bytes_written / r.write_bytes
+                                            + r.per_load * p.n_tiles + hr * p.m * p.nj),
                       fill=setup + first_read + copy(first)
                       + r.per_load * ((not da) + (not db)) + hr * first_rows,
                       drain=drain, head=head, first=tile0, bursts=bursts, setup=setup,
                       pinning=max(pinned_at(p, r, 0.0).values(), default=0.0),
                       issue=(r.per_issue * steps + r.per_handoff * sum(loads)
-                             if p.staging else 0.0),
-                      copies=(setup + read + write if r.shared_copies and p.staging else 0.0))
+                             if p.staging else 0.0))
 
 
 def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
@@ -413,8 +404,7 @@ def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
     is taken to take ``f`` times its busiest stage's remaining work, then the drain (when the
     period is a tile, every later row's first tile, which loads a new row panel, is taken to
     take as long as the first one did, and its work is left out of the rest); never less
-    than any stage's end in the prefix plus its remaining work, nor than the readers' and the
-    writer's work together where they share the host's copies (``StageTimes.copies``)."""
+    than any stage's end in the prefix plus its remaining work."""
     st = stage_times(p, r)
     limit = SIM_STEPS if max_steps is None else max_steps
     total = p.n_steps
@@ -435,7 +425,7 @@ def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
         steady = [max(0.0, x - rows * y) for x, y in zip(left, first[1:])]  # (new row panel)
         est = max(t1 + f * max(steady) + rows * first[0] + st.drain,  # takes as long as the first
                   *(end + rest for end, rest in zip(sim.ends, left)))
-    return min(max(est, st.lower_bound, st.copies), st.upper_bound)
+    return min(max(est, st.lower_bound), st.upper_bound)
 
 
 def _resident_c_seconds(p: Plan, r: Rates, limit: int) -> float:

@@ -90,8 +90,7 @@ def rates(draw):
                  per_issue=draw(fixed), per_handoff=draw(fixed), per_run=draw(fixed),
                  register_bytes=draw(st.one_of(st.none(), rate)),
                  pin_bytes=draw(st.one_of(st.none(), rate)),
-                 thread_bytes=draw(st.one_of(st.none(), rate)),
-                 shared_copies=draw(st.booleans()))
+                 thread_bytes=draw(st.one_of(st.none(), rate)))
 
 
 @st.composite
