@@ -29,9 +29,11 @@ COPY_BYTES = 256 << 20
 ROW_BYTES, PITCH_BYTES = 3 << 10, 16 << 10
 #: The job (m, n, k) that times the executor's fixed cost per step, and its tile edge.
 STEP_JOB, STEP_TILE = (64, 64, 64), 16
-#: The jobs (m = n, and two depths k) whose runs time the issuing thread of a staging
-#: backend, their tile edge (16 and 128 steps of tiny gemms), and the rounds of them timed.
-ISSUE_EDGE, ISSUE_DEPTHS, ISSUE_TILE, ISSUE_ROUNDS = 128, (256, 2048), 64, 5
+#: The jobs (m = n, and two depths k: in place, staged) whose runs time the issuing thread
+#: of a staging backend, their tile edge (16 and 128 or 64 steps of tiny gemms: the staged
+#: steps cost more, so fewer tell them apart), and the rounds of them timed.
+ISSUE_EDGE, ISSUE_TILE, ISSUE_ROUNDS = 128, 64, 3
+ISSUE_DEPTHS = {True: (256, 2048), False: (256, 1024)}
 
 
 @functools.lru_cache(maxsize=16)
@@ -192,7 +194,7 @@ _ISSUE: dict[tuple, tuple[float, float, float]] = {}
 
 
 def _issue_seconds(be, threads: int) -> tuple[float, float, float]:
-    e, (k0, k1) = ISSUE_EDGE, ISSUE_DEPTHS
+    e = ISSUE_EDGE
     rng = np.random.default_rng(0)
 
     def operands(k: int, pinned: bool):
@@ -205,6 +207,7 @@ def _issue_seconds(be, threads: int) -> tuple[float, float, float]:
         return out
 
     def per_step(pinned: bool) -> tuple[float, float] | None:
+        k0, k1 = ISSUE_DEPTHS[pinned]
         runs = {k: operands(k, pinned) for k in (k0, k1)}
         if pinned and not all(be.host_pinned(x) for x in runs[k0]):
             return None  # nothing to copy in place: staged costs only
