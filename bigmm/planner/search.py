@@ -278,19 +278,23 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     """The candidate with the shortest predicted makespan, or one within NEAR of it (see
     there: the fewest bytes read, the deepest resident-c strips; with ``cached`` rates, those
     of the inputs cached, the fastest at them of the best whole-a or whole-b order: see
-    CACHED_READ_RATE). Of the candidates in the
-    orders other than resident-c, the first SIM_PLANS in order of ``StageTimes.guess``, the
-    first SIM_PER_ORDER of whole-a and of whole-b and the SIM_LARGE with the fewest steps are
-    simulated,
-    and the DEEPEN fastest are tried again with the deepest K panel of ``depths`` (deepest
-    first) that fits (fewer C-tile updates and steps against a longer fill); of the
-    resident-c candidates, the first SIM_RESIDENT_C by guess of each K panel depth. A
+    CACHED_READ_RATE). Of the candidates in the orders other than resident-c, the first
+    SIM_PLANS in order of ``StageTimes.guess``, the first SIM_PER_ORDER of whole-a and of
+    whole-b and the SIM_LARGE with the fewest steps are simulated (those of the other orders
+    also ranked among themselves, as without the whole orders), and the DEEPEN fastest (and
+    the DEEPEN fastest of the other orders) are tried again with the deepest K panel of
+    ``depths`` (deepest first) that fits (fewer C-tile updates and steps against a longer
+    fill); of the resident-c candidates, the first SIM_RESIDENT_C by guess of each K panel depth. A
     candidate whose lower bound exceeds the best makespan found is not simulated."""
     timed: list[tuple[float, tuple, Plan]] = []
     best = math.inf
+    seen: set[int] = set()
 
     def simulate_unless_bounded(st: StageTimes, score: tuple, p: Plan) -> None:
         nonlocal best
+        if id(p) in seen:
+            return
+        seen.add(id(p))
         if st.lower_bound <= best:
             timed.append((p.predicted_seconds, score, p))
             best = min(best, timed[-1][0])
@@ -301,16 +305,24 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
                       key=lambda x: (x[0].guess, x[1]))
 
     tiles = ranked(False)
-    for candidate in tiles[:SIM_PLANS]:
+    # the other orders are simulated as where whole-a and whole-b are not candidates, so that
+    # adding those never loses a plan found without them
+    plain = [c for c in tiles if c[2].order not in WHOLE_ORDERS]
+    for candidate in plain[:SIM_PLANS]:
         simulate_unless_bounded(*candidate)
+    for candidate in tiles[:SIM_PLANS]:
+        if candidate[2].order in WHOLE_ORDERS:
+            simulate_unless_bounded(*candidate)
     rest = tiles[SIM_PLANS:]
     for order in WHOLE_ORDERS:  # their best guesses too
         for candidate in [c for c in rest if c[2].order == order][:SIM_PER_ORDER]:
             simulate_unless_bounded(*candidate)
-    for candidate in sorted(rest, key=lambda x: (x[2].n_steps, x[0].guess, x[1]))[:SIM_LARGE]:
-        simulate_unless_bounded(*candidate)
+    for among in (rest, plain[SIM_PLANS:]):
+        for candidate in sorted(among, key=lambda x: (x[2].n_steps, x[0].guess, x[1]))[:SIM_LARGE]:
+            simulate_unless_bounded(*candidate)
     timed.sort(key=lambda x: x[:2])
-    for _, score, p in timed[:DEEPEN]:
+    fastest = timed[:DEEPEN] + [x for x in timed if x[2].order not in WHOLE_ORDERS][:DEEPEN]
+    for _, score, p in dict((id(x[2]), x) for x in fastest).values():
         deeper = next((q for q in (replace(p, bk=bk) for bk in depths) if _fits(q)), None)
         if deeper is not None:
             timed.append((deeper.predicted_seconds, score, deeper))
