@@ -63,11 +63,12 @@ def test_weighted_sums_match_numpy(shape, view, dtype, weighted, accumulate):
     NumpyBackend().weighted_sums(x_h, *ref, weights=w, abs_weights=wa, scale=-1.25,
                                  accumulate=accumulate)
     out = [cupy.asarray(v) for v in start]
+    wd, wad = (None if v is None else cupy.asarray(v) for v in (w, wa))
+    cupy.cuda.runtime.deviceSynchronize()  # the copies ran on the legacy default stream
     be = get_backend("cupy")
     try:
         s = be.stream()
-        be.weighted_sums(x_d, *out, weights=None if w is None else cupy.asarray(w),
-                         abs_weights=None if wa is None else cupy.asarray(wa), scale=-1.25,
+        be.weighted_sums(x_d, *out, weights=wd, abs_weights=wad, scale=-1.25,
                          accumulate=accumulate, stream=s)
         s.synchronize()
         scale = np.abs(x_h.astype(np.float64)).sum() + 1.0
@@ -151,10 +152,10 @@ def test_weighted_sums_without_abs_and_empty():
     be = get_backend("cupy")
     try:
         x = cupy.arange(12, dtype=cupy.float32).reshape(3, 4)
-        out = cupy.full(4, 7.0)
+        out, empty = cupy.full(4, 7.0), cupy.full(4, 7.0)
+        cupy.cuda.runtime.deviceSynchronize()  # filled on the legacy default stream
         s = be.stream()
         be.weighted_sums(x, out, stream=s)
-        empty = cupy.full(4, 7.0)
         be.weighted_sums(x[:0], empty, stream=s)  # no rows: zeros
         s.synchronize()
         assert out.get().tolist() == [12.0, 15.0, 18.0, 21.0]
@@ -186,8 +187,9 @@ def test_compare_sums_matches_numpy():
         for e, m, a in cases:
             want, got = np.zeros(2), cupy.zeros(2)
             NumpyBackend().compare_sums(e, m, a, 1e-6, 1e-30, want)
-            be.compare_sums(cupy.asarray(e), cupy.asarray(m), cupy.asarray(a), 1e-6, 1e-30,
-                            got, s)
+            ed, md, ad = cupy.asarray(e), cupy.asarray(m), cupy.asarray(a)
+            cupy.cuda.runtime.deviceSynchronize()  # copied on the legacy default stream
+            be.compare_sums(ed, md, ad, 1e-6, 1e-30, got, s)
             s.synchronize()
             np.testing.assert_allclose(got.get(), want, rtol=1e-12)
         assert want[0] == np.inf and want[1] == 17
@@ -217,12 +219,14 @@ def test_a_launcher_reads_its_views_as_they_are_at_each_launch(accumulate):
         total = np.zeros(67)
         for _ in range(3):
             x[...] = cupy.asarray(rng.standard_normal((129, 67)).astype(np.float32))
+            cupy.cuda.runtime.deviceSynchronize()  # written on the legacy default stream
             launch(s)
             s.synchronize()
             want = 0.5 * (w.get() @ x.get().astype(np.float64))
             total = total + want if accumulate else want
             np.testing.assert_allclose(out.get(), total, rtol=1e-12, atol=1e-12)
         res = cupy.zeros(2)
+        cupy.cuda.runtime.deviceSynchronize()  # zeroed on the legacy default stream
         compare = be.compare_launcher(out, out_abs, out, 1e-6, 0.0, res)
         compare(s)
         s.synchronize()
