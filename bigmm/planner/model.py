@@ -443,7 +443,7 @@ def _resident_c_seconds(p: Plan, r: Rates, limit: int) -> float:
 @dataclass(frozen=True)
 class Simulated:
     """After simulating a schedule or a prefix: when it ended, where each stage's server
-    stands (``ends``: read, copy_in, compute, copy_out, write), and at the end of every
+    stands (``ends``: read, copy_in, compute, copy_out, write, issue), and at the end of every
     ``period`` steps the last gemm's end followed by each stage's busy seconds so far (the
     issuing thread's last)."""
 

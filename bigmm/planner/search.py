@@ -284,8 +284,8 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     also ranked among themselves, as without the whole orders), and the DEEPEN fastest (and
     the DEEPEN fastest of the other orders) are tried again with the deepest K panel of
     ``depths`` (deepest first) that fits (fewer C-tile updates and steps against a longer
-    fill); of the resident-c candidates, the first SIM_RESIDENT_C by guess of each K panel depth. A
-    candidate whose lower bound exceeds the best makespan found is not simulated."""
+    fill); of the resident-c candidates, the first SIM_RESIDENT_C by guess of each K panel
+    depth. A candidate whose lower bound exceeds the best makespan found is not simulated."""
     timed: list[tuple[float, tuple, Plan]] = []
     best = math.inf
     seen: set[int] = set()
