@@ -7,7 +7,8 @@ ordinary (pageable) NumPy arrays into a NumPy C; then the ``--job-n`` job under
 ``--job-memory`` (the issue's 8 GiB job) with each kernel from pageable arrays, and with the
 last kernel also from page-locked arrays (the same arrays locked in place by this script,
 ``cudaHostRegister``; how long that took is reported, beside the host's copy rate into
-staging, which is what bigmm's planner chooses between).
+staging, which is what bigmm's planner chooses between, and that rate while the device
+copies both ways at once, which the readers and the writer share).
 
 The in-core rate of the same arithmetic (device-resident operands, the same kernel through
 the same backend, CUDA events) is measured in the same process at the largest size of
@@ -113,6 +114,62 @@ def poison(x: np.ndarray, threads: int) -> None:
 def square(flat: np.ndarray, n: int) -> np.ndarray:
     """The first n*n elements of a flat buffer as a contiguous n x n matrix."""
     return flat[: n * n].reshape(n, n)
+
+
+def copies_beside_dma(threads: int, nbytes: int = 256 << 20) -> dict:
+    """What ``threads`` host threads copy (pageable into pinned, as the readers stage panels)
+    while the device copies both ways through pinned buffers, against alone; bytes per second
+    of each (the best of three), and of the device's copies while the host's ran."""
+    import threading
+
+    import cupy
+
+    src = np.ones(nbytes // 8)
+    block = cupy.cuda.alloc_pinned_memory(nbytes)
+    dst = np.frombuffer(block, np.float64, src.size)
+    dst[:] = 0.0
+    parts = split(src.size, threads)
+
+    def copy(ab):
+        dst[ab[0]:ab[1]] = src[ab[0]:ab[1]]
+
+    def host_rate(pool) -> float:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            list(pool.map(copy, parts))
+            best = min(best, time.perf_counter() - t0)
+        return nbytes / best
+
+    stop, moved = threading.Event(), [0, 0]
+    hosts = [cupy.cuda.alloc_pinned_memory(nbytes) for _ in range(2)]
+    devs = [cupy.empty(nbytes, cupy.uint8) for _ in range(2)]
+
+    def dma(i: int) -> None:  # 0: host to device, 1: device to host
+        s = cupy.cuda.Stream(non_blocking=True)
+        while not stop.is_set():
+            args = ((devs[0].data.ptr, hosts[0].ptr, nbytes, 1) if i == 0
+                    else (hosts[1].ptr, devs[1].data.ptr, nbytes, 2))
+            cupy.cuda.runtime.memcpyAsync(*args, s.ptr)
+            s.synchronize()
+            moved[i] += nbytes
+
+    with cf.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(copy, parts))
+        alone = host_rate(pool)
+        movers = [threading.Thread(target=dma, args=(i,)) for i in (0, 1)]
+        for t in movers:
+            t.start()
+        time.sleep(0.2)
+        t0, before = time.perf_counter(), list(moved)
+        beside = host_rate(pool)
+        seconds = time.perf_counter() - t0
+        stop.set()
+        for t in movers:
+            t.join()
+    return {"alone": alone, "beside_dma": beside, "share": beside / alone,
+            "h2d_beside": (moved[0] - before[0]) / seconds,
+            "d2h_beside": (moved[1] - before[1]) / seconds}
 
 
 # ----- checks ---------------------------------------------------------------------------------
@@ -441,6 +498,12 @@ def main(argv=None) -> int:
         f"{res['generate_seconds']:.1f} s; host "
         f"copies {res['host_copy_rate'] / 1e9:.1f} GB/s on {args.threads} threads; sizes "
         f"{fits} (skipped for host memory: {res['skipped_sizes']})")
+    if not args.cpu:  # host copies beside the device's both ways (they share the memory)
+        res["copies_beside_dma"] = copies_beside_dma(args.threads)
+        c = res["copies_beside_dma"]
+        log(f"host copies {c['alone'] / 1e9:.1f} GB/s alone, {c['beside_dma'] / 1e9:.1f} "
+            f"beside the device's copies both ways ({c['share']:.2f}; those at "
+            f"{c['h2d_beside'] / 1e9:.1f} and {c['d2h_beside'] / 1e9:.1f} GB/s)")
     if not args.cpu:  # pinning fresh memory (staging) against locking a touched array
         t0 = time.perf_counter()
         cupy.cuda.PinnedMemory(1 << 30)  # allocated, then freed
