@@ -37,35 +37,27 @@ ISSUE_DEPTHS = {True: (256, 2048), False: (256, 1024)}
 
 
 @functools.lru_cache(maxsize=16)
-def copy_rate(threads: int, nbytes: int = COPY_BYTES) -> float:
+def copy_rate(threads: int, nbytes: int = COPY_BYTES, piece: int | None = None) -> float:
     """Bytes per second that ``threads`` threads copy between two ordinary (pageable) arrays
-    of ``nbytes`` each, in one piece a thread, as the readers copy panels of the user's
-    arrays into staging and the writer copies tiles back (the best of three; both arrays'
-    pages touched first)."""
+    of ``nbytes`` each, in one piece a thread (``piece``: in calls of that many bytes each),
+    as the readers copy panels of the user's arrays into staging and the writer copies tiles
+    back (the best of three; both arrays' pages touched first)."""
     n = max(threads, int(nbytes) // 8)
     src, dst = np.ones(n), np.zeros(n)
-
-    def copy(a: int, b: int) -> None:
-        dst[a:b] = src[a:b]
-
-    return src.nbytes / max(_fastest(copy, n, threads), 1e-9)
-
-
-@functools.lru_cache(maxsize=16)
-def piece_rate(nbytes: int = COPY_BYTES) -> float:
-    """Bytes per second one reader thread copies between two ordinary arrays of ``nbytes``
-    each in pieces of PIECE_BYTES, a call each, as a reader copies its pieces of a panel into
-    staging (the best of three; both arrays' pages touched first). One large copy runs
-    faster: the C library makes it with non-temporal stores."""
-    n = max(1, int(nbytes) // 8)
-    src, dst = np.ones(n), np.zeros(n)
-    step = max(1, PIECE_BYTES // 8)
+    step = n if piece is None else max(1, int(piece) // 8)
 
     def copy(a: int, b: int) -> None:
         for i in range(a, b, step):
             dst[i:min(b, i + step)] = src[i:min(b, i + step)]
 
-    return src.nbytes / max(_fastest(copy, n, 1), 1e-9)
+    return src.nbytes / max(_fastest(copy, n, threads), 1e-9)
+
+
+def piece_rate(nbytes: int = COPY_BYTES) -> float:
+    """Bytes per second one reader thread copies in pieces of PIECE_BYTES, a call each, as it
+    copies its pieces of a panel into staging (:func:`copy_rate`). One large copy runs
+    faster: the C library makes it with non-temporal stores."""
+    return copy_rate(1, nbytes, PIECE_BYTES)
 
 
 @functools.lru_cache(maxsize=16)

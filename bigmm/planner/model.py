@@ -485,8 +485,6 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     start0 = setup_seconds(p, r)
     read_end = cin_end = gemm_end = cout_end = write_end = issue = assign = start0
     busy = [0.0] * 6  # seconds of work so far: read, copy_in, compute, copy_out, write, issue
-    per_issue = r.per_issue if staging else 0.0
-    per_handoff = r.per_handoff if staging else 0.0
     issued: list[float] = []  # per step: when the issuing thread was done with it
     gemms: list[float] = [start0]  # per step + 1: end of its gemm (gemms[0]: none)
     # per operand (A, B, C) and slot: the last step using the device slot, the last step
@@ -558,7 +556,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
             gemm -= (rows * cols - rows * (rows + 1) // 2) * 2 * depth / r.flops
         busy[2] += gemm
         if staging:  # the issuing thread's own work before it issues the copies
-            work = per_issue + per_handoff * sum(1 for x in loads if not direct[x[0]])
+            work = r.per_issue + r.per_handoff * sum(1 for x in loads if not direct[x[0]])
             start += work
             busy[5] += work
             ready = start
