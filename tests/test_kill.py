@@ -70,7 +70,7 @@ CLI = textwrap.dedent("""
     import h5py
     from bigmm.cli import main
     from bigmm.executor import calibrate
-    from bigmm.io import direct, filesink, journal, output
+    from bigmm.io import direct, filesink, h5atomic, journal, output
 
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
@@ -96,11 +96,37 @@ CLI = textwrap.dedent("""
         "tiles-journaled": (J, "append", lambda self, rec: "tiles" in rec, False),
         "swap-journaled": (J, "append", lambda self, rec: bool(rec.get("swap")), False),
         "old-c-deleted": (h5py.Group, "move", always, True),
-        "complete-set": (h5py.AttributeManager, "__setitem__",
+        "complete-set": (h5py.AttributeManager, "modify",
                          lambda self, key, value: key == "bigmm_complete" and bool(value), False),
         "journal-not-removed": (J, "remove", always, True),
     }
-    if points[sys.argv[1]] is not None:
+    if sys.argv[1].startswith("h5-step-"):  # the Nth step of the changes to the file's
+        # structure (see bigmm.io.h5atomic): a commit begun, each write of a committed change
+        # into the file, each removal of a log
+        nth, steps = int(sys.argv[1].rsplit("-", 1)[1]), [0]
+        def step():
+            steps[0] += 1
+            if steps[0] == nth:
+                die()
+        commit, recover = h5atomic.H5Atomic._commit, h5atomic._recover_locked
+        def counted_commit(self):
+            step()
+            commit(self)
+        def counted_recover(fd, path):
+            real = os.pwrite, os.unlink
+            def pwrite(*args):
+                step()
+                return real[0](*args)
+            def unlink(*args):
+                step()
+                return real[1](*args)
+            os.pwrite, os.unlink = pwrite, unlink
+            try:
+                return recover(fd, path)
+            finally:
+                os.pwrite, os.unlink = real
+        h5atomic.H5Atomic._commit, h5atomic._recover_locked = counted_commit, counted_recover
+    elif points[sys.argv[1]] is not None:
         hook(*points[sys.argv[1]])
     pause, write = float(sys.argv[2]), filesink.FileSink.write
     if pause > 0:
@@ -321,4 +347,31 @@ def test_kill_at_a_point_then_resume_bit_identical(jobs, problem, beta, point, w
     rc, err = run_cli(job.argv(out), job.folder, point=point, sleep=0, writes=writes)
     assert rc == -signal.SIGKILL, f"the hook at {point} did not fire (exit {rc}): {err}"
     resume_to_the_end(job, out)
+    job.check(out)
+
+
+#: Runs whose output's structure changes at both ends: C created in a new file, then marked
+#: complete with its job recorded (beta == 0); a partial dataset created beside old C, then
+#: swapped in for it (beta != 0).
+ENDS = [
+    ("chunked", 0.0),   # a new file
+    ("chunked", BETA),  # the user's file holding old C
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem,beta", ENDS)
+def test_kill_at_each_step_of_a_change_to_the_file_then_resume_bit_identical(jobs, problem,
+                                                                             beta):
+    job = jobs(problem, beta)
+    out = "c-steps.h5"
+    for nth in range(1, 100):
+        job.reset(out)
+        rc, err = run_cli(job.argv(out), job.folder, point=f"h5-step-{nth}", sleep=0)
+        if rc == 0:  # past the last step
+            break
+        assert rc == -signal.SIGKILL, err
+        resume_to_the_end(job, out)
+        job.check(out)
+    assert rc == 0 and nth > 6, nth  # two commits, each with writes: every step killed once
     job.check(out)

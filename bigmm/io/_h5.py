@@ -38,6 +38,33 @@ COMPLETE_ATTR = "bigmm_complete"
 #: (JSON), so that resuming it again knows it is complete.
 JOB_ATTR = "bigmm_job"
 
+#: Bytes reserved for the job record beyond its size when the output is created (room for the
+#: fingerprint and for rounding).
+RECORD_SLACK = 256
+
+
+def reserve_job_record(attrs, nbytes: int) -> None:
+    """An empty ``bigmm_job`` of fixed size (``nbytes`` plus slack, rounded up), made with the
+    output, so that finishing rewrites attributes in place: HDF5 allocates nothing then, and a
+    kill while the file is flushed leaves the dataset readable (an attribute added at the end
+    extends the object header, a multi-write change a kill can leave unreadable)."""
+    size = -(-(int(nbytes) + RECORD_SLACK) // RECORD_SLACK) * RECORD_SLACK
+    attrs.create(JOB_ATTR, np.zeros((), f"S{size}"))
+
+
+def write_job_record(attrs, text: str) -> None:
+    """Store the finished job record: in place in the reserved attribute where it fits (padded
+    with NULs, which HDF5's fixed strings drop when read), else as a new attribute."""
+    raw = text.encode()
+    if JOB_ATTR in attrs:
+        dt = attrs.get_id(JOB_ATTR).dtype
+        if dt.kind == "S" and dt.itemsize >= len(raw):
+            attrs.modify(JOB_ATTR, np.array(raw, dt))
+            return
+        del attrs[JOB_ATTR]
+    attrs[JOB_ATTR] = text
+
+
 FLOAT_DTYPES = tuple(numpy_dtype(name) for name in DTYPES)
 BFLOAT16 = numpy_dtype("bfloat16")
 #: (sign position, exponent position, exponent bits, mantissa position, mantissa bits), bias.

@@ -57,7 +57,8 @@ from h5py import h5d, h5p, h5s
 from ..errors import BigmmError, DiskFullError, WriteError
 from ..units import format_bytes
 from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, h5_type, read_region, release_h5_handles,
-                  write_region)
+                  reserve_job_record, write_job_record, write_region)
+from .h5atomic import H5Atomic
 from .identity import fingerprint
 from .journal import Journal, finished_job
 from .layout import chunk_cells, probe_layout
@@ -108,9 +109,11 @@ def tile_chunks(shape, tile, itemsize: int) -> tuple[int, int] | None:
     return rows, bn
 
 
-def create_dataset(f: h5py.File, name: str, shape, dtype, chunks=None) -> h5py.Dataset:
+def create_dataset(f: h5py.File, name: str, shape, dtype, chunks=None,
+                   record_bytes: int = 0) -> h5py.Dataset:
     """An unfiltered dataset with storage allocated now and never filled: contiguous, or
-    chunked with ``chunks`` (every chunk then has its byte offset from the start)."""
+    chunked with ``chunks`` (every chunk then has its byte offset from the start); marked
+    incomplete, with room for a job record of ``record_bytes`` (see reserve_job_record)."""
     dcpl = h5p.create(h5p.DATASET_CREATE)
     if chunks is None:
         dcpl.set_layout(h5d.CONTIGUOUS)
@@ -124,6 +127,8 @@ def create_dataset(f: h5py.File, name: str, shape, dtype, chunks=None) -> h5py.D
                       h5s.create_simple(tuple(shape)), dcpl=dcpl, lcpl=lcpl)
     dset = h5py.Dataset(dsid)
     dset.attrs[COMPLETE_ATTR] = False
+    if record_bytes:
+        reserve_job_record(dset.attrs, record_bytes)
     return dset
 
 
@@ -301,42 +306,46 @@ class FileSink(JournaledSink):
             raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
 
     def finish(self) -> None:
-        """Flush, swap in the partial dataset (beta != 0), mark complete, drop the journal."""
+        """Flush; then in one change of the file (all or nothing, see :mod:`.h5atomic`): swap
+        in the partial dataset (beta != 0), record the job, mark complete; drop the journal."""
         if self._finished:
             return
         self._sync()
         self._close_handles()
-        if self.reads_c:
-            if not self.journal.swap:
-                self.journal.append({"swap": True})
-            with H5LOCK:  # idempotent: a crash during an earlier swap is finished here
-                release_h5_handles(self.path)
-                with self._h5("r+") as f:
-                    _swap(f, self.spec.dataset, self.target)
-            _fsync_path(self.path)
+        if self.reads_c and not self.journal.swap:
+            self.journal.append({"swap": True})
         record = finished_job(self.journal.header.get("job") or {})
         record["result"] = self._fingerprint()
         with H5LOCK:
             release_h5_handles(self.path)
-            with self._h5("r+") as f:
+            with self._change() as f:
+                if self.reads_c:  # idempotent: done already where an earlier finish got this far
+                    _swap(f, self.spec.dataset, self.target)
                 attrs = f[self.spec.dataset].attrs
-                attrs[JOB_ATTR] = json.dumps(record, sort_keys=True)
-                attrs[COMPLETE_ATTR] = True
-        _fsync_path(self.path)
+                write_job_record(attrs, json.dumps(record, sort_keys=True))
+                attrs.modify(COMPLETE_ATTR, True)
         self.journal.remove()
         self._finished = True
         self.layout = "done"
+
+    def _change(self):
+        """The file opened to change its structure: all or nothing (see :mod:`.h5atomic`), or
+        plainly where the user's own h5py handle holds it open (a dataset written in place)."""
+        if isinstance(self.result, str):
+            return h5_open_retry(lambda: H5Atomic(self.path), self.path, self.label)
+        return self._h5("r+")
 
     def _h5(self, mode: str) -> h5py.File:
         return h5_open_retry(lambda: h5py.File(self.path, mode), self.path, self.label)
 
     def _fingerprint(self) -> str:
-        """The finished product's fingerprint (before it is marked complete)."""
+        """The finished product's fingerprint (before it is marked complete; the partial
+        dataset's where it is not swapped in yet)."""
         with H5LOCK:
             f = self._h5("r")
             try:
-                src = H5Source(f[self.spec.dataset], self.label, own_file=f,
-                               threads=self._threads)
+                name = self.target if self.reads_c and self.target in f else self.spec.dataset
+                src = H5Source(f[name], self.label, own_file=f, threads=self._threads)
             except BaseException:
                 f.close()
                 raise
@@ -379,7 +388,7 @@ def _swap(f: h5py.File, name: str, partial: str) -> None:
     if partial in f:
         if name in f:
             for key, value in f[name].attrs.items():
-                if key != COMPLETE_ATTR:
+                if key not in (COMPLETE_ATTR, JOB_ATTR):  # the partial's own, reserved
                     f[partial].attrs[key] = value
             del f[name]
         f.move(partial, name)

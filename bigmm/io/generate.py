@@ -85,13 +85,13 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
         dset = f.create_dataset(name, shape=(m, n), dtype=h5py.Datatype(h5_type(dtype)),
                                 chunks=lay.chunks, track_times=False, **lay.filter)
         dset.attrs[COMPLETE_ATTR] = False  # a killed run leaves a dataset marked incomplete
+        dset.attrs["bigmm_seed"] = seed  # now, so that the end rewrites one flag in place
         try:
             _fill(dset, seed, block_elements, lay.chunks)
         except BaseException:
             del f[name]
             raise
-        dset.attrs["bigmm_seed"] = seed
-        dset.attrs[COMPLETE_ATTR] = True
+        dset.attrs.modify(COMPLETE_ATTR, True)
     finally:
         f.close()
     return f"{path}:{name}"

@@ -22,7 +22,8 @@ import numpy as np
 from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, OptionError,
                       OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
                       ShapeError, SpecError)
-from ._h5 import COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles, stored_dtype
+from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles,
+                  reserve_job_record, stored_dtype)
 from .identity import (Footprint, array_footprint, describe, differences, fingerprint,
                        mappings_once, overlaps)
 from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
@@ -31,7 +32,8 @@ from .filesink import H5_ALIGNMENT, PARTIAL_SUFFIX, FileSink, create_dataset, ti
 from .sink import ArraySink, CompleteSink, Sink
 from .source import DEFAULT_THREADS, Source, open_input
 from .spec import Spec, parse_spec
-from . import zarrsink, zarrsource
+from . import h5atomic, zarrsink, zarrsource
+from .h5atomic import H5Atomic
 from ..units import format_bytes, numpy_dtype
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
@@ -173,11 +175,12 @@ class _Storage:
 
     chunks: Callable  # (shape, tile, itemsize) -> chunks of a new output
     check: Callable  # (spec) -> None, or OutputNotWritable
+    recover: Callable  # (spec) -> None: finish what a killed run committed to the file
     exists: Callable  # (spec) -> whether the output's file (HDF5) or array (Zarr) exists
     inspect: Callable  # (spec, partial name, label) -> info (see _inspect)
     create: Callable  # (spec, label, shape, dtype, partial, drop_old, chunks) -> target name
     drop_begun: Callable  # (spec, parsed journal) -> None
-    mark_incomplete: Callable  # (dataset or array written in place) -> None
+    mark_incomplete: Callable  # (dataset or array written in place, record bytes) -> None
     sink: Callable  # (spec, shape, dtype, journal, target, reads_c, threads, result, chunks)
 
 
@@ -196,8 +199,19 @@ def _check_folder(path: str) -> None:
                                 f"Got '{folder}' (permission denied).")
 
 
+def _has_file(path: str) -> bool:
+    """A file at ``path`` other than an empty one (what a kill leaves before HDF5's first
+    write to a new file, see .h5atomic): that one is written as a new file."""
+    return os.path.exists(path) and not (os.path.isfile(path) and os.path.getsize(path) == 0)
+
+
+def _recover(spec: Spec) -> None:
+    if os.path.isfile(spec.path):
+        h5_open_retry(lambda: h5atomic.recover(spec.path), spec.path, f"C ({spec})")
+
+
 def _check_file(path: str) -> None:
-    if os.path.exists(path):
+    if _has_file(path):
         if os.path.isdir(path) or not os.access(path, os.W_OK):
             why = "a directory" if os.path.isdir(path) else "permission denied"
             raise OutputNotWritable(f"Expected a writable HDF5 file for the output. "
@@ -211,7 +225,7 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
     """What exists at the output: the dataset's shape, dtype, completion flag and recorded job,
     where it lies (file and object), and whether a partial dataset exists."""
     info = {"exists": False, "partial": False, "footprint": Footprint()}
-    if not os.path.exists(spec.path):
+    if not _has_file(spec.path):
         return info
     st = os.stat(spec.path)
     with H5LOCK:
@@ -311,6 +325,7 @@ def _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, th
 def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_c, threads,
                chunks, dataset) -> Sink:
     store = _storage(spec)
+    store.recover(spec)
     if resume and dataset is None:
         store.drop_begun(spec, parse_journal(journal_path(spec)))
     store.check(spec)
@@ -351,11 +366,11 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
     journal = Journal.create(jpath, dict(header, new_file=not store.exists(spec)))
     try:
         if in_place:
-            store.mark_incomplete(dataset)
+            store.mark_incomplete(dataset, _record_bytes(header["job"]))
             target = spec.dataset
         else:
             target = store.create(spec, label, shape, dtype, partial, drop_old=not reads_c,
-                                  chunks=chunks)
+                                  chunks=chunks, record_bytes=_record_bytes(header["job"]))
         return store.sink(spec, shape, dtype, journal, target, reads_c, threads, dataset,
                           chunks)
     except DiskFullError:  # the output exists, empty: keep its journal for --resume
@@ -402,9 +417,20 @@ def _job_differences(record: dict | None, job: dict) -> list[str]:
     return out
 
 
-def _mark_incomplete(dset: h5py.Dataset) -> None:
+def _record_bytes(job: dict | None) -> int:
+    """The size of the job record a finished output of ``job`` carries, less its fingerprint
+    (within the reservation's slack)."""
+    return len(json.dumps(finished_job(job or {}), sort_keys=True).encode())
+
+
+def _mark_incomplete(dset: h5py.Dataset, record_bytes: int) -> None:
+    """Mark a dataset written in place incomplete, with room for its job record."""
     with H5LOCK:
-        dset.attrs[COMPLETE_ATTR] = False
+        attrs = dset.attrs
+        attrs[COMPLETE_ATTR] = False
+        if JOB_ATTR in attrs:  # an earlier run's record: stale from here on
+            del attrs[JOB_ATTR]
+        reserve_job_record(attrs, record_bytes)
         dset.file.flush()
     _fsync(dset.file.filename)
 
@@ -417,7 +443,8 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def _create_zarr(spec, label, shape, dtype, partial, drop_old, chunks=None) -> str:
+def _create_zarr(spec, label, shape, dtype, partial, drop_old, chunks=None,
+                 record_bytes=0) -> str:
     _check_space(spec, int(np.prod(shape)) * np.dtype(dtype).itemsize)
     return zarrsink.create(spec, label, shape, dtype, partial, drop_old, chunks)
 
@@ -439,28 +466,27 @@ def _check_space(spec: Spec, need: int) -> None:
 
 
 def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old: bool,
-            chunks=None) -> str:
+            chunks=None, record_bytes: int = 0) -> str:
     """Create the dataset the run writes (the partial one when old C must survive), chunked
-    by ``chunks`` or contiguous."""
+    by ``chunks`` or contiguous, with room for a job record of ``record_bytes``."""
     target = partial or spec.dataset
     stale = spec.dataset + PARTIAL_SUFFIX
     _check_space(spec, int(np.prod(shape)) * np.dtype(dtype).itemsize)
     with H5LOCK:
         release_h5_handles(spec.path)
-        try:
-            with h5_open_retry(lambda: h5py.File(spec.path, "a", **H5_ALIGNMENT), spec.path,
+        try:  # all or nothing (see .h5atomic): a kill leaves the file as it was
+            with h5_open_retry(lambda: H5Atomic(spec.path, **H5_ALIGNMENT), spec.path,
                                label) as f:
                 if stale in f:
                     del f[stale]
                 if drop_old and spec.dataset in f:
                     del f[spec.dataset]
-                create_dataset(f, target, shape, dtype, chunks)
+                create_dataset(f, target, shape, dtype, chunks, record_bytes)
         except BigmmError:
             raise
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise OutputNotWritable(f"Expected to create dataset '{target}' in '{spec.path}'. "
                                     f"Got {type(exc).__name__}: {exc}.") from exc
-    _fsync(spec.path)
     return target
 
 
@@ -505,7 +531,8 @@ def _resume(spec, label, journal, job, info, shape, dtype, reads_c, threads, chu
                 raise ResumeError(_changed("old C", now["label"], diff, spec))
         if not present:
             _storage(spec).create(spec, label, shape, dtype, recorded.get("partial"),
-                                  drop_old=not reads_c, chunks=chunks)
+                                  drop_old=not reads_c, chunks=chunks,
+                                  record_bytes=_record_bytes(rjob))
     elif not (info["exists"] or info["partial"]):
         raise ResumeError(f"Expected {spec} or its partial dataset to finish resuming. "
                           f"Got neither.")
@@ -539,7 +566,8 @@ def read_journal(x) -> dict | None:
 _HDF5 = _Storage(
     chunks=lambda *a: tile_chunks(*a),
     check=lambda spec: _check_file(spec.path),
-    exists=lambda spec: os.path.exists(spec.path),
+    recover=lambda spec: _recover(spec),
+    exists=lambda spec: _has_file(spec.path),
     inspect=lambda *a: _inspect(*a),
     create=lambda *a, **k: _create(*a, **k),
     drop_begun=lambda *a: _drop_begun_file(*a),
@@ -549,9 +577,10 @@ _HDF5 = _Storage(
 _ZARR = _Storage(
     chunks=lambda *a: zarrsink.tile_chunks(*a),
     check=lambda *a: zarrsink.check(*a),
+    recover=lambda spec: None,  # each change of a Zarr array's metadata is one rename
     exists=lambda *a: zarrsink.exists(*a),
     inspect=lambda *a: zarrsink.inspect(*a),
     create=lambda *a, **k: _create_zarr(*a, **k),
     drop_begun=lambda *a: zarrsink.drop_begun(*a),
-    mark_incomplete=lambda *a: zarrsink.mark_incomplete(*a),
+    mark_incomplete=lambda arr, _record_bytes: zarrsink.mark_incomplete(arr),
     sink=lambda *a: zarrsink.sink(*a))

@@ -1,5 +1,6 @@
 import errno
 import hashlib
+import json
 import os
 import pickle
 import shutil
@@ -264,6 +265,34 @@ def test_unwritable_locations(tmp_path, inputs):
             new_sink(spec, srcs)
         assert word in str(err.value), str(err.value)
     assert plain.read_text() == "x"
+
+
+def test_an_empty_file_at_the_output_is_written_as_a_new_one(tmp_path, inputs):
+    _, srcs = inputs  # what a kill leaves before HDF5 first writes a new file
+    path = tmp_path / "c.h5"
+    path.write_bytes(b"")
+    data = random_matrix(SHAPE, np.float32, seed=17)
+    with new_sink(f"{path}:/C", srcs) as sink:
+        finish_all(sink, data)
+    np.testing.assert_array_equal(read_back(f"{path}:/C"), data)
+
+
+def test_a_finished_output_reserves_its_record_and_rewrites_it_in_place(tmp_path, inputs):
+    _, srcs = inputs  # finishing allocates nothing in the file (see bigmm.io.h5atomic)
+    path = tmp_path / "c.h5"
+    sink = new_sink(f"{path}:/C", srcs)
+    with h5py.File(path, "r") as f:
+        reserved = f["C"].attrs.get_id("bigmm_job").dtype
+        assert reserved.kind == "S" and f["C"].attrs["bigmm_job"] == b""
+        assert not f["C"].attrs["bigmm_complete"]
+    size = os.path.getsize(path)
+    with sink:
+        finish_all(sink, random_matrix(SHAPE, np.float32, seed=18))
+    assert os.path.getsize(path) == size
+    with h5py.File(path, "r") as f:
+        assert f["C"].attrs.get_id("bigmm_job").dtype == reserved
+        assert json.loads(f["C"].attrs["bigmm_job"])["job"]["alpha"] == JOB["alpha"]
+        assert f["C"].attrs["bigmm_complete"]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")

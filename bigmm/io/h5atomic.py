@@ -1,0 +1,244 @@
+"""Changes to an HDF5 file's structure made all or nothing, whenever the process is killed.
+
+HDF5 updates a file in place with several writes (object headers, their continuations, group
+tables, heaps, the superblock); a kill between two of them leaves objects that do not open,
+and the library keeps no journal. bigmm changes a file's structure only at a run's ends
+(creating C or its partial dataset; swapping the partial dataset in, recording the job and
+marking C complete), and does each through :func:`h5_atomic`: h5py writes into an overlay
+that keeps every write in memory; on a clean close the writes go to a redo log beside the file
+(synced, then renamed into place: the commit), then to the file, which is synced before the
+log is removed. A log found later (a kill after its commit) is applied again first:
+:func:`recover`, called before anything opens the file to write. A kill before the commit
+leaves the file as it was.
+
+The file stays locked (``flock``, as HDF5 locks it) from the overlay's open to the log's
+removal, so that HDF5 readers and writers elsewhere wait, as they would for HDF5's own lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import errno
+import fcntl
+import hashlib
+import io
+import os
+import struct
+
+import h5py
+
+from ..errors import ResumeError
+
+#: Suffix of the redo log beside an HDF5 file (one per file; the file's lock orders writers).
+REDO_SUFFIX = ".bigmm-redo"
+_MAGIC = b"bigmm redo 1\n"
+_HEAD = struct.Struct("<QQQ")  # the file cut to a size, then its final size; extents
+_EXTENT = struct.Struct("<QQ")  # offset, length
+_DIGEST = 32
+
+
+def redo_path(path: str) -> str:
+    return os.path.realpath(path) + REDO_SUFFIX
+
+
+class _Overlay(io.RawIOBase):
+    """A file seen through writes held in memory: sorted, disjoint extents over its bytes."""
+
+    def __init__(self, fd: int):
+        self._fd, self._pos = fd, 0
+        self.size = self.low = os.fstat(fd).st_size  # low: the file's bytes kept from here on
+        self._starts: list[int] = []
+        self._data: list[bytearray] = []
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self.size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        view = memoryview(buf).cast("B")
+        start, n = self._pos, len(view)
+        got = os.preadv(self._fd, [view], start) if start < self.size else 0
+        valid = max(0, min(got, self.low - start))  # zeros past the end, as HDF5's own driver
+        view[valid:] = bytes(n - valid)
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        while i < len(self._starts) and self._starts[i] < start + n:
+            s, d = self._starts[i], self._data[i]
+            lo, hi = max(s, start), min(s + len(d), start + n)
+            if lo < hi:
+                view[lo - start:hi - start] = d[lo - s:hi - s]
+            i += 1
+        self._pos += n
+        return n
+
+    def write(self, buf) -> int:
+        data = bytes(memoryview(buf).cast("B"))
+        start, stop = self._pos, self._pos + len(data)
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        if i < len(self._starts) and self._starts[i] + len(self._data[i]) < start:
+            i += 1
+        j = i  # extents i..j-1 touch [start, stop]: merged into one
+        merged_start, merged = start, bytearray(data)
+        while j < len(self._starts) and self._starts[j] <= stop:
+            s, d = self._starts[j], self._data[j]
+            if s < merged_start:
+                merged = d[:merged_start - s] + merged
+                merged_start = s
+            end = s + len(d)
+            if end > merged_start + len(merged):
+                merged += d[merged_start + len(merged) - s:]
+            j += 1
+        self._starts[i:j], self._data[i:j] = [merged_start], [merged]
+        self.size = max(self.size, stop)
+        self._pos = stop
+        return len(data)
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self._pos if size is None else int(size)
+        i = bisect.bisect_left(self._starts, size)
+        del self._starts[i:], self._data[i:]
+        if self._data and self._starts[-1] + len(self._data[-1]) > size:
+            self._data[-1] = self._data[-1][:size - self._starts[-1]]
+        self.size, self.low = size, min(self.low, size)
+        return size
+
+    def flush(self) -> None:
+        pass
+
+    def log(self) -> bytes:
+        """The redo log of the writes held: header, extents, digest of all before it."""
+        parts = [_MAGIC, _HEAD.pack(self.low, self.size, len(self._starts))]
+        for s, d in zip(self._starts, self._data):
+            parts += [_EXTENT.pack(s, len(d)), bytes(d)]
+        body = b"".join(parts)
+        return body + hashlib.blake2b(body, digest_size=_DIGEST).digest()
+
+
+def _parse(raw: bytes, path: str) -> tuple[int, int, list[tuple[int, bytes]]]:
+    body, digest = raw[:-_DIGEST], raw[-_DIGEST:]
+    if (len(raw) < len(_MAGIC) + _HEAD.size + _DIGEST or not body.startswith(_MAGIC)
+            or hashlib.blake2b(body, digest_size=_DIGEST).digest() != digest):
+        raise ResumeError(f"Expected a whole redo log of the changes to '{path}' committed by an "
+                          f"interrupted run. Got a damaged one at '{redo_path(path)}'; the "
+                          f"file may be inconsistent: restore it, or remove both and start "
+                          f"over.")
+    pos = len(_MAGIC)
+    low, size, count = _HEAD.unpack_from(body, pos)
+    pos += _HEAD.size
+    extents = []
+    for _ in range(count):
+        off, n = _EXTENT.unpack_from(body, pos)
+        pos += _EXTENT.size
+        extents.append((off, body[pos:pos + n]))
+        pos += n
+    return low, size, extents
+
+
+def _apply(fd: int, raw: bytes, path: str) -> None:
+    low, size, extents = _parse(raw, path)
+    if low < os.fstat(fd).st_size:
+        os.ftruncate(fd, low)
+    for off, data in extents:
+        view = memoryview(data)
+        while view:
+            view = view[os.pwrite(fd, view, off + len(data) - len(view)):]
+    os.ftruncate(fd, size)
+    os.fsync(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _lock(fd: int) -> None:
+    """HDF5's own lock on the file (raises BlockingIOError while another process holds it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise  # a file system without locks: HDF5 would go on without them too
+
+
+def _recover_locked(fd: int, path: str) -> None:
+    log = redo_path(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(log + ".tmp")  # never committed: the file was left as it was
+    try:
+        with open(log, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return
+    _apply(fd, raw, path)
+    os.unlink(log)
+    _fsync_dir(log)
+
+
+def recover(path: str) -> None:
+    """Finish the changes an interrupted process committed to the HDF5 file at ``path`` (a no-op
+    when there are none)."""
+    if not os.path.exists(redo_path(path)) and not os.path.exists(redo_path(path) + ".tmp"):
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        _lock(fd)
+        _recover_locked(fd, os.path.realpath(path))
+    finally:
+        os.close(fd)
+
+
+class H5Atomic:
+    """``with H5Atomic(path, **h5py_options) as f``: an h5py.File on ``path`` (created where
+    missing or empty) whose changes reach the file all together when the block ends without an
+    exception, and not at all otherwise. Opening raises BlockingIOError while another process
+    holds the file's lock (see :func:`.lock.h5_open_retry`)."""
+
+    def __init__(self, path: str, **kwargs):
+        self.path = os.path.realpath(path)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                           0o666)
+        try:
+            _lock(self._fd)
+            _recover_locked(self._fd, self.path)
+            self._overlay = _Overlay(self._fd)
+            self.file = h5py.File(self._overlay, "r+" if self._overlay.size else "w", **kwargs)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def __enter__(self) -> h5py.File:
+        return self.file
+
+    def __exit__(self, kind, exc, tb) -> None:
+        try:
+            self.file.close()  # what HDF5 still held goes into the overlay
+            if kind is None:
+                self._commit()
+        finally:
+            os.close(self._fd)
+
+    def _commit(self) -> None:
+        log = redo_path(self.path)
+        with open(log + ".tmp", "wb") as out:
+            out.write(self._overlay.log())
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(log + ".tmp", log)  # the commit
+        _fsync_dir(log)
+        _recover_locked(self._fd, self.path)
