@@ -332,7 +332,8 @@ class FileSink(JournaledSink):
         """The file opened to change its structure: all or nothing (see :mod:`.h5atomic`), or
         plainly where the user's own h5py handle holds it open (a dataset written in place)."""
         if isinstance(self.result, str):
-            return h5_open_retry(lambda: H5Atomic(self.path), self.path, self.label)
+            return h5_open_retry(lambda: H5Atomic(self.path, self.journal.path), self.path,
+                                 self.label)
         return self._h5("r+")
 
     def _h5(self, mode: str) -> h5py.File:

@@ -25,6 +25,7 @@ import hashlib
 import io
 import os
 import struct
+from typing import NamedTuple
 
 import h5py
 
@@ -33,7 +34,8 @@ from ..errors import ResumeError
 #: Suffix of the redo log beside an HDF5 file (one per file; the file's lock orders writers).
 REDO_SUFFIX = ".bigmm-redo"
 _MAGIC = b"bigmm redo 1\n"
-_HEAD = struct.Struct("<QQQ")  # the file cut to a size, then its final size; extents
+#: the file (device, inode), cut to a size, then its final size; extents; the owner's path's size
+_HEAD = struct.Struct("<QQQQQH")
 _EXTENT = struct.Struct("<QQ")  # offset, length
 _DIGEST = 32
 
@@ -118,16 +120,28 @@ class _Overlay(io.RawIOBase):
     def flush(self) -> None:
         pass
 
-    def log(self) -> bytes:
-        """The redo log of the writes held: header, extents, digest of all before it."""
-        parts = [_MAGIC, _HEAD.pack(self.low, self.size, len(self._starts))]
+    def log(self, owner: str) -> bytes:
+        """The redo log of the writes held (valid while the file ``owner`` exists): header, the
+        owner's path, extents, the digest of all before it."""
+        st, name = os.fstat(self._fd), os.fsencode(owner)
+        parts = [_MAGIC, _HEAD.pack(st.st_dev, st.st_ino, self.low, self.size,
+                                    len(self._starts), len(name)), name]
         for s, d in zip(self._starts, self._data):
             parts += [_EXTENT.pack(s, len(d)), bytes(d)]
         body = b"".join(parts)
         return body + hashlib.blake2b(body, digest_size=_DIGEST).digest()
 
 
-def _parse(raw: bytes, path: str) -> tuple[int, int, list[tuple[int, bytes]]]:
+class _Log(NamedTuple):
+    dev: int
+    ino: int
+    low: int
+    size: int
+    owner: str
+    extents: list
+
+
+def _parse(raw: bytes, path: str) -> _Log:
     body, digest = raw[:-_DIGEST], raw[-_DIGEST:]
     if (len(raw) < len(_MAGIC) + _HEAD.size + _DIGEST or not body.startswith(_MAGIC)
             or hashlib.blake2b(body, digest_size=_DIGEST).digest() != digest):
@@ -136,26 +150,27 @@ def _parse(raw: bytes, path: str) -> tuple[int, int, list[tuple[int, bytes]]]:
                           f"file may be inconsistent: restore it, or remove both and start "
                           f"over.")
     pos = len(_MAGIC)
-    low, size, count = _HEAD.unpack_from(body, pos)
+    dev, ino, low, size, count, named = _HEAD.unpack_from(body, pos)
     pos += _HEAD.size
+    owner = os.fsdecode(body[pos:pos + named])
+    pos += named
     extents = []
     for _ in range(count):
         off, n = _EXTENT.unpack_from(body, pos)
         pos += _EXTENT.size
         extents.append((off, body[pos:pos + n]))
         pos += n
-    return low, size, extents
+    return _Log(dev, ino, low, size, owner, extents)
 
 
-def _apply(fd: int, raw: bytes, path: str) -> None:
-    low, size, extents = _parse(raw, path)
-    if low < os.fstat(fd).st_size:
-        os.ftruncate(fd, low)
-    for off, data in extents:
+def _apply(fd: int, log: _Log) -> None:
+    if log.low < os.fstat(fd).st_size:
+        os.ftruncate(fd, log.low)
+    for off, data in log.extents:
         view = memoryview(data)
         while view:
             view = view[os.pwrite(fd, view, off + len(data) - len(view)):]
-    os.ftruncate(fd, size)
+    os.ftruncate(fd, log.size)
     os.fsync(fd)
 
 
@@ -185,7 +200,11 @@ def _recover_locked(fd: int, path: str) -> None:
             raw = f.read()
     except FileNotFoundError:
         return
-    _apply(fd, raw, path)
+    entry, st = _parse(raw, path), os.fstat(fd)
+    if (entry.dev, entry.ino) == (st.st_dev, st.st_ino) and os.path.exists(entry.owner):
+        _apply(fd, entry)
+    # else stale: the file was replaced, or the run that wrote the log was given up (its
+    # journal removed, the output started over)
     os.unlink(log)
     _fsync_dir(log)
 
@@ -204,13 +223,16 @@ def recover(path: str) -> None:
 
 
 class H5Atomic:
-    """``with H5Atomic(path, **h5py_options) as f``: an h5py.File on ``path`` (created where
-    missing or empty) whose changes reach the file all together when the block ends without an
-    exception, and not at all otherwise. Opening raises BlockingIOError while another process
-    holds the file's lock (see :func:`.lock.h5_open_retry`)."""
+    """``with H5Atomic(path, owner, **h5py_options) as f``: an h5py.File on ``path`` (created
+    where missing or empty) whose changes reach the file all together when the block ends
+    without an exception, and not at all otherwise. ``owner`` is the file (the run's journal)
+    whose removal gives the change up: a log committed by a killed run is applied by the next
+    open only while its owner exists and the file is the same one. Opening raises
+    BlockingIOError while another process holds the file's lock (see
+    :func:`.lock.h5_open_retry`)."""
 
-    def __init__(self, path: str, **kwargs):
-        self.path = os.path.realpath(path)
+    def __init__(self, path: str, owner: str, **kwargs):
+        self.path, self.owner = os.path.realpath(path), os.path.realpath(owner)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
                            0o666)
         try:
@@ -236,7 +258,7 @@ class H5Atomic:
     def _commit(self) -> None:
         log = redo_path(self.path)
         with open(log + ".tmp", "wb") as out:
-            out.write(self._overlay.log())
+            out.write(self._overlay.log(self.owner))
             out.flush()
             os.fsync(out.fileno())
         os.replace(log + ".tmp", log)  # the commit

@@ -475,8 +475,8 @@ def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old:
     with H5LOCK:
         release_h5_handles(spec.path)
         try:  # all or nothing (see .h5atomic): a kill leaves the file as it was
-            with h5_open_retry(lambda: H5Atomic(spec.path, **H5_ALIGNMENT), spec.path,
-                               label) as f:
+            with h5_open_retry(lambda: H5Atomic(spec.path, journal_path(spec), **H5_ALIGNMENT),
+                               spec.path, label) as f:
                 if stale in f:
                     del f[stale]
                 if drop_old and spec.dataset in f:

@@ -49,22 +49,26 @@ def test_overlay_reads_as_the_file_would_and_its_log_makes_the_file(tmp_path_fac
                     assert bytes(buf) == got + bytes(op[2] - len(got))  # zeros past the end
                 assert overlay.seek(0, os.SEEK_END) == ref.seek(0, os.SEEK_END)
         assert over.read_bytes() == initial  # nothing reached the file yet
-        h5atomic._apply(fd, overlay.log(), str(over))
+        h5atomic._apply(fd, h5atomic._parse(overlay.log(str(over)), str(over)))
     finally:
         os.close(fd)
     assert over.read_bytes() == plain.read_bytes()
 
 
 def _with_dataset(path):
+    """A file with one dataset, and the journal that owns changes to it."""
     with h5py.File(path, "w") as f:
         f["A"] = np.arange(12.0).reshape(3, 4)
         f["A"].attrs["note"] = "kept"
+    owner = str(path) + ".journal"
+    open(owner, "w").close()
+    return owner
 
 
 def test_changes_reach_the_file_when_the_block_ends(tmp_path):
     path = tmp_path / "f.h5"
-    _with_dataset(path)
-    with H5Atomic(str(path)) as f:
+    owner = _with_dataset(path)
+    with H5Atomic(str(path), owner) as f:
         del f["A"]
         f["B"] = np.ones((5, 7), np.float32)
         f["B"].attrs["bigmm_complete"] = True
@@ -80,7 +84,9 @@ def test_a_missing_or_empty_file_is_created(tmp_path, existing):
     path = tmp_path / "new.h5"
     if existing:
         path.write_bytes(b"")
-    with H5Atomic(str(path)) as f:
+    owner = tmp_path / "journal"
+    owner.write_text("")
+    with H5Atomic(str(path), str(owner)) as f:
         f["C"] = np.arange(6)
     with h5py.File(path, "r") as f:
         np.testing.assert_array_equal(f["C"][...], np.arange(6))
@@ -88,10 +94,10 @@ def test_a_missing_or_empty_file_is_created(tmp_path, existing):
 
 def test_an_exception_in_the_block_leaves_the_file_as_it_was(tmp_path):
     path = tmp_path / "f.h5"
-    _with_dataset(path)
+    owner = _with_dataset(path)
     before = path.read_bytes()
     with pytest.raises(RuntimeError, match="midway"):
-        with H5Atomic(str(path)) as f:
+        with H5Atomic(str(path), owner) as f:
             del f["A"]
             f["B"] = np.zeros(3)
             raise RuntimeError("midway")
@@ -111,7 +117,7 @@ KILLED_AFTER_COMMIT = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
         return recover(fd, path)
     h5atomic._recover_locked = killed
-    with h5atomic.H5Atomic(sys.argv[1]) as f:
+    with h5atomic.H5Atomic(sys.argv[1], sys.argv[2]) as f:
         del f["A"]
         f["B"] = np.arange(100.0)
 """)
@@ -119,9 +125,9 @@ KILLED_AFTER_COMMIT = textwrap.dedent("""
 
 def test_a_change_committed_before_a_kill_is_finished_by_recover(tmp_path):
     path = tmp_path / "f.h5"
-    _with_dataset(path)
+    owner = _with_dataset(path)
     before = path.read_bytes()
-    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT, str(path)])
+    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT, str(path), owner])
     assert proc.returncode == -signal.SIGKILL
     assert path.read_bytes() == before  # committed, not written: the file as it was
     assert os.path.exists(redo_path(str(path)))
@@ -135,7 +141,7 @@ def test_a_change_committed_before_a_kill_is_finished_by_recover(tmp_path):
 
 def test_a_log_never_committed_is_dropped(tmp_path):
     path = tmp_path / "f.h5"
-    _with_dataset(path)
+    owner = _with_dataset(path)
     before = path.read_bytes()
     partial = redo_path(str(path)) + ".tmp"
     with open(partial, "wb") as f:
@@ -147,13 +153,13 @@ def test_a_log_never_committed_is_dropped(tmp_path):
 
 def test_a_damaged_log_is_refused_and_the_file_left_alone(tmp_path):
     path = tmp_path / "f.h5"
-    _with_dataset(path)
+    owner = _with_dataset(path)
     before = path.read_bytes()
     fd = os.open(path, os.O_RDWR)
     try:
         overlay = h5atomic._Overlay(fd)
         overlay.write(b"changed")
-        log = bytearray(overlay.log())
+        log = bytearray(overlay.log(owner))
     finally:
         os.close(fd)
     log[len(log) // 2] ^= 0xFF
@@ -167,13 +173,30 @@ def test_a_damaged_log_is_refused_and_the_file_left_alone(tmp_path):
 
 def test_the_file_is_locked_as_hdf5_locks_it(tmp_path):
     path = tmp_path / "f.h5"
-    _with_dataset(path)
+    owner = _with_dataset(path)
     with h5py.File(path, "r"):  # an HDF5 reader holds the file
         with pytest.raises(BlockingIOError):
-            H5Atomic(str(path))
-    with H5Atomic(str(path)) as f:
+            H5Atomic(str(path), owner)
+    with H5Atomic(str(path), owner) as f:
         with pytest.raises(OSError):  # and HDF5 waits for the change to end
             h5py.File(path, "r")
         f.attrs["x"] = 1
     with h5py.File(path, "r") as f:
         assert f.attrs["x"] == 1
+
+
+@pytest.mark.parametrize("why", ["owner-removed", "file-replaced"])  # the run given up; another
+def test_a_stale_log_is_dropped_unapplied(tmp_path, why):                  # file at the path
+    path = tmp_path / "f.h5"
+    owner = _with_dataset(path)
+    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT, str(path), owner])
+    assert proc.returncode == -signal.SIGKILL and os.path.exists(redo_path(str(path)))
+    if why == "owner-removed":
+        os.unlink(owner)
+    else:
+        os.rename(path, tmp_path / "old.h5")
+        _with_dataset(path)
+    before = path.read_bytes()
+    recover(str(path))
+    assert path.read_bytes() == before
+    assert not os.path.exists(redo_path(str(path)))
