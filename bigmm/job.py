@@ -31,6 +31,11 @@ HOST_SHARE = 0.25
 #: Default budgets are rounded down to whole multiples of this (when at least 4 of them), so
 #: that what is free moving a little between calls keeps the same plan (plans are cached).
 BUDGET_GRAIN = 64 << 20
+#: A default budget within this share of the one the last call got (per backend) is that one:
+#: what is free moves by more than a grain as the page cache fills with C and empties; the
+#: device's only upwards (never more than its share of what is free now).
+BUDGET_STICKY = 0.1
+_LAST_BUDGETS: dict[tuple, int] = {}
 #: Nominal speeds of reading a NumPy array input (a copy into the staging buffers, bound by
 #: host memory bandwidth: ~15 GB/s on the H100 host) and of writing C into a NumPy array,
 #: where the copies are not timed (:func:`_io_rates`).
@@ -330,13 +335,26 @@ def resolve_budgets(be, memory, host_memory, *, limit: int | None = None) -> tup
         free = be.memory_available()
         if not be.staging and limit:
             free = min(free, limit)
-        device = _grain(int(free * DEVICE_SHARE[bool(be.staging)]))
+        device = _sticky(("device", type(be), be.name, limit),
+                         _grain(int(free * DEVICE_SHARE[bool(be.staging)])), down=False)
     if host is None:
         host = device
         if be.staging:
             ram = host_memory_available()
-            host = _grain(int(min(ram, limit or ram) * HOST_SHARE))
+            host = _sticky(("host", type(be), be.name, limit),
+                           _grain(int(min(ram, limit or ram) * HOST_SHARE)), down=True)
     return device, host
+
+
+def _sticky(key: tuple, value: int, down: bool) -> int:
+    """The last default budget of ``key`` where ``value`` is within BUDGET_STICKY above it (or
+    below it, where ``down``), else ``value`` (remembered)."""
+    last = _LAST_BUDGETS.get(key)
+    low = last * (1 - BUDGET_STICKY) if last is not None and down else last
+    if last is not None and low <= value <= last * (1 + BUDGET_STICKY):
+        return last
+    _LAST_BUDGETS[key] = value
+    return value
 
 
 def _grain(nbytes: int) -> int:

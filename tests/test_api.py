@@ -594,6 +594,35 @@ def test_default_budgets_are_whole_grains():
     assert resolve_budgets(NumpyBackend(), 123456789, None) == (123456789, 123456789)
 
 
+@pytest.mark.parametrize("staging", [False, True])  # the CPU's budget; a staging backend's two
+def test_default_budgets_keep_the_last_while_what_is_free_moves_a_little(monkeypatch, staging):
+    from bigmm import job
+    from bigmm.backends.numpy import NumpyBackend
+
+    class Moving(NumpyBackend):  # a backend whose free memory the test sets
+        free = 40 << 30
+
+        def memory_available(self) -> int:
+            return self.free
+
+    Moving.staging = staging
+    ram = {"now": 100 << 30}
+    monkeypatch.setattr(job, "host_memory_available", lambda: ram["now"])
+    monkeypatch.setattr(job, "_LAST_BUDGETS", {})
+    be = Moving()
+    first = job.resolve_budgets(be, None, None)
+    be.free, ram["now"] = (41 << 30), (97 << 30)  # a little more device, a little less RAM
+    assert job.resolve_budgets(be, None, None) == first  # the same budgets: the cached plan
+    be.free = 39 << 30  # less device memory than before: never more than its share of it
+    device, _ = job.resolve_budgets(be, None, None)
+    assert device < first[0] and device <= 39 << 30
+    be.free, ram["now"] = (80 << 30), (50 << 30)  # much more free, much less RAM: new budgets
+    device, host = job.resolve_budgets(be, None, None)
+    assert device > first[0]
+    if staging:
+        assert host < first[1] and host <= (50 << 30) * job.HOST_SHARE
+
+
 def test_inputs_are_read_with_the_backends_reader_threads_and_map_step(tmp_path):
     from bigmm.backends.numpy import NumpyBackend
     from bigmm.io import mapped, source
