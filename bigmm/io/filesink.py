@@ -318,12 +318,15 @@ class FileSink(JournaledSink):
         record["result"] = self._fingerprint()
         with H5LOCK:
             release_h5_handles(self.path)
-            with self._change() as f:
-                if self.reads_c:  # idempotent: done already where an earlier finish got this far
-                    _swap(f, self.spec.dataset, self.target)
-                attrs = f[self.spec.dataset].attrs
-                write_job_record(attrs, json.dumps(record, sort_keys=True))
-                attrs.modify(COMPLETE_ATTR, True)
+            try:
+                with self._change() as f:
+                    if self.reads_c:  # idempotent: done already where an earlier finish got
+                        _swap(f, self.spec.dataset, self.target)  # this far
+                    attrs = f[self.spec.dataset].attrs
+                    write_job_record(attrs, json.dumps(record, sort_keys=True))
+                    attrs.modify(COMPLETE_ATTR, True)
+            except OSError as exc:  # the file as it was: every tile kept, resumable
+                raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
         self.journal.remove()
         self._finished = True
         self.layout = "done"

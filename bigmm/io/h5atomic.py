@@ -233,6 +233,7 @@ class H5Atomic:
 
     def __init__(self, path: str, owner: str, **kwargs):
         self.path, self.owner = os.path.realpath(path), os.path.realpath(owner)
+        self._new = not os.path.exists(self.path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
                            0o666)
         try:
@@ -241,26 +242,42 @@ class H5Atomic:
             self._overlay = _Overlay(self._fd)
             self.file = h5py.File(self._overlay, "r+" if self._overlay.size else "w", **kwargs)
         except BaseException:
-            os.close(self._fd)
+            self._close(done=False)
             raise
 
     def __enter__(self) -> h5py.File:
         return self.file
 
     def __exit__(self, kind, exc, tb) -> None:
+        done = False
         try:
             self.file.close()  # what HDF5 still held goes into the overlay
             if kind is None:
                 self._commit()
+                done = True
+        finally:
+            self._close(done)
+
+    def _close(self, done: bool) -> None:
+        """Unlock; a file this change created and left empty goes (while still locked)."""
+        try:
+            if not done and self._new and os.fstat(self._fd).st_size == 0:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
         finally:
             os.close(self._fd)
 
     def _commit(self) -> None:
         log = redo_path(self.path)
-        with open(log + ".tmp", "wb") as out:
-            out.write(self._overlay.log(self.owner))
-            out.flush()
-            os.fsync(out.fileno())
+        fd = os.open(log + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                     | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            view = memoryview(self._overlay.log(self.owner))
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(log + ".tmp", log)  # the commit
         _fsync_dir(log)
         _recover_locked(self._fd, self.path)

@@ -11,6 +11,7 @@ again is success ("already complete") and resuming it with another job is an err
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass
@@ -484,7 +485,15 @@ def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old:
                 create_dataset(f, target, shape, dtype, chunks, record_bytes)
         except BigmmError:
             raise
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the file as it was
+                raise DiskFullError(f"Expected free space to create dataset '{target}' in "
+                                    f"'{spec.path}'. Got: disk full ({exc.strerror}). Nothing "
+                                    f"was computed; free space and rerun with resume=True, or "
+                                    f"choose another output.") from exc
+            raise OutputNotWritable(f"Expected to create dataset '{target}' in '{spec.path}'. "
+                                    f"Got {type(exc).__name__}: {exc}.") from exc
+        except (ValueError, KeyError, TypeError) as exc:
             raise OutputNotWritable(f"Expected to create dataset '{target}' in '{spec.path}'. "
                                     f"Got {type(exc).__name__}: {exc}.") from exc
     return target

@@ -22,7 +22,7 @@ from bigmm import api, executor, io
 from bigmm.cli import main
 from bigmm.errors import DiskFullError, IncompleteOutputError, OutputExistsError, ReadError
 from bigmm.executor import loads, tuning
-from bigmm.io import direct, filesink, journal, mapped, rawio
+from bigmm.io import direct, filesink, h5atomic, journal, mapped, rawio
 from bigmm.testing import (Unavailable, fail_after, mount_prefix, random_matrix, sha256,
                            small_filesystem)
 
@@ -146,6 +146,32 @@ def full_at_journal(mp):
     mp.setattr(journal.os, "pwrite", pwrite)
 
 
+def full_at_redo_log(mp, after: int):
+    """The redo logs of changes to the output file (see bigmm.io.h5atomic) cannot be written
+    after the first ``after`` of them: the file stays as it was."""
+    real, logs = os.write, {"begun": 0}
+
+    def write(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(h5atomic.REDO_SUFFIX + ".tmp"):
+            logs["begun"] += os.lseek(fd, 0, os.SEEK_CUR) == 0  # a log's first write
+            if logs["begun"] > after:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+
+    mp.setattr(h5atomic.os, "write", write)
+
+
+def full_at_creation_log(mp):
+    """The redo log creating C cannot be written."""
+    full_at_redo_log(mp, 0)
+
+
+def full_at_finish(mp):
+    """Every tile durable and journaled; the redo log of the end (record, completion mark)
+    cannot be written."""
+    full_at_redo_log(mp, 1)
+
+
 # case, injection, words the message must hold
 DISK_FULL = [
     ("creation", full_at_creation, ["c.h5", "bytes", "free", "Nothing was computed"]),
@@ -155,6 +181,8 @@ DISK_FULL = [
     ("journal", full_at_journal, ["c.h5", "disk full", "resume"]),
     ("direct", full_at_direct, ["c.h5", "rows", "columns", "disk full", "resume"]),
     ("fdatasync", full_at_fdatasync, ["c.h5", "disk full", "resume"]),
+    ("creation-log", full_at_creation_log, ["c.h5", "disk full", "Nothing was computed"]),
+    ("finish", full_at_finish, ["c.h5", "disk full", "resume"]),
 ]
 #: The cases that need O_DIRECT where the test's files lie.
 DIRECT = {"direct", "fdatasync"}

@@ -105,6 +105,18 @@ def test_an_exception_in_the_block_leaves_the_file_as_it_was(tmp_path):
     assert not os.path.exists(redo_path(str(path)))
 
 
+def test_a_new_file_is_not_left_behind_by_a_change_that_failed(tmp_path):
+    path = tmp_path / "new.h5"
+    owner = tmp_path / "journal"
+    owner.write_text("")
+    with pytest.raises(RuntimeError, match="midway"):
+        with H5Atomic(str(path), str(owner)) as f:
+            f["C"] = np.zeros(3)
+            raise RuntimeError("midway")
+    assert not path.exists()
+    assert not os.path.exists(redo_path(str(path)))
+
+
 #: A process that commits a change to argv[1] and is killed before any of it reaches the file.
 KILLED_AFTER_COMMIT = textwrap.dedent("""
     import os, signal, sys
