@@ -4,7 +4,7 @@ HDF5 updates a file in place with several writes (object headers, their continua
 tables, heaps, the superblock); a kill between two of them leaves objects that do not open,
 and the library keeps no journal. bigmm changes a file's structure only at a run's ends
 (creating C or its partial dataset; swapping the partial dataset in, recording the job and
-marking C complete), and does each through :func:`h5_atomic`: h5py writes into an overlay
+marking C complete), and does each through :class:`H5Atomic`: h5py writes into an overlay
 that keeps every write in memory; on a clean close the writes go to a redo log beside the file
 (synced, then renamed into place: the commit), then to the file, which is synced before the
 log is removed. A log found later (a kill after its commit) is applied again first:
@@ -34,7 +34,8 @@ from ..errors import ResumeError
 #: Suffix of the redo log beside an HDF5 file (one per file; the file's lock orders writers).
 REDO_SUFFIX = ".bigmm-redo"
 _MAGIC = b"bigmm redo 1\n"
-#: the file (device, inode), cut to a size, then its final size; extents; the owner's path's size
+#: the file's device and inode, the size it is cut to, its final size, the number of extents,
+#: the length of the owner's path
 _HEAD = struct.Struct("<QQQQQH")
 _EXTENT = struct.Struct("<QQ")  # offset, length
 _DIGEST = 32
@@ -212,9 +213,16 @@ def _recover_locked(fd: int, path: str) -> None:
 def recover(path: str) -> None:
     """Finish the changes an interrupted process committed to the HDF5 file at ``path`` (a no-op
     when there are none)."""
-    if not os.path.exists(redo_path(path)) and not os.path.exists(redo_path(path) + ".tmp"):
+    log = redo_path(path)
+    if not os.path.exists(log) and not os.path.exists(log + ".tmp"):
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:  # the file is gone: its logs are stale
+        for stale in (log, log + ".tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
+        return
     try:
         _lock(fd)
         _recover_locked(fd, os.path.realpath(path))

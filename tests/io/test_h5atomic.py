@@ -197,18 +197,24 @@ def test_the_file_is_locked_as_hdf5_locks_it(tmp_path):
         assert f.attrs["x"] == 1
 
 
-@pytest.mark.parametrize("why", ["owner-removed", "file-replaced"])  # the run given up; another
-def test_a_stale_log_is_dropped_unapplied(tmp_path, why):                  # file at the path
+@pytest.mark.parametrize("why", [
+    "owner-removed",  # the run given up (its journal removed)
+    "file-replaced",  # another file at the path
+    "file-removed",   # no file at the path: none is made
+])
+def test_a_stale_log_is_dropped_unapplied(tmp_path, why):
     path = tmp_path / "f.h5"
     owner = _with_dataset(path)
     proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT, str(path), owner])
     assert proc.returncode == -signal.SIGKILL and os.path.exists(redo_path(str(path)))
     if why == "owner-removed":
         os.unlink(owner)
-    else:
+    elif why == "file-replaced":
         os.rename(path, tmp_path / "old.h5")
         _with_dataset(path)
-    before = path.read_bytes()
+    else:
+        os.unlink(path)
+    before = path.read_bytes() if path.exists() else None
     recover(str(path))
-    assert path.read_bytes() == before
+    assert (path.read_bytes() if path.exists() else None) == before
     assert not os.path.exists(redo_path(str(path)))
