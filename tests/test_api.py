@@ -735,3 +735,23 @@ def test_a_budget_that_slows_the_plan_down_is_noted_with_one_that_helps(tmp_path
     # no budget given, or one that costs nothing: no note
     assert api.budget_note(spec_a, spec_b, **kw) is None
     assert api.budget_note(spec_a, spec_b, memory=helps, **kw) is None
+
+
+@pytest.mark.parametrize("mode", ["a", "r"])  # the user's file open to write; open to read
+def test_c_into_the_file_the_user_holds_open_with_the_inputs(tmp_path, mode):
+    path = tmp_path / "data.h5"
+    a = random_matrix((64, 48), np.float64, seed=1)
+    b = random_matrix((48, 33), np.float64, seed=2)
+    with h5py.File(path, "w") as f:
+        f["A"], f["B"] = a, b
+    with h5py.File(path, mode) as f:
+        t0 = time.monotonic()
+        if mode == "r":  # HDF5 will not write a file open read-only: at once, one error
+            with pytest.raises(errors.OutputNotWritable, match="Expected to create") as err:
+                bigmm.matmul(f["A"], f["B"], out=f"{path}:/C", backend="numpy")
+            assert "read-only" in str(err.value)
+            assert time.monotonic() - t0 < 10  # not a wait for another process's lock
+        else:  # written through the user's open file, which HDF5 shares
+            bigmm.matmul(f["A"], f["B"], out=f"{path}:/C", backend="numpy")
+            np.testing.assert_allclose(f["C"][...], a @ b, rtol=1e-12)
+            assert bool(f["C"].attrs["bigmm_complete"])

@@ -45,6 +45,24 @@ def redo_path(path: str) -> str:
     return os.path.realpath(path) + REDO_SUFFIX
 
 
+def open_here(path: str) -> bool:
+    """Whether HDF5 in this process has the file at ``path`` open (a user's h5py.File): a change
+    then goes through that open file, as HDF5 shares it, not through :class:`H5Atomic` (whose
+    lock the open file's holds)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    for fid in h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE):
+        try:
+            other = os.stat(os.fsdecode(h5py.h5f.get_name(fid)))
+        except (OSError, ValueError):
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            return True
+    return False
+
+
 class _Overlay(io.RawIOBase):
     """A file seen through writes held in memory: sorted, disjoint extents over its bytes."""
 

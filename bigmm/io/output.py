@@ -475,9 +475,12 @@ def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old:
     _check_space(spec, int(np.prod(shape)) * np.dtype(dtype).itemsize)
     with H5LOCK:
         release_h5_handles(spec.path)
-        try:  # all or nothing (see .h5atomic): a kill leaves the file as it was
-            with h5_open_retry(lambda: H5Atomic(spec.path, journal_path(spec), **H5_ALIGNMENT),
-                               spec.path, label) as f:
+        try:  # all or nothing (see .h5atomic): a kill leaves the file as it was; through the
+            # user's open file where h5py has it open here (HDF5 shares it)
+            opener = ((lambda: h5py.File(spec.path, "a", **H5_ALIGNMENT))
+                      if h5atomic.open_here(spec.path) else
+                      (lambda: H5Atomic(spec.path, journal_path(spec), **H5_ALIGNMENT)))
+            with h5_open_retry(opener, spec.path, label) as f:
                 if stale in f:
                     del f[stale]
                 if drop_old and spec.dataset in f:

@@ -218,3 +218,17 @@ def test_a_stale_log_is_dropped_unapplied(tmp_path, why):
     recover(str(path))
     assert (path.read_bytes() if path.exists() else None) == before
     assert not os.path.exists(redo_path(str(path)))
+
+
+def test_open_here_finds_this_process_s_hdf5_handles_by_file(tmp_path):
+    path = tmp_path / "f.h5"
+    _with_dataset(path)
+    other = tmp_path / "other.h5"
+    _with_dataset(other)
+    os.link(path, tmp_path / "alias.h5")
+    assert not h5atomic.open_here(str(path))
+    with h5py.File(tmp_path / "alias.h5", "r"):  # the same file under another name
+        assert h5atomic.open_here(str(path))
+        assert not h5atomic.open_here(str(other))
+    assert not h5atomic.open_here(str(path))
+    assert not h5atomic.open_here(str(tmp_path / "missing.h5"))
