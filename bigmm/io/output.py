@@ -207,8 +207,14 @@ def _has_file(path: str) -> bool:
 
 
 def _recover(spec: Spec) -> None:
-    if os.path.isfile(spec.path):
-        h5_open_retry(lambda: h5atomic.recover(spec.path), spec.path, f"C ({spec})")
+    if not os.path.isfile(spec.path):
+        return
+    if os.path.exists(h5atomic.redo_path(spec.path)) and h5atomic.open_here(spec.path):
+        raise OutputNotWritable(f"Expected to finish the change an interrupted run committed to "
+                                f"'{spec.path}' (its redo log is beside it) before writing "
+                                f"{spec}. Got the file open in this process (an h5py.File): "
+                                f"close it and run again.")
+    h5_open_retry(lambda: h5atomic.recover(spec.path), spec.path, f"C ({spec})")
 
 
 def _check_file(path: str) -> None:

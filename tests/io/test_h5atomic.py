@@ -232,3 +232,24 @@ def test_open_here_finds_this_process_s_hdf5_handles_by_file(tmp_path):
         assert not h5atomic.open_here(str(other))
     assert not h5atomic.open_here(str(path))
     assert not h5atomic.open_here(str(tmp_path / "missing.h5"))
+
+
+def test_a_pending_log_under_a_file_open_here_is_one_clear_error(tmp_path, monkeypatch):
+    from bigmm import io
+    from bigmm.errors import OutputNotWritable
+
+    path = tmp_path / "f.h5"
+    owner = _with_dataset(path)
+    with monkeypatch.context() as mp:  # committed, then killed before it reached the file
+        mp.setattr(h5atomic, "_recover_locked", lambda fd, p: None)
+        with H5Atomic(str(path), owner) as f:
+            f["B"] = np.arange(4.0)
+    assert os.path.exists(redo_path(str(path)))
+    with h5py.File(path, "r") as f:  # the user's handle: the log cannot be applied under it
+        with pytest.raises(OutputNotWritable, match="close it and run again"):
+            io.open_output(f"{path}:/C", shape=(3, 4), dtype=np.float64, inputs={},
+                           job={"plan": {}, "alpha": 1.0, "beta": 0.0})
+        assert sorted(f) == ["A"]
+    recover(str(path))
+    with h5py.File(path, "r") as f:
+        assert sorted(f) == ["A", "B"]
