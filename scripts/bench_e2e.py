@@ -846,7 +846,8 @@ def main(argv=None) -> int:
                     help="extra host staging budgets for the own-kernel host run, e.g. 2GiB")
     ap.add_argument("--h5-runs", default="cold:auto,warm:auto,warm:mapped,warm:auto",
                     help="HDF5 runs as cache:writes[:plans] (cold|warm : auto|direct|mapped "
-                         ": all|resident, resident: whole-a/-b not tried)")
+                         ": all|resident|quarter; resident: whole-a/-b not tried, "
+                         "quarter: their tiles down to a quarter of C's width)")
     ap.add_argument("--bounded-plans", default="all",
                     help="the bounded job's planner orders, each run once: all, resident")
     ap.add_argument("--bounded-limits", default="4GiB,6GiB",

@@ -428,7 +428,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="cupy")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--plans", default="all", choices=PLANS,
-                    help="the planner's orders (resident: whole-a/-b not tried)")
+                    help="the planner's orders (resident: whole-a/-b not tried; quarter: "
+                         "their tiles down to a quarter of C's width)")
     ap.add_argument("--dask-layouts", default="chunked")
     ap.add_argument("--dask-chunks", default="4096")
     ap.add_argument("--dir", default="bench-zarr-data")
