@@ -58,7 +58,7 @@ from ..errors import BigmmError, DiskFullError, WriteError
 from ..units import format_bytes
 from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, h5_type, read_region, release_h5_handles,
                   reserve_job_record, write_job_record, write_region)
-from .h5atomic import H5Atomic, open_here
+from .h5atomic import opener
 from .identity import fingerprint
 from .journal import Journal, finished_job
 from .layout import chunk_cells, probe_layout
@@ -335,10 +335,9 @@ class FileSink(JournaledSink):
         """The file opened to change its structure: all or nothing (see :mod:`.h5atomic`), or
         plainly where the user's own h5py handle holds it open (a dataset written in place, or
         an input of the same file)."""
-        if isinstance(self.result, str) and not open_here(self.path):
-            return h5_open_retry(lambda: H5Atomic(self.path, self.journal.path), self.path,
-                                 self.label)
-        return self._h5("r+")
+        if not isinstance(self.result, str):
+            return self._h5("r+")
+        return h5_open_retry(opener(self.path, self.journal.path, "r+"), self.path, self.label)
 
     def _h5(self, mode: str) -> h5py.File:
         return h5_open_retry(lambda: h5py.File(self.path, mode), self.path, self.label)

@@ -248,6 +248,14 @@ def recover(path: str) -> None:
         os.close(fd)
 
 
+def opener(path: str, owner: str, mode: str, **kwargs):
+    """How to open ``path`` to change it (for :func:`.lock.h5_open_retry`): all or nothing
+    through :class:`H5Atomic`, or with h5py in ``mode`` where HDF5 in this process has the file
+    open (:func:`open_here`), which HDF5 then shares."""
+    return lambda: (h5py.File(path, mode, **kwargs) if open_here(path)
+                    else H5Atomic(path, owner, **kwargs))
+
+
 class H5Atomic:
     """``with H5Atomic(path, owner, **h5py_options) as f``: an h5py.File on ``path`` (created
     where missing or empty) whose changes reach the file all together when the block ends

@@ -11,7 +11,6 @@ again is success ("already complete") and resuming it with another job is an err
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from dataclasses import dataclass
@@ -30,11 +29,10 @@ from .identity import (Footprint, array_footprint, describe, differences, finger
 from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
 from .lock import OutputLock, h5_open_retry
 from .filesink import H5_ALIGNMENT, PARTIAL_SUFFIX, FileSink, create_dataset, tile_chunks
-from .sink import ArraySink, CompleteSink, Sink
+from .sink import _FULL, ArraySink, CompleteSink, Sink
 from .source import DEFAULT_THREADS, Source, open_input
 from .spec import Spec, parse_spec
 from . import h5atomic, zarrsink, zarrsource
-from .h5atomic import H5Atomic
 from ..units import format_bytes, numpy_dtype
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
@@ -481,12 +479,9 @@ def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old:
     _check_space(spec, int(np.prod(shape)) * np.dtype(dtype).itemsize)
     with H5LOCK:
         release_h5_handles(spec.path)
-        try:  # all or nothing (see .h5atomic): a kill leaves the file as it was; through the
-            # user's open file where h5py has it open here (HDF5 shares it)
-            opener = ((lambda: h5py.File(spec.path, "a", **H5_ALIGNMENT))
-                      if h5atomic.open_here(spec.path) else
-                      (lambda: H5Atomic(spec.path, journal_path(spec), **H5_ALIGNMENT)))
-            with h5_open_retry(opener, spec.path, label) as f:
+        try:  # all or nothing (see .h5atomic): a kill leaves the file as it was
+            with h5_open_retry(h5atomic.opener(spec.path, journal_path(spec), "a",
+                                               **H5_ALIGNMENT), spec.path, label) as f:
                 if stale in f:
                     del f[stale]
                 if drop_old and spec.dataset in f:
@@ -494,15 +489,12 @@ def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old:
                 create_dataset(f, target, shape, dtype, chunks, record_bytes)
         except BigmmError:
             raise
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the file as it was
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if isinstance(exc, OSError) and exc.errno in _FULL:  # the file as it was
                 raise DiskFullError(f"Expected free space to create dataset '{target}' in "
                                     f"'{spec.path}'. Got: disk full ({exc.strerror}). Nothing "
                                     f"was computed; free space and rerun with resume=True, or "
                                     f"choose another output.") from exc
-            raise OutputNotWritable(f"Expected to create dataset '{target}' in '{spec.path}'. "
-                                    f"Got {type(exc).__name__}: {exc}.") from exc
-        except (ValueError, KeyError, TypeError) as exc:
             raise OutputNotWritable(f"Expected to create dataset '{target}' in '{spec.path}'. "
                                     f"Got {type(exc).__name__}: {exc}.") from exc
     return target
