@@ -166,6 +166,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             if lock >= (best.predicted_seconds or math.inf):
                 continue
         kw = dict(args, in_place=path[0], registered=path[1]) if path else dict(args)
+        if verify is not None:  # the checksums take each panel of A as it lands
+            kw["a_span"] = 1
         if be.staging:
             kw["rates"] = path_rates
         q = make_plan(m, n, k, dtype, **kw, **fixed)

@@ -357,6 +357,38 @@ def test_pageable_arrays_locked_for_the_run(m, n, k, dtype, ta, tb, beta, kernel
         be.close()
 
 
+WIDE_A = [
+    # (m, n, k, beta, kernel, tile, tail, a_span, pitch, pinned operands)
+    # TF32 cuBLAS, pinned A: pairs of 512-deep panels, ragged K (the last load one panel)
+    (1300, 700, 2100, 0.0, "cublas-tf32", (256, 700, 512), 1, 2, 0, "A"),
+    # own kernel on strided views of A's slot, A a pinned slice (pitch), old C read
+    (1000, 900, 2100, 0.5, "bigmm", (256, 900, 384), 2, 2, 6, "AC"),
+    # cuBLAS, three panels a load, the tail's three in one
+    (777, 1031, 1201, -1.0, "cublas", (128, 1031, 256), 3, 3, 0, "ABC"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,beta,kernel,tile,tail,a_span,pitch,which", WIDE_A)
+def test_resident_c_loads_a_several_panels_at_a_time(m, n, k, beta, kernel, tile, tail,
+                                                    a_span, pitch, which):
+    """Resident-c with A's loads spanning several K panels (one pitched copy of a strip's
+    rows from the pinned A, the gemms on column ranges of its slot): right against float64,
+    A read once."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    a = _operand((m, k), F32, seed, pitch, "A" in which)
+    b = _operand((k, n), F32, seed + 1, pitch, "B" in which)
+    c = _operand((m, n), F32, seed + 2, pitch, "C" in which, None if beta else np.nan)
+    c0 = c.copy()
+    p = make_plan(m, n, k, "float32", reads_c=beta != 0, device_budget=1 << 30,
+                  host_budget=1 << 30, tile=tile, order="resident-c", tail=tail,
+                  a_span=a_span, in_place=which)
+    out, stats = _run_plan(p, a, b, c, 0.75, beta, kernel)
+    ref = reference_gemm(a, b, alpha=0.75, beta=beta, c=c0)
+    assert p.a_span == a_span and relative_error(out, ref) <= _tol(F32, k, kernel)
+    assert stats.bytes_read == p.bytes_read  # each load of A once
+
+
 @pytest.mark.gpu
 def test_read_only_mapped_input_is_locked_read_only_or_staged(tmp_path):
     """A read-only memory map (the process may not write its pages) is locked with the

@@ -2,9 +2,10 @@
 process, device, kernel, precision and size.
 
 A backend's gemm (its kernel and precision: TF32 tensor cores run several times faster than
-IEEE float32 on the CUDA cores), pinned host-to-device copies (whole, and pitched: the cost of
-a row), device memory (a copy within it), allocating pinned memory and page-locking a host
-array in place are each timed with CUDA events and the host clock.
+IEEE float32 on the CUDA cores), pinned host-to-device copies (whole, and pitched beside the
+gemms, as a run's copies are: the cost of a row), device memory (a copy within it),
+allocating pinned memory and page-locking a host array in place are each timed with CUDA
+events and the host clock.
 
 This module imports cupy at its top: only the cupy backend imports it.
 """
@@ -27,6 +28,10 @@ _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
 #: Bytes per row of the pitched copies timed (a 4096-wide float32 panel) and bytes of the host
 #: array page-locked and released.
 ROW_BYTES, LOCK_BYTES = 16 << 10, 64 << 20
+#: Rows apart of the pitched copy's rows: on an H100, rows of 16 KiB one in two came in at
+#: 54 GB/s with gemms running or not; one in four or eight, as a panel's rows in a user's
+#: array lie, at 49 alone and 30 beside gemms.
+PITCH = 4
 
 _RATES: dict[tuple, Rates] = {}
 
@@ -34,8 +39,8 @@ _RATES: dict[tuple, Rates] = {}
 def rates(be, dtype: str, limit: int | None = None) -> Rates:
     """Rates of the cupy backend ``be`` for ``dtype`` operands: its gemm (its kernel and
     precision, and the waves of its thread blocks), pinned host-to-device copies (whole, and
-    pitched in rows of 16 KiB: the cost of a row), device memory (a copy within it),
-    allocating pinned memory and page-locking a host array in place (and releasing them),
+    pitched in rows of 16 KiB beside its gemms: the cost of a row), device memory (a copy
+    within it), allocating pinned memory and page-locking a host array in place (and releasing them),
     measured once per process and size (a 4096^3 product, 4096 x 4096 x 16384 for
     half-precision operands, a 256 MiB copy in, a 128 MiB copy
     on the device, 64 MiB pinned and a 64 MiB array locked, timed with events and the host
@@ -63,10 +68,6 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         c = _direct(n * n, numpy_dtype(accumulate_dtype(str(dtype)))).reshape(n, n)
         t_copy = time_events(lambda: cupy.cuda.runtime.memcpyAsync(
             dev.data.ptr, host.ctypes.data, nbytes, _H2D, s.ptr), s)
-        rows = nbytes // (2 * ROW_BYTES)  # every other row of the buffer, pitched
-        t_rows = time_events(lambda: cupy.cuda.runtime.memcpy2DAsync(
-            dev.data.ptr, ROW_BYTES, host.ctypes.data, 2 * ROW_BYTES, ROW_BYTES, rows,
-            _H2D, s.ptr), s) if rows else 0.0
         half = nbytes // 2
         t_move = time_events(lambda: cupy.cuda.runtime.memcpyAsync(
             dev.data.ptr + half, dev.data.ptr, half, _D2D, s.ptr), s)
@@ -74,6 +75,8 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         depth = n * deep_factor(dtype, host.size, n)
         xa, xb = dev[: n * depth].reshape(n, depth), dev[-depth * n:].reshape(depth, n)
         t_gemm = time_events(lambda: be.gemm(xa, xb, c, 1.0, 0.0, False, False, s), s)
+        rows = nbytes // (PITCH * ROW_BYTES)  # one row in PITCH of the buffer's
+        t_rows = _pitched_beside_gemms(be, host, rows, t_gemm, (xa, xb, c), s) if rows else 0.0
         # a gemm that splits large products ahead: also a product too small for it (plain
         # TF32 reads both operands of this one and of the product above as stored)
         narrow = n // 4 if isinstance(be, SplitsPanels) and be.split_parts else 0
@@ -93,6 +96,30 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
                              if full and str(dtype) not in HALF_DTYPES else None),
                  per_row=per_row, register_bytes=lock, pin_bytes=pin,
                  unsplit_flops=2 * narrow * n * n / t_unsplit if narrow else None)
+
+
+def _pitched_beside_gemms(be, host: np.ndarray, rows: int, t_gemm: float, gemm_args,
+                         s) -> float:
+    """Seconds of a pitched copy of ``rows`` rows of ROW_BYTES (one in PITCH of ``host``'s)
+    while the backend's gemms run on another stream, as a run's copies in do (see PITCH)."""
+    dst = _direct(rows * ROW_BYTES // host.itemsize, host.dtype)
+    pitch = PITCH * ROW_BYTES
+    other = cupy.cuda.Stream(non_blocking=True)
+    alone = time_events(lambda: cupy.cuda.runtime.memcpy2DAsync(
+        dst.data.ptr, ROW_BYTES, host.ctypes.data, pitch, ROW_BYTES, rows, _H2D, s.ptr), s,
+        repeat=2)
+    gemms = min(64, 2 + math.ceil(1.5 * alone / t_gemm))  # outlasting the copy
+
+    def copy() -> None:
+        for _ in range(gemms):
+            be.gemm(*gemm_args, 1.0, 0.0, False, False, other)
+        cupy.cuda.runtime.memcpy2DAsync(dst.data.ptr, ROW_BYTES, host.ctypes.data, pitch,
+                                        ROW_BYTES, rows, _H2D, s.ptr)
+
+    try:
+        return time_events(copy, s)
+    finally:
+        other.synchronize()
 
 
 def deep_factor(dtype: np.dtype, elements: int, n: int) -> int:

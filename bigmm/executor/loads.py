@@ -85,7 +85,7 @@ class Slots:
     @classmethod
     def allocate(cls, be, p: Plan, direct: dict[str, Any]) -> Slots:
         dt, ct = numpy_dtype(p.dtype), numpy_dtype(p.c_dtype)
-        dev = {"A": _device_buffers(be, p.bm * p.bk, p.a_slots, dt),
+        dev = {"A": _device_buffers(be, p.bm * p.bk * p.a_span, p.a_slots, dt),
                "B": _device_buffers(be, p.bk * p.bn, p.b_slots, dt),
                "C": _device_buffers(be, p.bm * p.bn, p.c_slots, ct)}
         slots = cls(dev, {}, direct, bool(be.staging))
@@ -298,6 +298,12 @@ class Loader:
         its own and the copy in puts it in place."""
         slots, be = self.slots, self.be
         src, reg, shape = self.sources[op], *region(self.plan, st, op)
+        # A's slot holds its whole load (Plan.a_span K panels): the step's K range at its
+        # offset there, and the last piece reaching to the load's end
+        g0, g1 = self.plan.a_k_range(st.kp, st.tile.i) if op == "A" else (st.k0, st.k1)
+        if (g0, g1) != (st.k0, st.k1):
+            reg, shape = region(self.plan, st, op, (g0, g1))
+            pieces = pieces[:-1] + [(pieces[-1][0], g1)]
         dev = be.view(slots.dev[op][slot], shape)
         host_key = ("h" + op, hslot) if hslot is not None else ()
         if op == "C":
@@ -305,7 +311,7 @@ class Loader:
         axis = k_axis(self.plan, op)
         parts = []
         for q0, q1 in pieces:
-            a, b = q0 - st.k0, q1 - st.k0
+            a, b = q0 - g0, q1 - g0
             r0, r1, c0, c1 = reg if axis is None else _along(reg, axis, a, b)
             pdev = dev if axis is None else k_slice(dev, axis, a, b)
             if slots.direct[op] is not None:  # copied in from the user's pinned array
@@ -394,9 +400,11 @@ def _when(written: cf.Future | None, copied, be):
     return ready
 
 
-def region(p: Plan, st: Step, op: str) -> tuple[tuple[int, int, int, int], tuple[int, int]]:
-    """(stored region (r0, r1, c0, c1), stored shape) of a step's operand "A", "B" or "C"."""
-    t, k0, k1 = st.tile, st.k0, st.k1
+def region(p: Plan, st: Step, op: str, ks: tuple[int, int] | None = None
+           ) -> tuple[tuple[int, int, int, int], tuple[int, int]]:
+    """(stored region (r0, r1, c0, c1), stored shape) of a step's operand "A", "B" or "C"
+    (``ks``: over that K range instead of the step's)."""
+    t, (k0, k1) = st.tile, ks or (st.k0, st.k1)
     if op == "A":
         reg = (k0, k1, t.r0, t.r1) if p.trans_a else (t.r0, t.r1, k0, k1)
     elif op == "B":

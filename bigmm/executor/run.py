@@ -114,6 +114,9 @@ class Run:
         self.written = 0
         self.hooks: tuple[Hook, ...] = tuple(hooks)
         self.checks = next((h for h in self.hooks if isinstance(h, Checks)), None)
+        if self.checks is not None and plan.a_span > 1:
+            raise OptionError(f"Expected a plan loading A one K panel at a time for checked "
+                              f"runs. Got a_span={plan.a_span}.")
         #: Whether the run's first step goes in K pieces and its last tile in row pieces
         #: (RAMP, DRAIN): with staging, and without hooks, whose work follows whole steps.
         self.pieced = bool(be.staging) and not self.hooks
@@ -222,8 +225,10 @@ class Run:
         st, p, be, slots = entry.step, self.plan, self.be, self.slots
         t = st.tile
         diagonal = p.diagonal(t)
-        a = be.view(slots.dev["A"][st.a_slot],
-                    (st.k1 - st.k0, t.r1 - t.r0) if p.trans_a else (t.r1 - t.r0, st.k1 - st.k0))
+        g0, g1 = p.a_k_range(st.kp, t.i)  # A's slot holds its load: the step's K range of it
+        a = k_slice(be.view(slots.dev["A"][st.a_slot],
+                            (g1 - g0, t.r1 - t.r0) if p.trans_a else (t.r1 - t.r0, g1 - g0)),
+                    k_axis(p, "A"), st.k0 - g0, st.k1 - g0)
         b = a if diagonal else be.view(
             slots.dev["B"][st.b_slot],
             (t.c1 - t.c0, st.k1 - st.k0) if p.trans_b else (st.k1 - st.k0, t.c1 - t.c0))
@@ -304,7 +309,8 @@ class Run:
         """The step's gemm as a launch taking the stream, set up once per slots and shapes
         (the same views recur at every use of a slot); with ``fused`` the gemm does the
         step's checksum updates too."""
-        key = (st.a_slot, st.b_slot, st.c_slot, a.shape, b.shape, st.first)
+        key = (st.a_slot, st.b_slot, st.c_slot, a.shape, b.shape, st.first,
+               st.k0 - self.plan.a_k_range(st.kp, st.tile.i)[0])
         launch = self.gemms.get(key)
         if launch is None:
             p, extra = self.plan, {} if fused is None else {"checks": fused}

@@ -35,7 +35,8 @@ def _counted(p) -> tuple[float, float]:
     a = b = 0
     for t, kp, _, load_a, _, load_b, _ in p._slot_schedule():
         rows, cols = t.shape
-        a += load_a * rows * depths[kp]
+        ka, kb = p.a_k_range(kp, t.i)
+        a += load_a * rows * (kb - ka)
         b += load_b * cols * depths[kp]
     return a / (p.m * p.k), b / (p.k * p.n)
 

@@ -309,7 +309,7 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
     inflow = [(x / h2d if h2d else 0.0) if d else x / rate
               for d, x, rate in ((da, w, ra), (db, w, rb), (dc, wc, rc))]
     rows_a, rows_b, rows_c = pitched_rows(p)
-    first = w * (p.bm * p.bk + p.bk * p.bn) + (wc * p.bm * p.bn if p.reads_c else 0)
+    first = w * (p.bm * p.bk * p.a_span + p.bk * p.bn) + (wc * p.bm * p.bn if p.reads_c else 0)
     first_read = (w * ((not da) * p.bm * p.bk / ra + (not db) * p.bk * p.bn / rb)
                   + (wc * p.bm * p.bn / rc if p.reads_c and not dc else 0))  # seconds
     rows, cols = p.tile(p.ni - 1, p.nj - 1).shape  # the last tile of either order
@@ -372,7 +372,8 @@ def stage_times(p: Plan, r: Rates) -> StageTimes:
                          + (not db) * p.b_passes * p.k * p.n / rb)
                     + (wc * p.c_elements / rc if p.reads_c and not dc else 0))
     # the rows of pitched copies in place: every panel of each pass over A and B, C's tiles
-    a_rows = p.a_passes * (p.k * p.ni if p.trans_a else p.m * p.nk) if rows_a(1, 1, 1) else 0
+    a_rows = (p.a_passes * (p.k * p.ni if p.trans_a else p.m * p.a_loads / p.ni)
+              if rows_a(1, 1, 1) else 0)
     b_rows = p.b_passes * (p.n * p.nk if p.trans_b else p.k * p.nj) if rows_b(1, 1, 1) else 0
     c_rows = p.m * p.nj if rows_c(1, 1, 1) else 0
     return StageTimes(read=read_seconds + r.per_load * sum(loads)
@@ -431,13 +432,13 @@ def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
 def _resident_c_seconds(p: Plan, r: Rates, limit: int) -> float:
     """Resident-c's makespan from a simulation of its first rounds and its whole tail: the
     rounds left out are taken to take as long as the last simulated one."""
-    head = p.nk - p.tail
-    rounds = max(2, min(head, (limit - p.ni * p.tail) // max(1, p.ni)))
+    head, span = p.nk - p.tail, p.a_span  # rounds of a strip's A load: a period
+    rounds = max(2 * span, min(head, (limit - p.ni * p.tail) // max(1, p.ni)) // span * span)
     if rounds >= head:
         return simulate(p, r).end
     sim = simulate(p, r, period=p.ni, head_rounds=rounds)
-    (t0, *_), (t1, *_) = sim.marks[rounds - 2:rounds]
-    return sim.end + (head - rounds) * (t1 - t0)
+    (t0, *_), (t1, *_) = sim.marks[rounds - 1 - span], sim.marks[rounds - 1]
+    return sim.end + (head - rounds) * (t1 - t0) / span
 
 
 @dataclass(frozen=True)
@@ -513,8 +514,9 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
         # (operand 0/1/2 = A/B/C, device slot, bytes, rows of a pitched copy, stored rows)
         loads = []
         if load_a:
-            loads.append((0, a_slot, w * rows * depth, pitched[0](rows, cols, depth),
-                          depth if p.trans_a else rows))
+            ka, kb = p.a_k_range(kp, t.i)
+            loads.append((0, a_slot, w * rows * (kb - ka), pitched[0](rows, cols, kb - ka),
+                          kb - ka if p.trans_a else rows))
         if load_b:
             loads.append((1, b_slot, w * depth * cols, pitched[1](rows, cols, depth),
                           cols if p.trans_b else depth))

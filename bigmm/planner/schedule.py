@@ -19,7 +19,10 @@ Loop orders (C is M x N, depth K):
   ``tail`` K panels, whose B panels stay, so that each finished strip is copied out while the
   next computes. A and B are each read once, and the gemms start as soon as the first panels
   land (the orders above read a whole row panel of A, or all of B, before their first tile is
-  done): the order for runs bound by the copies, where C fits on the device.
+  done): the order for runs bound by the copies, where C fits on the device. With ``a_span``
+  > 1 a strip's A is loaded that many K panels at a time (within the rounds, and within the
+  tail), in a slot as wide: A copied in place from the user's array is then copied in rows
+  ``a_span`` times as long, which the copy engine moves markedly faster beside the gemms.
 * ``whole-a``: all of A stays on the device, each panel kept from the first tile that uses
   it; tiles in column-major order, a column panel of B (K x bn) staying while the column's
   tiles sweep down A. A and B are read once, and the first tile waits only for one row panel
@@ -145,6 +148,8 @@ class Plan:
     b_chunks: tuple[int, int] | None = None
     #: Order resident-c: the last K panels over which the strips are finished one by one.
     tail: int = 0
+    #: Order resident-c: the K panels one load of a strip's A covers (its slot that wide).
+    a_span: int = 1
     #: The operands ("A", "B", "C") whose copies use the user's arrays in place (page-locked
     #: arrays, or arrays ``registered`` for the run): no host staging slots, no reads or writes
     #: by the host. None: decided by the executor (arrays found page-locked), staging counted.
@@ -228,6 +233,44 @@ class Plan:
 
     def k_panels(self) -> list[tuple[int, int]]:
         return [(k0, min(k0 + self.bk, self.k)) for k0 in range(0, self.k, self.bk)]
+
+    def a_group(self, kp: int, i: int = 0) -> int:
+        """The load of strip ``i``'s A that K panel ``kp`` belongs to (``a_span`` panels a
+        load; within the rounds, strip i's first load is a_span - i % a_span panels, so that
+        each round loads a share of the strips' A, not all of it every a_span rounds; the
+        tail's loads start at its first panel); ``kp`` itself where ``a_span`` is 1."""
+        span = self.a_span
+        if span == 1:
+            return kp
+        head = self.nk - self.tail
+        if kp < head:
+            return (kp + i % span) // span
+        return (head + i % span + span - 1) // span + (kp - head) // span
+
+    def a_k_range(self, kp: int, i: int = 0) -> tuple[int, int]:
+        """The K range [k0, k1) of the load of strip ``i``'s A that K panel ``kp`` belongs
+        to."""
+        span = self.a_span
+        if span == 1:
+            return kp * self.bk, min((kp + 1) * self.bk, self.k)
+        head = self.nk - self.tail
+        if kp < head:
+            shift = i % span
+            g = (kp + shift) // span
+            first, last = max(0, g * span - shift), min(head, (g + 1) * span - shift)
+        else:
+            first = head + (kp - head) // span * span
+            last = min(first + span, self.nk)
+        return first * self.bk, min(last * self.bk, self.k)
+
+    @property
+    def a_loads(self) -> int:
+        """A loads of all strips (ni times its K panels where ``a_span`` is 1)."""
+        if self.a_span == 1:
+            return self.ni * self.nk
+        per = [len({self.a_k_range(kp, i) for kp in range(self.nk)})
+               for i in range(min(self.ni, self.a_span))]  # strips alike by i % a_span
+        return sum(per[i % self.a_span] for i in range(self.ni))
 
     def order_steps(self, done=frozenset(),
                     head_rounds: int | None = None) -> Iterator[tuple[Tile, int]]:
@@ -327,7 +370,7 @@ class Plan:
         c_cache: dict = {}  # tile -> C slot, taken in turn as tiles start
         a_slots, b_slots, c_slots = self.a_slots, self.b_slots, self.c_slots
         for t, kp in self.order_steps(done, head_rounds):
-            a_slot, load_a = _lru(a_cache, (t.i, kp), a_slots)
+            a_slot, load_a = _lru(a_cache, (t.i, self.a_group(kp, t.i)), a_slots)
             if self.diagonal(t):  # op(B)'s panel is op(A)'s: nothing to load
                 b_slot, load_b = 0, False
             else:
@@ -344,7 +387,8 @@ class Plan:
         workspace (:attr:`workspace_bytes`)."""
         w = self.itemsize
         return (self.c_itemsize * self.c_slots * self.bm * self.bn
-                + w * (self.a_slots * self.bm * self.bk + self.b_slots * self.bk * self.bn)
+                + w * (self.a_slots * self.bm * self.bk * self.a_span
+                       + self.b_slots * self.bk * self.bn)
                 + self.workspace_bytes)
 
     @property
@@ -392,7 +436,7 @@ class Plan:
     def _host_buffers(self) -> list[tuple[str, int, int]]:
         """(operand, host staging buffers, bytes each) of A, B and C with staging."""
         w, wc, bm, bn, bk = self.itemsize, self.c_itemsize, self.bm, self.bn, self.bk
-        return [("A", self.host_panel_slots("A"), w * bm * bk),
+        return [("A", self.host_panel_slots("A"), w * bm * bk * self.a_span),
                 ("B", self.host_panel_slots("B"), w * bk * bn), ("C", HOST_C_SLOTS, wc * bm * bn)]
 
     def host_panel_slots(self, op: str) -> int:
@@ -401,7 +445,7 @@ class Plan:
         without B slots."""
         if op == "B" and not self.b_slots:
             return 0
-        nbytes = self.itemsize * self.bk * (self.bm if op == "A" else self.bn)
+        nbytes = self.itemsize * self.bk * (self.bm * self.a_span if op == "A" else self.bn)
         return max(HOST_PANEL_SLOTS, min(HOST_PANEL_SLOTS_MAX, -(-IN_FLIGHT_BYTES // nbytes)))
 
     def host_slots(self, ops: str | None = None) -> list[tuple[str, int, int, bool]]:
@@ -556,7 +600,8 @@ class Plan:
                         + ("zeros below)" if self.upper else "mirrored below)")),
             ("K panels", f"{self.nk} per tile, depth {self.bk}"
                          + (f"; the last {self.tail} tile by tile" if self.order == "resident-c"
-                            else "")),
+                            else "")
+                         + (f"; A loaded {self.a_span} at a time" if self.a_span > 1 else "")),
             ("device memory", f"{format_bytes(self.device_bytes)} of {format_bytes(self.device_budget)}"
                               f" (C {self.c_slots}, A {self.a_slots}, B {self.b_slots} slots"
                               + (", the split panels' workspace)" if self.splits_ahead

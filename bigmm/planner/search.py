@@ -143,7 +143,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               rates: Rates | None = None, step_bytes: int = STEP_COST_BYTES,
               tail: int | None = None, in_place: str | None = None,
               registered: str = "", symmetric: bool = False, upper: bool = False,
-              presplit: int = 0, whole: bool = False) -> Plan:
+              presplit: int = 0, whole: bool = False, a_span: int | None = None) -> Plan:
     """Choose the schedule moving the fewest bytes within both budgets (cached: see
     :func:`_cached_plans`).
 
@@ -176,6 +176,10 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     lower triangle is not written. ``presplit``: the parts an element the gemm splits its
     panels into ahead, in a workspace that the device budget holds (``Plan.presplit``).
 
+    ``a_span``: resident-c's A loads, in K panels (``Plan.a_span``); None: 1, or 2 where A
+    is copied in place in narrow rows and the model puts that faster (:func:`_best_span`);
+    with ``tile`` fixed, 1 unless given.
+
     ``whole``: orders whole-a and whole-b are candidates too (when choosing by time with
     staging, and not for a Gram plan): for C written to storage, whose writes they start
     early (:mod:`.schedule`); from host arrays they ran slower than the model predicts. Near
@@ -199,8 +203,21 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                 in_place=in_place, registered=registered, symmetric=bool(symmetric),
                 upper=bool(upper), presplit=int(presplit))
 
+    if a_span is not None and (not isinstance(a_span, int) or isinstance(a_span, bool)
+                               or a_span < 1 or (a_span > 1 and (
+                                   order not in (None, "resident-c") or not staging))):
+        raise PlanError(f"Expected a_span as a positive integer (above 1 only for order "
+                        f"resident-c with staging). Got {a_span!r} with order {order!r}"
+                        f"{'' if staging else ', no staging'}.")
     if tile is not None:
-        return _fixed(tile, order or "stream", tail, base)
+        plan = _fixed(tile, order or "stream", tail, base)
+        if (a_span or 1) > 1:
+            if plan.order != "resident-c":
+                raise PlanError(f"Expected order resident-c for a_span {a_span}. "
+                                f"Got {plan.order}.")
+            plan = replace(plan, a_span=a_span)
+            _check_fits(plan)
+        return plan
 
     am, ak = _op_chunks(a_chunks, trans_a)
     bkc, bnc = _op_chunks(b_chunks, trans_b)
@@ -239,7 +256,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
             if rates is None:
                 return min(found, key=lambda x: x[0])[1]
             return _fastest(found, rates, _deeper(k, uk, shallow),
-                            _cached(rates) if whole and staging else None)
+                            _cached(rates) if whole and staging else None,
+                            2 if a_span is None else a_span)
     smallest = min(m, min_tile), min(n, min_tile), min(k, min_tile)
     if order == "resident-c":  # strips C's width, and every one of them on the device
         smallest = (smallest[0], n, smallest[2])
@@ -274,7 +292,7 @@ def _cached(rates: Rates) -> Rates:
 
 
 def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = (),
-             cached: Rates | None = None) -> Plan:
+             cached: Rates | None = None, limit: int = 1) -> Plan:
     """The candidate with the shortest predicted makespan, or one within NEAR of it (see
     there: the fewest bytes read, the deepest resident-c strips; with ``cached`` rates, those
     of the inputs cached, the fastest at them of the best whole-a or whole-b order: see
@@ -285,7 +303,9 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     the DEEPEN fastest of the other orders) are tried again with the deepest K panel of
     ``depths`` (deepest first) that fits (fewer C-tile updates and steps against a longer
     fill); of the resident-c candidates, the first SIM_RESIDENT_C by guess of each K panel
-    depth. A candidate whose lower bound exceeds the best makespan found is not simulated."""
+    depth. A candidate whose lower bound exceeds the best makespan found is not simulated.
+    Those are also tried with A loads of ``limit`` K panels (:func:`_spanned`), the fastest
+    of them with its best tail."""
     timed: list[tuple[float, tuple, Plan]] = []
     best = math.inf
     seen: set[int] = set()
@@ -328,8 +348,16 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
             timed.append((deeper.predicted_seconds, score, deeper))
     strips = ranked(True)
     for bk in dict.fromkeys(p.bk for _, _, p in strips):
-        for candidate in [c for c in strips if c[2].bk == bk][:SIM_RESIDENT_C]:
-            simulate_unless_bounded(*candidate)
+        for _, score, p in [c for c in strips if c[2].bk == bk][:SIM_RESIDENT_C]:
+            # each also with wide A loads, where those may pay
+            for q in (p, _spanned(p, limit)):
+                if q is not None:
+                    simulate_unless_bounded(stage_times(q, rates), score, q)
+    spanned = [x for x in timed if x[2].a_span > 1]
+    if spanned:  # the fastest of those with its tail chosen again
+        _, score, q = min(spanned, key=lambda x: x[:2])
+        q = _best_tail(q)
+        timed.append((q.predicted_seconds, score, q))
     best = min(timed, key=lambda x: x[:2])
     near = [x for x in timed if x[0] <= best[0] * (1 + NEAR)]
     st = stage_times(best[2], rates)
@@ -427,6 +455,19 @@ def _best_tail(p: Plan) -> Plan:
     while q is not None and q.predicted_seconds <= (1 + NEAR) * seconds:
         best, q = q, _with_tail(q, q.tail + 1)
     return best
+
+
+def _spanned(p: Plan, limit: int) -> Plan | None:
+    """Resident-c plan ``p`` loading its strips' A ``limit`` K panels at a time, where that
+    fits and may pay: only where A is copied in place in rows narrower than A's (each load is
+    then one copy of a strip's rows, in rows ``limit`` times as long; staged panels are
+    contiguous either way); else None."""
+    if (limit < 2 or p.order != "resident-c" or p.a_span == limit or p.symmetric
+            or p.trans_a or p.nk < 2 or not p.staging or p.in_place is None
+            or "A" not in p.in_place):
+        return None
+    q = replace(p, a_span=limit)
+    return q if _fits(q) else None
 
 
 def _with_tail(p: Plan, tail: int) -> Plan | None:

@@ -251,7 +251,7 @@ def job_record(plan, alpha, beta):
 
 def run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alpha=1.0,
          beta=0.0, order=None, budget_tiles=(16, 16, 24), layout=None, seed=0, tail=None,
-         **exec_kw):
+         a_span=None, **exec_kw):
     """Write A, B (and C) to HDF5, run the executor, return (C read back, reference, stats).
     Order resident-c takes strips C's width (``budget_tiles``' bn is ignored) and ``tail``."""
     a = random_matrix((k, m) if ta else (m, k), dtype, seed)
@@ -266,11 +266,12 @@ def run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alp
     budget = w * (2 * bm * bn + 2 * (bm + bn) * bk) * 4
     if order == "resident-c":  # every strip of C on the device
         bn, budget = n, w * ((m + 2 * bm) * n + (m + 2 * bm) * bk + (k + 2 * bk) * n) * 2
+        budget *= a_span or 1
     if order in ("whole-a", "whole-b"):  # all of one operand on the device
         budget = w * (2 * bm * bn + (m + bm) * (k + bk) + (k + bk) * (n + bn)) * 2
     plan = make_plan(m, n, k, np.dtype(dtype).name, trans_a=ta, trans_b=tb, reads_c=beta != 0,
                      device_budget=budget, staging=backend.staging, align=8,
-                     tile=(bm, bn, bk), order=order, tail=tail)
+                     tile=(bm, bn, bk), order=order, tail=tail, a_span=a_span)
     A, B = io.open_input(spec_a, name="A"), io.open_input(spec_b, name="B")
     sink = io.open_output(spec_c, shape=(m, n), dtype=dtype, inputs=[A, B],
                           job=job_record(plan, alpha, beta), reads_c=beta != 0)

@@ -180,3 +180,21 @@ def test_plans_name_operands_in_place_and_locked():
     assert _plan(300, 200, 500, in_place="CA", registered="A").in_place == "AC"
     with pytest.raises(Exception, match="registered"):
         _plan(300, 200, 500, in_place="A", registered="B")
+
+
+@pytest.mark.parametrize("a_span,tail", [
+    (2, 1),  # pairs of A panels in one pitched copy from the locked array, a one-panel tail
+    (3, 2),  # three at a time in the rounds, the tail's two in one
+])
+def test_wide_a_loads_copied_in_place_bit_identically(a_span, tail):
+    m, n, k = 70, 33, 97
+    kw = dict(order="resident-c", tile=(16, n, 24), tail=tail, a_span=a_span)
+    a, b, c = (_own_pages(x) for x in _operands(m, n, k, 0.0))
+    staged_c = c.copy()
+    array_run(AsyncBackend(seed=1), a.copy(), b.copy(), staged_c,
+              _plan(m, n, k, in_place="", registered="", **kw), 0.5, 0.0)
+    plan = _plan(m, n, k, **kw)
+    stats = array_run(RegisteringAsyncBackend(seed=2), a, b, c, plan, 0.5, 0.0)
+    assert plan.a_span == a_span and np.array_equal(c, staged_c)
+    assert relative_error(c, reference_gemm(a, b, alpha=0.5)) <= 10 * tolerance(np.float64, k)
+    assert stats.bytes_staged == 0 and stats.bytes_read == 8 * (m * k + k * n)

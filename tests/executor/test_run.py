@@ -75,6 +75,27 @@ def test_resident_c_tails(tmp_path, bname, m, n, k, beta, tail):
     assert stats.bytes_read == plan.bytes_read == 8 * (m * k + k * n + (m * n if beta else 0))
 
 
+SPANS = [
+    # (m, n, k, beta, tail, a_span): K panels of 24, strips of 16 rows
+    (70, 33, 97, 0.0, 1, 2),  # rounds in pairs, the last one alone; a one-panel tail
+    (70, 33, 97, 1.0, 3, 2),  # old C read; the tail's three panels a pair and one
+    (70, 33, 97, 0.0, 2, 3),  # three rounds in one load, the tail's two in one
+    (70, 33, 97, 0.5, 5, 2),  # all of K in the tail: strip by strip, pairs of panels
+    (9, 33, 20, -1.0, 1, 2),  # one strip, one panel: nothing to pair
+]
+
+
+@pytest.mark.parametrize("m,n,k,beta,tail,a_span", SPANS)
+def test_resident_c_loads_a_several_panels_at_a_time(tmp_path, m, n, k, beta, tail, a_span):
+    out, ref, stats, plan = run(tmp_path, AsyncBackend(seed=1), m=m, n=n, k=k, beta=beta,
+                                 alpha=0.5, order="resident-c", tail=tail, a_span=a_span,
+                                 io_threads=2)
+    assert plan.a_span == a_span and plan.tail == tail
+    assert relative_error(out, ref) <= tolerance(np.float64, k)
+    # each A load once: no panel of a load read again
+    assert stats.bytes_read == plan.bytes_read == 8 * (m * k + k * n + (m * n if beta else 0))
+
+
 class _SlowPinning(AsyncBackend):
     """AsyncBackend whose host buffers take ``delay`` seconds to pin off the issuing thread
     (and the ``fail``-th such buffer fails), recording which thread pinned each one and

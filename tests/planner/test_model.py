@@ -299,3 +299,27 @@ def test_products_run_at_the_rate_of_the_way_the_gemm_takes_them(k, presplit, ti
     p = make_plan(tile[0], tile[1], k, device_budget=64 * GiB, presplit=presplit, tile=tile,
                   order="stream")
     assert r.for_plan(p).flops == (400e12 if flops == "flops" else 250e12)
+
+
+def test_wide_a_loads_cost_fewer_rows_and_are_chosen_where_rows_cost():
+    # the 8 GiB TF32 job from page-locked arrays: A's resident-c panels are 2-D copies of
+    # 16 KiB rows; loaded two K panels at a time they are about half as many rows of twice the
+    # bytes
+    args = dict(device_budget=8 * GiB, host_budget=32 * GiB, in_place="ABC")
+    one = make_plan(32768, 32768, 32768, **args, rates=TF32_PINNED, tile=(2304, 32768, 4096),
+                    order="resident-c", tail=4)
+    two = make_plan(32768, 32768, 32768, **args, rates=TF32_PINNED, tile=(2304, 32768, 4096),
+                    order="resident-c", tail=4, a_span=2)
+    s1, s2 = stage_times(one, one.rates), stage_times(two, two.rates)
+    assert two.a_loads < one.a_loads == one.ni * one.nk
+    assert s1.copy_in - s2.copy_in == pytest.approx(
+        TF32_PINNED.per_row * 32768 * (one.a_loads - two.a_loads) / one.ni)
+    assert two.bytes_read == one.bytes_read and two.device_bytes > one.device_bytes
+    assert two.predicted_seconds < one.predicted_seconds
+    chosen = make_plan(32768, 32768, 32768, **args, rates=TF32_PINNED)
+    assert chosen.order == "resident-c" and chosen.a_span == 2
+    assert chosen.predicted_seconds <= two.predicted_seconds
+    assert "A loaded 2 at a time" in str(chosen)
+    # A staged (contiguous panels), or the loads fixed with the tile: one panel at a time
+    staged = make_plan(32768, 32768, 32768, **dict(args, in_place="BC"), rates=TF32_PINNED)
+    assert staged.a_span == 1 and one.a_span == 1

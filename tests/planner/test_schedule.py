@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from plan_cases import plan_or_none, problems, resident_c, whole
 
 from bigmm.planner import make_plan
+from bigmm.errors import PlanError
 
 
 @settings(max_examples=150, deadline=None)
@@ -220,3 +221,39 @@ def test_bad_order_and_in_place_arguments_name_the_value(kwargs, words):
         make_plan(30, 30, 30, device_budget=1 << 20, **kwargs)
     for w in words:
         assert w in str(exc.value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(resident_c(), st.integers(1, 4))
+def test_wide_a_loads_cover_each_strip_once_within_rounds_and_tail(kw, span):
+    kw = dict(kw, device_budget=kw["device_budget"] * span, staging=True, a_span=span)
+    plan = plan_or_none(kw)
+    if plan is None:
+        return
+    head = plan.nk - plan.tail
+    loaded: dict[int, list[tuple[int, int]]] = {}
+    for t, kp, _, load_a, _, _, _ in plan._slot_schedule():
+        k0, k1 = plan.a_k_range(kp, t.i)
+        assert k0 <= kp * plan.bk and min((kp + 1) * plan.bk, plan.k) <= k1
+        assert k1 - k0 <= span * plan.bk
+        assert (k0 < head * plan.bk) == (k1 <= head * plan.bk)  # rounds or tail, not both
+        if load_a:
+            loaded.setdefault(t.i, []).append((k0, k1))
+    for i, ranges in loaded.items():
+        assert sum(k1 - k0 for k0, k1 in ranges) == plan.k  # each element once
+        # strip i's first load in the rounds is span - i % span panels (strips load in
+        # turns), the tail's loads start anew
+        lead = min(head, span - i % span) if i % span else 0
+        assert len(ranges) == (lead > 0) + -(-(head - lead) // span) + -(-plan.tail // span)
+    assert plan.a_loads == sum(len(r) for r in loaded.values())
+    assert plan.device_bytes >= plan.itemsize * plan.a_slots * plan.bm * plan.bk * span
+
+
+def test_wide_a_loads_only_for_resident_c_with_staging():
+    base = dict(m=64, n=64, k=64, device_budget=1 << 20, tile=(16, 64, 16))
+    with pytest.raises(PlanError, match="a_span"):
+        make_plan(**base, order="stream", a_span=2)
+    with pytest.raises(PlanError, match="a_span"):
+        make_plan(**base, order="resident-c", staging=False, a_span=2)
+    with pytest.raises(PlanError, match="a_span"):
+        make_plan(**base, order="resident-c", a_span=0)
