@@ -58,6 +58,7 @@ from ..errors import BigmmError, DiskFullError, WriteError
 from ..units import format_bytes
 from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, h5_type, read_region, release_h5_handles,
                   reserve_job_record, write_job_record, write_region)
+from .durable import fsync_path
 from .h5atomic import opener
 from .identity import fingerprint
 from .journal import Journal, finished_job
@@ -80,14 +81,6 @@ MIN_CHUNK_BYTES = 1 << 20
 #: whole contiguous array) at a page-aligned file offset, so that the tiles' pinned buffers
 #: (page-aligned) are written with O_DIRECT straight from memory (see :mod:`.direct`).
 H5_ALIGNMENT = {"alignment_threshold": DIRECT_MIN, "alignment_interval": ALIGN}
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def tile_chunks(shape, tile, itemsize: int) -> tuple[int, int] | None:
@@ -301,7 +294,7 @@ class FileSink(JournaledSink):
             elif self._file is not None:
                 with H5LOCK:
                     self._file.flush()
-                _fsync_path(self.path)
+                fsync_path(self.path)
         except OSError as exc:
             raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
 

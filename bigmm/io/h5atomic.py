@@ -30,6 +30,7 @@ from typing import NamedTuple
 import h5py
 
 from ..errors import ResumeError
+from .durable import fsync_dir
 
 #: Suffix of the redo log beside an HDF5 file (one per file; the file's lock orders writers).
 REDO_SUFFIX = ".bigmm-redo"
@@ -193,14 +194,6 @@ def _apply(fd: int, log: _Log) -> None:
     os.fsync(fd)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _lock(fd: int) -> None:
     """HDF5's own lock on the file (raises BlockingIOError while another process holds it)."""
     try:
@@ -225,7 +218,7 @@ def _recover_locked(fd: int, path: str) -> None:
     # else stale: the file was replaced, or the run that wrote the log was given up (its
     # journal removed, the output started over)
     os.unlink(log)
-    _fsync_dir(log)
+    fsync_dir(log)
 
 
 def recover(path: str) -> None:
@@ -313,5 +306,5 @@ class H5Atomic:
         finally:
             os.close(fd)
         os.replace(log + ".tmp", log)  # the commit
-        _fsync_dir(log)
+        fsync_dir(log)
         _recover_locked(self._fd, self.path)

@@ -15,6 +15,7 @@ import threading
 from urllib.parse import quote
 
 from ..errors import ResumeError
+from .durable import fsync_dir
 from .spec import Spec
 
 SUFFIX = ".bigmm-journal"
@@ -37,14 +38,6 @@ def _beside(spec: Spec, suffix: str) -> str:
     suffix)."""
     inner = quote(spec.dataset.strip("/"), safe="")
     return f"{os.path.realpath(spec.path)}{'.' + inner if inner else ''}{suffix}"
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def normalise(job) -> dict:
@@ -95,7 +88,7 @@ class Journal:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        _fsync_dir(path)
+        fsync_dir(path)
         return cls(path, normalise(header), set(), False, len(line))
 
     @classmethod
@@ -135,7 +128,7 @@ class Journal:
         self.close()
         if os.path.exists(self.path):
             os.unlink(self.path)
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
 
 
 def parse_journal(path: str):

@@ -27,6 +27,7 @@ from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handle
 from .identity import (Footprint, array_footprint, describe, differences, fingerprint,
                        mappings_once, overlaps)
 from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
+from .durable import fsync_path
 from .lock import OutputLock, h5_open_retry
 from .filesink import H5_ALIGNMENT, PARTIAL_SUFFIX, FileSink, create_dataset, tile_chunks
 from .sink import _FULL, ArraySink, CompleteSink, Sink
@@ -437,15 +438,7 @@ def _mark_incomplete(dset: h5py.Dataset, record_bytes: int) -> None:
             del attrs[JOB_ATTR]
         reserve_job_record(attrs, record_bytes)
         dset.file.flush()
-    _fsync(dset.file.filename)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(dset.file.filename)
 
 
 def _create_zarr(spec, label, shape, dtype, partial, drop_old, chunks=None,

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import ReadError
 from . import direct
+from .durable import fsync_dir, fsync_path
 from .layout import chunk_cells
 from .mapped import NO_FALLOCATE, reserve, start_writeback
 from .rawio import write_block
@@ -34,15 +35,6 @@ AHEAD = 2
 
 # ----- files and directories ------------------------------------------------------------------
 
-def fsync_path(path: str) -> None:
-    """``fsync`` a file or directory by path."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json(path: str, value: dict) -> None:
     """Replace the file at ``path`` with ``value`` as JSON, atomically and durably."""
     tmp = path + TMP_SUFFIX
@@ -56,7 +48,7 @@ def write_json(path: str, value: dict) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_path(os.path.dirname(path) or ".")
+    fsync_dir(path)
 
 
 def write_attributes(folder: str, values: dict) -> None:
@@ -73,7 +65,7 @@ def remove_tree(folder: str) -> None:
     """Remove a directory and what it holds, durably (its parent is synced)."""
     if os.path.lexists(folder):
         shutil.rmtree(folder)
-        fsync_path(os.path.dirname(folder) or ".")
+        fsync_dir(folder)
 
 
 def swap(name: str, partial: str) -> None:
@@ -86,7 +78,7 @@ def swap(name: str, partial: str) -> None:
             remove_tree(old)
             os.rename(name, old)
         os.rename(partial, name)
-        fsync_path(os.path.dirname(name) or ".")
+        fsync_dir(name)
     remove_tree(old)
 
 

@@ -42,10 +42,11 @@ from .identity import Footprint
 from .journal import Journal, finished_job
 from .layout import chunk_cells
 from .sink import JournaledSink, Sink, _check_tile, _write_error
+from .durable import fsync_path
 from .inputs import DEFAULT_THREADS
 from .spec import ZARR, Spec
-from .zarrfiles import (AHEAD, OLD_SUFFIX, ChunkFiles, drop_stale, fsync_path, remove_tree,
-                        swap, write_attributes)
+from .zarrfiles import (AHEAD, OLD_SUFFIX, ChunkFiles, drop_stale, remove_tree, swap,
+                        write_attributes)
 from .zarrsource import (META, ZarrSource, ancestors, array_dir, direct_codec, enclosing_array,
                          node_type, open_array, read_meta, zarr_module)
 
