@@ -76,7 +76,10 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         xa, xb = dev[: n * depth].reshape(n, depth), dev[-depth * n:].reshape(depth, n)
         t_gemm = time_events(lambda: be.gemm(xa, xb, c, 1.0, 0.0, False, False, s), s)
         rows = nbytes // (PITCH * ROW_BYTES)  # one row in PITCH of the buffer's
-        t_rows = _pitched_beside_gemms(be, host, rows, t_gemm, (xa, xb, c), s) if rows else 0.0
+        # a copy's own start cost apart: the slope between copies of all and half the rows
+        t_rows = (_pitched_beside_gemms(be, host, rows, t_gemm, (xa, xb, c), s)
+                  - _pitched_beside_gemms(be, host, rows // 2, t_gemm, (xa, xb, c), s)
+                  if rows >= 2 else 0.0)
         # a gemm that splits large products ahead: also a product too small for it (plain
         # TF32 reads both operands of this one and of the product above as stored)
         narrow = n // 4 if isinstance(be, SplitsPanels) and be.split_parts else 0
@@ -88,7 +91,8 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
     # a step's C traffic and last wave cost: those terms are left out
     full = n == 4096
     h2d = nbytes / t_copy
-    per_row = max(0.0, t_rows - rows * ROW_BYTES / h2d) / rows if rows else 0.0
+    more = rows - rows // 2
+    per_row = max(0.0, t_rows - more * ROW_BYTES / h2d) / more if rows >= 2 else 0.0
     return Rates(flops=2 * n * n * depth / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
                  h2d_bytes=h2d,
                  memory_bytes=2 * half / t_move if full else None,
