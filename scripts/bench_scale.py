@@ -331,7 +331,7 @@ def plan_facts(p) -> dict:
     r = p.rates
     link = r.h2d_bytes if r is not None and r.h2d_bytes else None
     moved_in = p.itemsize * (p.a_reads * p.m * p.k + p.b_reads * p.k * p.n)
-    return {"order": p.order, "tile": [p.bm, p.bn, p.bk], "tail": p.tail,
+    return {"order": p.order, "tile": [p.bm, p.bn, p.bk], "tail": p.tail, "a_span": p.a_span,
             "in_place": p.in_place, "registered": p.registered,
             "device_bytes": p.device_bytes, "device_budget": p.device_budget,
             "host_bytes": p.host_bytes, "host_budget": p.host_budget,
@@ -362,7 +362,8 @@ def run_row(job: str, a, b, c, kernel: str | None, memory, probe: Probe, threads
            "stats": stats.to_dict(), **plan_facts(p)}
     row["predicted_over_measured"] = p.predicted_seconds / seconds
     log(f"{job:>10} {kernel or 'numpy':12s} {seconds:8.3f} s {row['tflops']:6.1f} TFLOP/s  plan "
-        f"{p.order} {p.bm}x{p.bn}x{p.bk} tail {p.tail} in place {p.in_place!r} locked "
+        f"{p.order} {p.bm}x{p.bn}x{p.bk} tail {p.tail} A loads {p.a_span} panels, in place "
+        f"{p.in_place!r} locked "
         f"{p.registered!r}; predicted {p.predicted_seconds:.3f} s; staged "
         f"{format_bytes(stats.bytes_staged)}, locked {format_bytes(stats.bytes_locked)} in "
         f"{stats.lock_seconds:.2f} s; probe {err:.1e}" + (f"; {stats.notes}" if stats.notes
@@ -408,7 +409,8 @@ def table(res: dict) -> str:
         lines.append(
             f"| {r['job']} | {r['kernel'] or 'numpy'} | {r['seconds']:.3f} | {r['tflops']:.1f} | "
             f"{inc:.1f} | {r['tflops'] / inc:.3f} | {r['order']} "
-            f"{'x'.join(map(str, r['tile']))}{' t' + str(r['tail']) if r['tail'] else ''} | "
+            f"{'x'.join(map(str, r['tile']))}{' t' + str(r['tail']) if r['tail'] else ''}"
+            f"{' a' + str(r['a_span']) if r.get('a_span', 1) > 1 else ''} | "
             f"{r['bound_ratio']:.2f} | {link} | "
             f"{r['predicted_seconds']:.3f} / {r['seconds']:.3f} = "
             f"{r['predicted_over_measured']:.2f} | {path} |" if inc else
