@@ -41,8 +41,8 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Protocol
 
-from ..units import DTYPES, accumulate_dtype, format_bytes, format_seconds
-from . import gram
+from ..units import DTYPES, accumulate_dtype
+from . import gram, printing
 from .workspace import (direct_workspace_bytes, reads_as_stored, rounds_one_ahead,
                         split_workspace_bytes, splits_ahead)
 
@@ -584,66 +584,7 @@ class Plan:
         return d
 
     def __str__(self) -> str:
-        ta, tb = ("A^T" if self.trans_a else "A"), ("B^T" if self.trans_b else "B")
-        if self.symmetric:
-            tb = "A" if self.trans_a else "A^T"
-        rows = [
-            ("product", f"C[{self.m} x {self.n}] = {ta} @ {tb}, depth {self.k}, {self.dtype}"
-                        + (f" (C in {self.c_dtype})" if self.c_dtype != self.dtype else "")
-                        + (", Gram (symmetric)" if self.symmetric else "")),
-            *([("arithmetic", self.arithmetic)] if self.arithmetic else []),
-            ("loop order", self.order),
-            ("C tiles", f"{self.ni} x {self.nj} = {self.n_tiles} tiles of {self.bm} x {self.bn}"
-                        if not self.symmetric else
-                        f"{self.n_tiles} of {self.ni} x {self.nj} tiles of {self.bm} x {self.bn}"
-                        f" (on and above the diagonal; "
-                        + ("zeros below)" if self.upper else "mirrored below)")),
-            ("K panels", f"{self.nk} per tile, depth {self.bk}"
-                         + (f"; the last {self.tail} tile by tile" if self.order == "resident-c"
-                            else "")
-                         + (f"; A loaded {self.a_span} at a time" if self.a_span > 1 else "")),
-            ("device memory", f"{format_bytes(self.device_bytes)} of {format_bytes(self.device_budget)}"
-                              f" (C {self.c_slots}, A {self.a_slots}, B {self.b_slots} slots"
-                              + (", the split panels' workspace)" if self.splits_ahead
-                                 else f", the rounded {'B' if self.trans_a else 'A'} panel's copy)"
-                                 if self.rounds_one_ahead else ")")),
-            ("host staging", f"{format_bytes(self.host_bytes)} of {format_bytes(self.host_budget)}"
-                             + ("" if self.staging else " (shared with compute)")
-                             + self._in_place_note()),
-            ("read", f"{format_bytes(self.bytes_read)} (A x{_times(self.a_passes)}, "
-                     f"B x{_times(self.b_passes)}"
-                     + (", C x1)" if self.reads_c else ")")),
-            ("written", format_bytes(self.bytes_written)),
-            ("lower bound", f"{format_bytes(self.lower_bound_bytes)}; plan moves "
-                            f"{self.bound_ratio:.2f}x the bound"),
-            ("flops", f"{self.flops:.3e}" + (f" (the upper triangle: the general product "
-                                              f"does {2 * self.m * self.n * self.k:.3e})"
-                                              if self.symmetric else "")),
-        ]
-        if self.a_chunks or self.b_chunks:
-            def chunks(c) -> str:
-                return f"{c[0]} x {c[1]}" if c else "none (contiguous)"
-
-            rows.append(("input chunks", f"A {chunks(self.a_chunks)}, B {chunks(self.b_chunks)}"))
-        t = self.predicted_seconds
-        if t is not None:
-            rows.append(("predicted time", format_seconds(t)))
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-    def _in_place_note(self) -> str:
-        """How the user's arrays are copied, for the printed plan."""
-        if not self.staging or not self.in_place:
-            return ""
-        ops = ", ".join(self.in_place)
-        reg = ", ".join(op for op in self.in_place if op in self.registered)
-        return f" ({ops} copied in place" + (f"; {reg} page-locked for the run)" if reg else ")")
-
-
-def _times(passes: float) -> str:
-    """A count of passes as printed: whole counts as integers."""
-    return str(int(passes)) if float(passes).is_integer() else f"{passes:.2f}"
+        return printing.table(self)
 
 
 def _lru(cache: OrderedDict, key, capacity: int) -> tuple[int, bool]:

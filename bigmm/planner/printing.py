@@ -1,0 +1,69 @@
+"""How a Plan prints: the table ``str(plan)`` shows (see :mod:`.schedule`)."""
+
+from __future__ import annotations
+
+from ..units import format_bytes, format_seconds
+
+
+def table(p) -> str:
+    """A plan as printed: one line per fact, names aligned."""
+    ta, tb = ("A^T" if p.trans_a else "A"), ("B^T" if p.trans_b else "B")
+    if p.symmetric:
+        tb = "A" if p.trans_a else "A^T"
+    rows = [
+        ("product", f"C[{p.m} x {p.n}] = {ta} @ {tb}, depth {p.k}, {p.dtype}"
+                    + (f" (C in {p.c_dtype})" if p.c_dtype != p.dtype else "")
+                    + (", Gram (symmetric)" if p.symmetric else "")),
+        *([("arithmetic", p.arithmetic)] if p.arithmetic else []),
+        ("loop order", p.order),
+        ("C tiles", f"{p.ni} x {p.nj} = {p.n_tiles} tiles of {p.bm} x {p.bn}"
+                    if not p.symmetric else
+                    f"{p.n_tiles} of {p.ni} x {p.nj} tiles of {p.bm} x {p.bn}"
+                    f" (on and above the diagonal; "
+                    + ("zeros below)" if p.upper else "mirrored below)")),
+        ("K panels", f"{p.nk} per tile, depth {p.bk}"
+                     + (f"; the last {p.tail} tile by tile" if p.order == "resident-c"
+                        else "")
+                     + (f"; A loaded {p.a_span} at a time" if p.a_span > 1 else "")),
+        ("device memory", f"{format_bytes(p.device_bytes)} of {format_bytes(p.device_budget)}"
+                          f" (C {p.c_slots}, A {p.a_slots}, B {p.b_slots} slots"
+                          + (", the split panels' workspace)" if p.splits_ahead
+                             else f", the rounded {'B' if p.trans_a else 'A'} panel's copy)"
+                             if p.rounds_one_ahead else ")")),
+        ("host staging", f"{format_bytes(p.host_bytes)} of {format_bytes(p.host_budget)}"
+                         + ("" if p.staging else " (shared with compute)")
+                         + _in_place_note(p)),
+        ("read", f"{format_bytes(p.bytes_read)} (A x{_times(p.a_passes)}, "
+                 f"B x{_times(p.b_passes)}"
+                 + (", C x1)" if p.reads_c else ")")),
+        ("written", format_bytes(p.bytes_written)),
+        ("lower bound", f"{format_bytes(p.lower_bound_bytes)}; plan moves "
+                        f"{p.bound_ratio:.2f}x the bound"),
+        ("flops", f"{p.flops:.3e}" + (f" (the upper triangle: the general product "
+                                      f"does {2 * p.m * p.n * p.k:.3e})"
+                                      if p.symmetric else "")),
+    ]
+    if p.a_chunks or p.b_chunks:
+        def chunks(c) -> str:
+            return f"{c[0]} x {c[1]}" if c else "none (contiguous)"
+
+        rows.append(("input chunks", f"A {chunks(p.a_chunks)}, B {chunks(p.b_chunks)}"))
+    t = p.predicted_seconds
+    if t is not None:
+        rows.append(("predicted time", format_seconds(t)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _in_place_note(p) -> str:
+    """How the user's arrays are copied, for the printed plan."""
+    if not p.staging or not p.in_place:
+        return ""
+    ops = ", ".join(p.in_place)
+    reg = ", ".join(op for op in p.in_place if op in p.registered)
+    return f" ({ops} copied in place" + (f"; {reg} page-locked for the run)" if reg else ")")
+
+
+def _times(passes: float) -> str:
+    """A count of passes as printed: whole counts as integers."""
+    return str(int(passes)) if float(passes).is_integer() else f"{passes:.2f}"
