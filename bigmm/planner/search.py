@@ -177,7 +177,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     panels into ahead, in a workspace that the device budget holds (``Plan.presplit``).
 
     ``a_span``: resident-c's A loads, in K panels (``Plan.a_span``); None: 1, or 2 where A
-    is copied in place in narrow rows and the model puts that faster (:func:`_best_span`);
+    is copied in place in narrow rows and the model puts that faster (:func:`_spanned`);
     with ``tile`` fixed, 1 unless given.
 
     ``whole``: orders whole-a and whole-b are candidates too (when choosing by time with
