@@ -297,12 +297,11 @@ class Loader:
         is contiguous: a K piece that is a column range of the panel is staged as a block of
         its own and the copy in puts it in place."""
         slots, be = self.slots, self.be
-        src, reg, shape = self.sources[op], *region(self.plan, st, op)
         # A's slot holds its whole load (Plan.a_span K panels): the step's K range at its
         # offset there, and the last piece reaching to the load's end
         g0, g1 = self.plan.a_k_range(st.kp, st.tile.i) if op == "A" else (st.k0, st.k1)
-        if (g0, g1) != (st.k0, st.k1):
-            reg, shape = region(self.plan, st, op, (g0, g1))
+        src, reg, shape = self.sources[op], *region(self.plan, st, op, (g0, g1))
+        if g1 != st.k1:
             pieces = pieces[:-1] + [(pieces[-1][0], g1)]
         dev = be.view(slots.dev[op][slot], shape)
         host_key = ("h" + op, hslot) if hslot is not None else ()

@@ -234,22 +234,11 @@ class Plan:
     def k_panels(self) -> list[tuple[int, int]]:
         return [(k0, min(k0 + self.bk, self.k)) for k0 in range(0, self.k, self.bk)]
 
-    def a_group(self, kp: int, i: int = 0) -> int:
-        """The load of strip ``i``'s A that K panel ``kp`` belongs to (``a_span`` panels a
-        load; within the rounds, strip i's first load is a_span - i % a_span panels, so that
-        each round loads a share of the strips' A, not all of it every a_span rounds; the
-        tail's loads start at its first panel); ``kp`` itself where ``a_span`` is 1."""
-        span = self.a_span
-        if span == 1:
-            return kp
-        head = self.nk - self.tail
-        if kp < head:
-            return (kp + i % span) // span
-        return (head + i % span + span - 1) // span + (kp - head) // span
-
     def a_k_range(self, kp: int, i: int = 0) -> tuple[int, int]:
         """The K range [k0, k1) of the load of strip ``i``'s A that K panel ``kp`` belongs
-        to."""
+        to (``a_span`` panels a load; within the rounds, strip i's first load is a_span - i %
+        a_span panels, so that each round loads a share of the strips' A, not all of it every
+        a_span rounds; the tail's loads start at its first panel)."""
         span = self.a_span
         if span == 1:
             return kp * self.bk, min((kp + 1) * self.bk, self.k)
@@ -370,7 +359,7 @@ class Plan:
         c_cache: dict = {}  # tile -> C slot, taken in turn as tiles start
         a_slots, b_slots, c_slots = self.a_slots, self.b_slots, self.c_slots
         for t, kp in self.order_steps(done, head_rounds):
-            a_slot, load_a = _lru(a_cache, (t.i, self.a_group(kp, t.i)), a_slots)
+            a_slot, load_a = _lru(a_cache, (t.i, self.a_k_range(kp, t.i)), a_slots)
             if self.diagonal(t):  # op(B)'s panel is op(A)'s: nothing to load
                 b_slot, load_b = 0, False
             else:
