@@ -77,9 +77,7 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         t_gemm = time_events(lambda: be.gemm(xa, xb, c, 1.0, 0.0, False, False, s), s)
         rows = nbytes // (PITCH * ROW_BYTES)  # one row in PITCH of the buffer's
         # a copy's own start cost apart: the slope between copies of all and half the rows
-        t_rows = (_pitched_beside_gemms(be, host, rows, t_gemm, (xa, xb, c), s)
-                  - _pitched_beside_gemms(be, host, rows // 2, t_gemm, (xa, xb, c), s)
-                  if rows >= 2 else 0.0)
+        t_rows = _pitched_slope(be, host, rows, t_gemm, (xa, xb, c), s) if rows >= 2 else 0.0
         # a gemm that splits large products ahead: also a product too small for it (plain
         # TF32 reads both operands of this one and of the product above as stored)
         narrow = n // 4 if isinstance(be, SplitsPanels) and be.split_parts else 0
@@ -102,26 +100,29 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
                  unsplit_flops=2 * narrow * n * n / t_unsplit if narrow else None)
 
 
-def _pitched_beside_gemms(be, host: np.ndarray, rows: int, t_gemm: float, gemm_args,
-                         s) -> float:
-    """Seconds of a pitched copy of ``rows`` rows of ROW_BYTES (one in PITCH of ``host``'s)
-    while the backend's gemms run on another stream, as a run's copies in do (see PITCH)."""
+def _pitched_slope(be, host: np.ndarray, rows: int, t_gemm: float, gemm_args, s) -> float:
+    """Seconds a pitched copy of ``rows`` rows of ROW_BYTES (one in PITCH of ``host``'s) takes
+    beyond one of half as many, while the backend's gemms run on another stream, as a run's
+    copies in do (see PITCH): the rows' cost without the copy's own start."""
     dst = _direct(rows * ROW_BYTES // host.itemsize, host.dtype)
     pitch = PITCH * ROW_BYTES
     other = cupy.cuda.Stream(non_blocking=True)
-    alone = time_events(lambda: cupy.cuda.runtime.memcpy2DAsync(
-        dst.data.ptr, ROW_BYTES, host.ctypes.data, pitch, ROW_BYTES, rows, _H2D, s.ptr), s,
-        repeat=2)
+
+    def pitched(count: int) -> None:
+        cupy.cuda.runtime.memcpy2DAsync(dst.data.ptr, ROW_BYTES, host.ctypes.data, pitch,
+                                        ROW_BYTES, count, _H2D, s.ptr)
+
+    alone = time_events(lambda: pitched(rows), s, repeat=2)
     gemms = min(64, 2 + math.ceil(1.5 * alone / t_gemm))  # outlasting the copy
 
-    def copy() -> None:
+    def beside(count: int) -> None:
         for _ in range(gemms):
             be.gemm(*gemm_args, 1.0, 0.0, False, False, other)
-        cupy.cuda.runtime.memcpy2DAsync(dst.data.ptr, ROW_BYTES, host.ctypes.data, pitch,
-                                        ROW_BYTES, rows, _H2D, s.ptr)
+        pitched(count)
 
     try:
-        return time_events(copy, s)
+        return (time_events(lambda: beside(rows), s)
+                - time_events(lambda: beside(rows // 2), s))
     finally:
         other.synchronize()
 
