@@ -470,8 +470,8 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
     """``rates`` with the read and write speeds of these operands where they are staged
     (those in ``in_place_ops`` are copied in place: the model counts no host work for
     them): for files READ_RATE and WRITE_RATE; for NumPy arrays the host's copy rate with
-    ``threads`` threads, of which the run has COPY_SHARE, and one thread's rate in pieces
-    (``Rates.thread_bytes``: a small panel is read by few threads,
+    ``threads`` threads, of which the run has COPY_SHARE, and a thread's rate in pieces
+    while all of them copy (``Rates.thread_bytes``: a small panel is read by few threads,
     :func:`~bigmm.executor.calibrate.piece_rate`); for both the cost per row
     of a panel (:func:`bigmm.executor.calibrate.copy_rate`,
     :func:`~bigmm.executor.calibrate.copy_row_seconds`, timed within a quarter of the
@@ -485,7 +485,8 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
     if array_in or array_out:
         copies = snap_rate(COPY_SHARE * costs.copy_rate(threads, size))  # on the rates'
         # grid: one plan
-        one = snap_rate(costs.piece_rate(size)) if array_in else None  # one reader thread
+        one = snap_rate(costs.piece_rate(size, threads)) if array_in else None  # a reader's
+        # share while all copy
     if set("ABC") - set(in_place_ops):  # staged panels of files are copied row by row too
         row = snap_rate(costs.copy_row_seconds(threads, size))  # in every process
 

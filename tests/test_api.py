@@ -403,7 +403,7 @@ def _copy_rates(host=4 * 2**20):
     threads, size = job.parse_io_threads(None), max(16 << 20, host // 4)
     copy = snap_rate(job.COPY_SHARE * calibrate.copy_rate(threads, size))
     return (copy, copy, snap_rate(calibrate.copy_row_seconds(threads, size)),
-            snap_rate(calibrate.piece_rate(size)))
+            snap_rate(calibrate.piece_rate(size, threads)))
 
 
 @pytest.mark.parametrize("kind", [

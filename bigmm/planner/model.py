@@ -97,9 +97,9 @@ class Rates:
     #: next run of the same sizes in the process, which the model does not know of: it
     #: counts every run as the first.
     pin_bytes: float | None = None
-    #: Bytes per second one reader thread copies out of a user's array into staging (None:
-    #: not counted). A panel is read in pieces of PIECE_BYTES, one a thread: small panels are
-    #: read by few threads (:meth:`load_rate`).
+    #: Bytes per second one reader thread copies out of a user's array into staging while
+    #: the others copy too (None: not counted). A panel is read in pieces of PIECE_BYTES, one
+    #: a thread: small panels are read by few threads (:meth:`load_rate`).
     thread_bytes: float | None = None
     #: Flops per second of the products a gemm that splits its panels ahead (``Plan.presplit``)
     #: leaves unsplit: those of tiles too small for it, and plain TF32 ones that round only the

@@ -60,3 +60,7 @@ def test_a_reader_threads_rate_is_timed_in_pieces():
     rate = calibrate.piece_rate(16 << 20)
     assert np.isfinite(rate) and rate > 1e8  # any host copies faster than 100 MB/s
     assert calibrate.piece_rate(16 << 20) == rate  # once per size
+    # each of two threads copying at once: its share of what both copy, timed once
+    both = calibrate.piece_rate(16 << 20, 2)
+    assert both == calibrate.copy_rate(2, 16 << 20, 4 << 20) / 2 == calibrate.piece_rate(
+        16 << 20, 2)
