@@ -46,10 +46,11 @@ SIM_RESIDENT_C = 5
 #: Predicted times within this share of the fastest are taken as equal (the model is not
 #: that exact). Of those, where the host's reads or writes outweigh the gemms, the plan
 #: reading the fewest bytes is chosen (copies the model counts apart, the host's reads and
-#: writes, share its memory bandwidth); and of resident-c plans, the one with the deepest K
-#: panels (each panel's gemm adds into the strips: cuBLAS TF32 ran 4096-deep steps of 3072 x
-#: 81920 strips at 271 TFLOP/s and 8192-deep ones at 342 on an H100, which the model does not
-#: know).
+#: writes, share its memory bandwidth), and of resident-c plans as near reading as little the
+#: one with the deepest K panels; where the gemms outweigh them, the plan of any order with
+#: the deepest K panels (deeper gemms run faster than the model knows: cuBLAS TF32 ran
+#: 4096-deep steps of 3072 x 81920 strips at 271 TFLOP/s and 8192-deep ones at 342 on an
+#: H100; its SGEMM 8192 x 8192 x 4096 at 50.8 TFLOP/s, x 16384 at 52.8).
 NEAR = 0.03
 #: Where C goes to storage (``make_plan(..., whole=True)``), of the near plans reading the
 #: fewest bytes in the best plan's order, the one the model puts fastest with the inputs read
@@ -361,6 +362,7 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     best = min(timed, key=lambda x: x[:2])
     near = [x for x in timed if x[0] <= best[0] * (1 + NEAR)]
     st = stage_times(best[2], rates)
+    pool = near  # the gemms bound the run: of the plans as near, the deepest K panels
     if max(st.read, st.write) > st.compute:  # the copies bound the run: the fewest bytes
         best = min(near, key=lambda x: (x[2].bytes_read, x[:2]))
         if cached is not None and best[2].order in WHOLE_ORDERS:
@@ -368,11 +370,11 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
                     and x[2].bytes_read == best[2].bytes_read]
             best = min(line, key=lambda x: (replace(x[2], rates=cached).predicted_seconds,
                                             x[:2]))
-    if best[2].order == "resident-c":  # of strips as near and reading as little, the deepest
-        best = min((x for x in near if x[2].order == "resident-c"
-                    and x[2].bytes_read <= best[2].bytes_read), key=lambda x: (x[2].nk, x[:2]))
-        return _best_tail(best[2])
-    return best[2]
+        # and of resident-c strips as near and reading as little, the deepest
+        pool = [x for x in near if x[2].order == best[2].order == "resident-c"
+                and x[2].bytes_read <= best[2].bytes_read] or [best]
+    best = min(pool, key=lambda x: (x[2].nk, x[:2]))
+    return _best_tail(best[2]) if best[2].order == "resident-c" else best[2]
 
 
 def _fixed(tile: tuple[int, int, int], order: str, tail: int | None, base: dict) -> Plan:

@@ -269,8 +269,13 @@ def test_deeper_k_panels_where_the_c_updates_cost():
     assert plan.bk > 4096
     shallow = make_plan(**N32, rates=H100_PINNED, tile=(plan.bm, plan.bn, 4096), order=plan.order)
     assert plan.predicted_seconds < shallow.predicted_seconds
-    # the memory traffic not counted, the fill of deeper panels is all they change
-    assert make_plan(**N32, rates=replace(H100_PINNED, memory_bytes=None)).bk <= 4096
+    # the memory traffic not counted, the fill of deeper panels is all they change: taken
+    # only as a near tie (deeper gemms run faster than the model knows)
+    flat = replace(H100_PINNED, memory_bytes=None)
+    tie = make_plan(**N32, rates=flat)
+    same = make_plan(**N32, rates=flat, tile=(tie.bm, tie.bn, 4096), order=tie.order)
+    assert (same.predicted_seconds <= tie.predicted_seconds
+            <= (1 + search.NEAR) * same.predicted_seconds)
 
 
 def test_the_last_waves_keep_tiles_large():
