@@ -295,7 +295,8 @@ def _cached(rates: Rates) -> Rates:
 def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = (),
              cached: Rates | None = None, limit: int = 1) -> Plan:
     """The candidate with the shortest predicted makespan, or one within NEAR of it (see
-    there: the fewest bytes read, the deepest resident-c strips; with ``cached`` rates, those
+    there: the fewest bytes read where the copies bound the run, the deepest resident-c
+    strips of those, else the deepest K panels of any order; with ``cached`` rates, those
     of the inputs cached, the fastest at them of the best whole-a or whole-b order: see
     CACHED_READ_RATE). Of the candidates in the orders other than resident-c, the first
     SIM_PLANS in order of ``StageTimes.guess``, the first SIM_PER_ORDER of whole-a and of

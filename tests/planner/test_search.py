@@ -584,3 +584,24 @@ def test_plain_tf32_reads_aligned_nn_and_tt_panels_as_stored(m, n, k, bk, trans_
         assert "rounded" not in str(p) and "split panels" not in str(p)
     # 3xTF32 has no such way: it splits its panels whatever their alignment
     assert not replace(p, presplit=2).reads_as_stored
+
+
+def test_near_ties_of_gemm_bound_plans_take_the_deepest_panels():
+    # float32 cuBLAS at 8 GiB from pageable arrays, an H100 host's copy rates: the model puts
+    # 1792-deep resident-c strips within NEAR of 4096-deep plans of other orders, and the
+    # strips ran 4-6% slower (cuBLAS's shallow gemms run slower than the model knows)
+    r = Rates(flops=50.8e12, wave_flops=2 * 128 * 128 * 132, read_bytes=32.9e9,
+              write_bytes=32.9e9, h2d_bytes=55.3e9, memory_bytes=2.85e12, per_step=3.96e-5,
+              per_issue=2.34e-4, per_handoff=1.8e-4, per_run=1.64e-3, per_host_row=5.23e-8,
+              per_row=2.38e-7, pin_bytes=8.97e9, thread_bytes=3.4e9)
+    plan = make_plan(**N32, rates=r, in_place="")
+    st = stage_times(plan, r)
+    assert max(st.read, st.write) < st.compute  # the gemms bound the run
+    strips = make_plan(**N32, rates=r, in_place="", tile=(4864, 32768, 1792),
+                       order="resident-c", tail=15)
+    assert plan.predicted_seconds <= (1 + search.NEAR) * strips.predicted_seconds
+    assert plan.bk >= 4096 and plan.nk < strips.nk
+    # where the copies bound the run, the fewest bytes still come first: each input once
+    slow = replace(r, read_bytes=2e9, write_bytes=2e9)
+    assert make_plan(**N32, rates=slow, in_place="").bytes_read == 4 * 2 * 32768**2
+    assert plan.bytes_read > 4 * 2 * 32768**2  # B more than once: hidden behind the gemms
