@@ -355,11 +355,14 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
             for q in (p, _spanned(p, limit)):
                 if q is not None:
                     simulate_unless_bounded(stage_times(q, rates), score, q)
-    spanned = [x for x in timed if x[2].a_span > 1]
-    if spanned:  # the fastest of those with its tail chosen again
-        _, score, q = min(spanned, key=lambda x: x[:2])
-        q = _best_tail(q)
-        timed.append((q.predicted_seconds, score, q))
+    for wide in (False, True):  # the fastest strips, and of those with wide A loads, with
+        # their tail chosen again (the candidates' tails are a strip height's first guesses)
+        strips_timed = [x for x in timed if x[2].order == "resident-c"
+                        and (x[2].a_span > 1) == wide]
+        if strips_timed:
+            _, score, q = min(strips_timed, key=lambda x: x[:2])
+            q = _best_tail(q)
+            timed.append((q.predicted_seconds, score, q))
     best = min(timed, key=lambda x: x[:2])
     near = [x for x in timed if x[0] <= best[0] * (1 + NEAR)]
     st = stage_times(best[2], rates)
