@@ -355,6 +355,7 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
             for q in (p, _spanned(p, limit)):
                 if q is not None:
                     simulate_unless_bounded(stage_times(q, rates), score, q)
+    tailed: set[int] = set()  # plans _best_tail returned: at their best tail already
     for wide in (False, True):  # the fastest strips, and of those with wide A loads, with
         # their tail chosen again (the candidates' tails are a strip height's first guesses)
         strips_timed = [x for x in timed if x[2].order == "resident-c"
@@ -362,6 +363,7 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
         if strips_timed:
             _, score, q = min(strips_timed, key=lambda x: x[:2])
             q = _best_tail(q)
+            tailed.add(id(q))
             timed.append((q.predicted_seconds, score, q))
     best = min(timed, key=lambda x: x[:2])
     near = [x for x in timed if x[0] <= best[0] * (1 + NEAR)]
@@ -378,7 +380,9 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
         pool = [x for x in near if x[2].order == best[2].order == "resident-c"
                 and x[2].bytes_read <= best[2].bytes_read] or [best]
     best = min(pool, key=lambda x: (x[2].nk, x[:2]))
-    return _best_tail(best[2]) if best[2].order == "resident-c" else best[2]
+    if best[2].order == "resident-c" and id(best[2]) not in tailed:
+        return _best_tail(best[2])
+    return best[2]
 
 
 def _fixed(tile: tuple[int, int, int], order: str, tail: int | None, base: dict) -> Plan:
