@@ -299,7 +299,7 @@ class Loader:
         slots, be = self.slots, self.be
         # A's slot holds its whole load (Plan.a_span K panels): the step's K range at its
         # offset there, and the last piece reaching to the load's end
-        g0, g1 = self.plan.a_k_range(st.kp, st.tile.i) if op == "A" else (st.k0, st.k1)
+        g0, g1 = st.a_k if op == "A" else (st.k0, st.k1)
         src, reg, shape = self.sources[op], *region(self.plan, st, op, (g0, g1))
         if g1 != st.k1:
             pieces = pieces[:-1] + [(pieces[-1][0], g1)]

@@ -225,7 +225,7 @@ class Run:
         st, p, be, slots = entry.step, self.plan, self.be, self.slots
         t = st.tile
         diagonal = p.diagonal(t)
-        g0, g1 = p.a_k_range(st.kp, t.i)  # A's slot holds its load: the step's K range of it
+        g0, g1 = st.a_k  # A's slot holds its load: the step's K range of it
         a = k_slice(be.view(slots.dev["A"][st.a_slot],
                             (g1 - g0, t.r1 - t.r0) if p.trans_a else (t.r1 - t.r0, g1 - g0)),
                     k_axis(p, "A"), st.k0 - g0, st.k1 - g0)
@@ -310,7 +310,7 @@ class Run:
         (the same views recur at every use of a slot); with ``fused`` the gemm does the
         step's checksum updates too."""
         key = (st.a_slot, st.b_slot, st.c_slot, a.shape, b.shape, st.first,
-               st.k0 - self.plan.a_k_range(st.kp, st.tile.i)[0])
+               st.k0 - st.a_k[0])
         launch = self.gemms.get(key)
         if launch is None:
             p, extra = self.plan, {} if fused is None else {"checks": fused}

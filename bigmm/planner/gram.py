@@ -33,9 +33,8 @@ def passes(p) -> tuple[float, float]:
 def _counted(p) -> tuple[float, float]:
     depths = [k1 - k0 for k0, k1 in p.k_panels()]
     a = b = 0
-    for t, kp, _, load_a, _, load_b, _ in p._slot_schedule():
+    for t, kp, _, load_a, _, load_b, _, (ka, kb) in p._slot_schedule():
         rows, cols = t.shape
-        ka, kb = p.a_k_range(kp, t.i)
         a += load_a * rows * (kb - ka)
         b += load_b * cols * depths[kp]
     return a / (p.m * p.k), b / (p.k * p.n)

@@ -508,13 +508,12 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     sched = p._slot_schedule(head_rounds=head_rounds)
     if max_steps is not None:
         sched = islice(sched, max_steps)
-    for s, (t, kp, a_slot, load_a, b_slot, load_b, cs) in enumerate(sched):
+    for s, (t, kp, a_slot, load_a, b_slot, load_b, cs, (ka, kb)) in enumerate(sched):
         rows, cols, depth = t.r1 - t.r0, t.c1 - t.c0, depths[kp]
         ck = p.host_c_slot(cs) if staging else cs
         # (operand 0/1/2 = A/B/C, device slot, bytes, rows of a pitched copy, stored rows)
         loads = []
         if load_a:
-            ka, kb = p.a_k_range(kp, t.i)
             loads.append((0, a_slot, w * rows * (kb - ka), pitched[0](rows, cols, kb - ka),
                           kb - ka if p.trans_a else rows))
         if load_b:

@@ -106,6 +106,8 @@ class Step:
     ``first``: the first K panel of the tile (apply beta, or zero-initialise when beta == 0).
     ``last``: the tile is complete after this step (copy it out and write it).
     ``load_a``/``load_b``: the panel is not resident and must be read into its slot.
+    ``a_k``: the K range [k0, k1) of the load A's slot holds (:meth:`Plan.a_k_range`: the
+    step's panel, or the ``a_span`` panels loaded with it).
     """
 
     tile: Tile
@@ -119,6 +121,7 @@ class Step:
     b_slot: int
     load_b: bool
     c_slot: int
+    a_k: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -335,9 +338,10 @@ class Plan:
         """
         panels = self.k_panels()
         last = len(panels) - 1
-        for t, kp, a_slot, load_a, b_slot, load_b, c_slot in self._slot_schedule(done):
+        for t, kp, a_slot, load_a, b_slot, load_b, c_slot, a_k in self._slot_schedule(done):
             k0, k1 = panels[kp]
-            yield Step(t, kp, k0, k1, kp == 0, kp == last, a_slot, load_a, b_slot, load_b, c_slot)
+            yield Step(t, kp, k0, k1, kp == 0, kp == last, a_slot, load_a, b_slot, load_b, c_slot,
+                       a_k)
 
     def fresh_steps(self, tiles: list[Tile]) -> Iterator[Step]:
         """Every gemm of ``tiles`` in the order given, each loading both of its panels afresh
@@ -347,11 +351,11 @@ class Plan:
         for ti, t in enumerate(tiles):
             for kp, (k0, k1) in enumerate(panels):
                 yield Step(t, kp, k0, k1, kp == 0, kp == len(panels) - 1, n % self.a_slots, True,
-                           n % self.b_slots, True, ti % self.c_slots)
+                           n % self.b_slots, True, ti % self.c_slots, self.a_k_range(kp, t.i))
                 n += 1
 
     def _slot_schedule(self, done=frozenset(), head_rounds: int | None = None) -> Iterator[tuple]:
-        """``steps`` as plain tuples (tile, kp, a_slot, load_a, b_slot, load_b, c_slot): the one
+        """``steps`` as plain tuples (tile, kp, a_slot, load_a, b_slot, load_b, c_slot, a_k): the one
         place the slots are assigned, shared by ``steps`` and the pipeline model
         (``head_rounds``: see ``order_steps``)."""
         a_cache: OrderedDict = OrderedDict()  # key -> slot, in LRU order
@@ -359,7 +363,8 @@ class Plan:
         c_cache: dict = {}  # tile -> C slot, taken in turn as tiles start
         a_slots, b_slots, c_slots = self.a_slots, self.b_slots, self.c_slots
         for t, kp in self.order_steps(done, head_rounds):
-            a_slot, load_a = _lru(a_cache, (t.i, self.a_k_range(kp, t.i)), a_slots)
+            a_k = self.a_k_range(kp, t.i)
+            a_slot, load_a = _lru(a_cache, (t.i, a_k), a_slots)
             if self.diagonal(t):  # op(B)'s panel is op(A)'s: nothing to load
                 b_slot, load_b = 0, False
             else:
@@ -367,7 +372,7 @@ class Plan:
             c_slot = c_cache.get(t.index)
             if c_slot is None:
                 c_slot = c_cache[t.index] = len(c_cache) % c_slots
-            yield t, kp, a_slot, load_a, b_slot, load_b, c_slot
+            yield t, kp, a_slot, load_a, b_slot, load_b, c_slot, a_k
 
     # ----- memory -------------------------------------------------------------------------
     @property

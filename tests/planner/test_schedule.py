@@ -232,8 +232,8 @@ def test_wide_a_loads_cover_each_strip_once_within_rounds_and_tail(kw, span):
         return
     head = plan.nk - plan.tail
     loaded: dict[int, list[tuple[int, int]]] = {}
-    for t, kp, _, load_a, _, _, _ in plan._slot_schedule():
-        k0, k1 = plan.a_k_range(kp, t.i)
+    for t, kp, _, load_a, _, _, _, (k0, k1) in plan._slot_schedule():
+        assert (k0, k1) == plan.a_k_range(kp, t.i)
         assert k0 <= kp * plan.bk and min((kp + 1) * plan.bk, plan.k) <= k1
         assert k1 - k0 <= span * plan.bk
         assert (k0 < head * plan.bk) == (k1 <= head * plan.bk)  # rounds or tail, not both
