@@ -162,10 +162,12 @@ def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1
          host_memory: Size = None, backend: str = "auto",
          resume: bool = False, kernel: str | None = None, verify: str | None = None,
          out_dtype=None, precision: str | None = None, gram: bool | None = None,
-         upper: bool = False) -> Plan:
+         upper: bool = False, io_threads: int | None = None) -> Plan:
     """The Plan ``matmul`` would run with the same arguments (opens inputs read-only, writes
     nothing; ``out_dtype`` is checked as ``matmul`` checks it); with ``gram=True`` (or the
-    same data with opposite transposes, detected) and ``upper``, the Plan of :func:`gram`."""
+    same data with opposite transposes, detected) and ``upper``, the Plan of :func:`gram`.
+    ``io_threads`` as ``matmul``'s: on a GPU the host's copy rates, and so the plan, depend
+    on it."""
     verify = parse_verify(verify)
     with _opened(a, b, backend, kernel, precision) as (be, A, B, _):
         symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify)
@@ -173,7 +175,8 @@ def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1
                         trans_a=trans_a, trans_b=trans_b, memory=memory,
                         host_memory=host_memory, resume=resume, calibrate=True,
                         verify=verify, out_dtype=out_dtype, kernel=kernel,
-                        precision=precision, symmetric=symmetric, upper=upper and symmetric)
+                        precision=precision, symmetric=symmetric, upper=upper and symmetric,
+                        io_threads=parse_io_threads(io_threads))
     return p
 
 
@@ -197,7 +200,8 @@ def budget_note(a: Operand, b: Operand, out: Operand | None = None, *, alpha: fl
                 beta: float = 0.0, trans_a: bool = False, trans_b: bool = False,
                 memory: Size = None, host_memory: Size = None, backend: str = "auto",
                 kernel: str | None = None, verify: str | None = None, out_dtype=None,
-                plan: Plan | None = None, precision: str | None = None) -> str | None:
+                plan: Plan | None = None, precision: str | None = None,
+                io_threads: int | None = None) -> str | None:
     """One line when the budgets given make the plan (``plan``, or the one :func:`plan`
     would return) predicted much slower than the default budgets would, with the budget that
     would help; None otherwise (see :func:`bigmm.job.budget_note`)."""
@@ -205,7 +209,7 @@ def budget_note(a: Operand, b: Operand, out: Operand | None = None, *, alpha: fl
     with _opened(a, b, backend, kernel, precision) as (be, A, B, _):
         kw = dict(alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, resume=False,
                   calibrate=True, verify=verify, out_dtype=out_dtype, kernel=kernel,
-                  precision=precision)
+                  precision=precision, io_threads=parse_io_threads(io_threads))
         if plan is None:
             plan = plan_job(A, B, out, be, memory=memory, host_memory=host_memory, **kw)[0]
         return job_budget_note(A, B, out, be, plan, memory=memory, host_memory=host_memory,

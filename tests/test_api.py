@@ -513,6 +513,25 @@ class _LockingStagingBackend(_StagingBackend):
         pass
 
 
+@pytest.mark.parametrize("threads", [
+    None,  # the default: one per core, 2 to 16
+    3,     # as given
+])
+def test_plan_is_made_with_the_io_threads_matmul_runs_with(monkeypatch, threads):
+    # the host's copy rates, and so a GPU run's plan, depend on the threads: plan and matmul
+    # must plan with the same number
+    seen = []
+    real = api.plan_job
+    monkeypatch.setattr(api, "plan_job", lambda *a, **kw: seen.append(kw["io_threads"])
+                        or real(*a, **kw))
+    a, b = random_matrix((60, 50), np.float32), random_matrix((50, 40), np.float32, 1)
+    p = bigmm.plan(a, b, memory="16KiB", backend="numpy", io_threads=threads)
+    bigmm.matmul(a, b, memory="16KiB", backend="numpy", io_threads=threads)
+    assert seen == [job.parse_io_threads(threads)] * 2 and p.n_tiles > 1
+    with pytest.raises(errors.OptionError, match="io_threads"):
+        bigmm.plan(a, b, backend="numpy", io_threads=0)
+
+
 @pytest.mark.parametrize("rate, searched", [
     (1e6, False),  # locking alone takes longer than the staged plan: not searched
     (1e12, True),  # locking is quick: the plan copying all three in place is searched too

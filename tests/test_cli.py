@@ -110,6 +110,7 @@ ERROR_CASES = [
     (["plan", "{a}", "{b}", "--memory", "1e400"], "1e400"),                  # overflows a float
     (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--backend", "tpu"], "tpu"),  # backend
     (["plan", "{a}", "{b}", "--memory=-3GiB"], "Expected"),                   # negative size
+    (["plan", "{a}", "{b}", "--io-threads", "0"], "io_threads"),              # no threads
     (["verify", "{a}", "{b}", "{t}/nope.h5:/C"], "nope.h5"),                 # missing C
     (["verify", "{a}", "{b}", "{a}"], "Expected"),                           # C has wrong shape
     (["generate", "{t}/g.h5:/G", "--shape", "0", "5"], "shape"),             # empty shape

@@ -51,7 +51,8 @@ def cmd_gram(args) -> int:
 
     trans = not args.aat
     kwargs = dict(alpha=args.alpha, beta=args.beta, memory=args.memory,
-                  host_memory=args.host_memory, backend=args.backend, kernel=args.kernel)
+                  host_memory=args.host_memory, backend=args.backend, kernel=args.kernel,
+                  io_threads=args.io_threads)
     if args.out_dtype is not None:
         kwargs["out_dtype"] = args.out_dtype
     if args.precision is not None:
@@ -65,8 +66,7 @@ def cmd_gram(args) -> int:
         try:
             out, stats = api.gram(args.a, args.out, trans=trans, upper=args.upper,
                                   progress=progress, resume=args.resume,
-                                  overwrite=args.overwrite, io_threads=args.io_threads,
-                                  stats=True, **kwargs)
+                                  overwrite=args.overwrite, stats=True, **kwargs)
         except KeyboardInterrupt:
             progress.stop()
             words = [w for w in args.argv if w not in ("--overwrite", "--resume")]

@@ -40,8 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
     _job_options(m)
     m.add_argument("--overwrite", action="store_true", help="replace an existing output")
     m.add_argument("--resume", action="store_true", help="continue an interrupted run")
-    m.add_argument("--io-threads", type=int, default=None,
-                   help="disk I/O threads (default: one per CPU core, 2 to 16)")
     m.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     m.add_argument("--verify", default=None, choices=("checksum",),
                    help="check every C tile with checksums and recompute a tile that fails")
@@ -180,6 +178,9 @@ def _job_options(p) -> None:
                    help="beta != 0 reads the existing C (default: %(default)s)")
     p.add_argument("--trans-a", action="store_true", help="use A transposed")
     p.add_argument("--trans-b", action="store_true", help="use B transposed")
+    p.add_argument("--io-threads", type=int, default=None,
+                   help="threads reading and writing the operands (default: one per CPU core, "
+                        "2 to 16); on a GPU the plan depends on them")
     p.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
                    help="GPU tile products: bigmm's kernel (default), cublas, or cublas-tf32 "
                         "(cublas with --precision tf32)")

@@ -15,7 +15,7 @@ from .report import format_summary, progress_reporter, run_summary
 def _job_kwargs(args) -> dict:
     kwargs = dict(alpha=args.alpha, beta=args.beta, trans_a=args.trans_a, trans_b=args.trans_b,
                   memory=args.memory, host_memory=args.host_memory, backend=args.backend,
-                  kernel=args.kernel)
+                  kernel=args.kernel, io_threads=args.io_threads)
     if getattr(args, "verify", None) is not None:
         kwargs["verify"] = args.verify
     if getattr(args, "out_dtype", None) is not None:
@@ -44,7 +44,7 @@ def cmd_multiply(args) -> int:
         try:
             out, stats = api.matmul(args.a, args.b, args.out, **kwargs, progress=progress,
                                     resume=args.resume, overwrite=args.overwrite,
-                                    io_threads=args.io_threads, stats=True, profile=prof)
+                                    stats=True, profile=prof)
         except KeyboardInterrupt:
             progress.stop()
             err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
@@ -80,7 +80,7 @@ def _multiply_on_cluster(args) -> int:
             try:
                 out, plan, stats, backend = run_files(
                     args.a, args.b, args.out, client=client, **kwargs, progress=progress,
-                    resume=args.resume, overwrite=args.overwrite, io_threads=args.io_threads)
+                    resume=args.resume, overwrite=args.overwrite)
             except KeyboardInterrupt:
                 progress.stop()
                 err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
