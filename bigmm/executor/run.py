@@ -40,7 +40,7 @@ from ..runstats import STAGES, Progress, RunStats, StageClock, Tally
 from .hooks import Checks, Hook
 from .loads import Entry, Loader, Slots, direct_arrays, k_axis, k_slice, to_lock
 from .register import lock, release
-from .tuning import DRAIN, split_range
+from .tuning import DRAIN, split_range, writer_threads
 from .writer import Writer
 
 _POLL = 0.1  # seconds between checks of the stop flag while waiting
@@ -166,7 +166,8 @@ class Run:
                              self.clocks["read"], self.io_threads, self.cancel,
                              self.pieced and not self.done_before)
         self.writer = Writer(self.be, self.out, self.clocks["write"], self.tally,
-                             self.io_threads, np.dtype(self.out.dtype).itemsize,
+                             writer_threads(self.io_threads, self.out.writes),
+                             np.dtype(self.out.dtype).itemsize,
                              symmetric=(("upper" if self.plan.upper else "mirror")
                                         if self.plan.symmetric else None))
         self.writer.start()

@@ -23,6 +23,16 @@ DRAIN = (4, 2, 1, 1)
 PIECE_ALIGN = 256
 #: Finished tiles are committed to the journal in batches at most this many seconds apart.
 COMMIT_INTERVAL = 0.5
+#: The share of the I/O threads that copies finished tiles into an output in memory (a NumPy
+#: array): the readers copy panels at the same time, and with as many writers as readers the
+#: copying threads outnumber the cores (measured slower: see BENCHMARKS.md). Writes to
+#: storage wait on the device, not on the cores: they take all the I/O threads.
+MEMORY_WRITERS = 0.5
+
+
+def writer_threads(io_threads: int, writes: str) -> int:
+    """Threads of the writer's pool for an output written as ``writes`` (``Sink.writes``)."""
+    return max(1, int(io_threads * MEMORY_WRITERS)) if writes == "array" else io_threads
 
 
 def split_range(n: int, weights: tuple[int, ...], align: int = PIECE_ALIGN,

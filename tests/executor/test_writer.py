@@ -129,6 +129,39 @@ def test_large_tiles_into_a_file_are_written_in_pieces(tmp_path, monkeypatch, mo
     np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("out, pieces", [
+    ("array", 2),  # copies into memory: half the I/O threads (the readers copy meanwhile)
+    ("file", 4),   # writes to storage wait on the device: all of them
+])
+def test_writer_threads_by_where_the_tiles_go(tmp_path, monkeypatch, out, pieces):
+    from bigmm.io import direct
+
+    monkeypatch.setattr(direct, "MODE", "mapped")
+    m, n, k = 2200, 1030, 40
+    a, b = random_matrix((m, k), np.float64, seed=3), random_matrix((k, n), np.float64, seed=4)
+    plan = make_plan(m, n, k, "float64", device_budget=64 << 20, staging=False,
+                     tile=(2200, 1030, 40), order="stream")  # one 17.3 MiB tile
+    A, B = io.open_input(a), io.open_input(b)
+    spec = f"{tmp_path / 'c.h5'}:/C" if out == "file" else None
+    sink = io.open_output(spec, shape=(m, n), dtype=np.float64, inputs=[A, B], job={},
+                          tile=(2200, 1030))
+    seen = []
+    real = type(sink).write
+
+    def write(self, r0, r1, c0, c1, src):
+        seen.append((threading.current_thread().name, r1 - r0))
+        real(self, r0, r1, c0, c1, src)
+
+    monkeypatch.setattr(type(sink), "write", write)
+    execute(plan, A, B, sink, BACKENDS["numpy"](), io_threads=4)
+    result = sink.result if out == "array" else None
+    sink.close()
+    assert len(seen) == pieces and sum(rows for _, rows in seen) == m  # a piece a thread
+    assert all(name.startswith("bigmm-copy") for name, _ in seen)  # on the writer's pool
+    if result is not None:
+        np.testing.assert_allclose(result, a @ b, rtol=1e-12, atol=1e-12)
+
+
 class _SlowCommits(ArraySink):
     """An array sink whose commits are slow (a disk flush), recording what each commit held,
     which tiles had been written when it began, and on which thread it ran."""
