@@ -14,8 +14,8 @@ __version__ = "0.1.0"
 #: Functions of the API, from the module that defines them.
 _API = {"matmul": "api", "gram": "api", "plan": "api"}
 #: Submodules reachable as attributes of the package.
-_SUBMODULES = ("api", "backends", "checksum", "cli", "dask", "errors", "executor", "io", "job",
-               "planner", "profile", "runstats", "testing", "units", "verify")
+_SUBMODULES = ("api", "backends", "calibration", "checksum", "cli", "dask", "errors", "executor",
+               "io", "job", "planner", "profile", "runstats", "testing", "units", "verify")
 
 __all__ = ["__version__", "matmul", "gram", "plan", *_SUBMODULES]
 

@@ -120,6 +120,17 @@ def make(nbytes: int):
     return cupy.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE)
 
 
+def method() -> str:
+    """How blocks are made now: "lock" (pages locked in place) or "alloc"."""
+    return _how["method"]
+
+
+def use(how: str) -> None:
+    """Make later blocks ``how`` ("lock" or "alloc"), as a kept calibration chose."""
+    if how in ("lock", "alloc"):
+        _how["method"] = how
+
+
 def choose(nbytes: int) -> float | None:
     """Time making and dropping a block of ``nbytes`` both ways (the best of three each),
     make later blocks the faster way, and return its bytes per second."""

@@ -12,15 +12,18 @@ This module imports cupy at its top: only the cupy backend imports it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import cupy
 import numpy as np
 
+from ..calibration import host_quiet, remembered
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
 from ..units import HALF_DTYPES, accumulate_dtype, numpy_dtype
 from .base import SplitsPanels
 from .cupy_arrays import device_dtype
+from . import cupy_pinned
 from .cupy_pinned import choose, lock_rate
 
 _H2D, _D2D = 1, 3  # cudaMemcpyHostToDevice, DeviceToDevice
@@ -28,6 +31,9 @@ _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
 #: Bytes per row of the pitched copies timed (a 4096-wide float32 panel) and bytes of the host
 #: array page-locked and released.
 ROW_BYTES, LOCK_BYTES = 16 << 10, 64 << 20
+#: Device memory other processes may hold while the GPU still counts as quiet for a kept
+#: calibration (the driver's own context takes a few hundred MiB).
+OTHERS_BYTES = 1 << 30
 #: Rows apart of the pitched copy's rows: on an H100, rows of 16 KiB one in two came in at
 #: 54 GB/s with gemms running or not; one in four or eight, as a panel's rows in a user's
 #: array lie, at 49 alone and 30 beside gemms.
@@ -51,8 +57,33 @@ def rates(be, dtype: str, limit: int | None = None) -> Rates:
     n = min(4096, math.isqrt(nbytes // item))  # an n^2 operand fits in the copied buffer
     key = (be.device_id, be.kernel, be.precision, str(dtype), nbytes, n)
     if key not in _RATES:
-        _RATES[key] = _calibrate(be, numpy_dtype(str(dtype)), nbytes, n)
+        # kept between processes (:mod:`bigmm.calibration`) with the way pinned blocks are made
+        measured, how = remembered(
+            "cupy-rates", [_device_facts(be.device_id), *key[1:]],
+            lambda: (_calibrate(be, numpy_dtype(str(dtype)), nbytes, n), cupy_pinned.method()),
+            quiet=lambda: host_quiet() and gpu_quiet(be.device_id),
+            encode=lambda v: {"rates": dataclasses.asdict(v[0]), "pinned": v[1]},
+            decode=lambda d: (Rates(**d["rates"]), d["pinned"]))
+        cupy_pinned.use(how)
+        _RATES[key] = measured
     return _RATES[key]
+
+
+def _device_facts(device_id: int) -> list:
+    """What identifies the GPU and its software: name, PCI bus, memory, driver, runtime."""
+    p = cupy.cuda.runtime.getDeviceProperties(device_id)
+    name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+    return [name, p.get("pciBusID"), p.get("pciDeviceID"), p.get("totalGlobalMem"),
+            cupy.cuda.runtime.driverGetVersion(), cupy.cuda.runtime.runtimeGetVersion()]
+
+
+def gpu_quiet(device_id: int) -> bool:
+    """Whether other processes hold at most OTHERS_BYTES of the GPU's memory (what is in
+    use beyond this process's memory pool)."""
+    with cupy.cuda.Device(device_id):
+        free, total = cupy.cuda.runtime.memGetInfo()
+        ours = cupy.get_default_memory_pool().total_bytes()
+    return total - free - ours <= OTHERS_BYTES
 
 
 def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:

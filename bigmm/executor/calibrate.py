@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from ..calibration import remembered
 from ..io.sink import ArraySink
 from ..io.source import ArraySource, Source
 from ..planner import make_plan
@@ -41,7 +42,13 @@ def copy_rate(threads: int, nbytes: int = COPY_BYTES, piece: int | None = None) 
     """Bytes per second that ``threads`` threads copy between two ordinary (pageable) arrays
     of ``nbytes`` each, in one piece a thread (``piece``: in calls of that many bytes each),
     as the readers copy panels of the user's arrays into staging and the writer copies tiles
-    back (the best of three; both arrays' pages touched first)."""
+    back (the best of three; both arrays' pages touched first; kept between processes:
+    :mod:`bigmm.calibration`)."""
+    return remembered("copy-rate", [threads, int(nbytes), piece],
+                      lambda: _copy_rate(threads, nbytes, piece))
+
+
+def _copy_rate(threads: int, nbytes: int, piece: int | None) -> float:
     n = max(threads, int(nbytes) // 8)
     src, dst = np.ones(n), np.zeros(n)
     step = n if piece is None else max(1, int(piece) // 8)
@@ -68,7 +75,12 @@ def copy_row_seconds(threads: int, nbytes: int = COPY_BYTES) -> float:
     copying a region of narrow rows (ROW_BYTES of each PITCH_BYTES row of an ordinary
     array, as a panel of a wider matrix is copied into staging, row by row), counted over
     all the rows copied (the threads run together). Measured on the H100 host: 150 ns a row
-    against 49 GB/s, which the staged reads of its runs bore out."""
+    against 49 GB/s, which the staged reads of its runs bore out (kept between processes)."""
+    return remembered("copy-row-seconds", [threads, int(nbytes)],
+                      lambda: _copy_row_seconds(threads, nbytes))
+
+
+def _copy_row_seconds(threads: int, nbytes: int) -> float:
     rows = max(threads, int(nbytes) // PITCH_BYTES)
     src = np.ones((rows, PITCH_BYTES // 4), np.float32)
     dst = np.zeros((rows, ROW_BYTES // 4), np.float32)
@@ -177,10 +189,11 @@ def issue_seconds(be, threads: int) -> tuple[float, float, float]:
     the shorter run less its steps), the operands in the backend's pinned buffers (copied in
     place; where its buffers are not page-locked, every cost counts per step) and in
     ordinary arrays (staged: two loads a step); the best of ISSUE_ROUNDS, cached per backend
-    kind and threads."""
+    kind and threads (and kept between processes: :mod:`bigmm.calibration`)."""
     key = (type(be), be.name, threads)
     if key not in _ISSUE:
-        _ISSUE[key] = _issue_seconds(be, threads)
+        _ISSUE[key] = tuple(remembered("issue-seconds", [type(be).__name__, be.name, threads],
+                                       lambda: list(_issue_seconds(be, threads))))
     return _ISSUE[key]
 
 

@@ -469,3 +469,42 @@ def test_rates_are_measured(kernel):
         assert r.flops > 1e12 and r.h2d_bytes > 1e9 and r.read_bytes > 0
     finally:
         be.close()
+
+
+def test_a_second_process_plans_with_the_first_ones_kept_calibration(tmp_path):
+    """The rates a GPU job times (the backend's, the host's copies, the issuing thread's) are
+    kept by a first process and reused by a second one, which measures none of them and
+    plans the same."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from bigmm import calibration
+
+    code = (
+        "import json, sys, time, numpy as np, bigmm\n"
+        "from bigmm.backends import cupy_rates\n"
+        "from bigmm.executor import calibrate\n"
+        "def measured(*a, **k):\n"
+        "    raise AssertionError('measured again')\n"
+        "if sys.argv[1] == 'reuse':\n"
+        "    cupy_rates._calibrate = calibrate._copy_rate = measured\n"
+        "    calibrate._copy_row_seconds = calibrate._issue_seconds = measured\n"
+        "a = np.ones((2000, 3000), np.float32); b = np.ones((3000, 1000), np.float32)\n"
+        "t0 = time.perf_counter()\n"
+        "p = bigmm.plan(a, b, memory='64MiB', host_memory='256MiB', backend='cupy')\n"
+        "print(json.dumps({'key': str(p.key()), 'rates': repr(p.rates),\n"
+        "                  'seconds': time.perf_counter() - t0}))\n")
+    env = dict(os.environ, **{calibration.MODE_ENV: "fresh",
+                              calibration.DIR_ENV: str(tmp_path)})
+    runs = []
+    for mode in ("fresh", "reuse"):
+        env[calibration.MODE_ENV] = mode if mode == "fresh" else ""
+        out = subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert second["key"] == first["key"] and second["rates"] == first["rates"]
+    assert len(os.listdir(tmp_path)) == 1  # one store for this machine

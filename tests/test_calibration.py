@@ -1,0 +1,174 @@
+"""Calibrations kept between processes: reused where kept on a quiet machine, measured again
+where not kept, expired, made on another boot or code, unreadable, or turned off; a store
+that cannot be written never fails the caller. Real files in a directory of the test's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bigmm import calibration
+from bigmm.executor import calibrate
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv(calibration.MODE_ENV, "")
+    monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+class Counter:
+    """A measurement: 1.5, 2.5, ... on each call."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.calls + 0.5
+
+
+def test_a_figure_measured_on_a_quiet_machine_is_reused(store):
+    m = Counter()
+    first = calibration.remembered("rate", [4, 256], m, quiet=lambda: True)
+    again = calibration.remembered("rate", [4, 256], m, quiet=lambda: True)
+    other = calibration.remembered("rate", [8, 256], m, quiet=lambda: True)  # another key
+    assert (first, again, other, m.calls) == (1.5, 1.5, 2.5, 2)
+    assert os.path.isfile(calibration.store_path())
+    assert os.path.dirname(calibration.store_path()) == str(store)
+
+
+@pytest.mark.parametrize("before, after", [
+    (False, False),  # busy throughout
+    (True, False),   # became busy while measuring
+    (False, True),   # busy when it started
+])
+def test_a_figure_measured_on_a_busy_machine_is_not_kept(store, before, after):
+    m = Counter()
+    states = iter([before, after, before, after])
+    calibration.remembered("rate", [1], m, quiet=lambda: next(states))
+    calibration.remembered("rate", [1], m, quiet=lambda: next(states))
+    assert m.calls == 2 and not os.path.exists(calibration.store_path())
+
+
+def test_an_old_figure_is_measured_again(store):
+    m = Counter()
+    calibration.remembered("rate", [1], m, quiet=lambda: True)
+    path = calibration.store_path()
+    with open(path) as f:
+        data = json.load(f)
+    for entry in data["entries"].values():
+        entry["at"] = time.time() - calibration.MAX_AGE - 1
+    with open(path, "w") as f:
+        json.dump(data, f)
+    assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 2.5 and m.calls == 2
+    assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 2.5  # kept anew
+
+
+@pytest.mark.parametrize("fact, value", [
+    ("_boot_id", lambda: "another boot"),  # the machine started again
+    ("_code", lambda: [["api.py", 1, 2]]),  # bigmm's files changed
+])
+def test_another_boot_or_code_has_a_store_of_its_own(store, monkeypatch, fact, value):
+    m = Counter()
+    calibration.remembered("rate", [1], m, quiet=lambda: True)
+    first = calibration.store_path()
+    with monkeypatch.context() as other:
+        other.setattr(calibration, fact, value)
+        calibration._machine.cache_clear()
+        try:
+            assert calibration.store_path() != first
+            assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 2.5
+        finally:
+            calibration._machine.cache_clear()
+    assert calibration.store_path() == first
+    assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 1.5  # its own
+
+
+@pytest.mark.parametrize("content", [
+    "{not json",                            # a torn or foreign file
+    '["entries"]',                          # JSON of another shape
+    '{"entries": {"rate:[1]": "x"}}',       # an entry of another shape
+])
+def test_an_unreadable_store_is_measured_afresh_and_rewritten(store, content):
+    os.makedirs(store)
+    with open(calibration.store_path(), "w") as f:
+        f.write(content)
+    m = Counter()
+    assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 1.5
+    assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 1.5 and m.calls == 1
+
+
+def test_a_figure_that_does_not_decode_is_measured_again(store):
+    m = Counter()
+    calibration.remembered("rate", [1], m, quiet=lambda: True)
+    value = calibration.remembered("rate", [1], m, quiet=lambda: True,
+                                   decode=lambda v: v["no such field"])
+    assert value == 2.5 and m.calls == 2
+
+
+@pytest.mark.parametrize("mode, calls, kept", [
+    ("off", 3, False),    # measured in every process, nothing kept
+    ("fresh", 3, True),   # measured again each time, kept even though the machine is busy
+    ("", 3, False),       # the default on a busy machine: measured, not kept
+])
+def test_the_environment_turns_keeping_off_or_fresh(store, monkeypatch, mode, calls, kept):
+    monkeypatch.setenv(calibration.MODE_ENV, mode)
+    m = Counter()
+    for _ in range(3):
+        calibration.remembered("rate", [1], m, quiet=lambda: False)
+    assert m.calls == calls and os.path.exists(calibration.store_path()) == kept
+
+
+def test_a_store_that_cannot_be_written_is_passed_over(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(calibration.MODE_ENV, "")
+    monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path / "a-file" / "cache"))
+    m = Counter()
+    assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 1.5
+    assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 2.5
+
+
+def test_forget_drops_the_kept_figures(store):
+    m = Counter()
+    calibration.remembered("rate", [1], m, quiet=lambda: True)
+    calibration.forget()
+    calibration.forget()  # nothing left: no error
+    assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 2.5
+
+
+def test_the_hosts_copy_rate_is_kept_and_reused(store, monkeypatch):
+    monkeypatch.setattr(calibration, "host_quiet", lambda: True)
+    calibrate.copy_rate.cache_clear()
+    try:
+        measured = calibrate.copy_rate(2, 1 << 20)
+        calibrate.copy_rate.cache_clear()  # as a new process would start
+
+        def no_measuring(*args):
+            raise AssertionError("measured again")
+
+        monkeypatch.setattr(calibrate, "_copy_rate", no_measuring)
+        assert calibrate.copy_rate(2, 1 << 20) == measured
+    finally:
+        calibrate.copy_rate.cache_clear()
+
+
+def test_a_second_process_reuses_the_first_ones_figures(store):
+    # two real processes: the first measures and keeps (the machine vouched for), the
+    # second reads the same figure without measuring
+    code = ("import sys; from bigmm import calibration\n"
+            "def m():\n    print('measured', end=' ')\n    return 42.0\n"
+            "print(calibration.remembered('rate', [1], m))")
+    env = dict(os.environ, **{calibration.MODE_ENV: "fresh"})
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True).stdout.split()
+    env[calibration.MODE_ENV] = ""
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert first == ["measured", "42.0"] and second == ["42.0"]
