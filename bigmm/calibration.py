@@ -73,11 +73,11 @@ def remembered(kind: str, key, measure: Callable[[], object], *,
     name = f"{kind}:{json.dumps(key, sort_keys=True, default=str)}"
     if how == "reuse":
         entry = _read().get(name)
-        if isinstance(entry, dict) and 0 <= time.time() - entry.get("at", -MAX_AGE - 1) < MAX_AGE:
-            try:
+        try:
+            if 0 <= time.time() - float(entry["at"]) < MAX_AGE:
                 return decode(entry["value"]) if decode else entry["value"]
-            except Exception:  # a figure of another form: measured again
-                pass
+        except Exception:  # none, or a figure of another form: measured again
+            pass
     calm = how == "fresh" or quiet()
     value = measure()
     if calm and (how == "fresh" or quiet()):
@@ -139,7 +139,8 @@ def _read() -> dict:
             data = json.load(f)
     except (OSError, ValueError):
         return {}
-    return data.get("entries", {}) if isinstance(data, dict) else {}
+    entries = data.get("entries") if isinstance(data, dict) else None
+    return entries if isinstance(entries, dict) else {}
 
 
 def _write(name: str, value) -> None:

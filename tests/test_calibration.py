@@ -95,6 +95,9 @@ def test_another_boot_or_code_has_a_store_of_its_own(store, monkeypatch, fact, v
     "{not json",                            # a torn or foreign file
     '["entries"]',                          # JSON of another shape
     '{"entries": {"rate:[1]": "x"}}',       # an entry of another shape
+    '{"entries": {"rate:[1]": {"at": "now", "value": 9}}}',  # a time that is no number
+    '{"entries": {"rate:[1]": {"value": 9}}}',                # no time
+    '{"entries": ["rate:[1]"]}',            # entries of another shape
 ])
 def test_an_unreadable_store_is_measured_afresh_and_rewritten(store, content):
     os.makedirs(store)
