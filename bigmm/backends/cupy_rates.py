@@ -1,5 +1,6 @@
 """The cupy backend's calibration: its rates for the planner's time model, measured once per
-process, device, kernel, precision and size.
+process, device, kernel, precision and size (or kept from an earlier process on a quiet
+machine: :mod:`bigmm.calibration`).
 
 A backend's gemm (its kernel and precision: TF32 tensor cores run several times faster than
 IEEE float32 on the CUDA cores), pinned host-to-device copies (whole, and pitched beside the

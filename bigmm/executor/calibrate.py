@@ -4,7 +4,8 @@ fixed cost where the gemm runs on the host, the issuing thread's work per step a
 load where it does not, one read of a panel from a source.
 
 Each figure is measured once per process and size (cached), in a few milliseconds, within
-the bytes it is given.
+the bytes it is given; the copies' and the issuing thread's are kept for later processes
+where the machine was quiet (:mod:`bigmm.calibration`).
 """
 
 from __future__ import annotations
