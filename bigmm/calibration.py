@@ -9,7 +9,7 @@ wisdom, where this code allows:
   says: no other process holding GPU memory, the host's load under BUSY_LOAD of its cores), so
   that a measurement made beside another job does not mislead later ones;
 * it is trusted for MAX_AGE, and only on this boot of the machine, with this bigmm code (its
-  files' sizes and times) and this Python;
+  files' sizes and times, the CUDA kernels' sources with them) and this Python;
 * ``BIGMM_CALIBRATION=off`` measures in every process and keeps nothing;
   ``BIGMM_CALIBRATION=fresh`` measures again and keeps what it measured (quiet or not: the
   user vouches for the machine); ``BIGMM_CACHE_DIR`` moves the store (default
@@ -103,7 +103,8 @@ def store_path() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _machine() -> str:
-    facts = [_boot_id(), platform.node(), sys.version, os.cpu_count(), _code()]
+    facts = [_boot_id(), platform.node(), sys.version, os.cpu_count(),
+             code_facts(os.path.dirname(os.path.abspath(__file__)))]
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
 
 
@@ -120,16 +121,20 @@ def _boot_id() -> str:
             return "unknown"
 
 
-def _code() -> list:
-    root = os.path.dirname(os.path.abspath(__file__))
+def code_facts(package: str) -> list:
+    """(path, size, time) of the code files under the package's folder ``package`` and of
+    the CUDA sources beside it (a source tree's top-level ``kernels/``; an installed package
+    holds them inside)."""
+    top = os.path.dirname(package)
     facts = []
-    for here, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
-        for name in sorted(files):
-            if name.endswith(_CODE_SUFFIXES):
-                st = os.stat(os.path.join(here, name))
-                facts.append([os.path.relpath(os.path.join(here, name), root), st.st_size,
-                              st.st_mtime_ns])
+    for root in (package, os.path.join(top, "kernels")):
+        for here, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+            for name in sorted(files):
+                if name.endswith(_CODE_SUFFIXES):
+                    path = os.path.join(here, name)
+                    st = os.stat(path)
+                    facts.append([os.path.relpath(path, top), st.st_size, st.st_mtime_ns])
     return facts
 
 

@@ -73,7 +73,7 @@ def test_an_old_figure_is_measured_again(store):
 
 @pytest.mark.parametrize("fact, value", [
     ("_boot_id", lambda: "another boot"),  # the machine started again
-    ("_code", lambda: [["api.py", 1, 2]]),  # bigmm's files changed
+    ("code_facts", lambda _: [["api.py", 1, 2]]),  # bigmm's files changed
 ])
 def test_another_boot_or_code_has_a_store_of_its_own(store, monkeypatch, fact, value):
     m = Counter()
@@ -175,3 +175,19 @@ def test_a_second_process_reuses_the_first_ones_figures(store):
     second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, check=True).stdout.split()
     assert first == ["measured", "42.0"] and second == ["42.0"]
+
+
+@pytest.mark.parametrize("where", [
+    "pkg",      # a module of the package
+    "kernels",  # a CUDA source beside it (a source tree's top-level kernels/)
+])
+def test_the_code_facts_change_with_any_code_file(tmp_path, where):
+    for path in ("pkg/a.py", "pkg/sub/b.py", "kernels/k.cu", "pkg/notes.txt"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x")
+    before = calibration.code_facts(str(tmp_path / "pkg"))
+    assert [f[0] for f in before] == ["pkg/a.py", "pkg/sub/b.py", "kernels/k.cu"]
+    (tmp_path / "pkg/notes.txt").write_text("not code")
+    assert calibration.code_facts(str(tmp_path / "pkg")) == before
+    (tmp_path / ("pkg/sub/b.py" if where == "pkg" else "kernels/k.cu")).write_text("changed")
+    assert calibration.code_facts(str(tmp_path / "pkg")) != before
