@@ -78,11 +78,19 @@ def remembered(kind: str, key, measure: Callable[[], object], *,
                 return decode(entry["value"]) if decode else entry["value"]
         except Exception:  # none, or a figure of another form: measured again
             pass
-    calm = how == "fresh" or quiet()
+    calm = how == "fresh" or _asked(quiet)
     value = measure()
-    if calm and (how == "fresh" or quiet()):
+    if calm and (how == "fresh" or _asked(quiet)):
         _write(name, encode(value) if encode else value)
     return value
+
+
+def _asked(quiet: Callable[[], bool]) -> bool:
+    """``quiet()``, False where asking fails (a figure is then not kept; the run goes on)."""
+    try:
+        return bool(quiet())
+    except Exception:
+        return False
 
 
 def forget() -> None:
