@@ -11,9 +11,13 @@ wisdom, where this code allows:
 * it is trusted for MAX_AGE, and only on this boot of the machine, with this bigmm code (its
   files' sizes and times, the CUDA kernels' sources with them) and this Python;
 * ``BIGMM_CALIBRATION=off`` measures in every process and keeps nothing;
-  ``BIGMM_CALIBRATION=fresh`` measures again and keeps what it measured (quiet or not: the
-  user vouches for the machine); ``BIGMM_CACHE_DIR`` moves the store (default
-  ``$XDG_CACHE_HOME/bigmm``, else ``~/.cache/bigmm``).
+  ``BIGMM_CALIBRATION=fresh`` (and ``bigmm calibrate``: :func:`measuring`) measures again
+  and keeps what it measured (quiet or not: the user vouches for the machine);
+  ``BIGMM_CACHE_DIR`` moves the store (default ``$XDG_CACHE_HOME/bigmm``, else
+  ``~/.cache/bigmm``).
+
+A process notes which figures it took from the store and which it measured (:func:`used`),
+so that a plan can say how old the figures it was made with are.
 
 Reading or writing the store never fails a run: a store that cannot be read is measured
 afresh, one that cannot be written is left alone. Values are JSON (floats, lists, dicts).
@@ -21,6 +25,7 @@ afresh, one that cannot be written is left alone. Values are JSON (floats, lists
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -29,7 +34,10 @@ import platform
 import sys
 import tempfile
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from .units import format_seconds
 
 #: Environment variable: "off" (measure in every process, keep nothing) or "fresh" (measure
 #: again and keep it); anything else: reuse kept figures.
@@ -44,10 +52,77 @@ BUSY_LOAD = 0.25
 _CODE_SUFFIXES = (".py", ".cu", ".cuh")
 
 
+@dataclass(frozen=True)
+class Figure:
+    """One figure this process planned with: its kind and key, when it was measured (by an
+    earlier process where ``kept``), and whether it is in the store for later processes."""
+
+    kind: str
+    key: object
+    at: float
+    kept: bool
+    stored: bool
+
+
+#: The figures this process took or measured, by name (the latest of each).
+_USED: dict[str, Figure] = {}
+#: The figures of each :func:`measuring` block open in this process.
+_MEASURING: list[list[Figure]] = []
+#: What drops the figures modules hold in this process (:func:`on_measuring`).
+_DROPS: list[Callable[[], None]] = []
+
+
 def mode() -> str:
-    """"off", "fresh" or "reuse" (see the module docstring)."""
+    """"off", "fresh" or "reuse" (see the module docstring); "fresh" within :func:`measuring`
+    unless the environment says "off"."""
     value = os.environ.get(MODE_ENV, "").strip().lower()
+    if value != "off" and _MEASURING:
+        return "fresh"
     return value if value in ("off", "fresh") else "reuse"
+
+
+def on_measuring(drop: Callable[[], None]) -> None:
+    """Call ``drop`` as a :func:`measuring` block starts: a module drops the figures it
+    holds for the rest of the process, so that they are asked for (and measured) again."""
+    _DROPS.append(drop)
+
+
+@contextlib.contextmanager
+def measuring() -> Iterator[list[Figure]]:
+    """Within the block every figure asked for is measured again and kept, as with
+    ``BIGMM_CALIBRATION=fresh`` (nothing is kept where the environment says "off"); the
+    figures modules held in this process are dropped first (:func:`on_measuring`). Yields
+    the list of the figures measured in the block, filled as they are."""
+    for drop in _DROPS:
+        drop()
+    figures: list[Figure] = []
+    _MEASURING.append(figures)
+    try:
+        yield figures
+    finally:
+        _MEASURING.pop()
+
+
+def used() -> list[Figure]:
+    """The figures this process took from the store or measured, oldest first."""
+    return sorted(_USED.values(), key=lambda f: f.at)
+
+
+def describe_use(figures: list[Figure], now: float | None = None) -> str | None:
+    """How old ``figures`` are, in a few words (None where there are none)."""
+    if not figures:
+        return None
+    now = time.time() if now is None else now
+    kept = [f for f in figures if f.kept]
+    if kept:
+        age = format_seconds(now - min(f.at for f in kept))
+        return (f"kept, the oldest measured {age} ago ({len(kept)} of {len(figures)} "
+                f"figures; bigmm calibrate measures them again)")
+    if all(f.stored for f in figures):
+        return "measured now, kept for later jobs"
+    if mode() == "off":
+        return f"measured now, not kept ({MODE_ENV}=off)"
+    return "measured now, not all kept (the machine was busy, or the store is not writable)"
 
 
 def host_quiet() -> bool:
@@ -68,21 +143,33 @@ def remembered(kind: str, key, measure: Callable[[], object], *,
     decode that raises counts as no kept figure)."""
     quiet = quiet or host_quiet
     how = mode()
-    if how == "off":
-        return measure()
     name = f"{kind}:{json.dumps(key, sort_keys=True, default=str)}"
+    if how == "off":
+        value = measure()
+        _note(name, Figure(kind, key, time.time(), kept=False, stored=False))
+        return value
     if how == "reuse":
         entry = _read().get(name)
         try:
-            if 0 <= time.time() - float(entry["at"]) < MAX_AGE:
-                return decode(entry["value"]) if decode else entry["value"]
+            at = float(entry["at"])
+            if 0 <= time.time() - at < MAX_AGE:
+                value = decode(entry["value"]) if decode else entry["value"]
+                _note(name, Figure(kind, key, at, kept=True, stored=True))
+                return value
         except Exception:  # none, or a figure of another form: measured again
             pass
     calm = how == "fresh" or _asked(quiet)
     value = measure()
-    if calm and (how == "fresh" or _asked(quiet)):
-        _write(name, encode(value) if encode else value)
+    stored = calm and (how == "fresh" or _asked(quiet)) and _write(
+        name, encode(value) if encode else value)
+    _note(name, Figure(kind, key, time.time(), kept=False, stored=bool(stored)))
     return value
+
+
+def _note(name: str, figure: Figure) -> None:
+    _USED[name] = figure
+    for block in _MEASURING:
+        block.append(figure)
 
 
 def _asked(quiet: Callable[[], bool]) -> bool:
@@ -93,12 +180,27 @@ def _asked(quiet: Callable[[], bool]) -> bool:
         return False
 
 
-def forget() -> None:
-    """Drop this machine's kept figures (all of them)."""
+def forget() -> bool:
+    """Drop this machine's kept figures (all of them); whether there were any."""
     try:
         os.unlink(store_path())
     except OSError:
-        pass
+        return False
+    return True
+
+
+def kept() -> dict[str, tuple[float, object]]:
+    """The figures kept for this machine: name (kind and key) -> (when measured, value);
+    expired ones left out."""
+    now, out = time.time(), {}
+    for name, entry in _read().items():
+        try:
+            at = float(entry["at"])
+        except Exception:
+            continue
+        if 0 <= now - at < MAX_AGE:
+            out[name] = (at, entry.get("value"))
+    return out
 
 
 def store_path() -> str:
@@ -156,9 +258,10 @@ def _read() -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
-def _write(name: str, value) -> None:
+def _write(name: str, value) -> bool:
     """Add one figure to the store (replaced whole, atomically: a reader never sees half a
-    file; of two processes writing at once, one's figure may be lost and measured again)."""
+    file; of two processes writing at once, one's figure may be lost and measured again);
+    whether it was written."""
     path = store_path()
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -169,6 +272,7 @@ def _write(name: str, value) -> None:
             with os.fdopen(fd, "w") as f:
                 json.dump({"entries": entries}, f)
             os.replace(tmp, path)
+            return True
         except BaseException:
             try:
                 os.unlink(tmp)
@@ -176,4 +280,4 @@ def _write(name: str, value) -> None:
                 pass
             raise
     except (OSError, TypeError, ValueError):  # read-only home, a value JSON cannot hold
-        pass
+        return False

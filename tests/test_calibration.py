@@ -199,3 +199,115 @@ def test_the_code_facts_change_with_any_code_file(tmp_path, where):
     assert calibration.code_facts(str(tmp_path / "pkg")) == before
     (tmp_path / ("pkg/sub/b.py" if where == "pkg" else "kernels/k.cu")).write_text("changed")
     assert calibration.code_facts(str(tmp_path / "pkg")) != before
+
+
+# ----- measuring on purpose, what a process used, and ``bigmm calibrate`` ---------------------
+
+def test_measuring_measures_kept_figures_again_and_keeps_them(store):
+    m, dropped = Counter(), []
+    calibration.on_measuring(lambda: dropped.append(True))
+    try:
+        first = calibration.remembered("rate", [1], m, quiet=lambda: True)
+        with calibration.measuring():
+            again = calibration.remembered("rate", [1], m, quiet=lambda: False)  # busy: kept
+        later = calibration.remembered("rate", [1], m, quiet=lambda: True)
+    finally:
+        calibration._DROPS.pop()
+    assert (first, again, later, m.calls, dropped) == (1.5, 2.5, 2.5, 2, [True])
+    assert calibration.mode() == "reuse"  # the block's end restores the mode
+
+
+def test_measuring_keeps_nothing_where_the_environment_says_off(store, monkeypatch):
+    monkeypatch.setenv(calibration.MODE_ENV, "off")
+    with calibration.measuring():
+        assert calibration.remembered("rate", [1], Counter(), quiet=lambda: True) == 1.5
+    assert not os.path.exists(calibration.store_path())
+
+
+@pytest.mark.parametrize("mode, kept, quiet, words", [
+    ("", False, True, "measured now, kept for later jobs"),    # measured and stored
+    ("", True, True, "kept, the oldest measured"),            # an earlier process's
+    ("", False, False, "measured now, not all kept"),         # measured on a busy machine
+    ("off", False, True, "measured now, not kept (BIGMM_CALIBRATION=off)"),
+])
+def test_a_process_says_how_old_its_figures_are(store, monkeypatch, mode, kept, quiet, words):
+    monkeypatch.setattr(calibration, "_USED", {})
+    if kept:  # an earlier process measured it an hour ago
+        calibration.remembered("rate", [7], lambda: 3.0, quiet=lambda: True)
+        entries = json.loads(open(calibration.store_path()).read())
+        for entry in entries["entries"].values():
+            entry["at"] -= 3600
+        open(calibration.store_path(), "w").write(json.dumps(entries))
+        calibration._USED.clear()
+    monkeypatch.setenv(calibration.MODE_ENV, mode)
+    calibration.remembered("rate", [7], lambda: 3.0, quiet=lambda: quiet)
+    text = calibration.describe_use(calibration.used())
+    assert text.startswith(words), text
+    if kept:
+        assert "60.0 min ago" in text or "1h00m" in text, text
+    assert calibration.describe_use([]) is None
+
+
+def cli(capsys, *argv):
+    from bigmm.cli import main
+
+    rc = main(["calibrate", *argv])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return out
+
+
+def test_calibrate_measures_again_keeps_and_prints_the_figures(store, capsys, monkeypatch):
+    monkeypatch.setattr(calibration, "host_quiet", lambda: True)
+    out = cli(capsys, "--backend", "numpy", "--host-memory", "256MiB", "--io-threads", "2")
+    assert "host copies out of arrays" in out and "GB/s" in out, out
+    assert "kept 3 of 3 figures in " + calibration.store_path() in out, out
+    before = calibration.kept()
+    assert sorted(name.split(":")[0] for name in before) == [
+        "copy-rate", "copy-rate", "copy-row-seconds"]
+    summary = json.loads(cli(capsys, "--backend", "numpy", "--host-memory", "256MiB",
+                             "--io-threads", "2", "--dtype", "float32", "float64", "--json"))
+    after = calibration.kept()
+    assert after.keys() == before.keys()  # the same figures, each measured again
+    assert all(after[name][0] > before[name][0] for name in before)
+    assert summary["kept"] == 3 and set(summary["figures"]) == {"float32", "float64"}
+    assert all(f["read_bytes"] > 0 for f in summary["figures"].values())
+
+
+def test_a_plan_after_calibrate_measures_none_of_its_figures(store, capsys, tmp_path):
+    cli(capsys, "--backend", "numpy", "--host-memory", "256MiB", "--io-threads", "2")
+    # a later process (the command's in-process figures gone) plans a job of arrays with
+    # them; measuring would fail
+    code = ("import numpy as np, bigmm\n"
+            "from bigmm import calibration\n"
+            "from bigmm.executor import calibrate\n"
+            "def measured(*a, **k):\n    raise AssertionError('measured again')\n"
+            "calibrate._copy_rate = calibrate._copy_row_seconds = measured\n"
+            "a = np.ones((300, 200), np.float32)\n"
+            "bigmm.plan(a, a.T.copy(), backend='numpy', host_memory='256MiB', io_threads=2)\n"
+            "print(calibration.describe_use(calibration.used()))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), text=True,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("kept, the oldest measured"), out.stdout
+    assert "(3 of 3 figures" in out.stdout, out.stdout
+
+
+def test_calibrate_show_and_forget(store, capsys):
+    assert "no figures kept" in cli(capsys, "--show")
+    calibration.remembered("rate", [5], lambda: 2.0, quiet=lambda: True)
+    shown = cli(capsys, "--show")
+    assert shown.startswith("1 figures kept for this machine in " + calibration.store_path())
+    assert 'rate:[5]  measured' in shown, shown
+    listed = json.loads(cli(capsys, "--show", "--json"))["figures"]
+    assert [(f["figure"], f["value"]) for f in listed] == [("rate:[5]", 2.0)]
+    assert cli(capsys, "--forget").startswith("forgot the figures kept in ")
+    assert not os.path.exists(calibration.store_path())
+    assert cli(capsys, "--forget").startswith("no figures kept")
+
+
+def test_calibrate_with_keeping_off_prints_figures_and_keeps_none(store, capsys, monkeypatch):
+    monkeypatch.setenv(calibration.MODE_ENV, "off")
+    out = cli(capsys, "--backend", "numpy", "--host-memory", "256MiB", "--io-threads", "2")
+    assert "GB/s" in out and "not kept (BIGMM_CALIBRATION=off)" in out, out
+    assert not os.path.exists(calibration.store_path())

@@ -32,9 +32,9 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 #: Subcommands that take --backend (the test runs them on the NumPy backend).
-BACKEND_COMMANDS = {"multiply", "gram", "plan", "demo", "bench"}
+BACKEND_COMMANDS = {"multiply", "gram", "plan", "demo", "bench", "calibrate"}
 #: Output lines of console blocks that differ between machines, by their first words.
-MACHINE_DEPENDENT = ("predicted time",)
+MACHINE_DEPENDENT = ("predicted time", "calibration")
 SKIP = re.compile(r"^<!--\s*skip-test\b.*-->\s*$")
 FENCE = re.compile(r"^```([\w-]*)\s*$")
 

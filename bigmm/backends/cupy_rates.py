@@ -19,7 +19,7 @@ import math
 import cupy
 import numpy as np
 
-from ..calibration import host_quiet, remembered
+from ..calibration import host_quiet, on_measuring, remembered
 from ..planner.model import READ_RATE, WRITE_RATE, Rates
 from ..units import HALF_DTYPES, accumulate_dtype, numpy_dtype
 from .base import SplitsPanels
@@ -41,6 +41,7 @@ OTHERS_BYTES = 1 << 30
 PITCH = 4
 
 _RATES: dict[tuple, Rates] = {}
+on_measuring(_RATES.clear)  # bigmm calibrate measures them again
 
 
 def rates(be, dtype: str, limit: int | None = None) -> Rates:

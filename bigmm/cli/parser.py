@@ -10,7 +10,7 @@ from ..units import DTYPES
 from ._common import EXIT_ERROR
 
 BACKENDS = ("auto", "numpy", "cupy")
-from . import gram
+from . import calibrate, gram
 from .run import cmd_multiply, cmd_plan
 from .tools import cmd_bench, cmd_demo, cmd_generate, cmd_verify
 
@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_plan)
 
     gram.add_parser(sub, common, BACKENDS, tuple(DTYPES))
+    calibrate.add_parser(sub, common, BACKENDS, tuple(DTYPES))
 
     g = sub.add_parser("generate", parents=[common], help="write a seeded random matrix",
                        description="Write a seeded standard-normal matrix to HDF5 or Zarr.")

@@ -135,16 +135,19 @@ def resume_command(argv: list[str]) -> str:
 
 
 def cmd_plan(args) -> int:
-    from .. import api
+    from .. import api, calibration
 
     kwargs = _job_kwargs(args)
     plan = api.plan(args.a, args.b, args.out, **kwargs)
+    timed = calibration.describe_use(calibration.used())
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2, default=str))
+        print(json.dumps(dict(plan.to_dict(), calibration=timed), indent=2, default=str))
     else:
         print(plan)
         if plan.predicted_seconds is None:
             print("predicted time  n/a (no rates for this backend)")
+        if timed:
+            print(f"calibration     {timed}")
     _note_budget(api, args, kwargs, plan)
     return 0
 

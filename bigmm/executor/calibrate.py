@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from ..calibration import remembered
+from ..calibration import on_measuring, remembered
 from ..io.sink import ArraySink
 from ..io.source import ArraySource, Source
 from ..planner import make_plan
@@ -199,6 +199,16 @@ def issue_seconds(be, threads: int) -> tuple[float, float, float]:
 
 
 _ISSUE: dict[tuple, tuple[float, float, float]] = {}
+
+
+def _drop_kept() -> None:
+    """Forget this process's kept figures (``bigmm calibrate`` measures them again)."""
+    copy_rate.cache_clear()
+    copy_row_seconds.cache_clear()
+    _ISSUE.clear()
+
+
+on_measuring(_drop_kept)
 
 
 def _issue_seconds(be, threads: int) -> tuple[float, float, float]:

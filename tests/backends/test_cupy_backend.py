@@ -471,7 +471,11 @@ def test_rates_are_measured(kernel):
         be.close()
 
 
-def test_a_second_process_plans_with_the_first_ones_kept_calibration(tmp_path):
+@pytest.mark.parametrize("first", [
+    "plan",       # a job's plan keeps what it measured
+    "calibrate",  # bigmm calibrate with the job's budgets, measuring on purpose
+])
+def test_a_second_process_plans_with_the_first_ones_kept_calibration(tmp_path, first):
     """The rates a GPU job times (the backend's, the host's copies, the issuing thread's) are
     kept by a first process and reused by a second one, which measures none of them and
     plans the same."""
@@ -494,17 +498,30 @@ def test_a_second_process_plans_with_the_first_ones_kept_calibration(tmp_path):
         "a = np.ones((2000, 3000), np.float32); b = np.ones((3000, 1000), np.float32)\n"
         "t0 = time.perf_counter()\n"
         "p = bigmm.plan(a, b, memory='64MiB', host_memory='256MiB', backend='cupy')\n"
-        "print(json.dumps({'key': str(p.key()), 'rates': repr(p.rates),\n"
-        "                  'seconds': time.perf_counter() - t0}))\n")
+        "print(json.dumps({'key': str(p.key()), 'rates': repr(p.rates), 'flops': p.rates.flops,\n"
+        "                  'h2d': p.rates.h2d_bytes, 'seconds': time.perf_counter() - t0}))\n")
     env = dict(os.environ, **{calibration.MODE_ENV: "fresh",
                               calibration.DIR_ENV: str(tmp_path)})
-    runs = []
-    for mode in ("fresh", "reuse"):
+    if first == "calibrate":
+        env[calibration.MODE_ENV] = ""
+        out = subprocess.run([sys.executable, "-m", "bigmm", "calibrate", "--backend", "cupy",
+                              "--memory", "64MiB", "--host-memory", "256MiB", "--json"],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        summary = json.loads(out.stdout)
+        assert summary["kept"] >= 5, summary  # the backend's, copies, rows, issuing
+        figures = summary["figures"]["float32"]
+        runs = [{"flops": figures["flops"], "h2d": figures["h2d_bytes"]}]
+    else:
+        runs = []
+    for mode in ("fresh", "reuse")[len(runs):]:
         env[calibration.MODE_ENV] = mode if mode == "fresh" else ""
         out = subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True,
                              text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    first, second = runs
-    assert second["key"] == first["key"] and second["rates"] == first["rates"]
+    before, second = runs
+    assert (second["flops"], second["h2d"]) == (before["flops"], before["h2d"])
+    if first == "plan":
+        assert second["key"] == before["key"] and second["rates"] == before["rates"]
     assert len(os.listdir(tmp_path)) == 1  # one store for this machine
