@@ -311,3 +311,21 @@ def test_calibrate_with_keeping_off_prints_figures_and_keeps_none(store, capsys,
     out = cli(capsys, "--backend", "numpy", "--host-memory", "256MiB", "--io-threads", "2")
     assert "GB/s" in out and "not kept (BIGMM_CALIBRATION=off)" in out, out
     assert not os.path.exists(calibration.store_path())
+
+
+def test_bigmm_plan_says_how_old_its_figures_are(store, tmp_path):
+    # two real processes of the command line: the first measures its figures and keeps them
+    # (the machine vouched for), the second plans with them and says how old they are
+    spec = f"{tmp_path / 'a.h5'}:/A"
+    subprocess.run([sys.executable, "-m", "bigmm", "generate", spec, "--shape", "300", "200"],
+                   check=True, capture_output=True)
+    lines = []
+    for mode in ("fresh", ""):
+        env = dict(os.environ, **{calibration.MODE_ENV: mode})
+        out = subprocess.run([sys.executable, "-m", "bigmm", "plan", spec, spec, "--trans-b",
+                              "--backend", "numpy", "--host-memory", "256MiB", "--io-threads",
+                              "2"], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        lines.append([x for x in out.stdout.splitlines() if x.startswith("calibration")])
+    assert lines[0] == ["calibration     measured now, kept for later jobs"], lines
+    assert lines[1][0].startswith("calibration     kept, the oldest measured "), lines
