@@ -1,7 +1,7 @@
 """Compute backends: one registry selected by name; ``auto`` picks cupy where a GPU is usable.
 
 :class:`Backend` is the core protocol; :class:`Checksums`, :class:`Calibrates`,
-:class:`Profiles`, :class:`HostHints`, :class:`Registers`, :class:`SplitsPanels`,
+:class:`Describes`, :class:`Profiles`, :class:`HostHints`, :class:`Registers`, :class:`SplitsPanels`,
 :class:`Syrk` and :class:`DeviceBlocks` are optional abilities, tested for with ``isinstance``.
 """
 
@@ -11,11 +11,12 @@ import importlib
 import importlib.util
 
 from ..errors import BackendUnavailable
-from .base import (Backend, Calibrates, Checksums, DeviceBlocks, HostHints, Profiles,
-                   Registers, SplitsPanels, Syrk)
+from .base import (Backend, Calibrates, Checksums, Describes, DeviceBlocks, HostHints,
+                   Profiles, Registers, SplitsPanels, Syrk)
 
-__all__ = ["BACKENDS", "Backend", "Calibrates", "Checksums", "DeviceBlocks", "HostHints",
-           "Profiles", "Registers", "SplitsPanels", "Syrk", "get_backend", "probe_cuda"]
+__all__ = ["BACKENDS", "Backend", "Calibrates", "Checksums", "Describes", "DeviceBlocks",
+           "HostHints", "Profiles", "Registers", "SplitsPanels", "Syrk", "get_backend",
+           "probe_cuda"]
 
 #: Names ``get_backend`` accepts.
 BACKENDS = ("auto", "numpy", "cupy")

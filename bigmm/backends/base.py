@@ -190,6 +190,14 @@ class Calibrates(Protocol):
 
 
 @runtime_checkable
+class Describes(Protocol):
+    """A backend that can say what it runs on (the device, its kernel), for reports."""
+
+    def describe(self) -> str:
+        """What it runs on, in words, e.g. "NVIDIA H100 80GB HBM3 (device 0), kernel bigmm"."""
+
+
+@runtime_checkable
 class Profiles(Protocol):
     """A backend that times its own copies and kernels."""
 

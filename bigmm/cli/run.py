@@ -167,11 +167,11 @@ def backend_name(requested: str) -> str:
 
 def backend_info(requested: str) -> tuple[str, str]:
     """(name, what it runs on) of the backend ``requested`` resolves to."""
-    from ..backends import get_backend
+    from ..backends import Describes, get_backend
 
     be = get_backend(requested)
     try:
-        describe = getattr(be, "describe", None)
-        return be.name, (describe() if callable(describe) else f"CPU ({os.cpu_count()} cores)")
+        return be.name, (be.describe() if isinstance(be, Describes)
+                         else f"CPU ({os.cpu_count()} cores)")
     finally:
         be.close()

@@ -10,8 +10,8 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from bigmm.backends import (Backend, Calibrates, Checksums, HostHints, Profiles,  # noqa: E402
-                            get_backend)
+from bigmm.backends import (Backend, Calibrates, Checksums, Describes, HostHints,  # noqa: E402
+                            Profiles, get_backend)
 from bigmm.errors import DtypeError, OptionError, ShapeError  # noqa: E402
 from bigmm.profile import Profile  # noqa: E402
 from bigmm.units import numpy_dtype  # noqa: E402
@@ -454,7 +454,7 @@ def test_it_has_every_ability(kernel):
     be = _backend(kernel)
     try:
         assert all(isinstance(be, p) for p in (Backend, Checksums, Calibrates, Profiles,
-                                               HostHints))
+                                               HostHints, Describes))
         assert be.gemm_threads() is None and be.map_step > 0
         assert be.fuses_checks is (kernel == "bigmm")
     finally:

@@ -8,7 +8,8 @@ import pytest
 from scipy.linalg import blas as scipy_blas
 
 from bigmm.backends import BACKENDS, get_backend, probe_cuda
-from bigmm.backends.base import Backend, Calibrates, Checksums, HostHints, Profiles
+from bigmm.backends.base import (Backend, Calibrates, Checksums, Describes, HostHints,
+                                 Profiles)
 from bigmm.backends.numpy import NumpyBackend, memory_available
 from bigmm.errors import BackendUnavailable, DtypeError, ShapeError
 from bigmm.planner import READ_RATE, WRITE_RATE
@@ -235,6 +236,7 @@ def test_gemm_threads_follows_the_blas_settings(monkeypatch, env, want):
     (Calibrates, True),   # its own rates: a short gemm timing
     (HostHints, True),    # two readers per file beside the BLAS threads
     (Profiles, False),    # nothing of its own to time: the host clocks do
+    (Describes, False),   # reports say "CPU" and its cores themselves
 ])
 def test_abilities_are_protocols_it_meets(ability, has):
     assert isinstance(NumpyBackend(), ability) is has
@@ -251,6 +253,7 @@ class _Bare:
     Calibrates,  # no rates
     Profiles,    # no profiling
     HostHints,   # no hints
+    Describes,   # no words for what it runs on
 ])
 def test_an_ability_is_absent_unless_all_of_it_is_there(ability):
     assert not isinstance(_Bare(), ability)
