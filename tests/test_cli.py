@@ -111,6 +111,9 @@ ERROR_CASES = [
     (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--backend", "tpu"], "tpu"),  # backend
     (["plan", "{a}", "{b}", "--memory=-3GiB"], "Expected"),                   # negative size
     (["plan", "{a}", "{b}", "--io-threads", "0"], "io_threads"),              # no threads
+    (["plan", "{a}", "{b}", "--backend", "numpy", "--kernel", "cublas"],      # GPU kernel, CPU
+     "Expected --kernel only with a GPU backend. Got --kernel 'cublas'"),
+    (["calibrate", "--backend", "numpy", "--kernel", "cublas"], "--kernel only"),  # the same
     (["verify", "{a}", "{b}", "{t}/nope.h5:/C"], "nope.h5"),                 # missing C
     (["verify", "{a}", "{b}", "{a}"], "Expected"),                           # C has wrong shape
     (["generate", "{t}/g.h5:/G", "--shape", "0", "5"], "shape"),             # empty shape

@@ -45,4 +45,4 @@ def one_line(e: BaseException) -> str:
     text = str(e) or type(e).__name__
     if isinstance(e, OSError) and not isinstance(e, BigmmError) and e.filename:
         text = f"{e.strerror or text}: {e.filename}"
-    return as_flags(" ".join(text.split()))
+    return " ".join(as_flags(text).split())

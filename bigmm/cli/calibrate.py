@@ -60,11 +60,11 @@ def cmd_calibrate(args) -> int:
         return _show(args, calibration, path)
     from .run import backend_info
 
-    name, where = backend_info(args.backend)
     t0 = time.perf_counter()
     with calibration.measuring() as use:
         figures = {dtype: measure(args, dtype) for dtype in args.dtype}
     seconds = time.perf_counter() - t0
+    name, where = backend_info(args.backend, kernel=args.kernel, precision=args.precision)
     stored = sum(f.stored for f in use)
     summary = {"backend": name, "device": where, "store": path, "kept": stored,
                "seconds": seconds, "figures": figures}

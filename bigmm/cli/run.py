@@ -165,11 +165,14 @@ def backend_name(requested: str) -> str:
     return backend_info(requested)[0]
 
 
-def backend_info(requested: str) -> tuple[str, str]:
-    """(name, what it runs on) of the backend ``requested`` resolves to."""
-    from ..backends import Describes, get_backend
+def backend_info(requested: str, kernel: str | None = None,
+                 precision: str | None = None) -> tuple[str, str]:
+    """(name, what it runs on) of the backend ``requested`` resolves to, with ``kernel`` and
+    ``precision`` as a job gives them to it."""
+    from ..backends import Describes
+    from ..job import resolve_backend
 
-    be = get_backend(requested)
+    be = resolve_backend(requested, kernel, precision)
     try:
         return be.name, (be.describe() if isinstance(be, Describes)
                          else f"CPU ({os.cpu_count()} cores)")
