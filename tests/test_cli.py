@@ -68,6 +68,9 @@ def test_multiply_json_summary(tmp_path, capsys, operands):
     assert s["flops"] == 2 * M * N * K and s["seconds"] > 0 and s["tflops"] > 0
     assert s["gbps"] > 0 and set(s["stages"]) >= {"read", "compute", "write"}
     assert all(0 <= v["utilisation"] <= 1.5 for v in s["stages"].values())
+    # the time the plan predicted for it, and how old the figures behind it were
+    assert 0 < s["predicted_seconds"] < 600
+    assert s["calibration"].startswith(("measured now", "kept, the oldest")), s["calibration"]
 
 
 def test_plan_writes_nothing(tmp_path, capsys, operands):

@@ -5,12 +5,15 @@ from __future__ import annotations
 import sys
 import time
 
+from .. import calibration
 from ..runstats import STAGES
 from ..units import format_bytes, format_seconds
 
 
 def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
-    """Machine-readable summary of a finished run (what ``--json`` prints)."""
+    """Machine-readable summary of a finished run (what ``--json`` prints): with the plan's
+    predicted time of the whole job in this process, and how old the figures it was planned
+    with are."""
     seconds = max(float(stats.seconds), 1e-12)
     moved = stats.bytes_read + stats.bytes_written
     stages = {}
@@ -29,6 +32,8 @@ def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
         "bytes_read": int(stats.bytes_read), "bytes_written": int(stats.bytes_written),
         "tiles_done": int(stats.tiles_done), "tiles_skipped": int(stats.tiles_skipped),
         "tiles_total": plan.n_tiles, "tile": [plan.bm, plan.bn, plan.bk], "order": plan.order,
+        "predicted_seconds": plan.predicted_seconds,
+        "calibration": calibration.describe_use(calibration.used()),
         "stages": stages,
         **checksum_summary(stats),
     }

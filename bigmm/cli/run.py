@@ -88,6 +88,7 @@ def _multiply_on_cluster(args) -> int:
         workers = len(client.scheduler_info(n_workers=-1)["workers"])
     summary = run_summary(plan, stats, out, args.a, args.b, backend)
     summary["workers"] = workers
+    summary["predicted_seconds"] = None  # the plan's time is one process's
     if args.json:
         print(json.dumps(summary, indent=2))
     elif not args.quiet:
