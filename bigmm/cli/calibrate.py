@@ -89,8 +89,10 @@ def measure(args, dtype: str) -> dict:
     from .. import api
     from ..units import numpy_dtype
 
-    a = np.ones((_SIDE, _SIDE), numpy_dtype(dtype))
-    p = api.plan(a, a.copy(), memory=args.memory, host_memory=args.host_memory,
+    # every other column of a wider array: rows not contiguous, so that the plan stages the
+    # operands (the figures of the host's copies, not those of copies in place)
+    a, b = (np.ones((_SIDE, 2 * _SIDE), numpy_dtype(dtype))[:, ::2] for _ in range(2))
+    p = api.plan(a, b, memory=args.memory, host_memory=args.host_memory,
                  backend=args.backend, kernel=args.kernel, precision=args.precision,
                  io_threads=args.io_threads)
     if p.rates is None:

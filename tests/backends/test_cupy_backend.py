@@ -511,6 +511,7 @@ def test_a_second_process_plans_with_the_first_ones_kept_calibration(tmp_path, f
         summary = json.loads(out.stdout)
         assert summary["kept"] >= 5, summary  # the backend's, copies, rows, issuing
         figures = summary["figures"]["float32"]
+        assert 0 < figures["read_bytes"] < float("inf")  # the host's copies: staged operands
         runs = [{"flops": figures["flops"], "h2d": figures["h2d_bytes"]}]
     else:
         runs = []
