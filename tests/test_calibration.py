@@ -262,6 +262,7 @@ def test_calibrate_measures_again_keeps_and_prints_the_figures(store, capsys, mo
     out = cli(capsys, "--backend", "numpy", "--host-memory", "256MiB", "--io-threads", "2")
     assert "host copies out of arrays" in out and "GB/s" in out, out
     assert "kept 3 of 3 figures in " + calibration.store_path() in out, out
+    assert "  host copies (threads, bytes, piece) [2, " in cli(capsys, "--show")  # in words
     before = calibration.kept()
     assert sorted(name.split(":")[0] for name in before) == [
         "copy-rate", "copy-rate", "copy-row-seconds"]
@@ -298,7 +299,7 @@ def test_calibrate_show_and_forget(store, capsys):
     calibration.remembered("rate", [5], lambda: 2.0, quiet=lambda: True)
     shown = cli(capsys, "--show")
     assert shown.startswith("1 figures kept for this machine in " + calibration.store_path())
-    assert 'rate:[5]  measured' in shown, shown
+    assert 'rate [5]: measured' in shown, shown
     listed = json.loads(cli(capsys, "--show", "--json"))["figures"]
     assert [(f["figure"], f["value"]) for f in listed] == [("rate:[5]", 2.0)]
     assert cli(capsys, "--forget").startswith("forgot the figures kept in ")

@@ -129,14 +129,23 @@ def _rows(figures: dict) -> list[tuple[str, str]]:
     return rows
 
 
+#: What each kind of kept figure is, for --show (its key follows it).
+_KINDS = {"cupy-rates": "the GPU's gemm and copies (device, kernel, precision, dtype, bytes)",
+          "copy-rate": "host copies (threads, bytes, piece)",
+          "copy-row-seconds": "host copies' cost per row (threads, bytes)",
+          "issue-seconds": "the issuing thread's costs (backend, threads)"}
+
+
 def _show(args, calibration, path: str) -> int:
     now = time.time()
     kept = calibration.kept()
     entries = [{"figure": name, "age_seconds": now - at, "value": value}
                for name, (at, value) in sorted(kept.items(), key=lambda kv: kv[1][0])]
     lines = [f"{len(entries)} figures kept for this machine in {path}"]
-    lines += [f"  {e['figure']}  measured {format_seconds(e['age_seconds'])} ago"
-              for e in entries]
+    for e in entries:
+        kind, _, key = e["figure"].partition(":")
+        lines.append(f"  {_KINDS.get(kind, kind)} {key}: measured "
+                     f"{format_seconds(e['age_seconds'])} ago")
     if not entries:
         lines = [f"no figures kept for this machine ({path})"]
     _print(args, {"store": path, "figures": entries}, "\n".join(lines))
