@@ -148,16 +148,16 @@ def remembered(kind: str, key, measure: Callable[[], object], *,
         value = measure()
         _note(name, Figure(kind, key, time.time(), kept=False, stored=False))
         return value
-    if how == "reuse":
-        entry = _read().get(name)
+    hit = kept().get(name) if how == "reuse" else None
+    if hit is not None:
+        at, stored_value = hit
         try:
-            at = float(entry["at"])
-            if 0 <= time.time() - at < MAX_AGE:
-                value = decode(entry["value"]) if decode else entry["value"]
-                _note(name, Figure(kind, key, at, kept=True, stored=True))
-                return value
-        except Exception:  # none, or a figure of another form: measured again
+            value = decode(stored_value) if decode else stored_value
+        except Exception:  # a figure of another form: measured again
             pass
+        else:
+            _note(name, Figure(kind, key, at, kept=True, stored=True))
+            return value
     calm = how == "fresh" or _asked(quiet)
     value = measure()
     stored = calm and (how == "fresh" or _asked(quiet)) and _write(
@@ -191,15 +191,15 @@ def forget() -> bool:
 
 def kept() -> dict[str, tuple[float, object]]:
     """The figures kept for this machine: name (kind and key) -> (when measured, value);
-    expired ones left out."""
+    expired ones and those of another form left out."""
     now, out = time.time(), {}
     for name, entry in _read().items():
         try:
-            at = float(entry["at"])
-        except Exception:
+            at, value = float(entry["at"]), entry["value"]
+        except Exception:  # a figure of another form
             continue
         if 0 <= now - at < MAX_AGE:
-            out[name] = (at, entry.get("value"))
+            out[name] = (at, value)
     return out
 
 
