@@ -76,7 +76,7 @@ def cmd_calibrate(args) -> int:
         lines.append(f"kept {stored} of {len(use)} figures in {path} for later jobs on this "
                      f"boot (a week at most; bigmm calibrate --forget drops them)")
     if stored < len(use):
-        lines.append(f"{calibration.describe_use(use)}")
+        lines.append(calibration.describe_use(use))
     _print(args, summary, "\n".join(lines))
     return 0
 
