@@ -23,8 +23,8 @@ from .checksum import parse_verify
 from .errors import OptionError, OutputTooLarge
 from .executor import STAGES, Progress, RunStats, execute
 from .job import budget_note as job_budget_note
-from .job import (complete_stats, open_inputs, open_output, output_dtype, parse_io_threads,
-                  parse_scalar, plan_job, resolve_backend)
+from .job import (check_symmetric_c, complete_stats, open_inputs, open_output, output_dtype,
+                  parse_io_threads, parse_scalar, plan_job, resolve_backend)
 from .planner import Plan
 from .profile import Profile
 from .units import format_bytes
@@ -87,7 +87,9 @@ def matmul(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float =
     ``gram``: where A and B are the same data (the same object or array, or the same dataset
     of the same file) with opposite transposes, C = A^T A (A A^T) is computed as :func:`gram`
     computes it, with half the work (None: detected, unless ``verify`` is asked for; False:
-    the general product; True: required, an OptionError otherwise).
+    the general product; True: required, an OptionError otherwise). Not detected where beta
+    != 0 (an old C need not be symmetric); with ``gram=True`` and beta != 0 old C is read once
+    first and refused unless symmetric.
     """
     return _multiply(a, b, out, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                      memory=memory, host_memory=host_memory, backend=backend,
@@ -111,7 +113,9 @@ def gram(a: Operand, out: Operand | None = None, *, trans: bool = True, upper: b
     update of its upper triangle: BLAS/cuBLAS syrk); every tile below the diagonal is written
     as the transpose of its mirror. ``upper=True`` writes C's strictly lower triangle as
     zeros instead (no transposes). beta != 0 reads the old C's
-    tiles on and above the diagonal only (old C must be symmetric). A is read once where C
+    tiles on and above the diagonal; without ``upper`` old C must be symmetric (it is read
+    once first, and an OptionError names an element that differs from its mirror; with
+    ``upper`` its lower triangle is not read). A is read once where C
     fits on the device (one tile of C: the tall-skinny case). The other arguments are
     :func:`matmul`'s; ``verify="checksum"`` is not available for Gram products.
     """
@@ -130,7 +134,7 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
     threads = parse_io_threads(io_threads)
     verify = parse_verify(verify)
     with _opened(a, b, backend, kernel, precision) as (be, A, B, closing):
-        symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify)
+        symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify, beta)
         if symmetric:
             B = A
         p, job = plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
@@ -140,6 +144,8 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
                           precision=precision, symmetric=symmetric, upper=upper)
         if out is None:
             _check_array_result(p, output_dtype(None, p.dtype, out_dtype).itemsize)
+        if p.symmetric and p.reads_c and not p.upper and not resume:
+            check_symmetric_c(out)  # a resumed run's C was checked when it started
         sink = open_output(out, p, job, A, B, overwrite=overwrite, resume=resume,
                            out_dtype=out_dtype)
         closing.append(sink)
@@ -170,7 +176,7 @@ def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1
     on it."""
     verify = parse_verify(verify)
     with _opened(a, b, backend, kernel, precision) as (be, A, B, _):
-        symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify)
+        symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify, beta)
         p, _ = plan_job(A, A if symmetric else B, out, be, alpha=alpha, beta=beta,
                         trans_a=trans_a, trans_b=trans_b, memory=memory,
                         host_memory=host_memory, resume=resume, calibrate=True,
@@ -180,12 +186,13 @@ def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1
     return p
 
 
-def _symmetric(A, B, trans_a: bool, trans_b: bool, gram: bool | None, verify) -> bool:
+def _symmetric(A, B, trans_a: bool, trans_b: bool, gram: bool | None, verify, beta) -> bool:
     """Whether the product of opened A and B runs as a Gram product (see ``matmul``'s
-    ``gram``)."""
+    ``gram``). Not detected where beta != 0: the old C of a general product need not be
+    symmetric."""
     same = bool(trans_a) != bool(trans_b) and io.same_data(A, B)
     if gram is None:
-        return same and verify is None
+        return same and verify is None and parse_scalar(beta, "beta") == 0
     if gram and not same:
         raise OptionError(f"Expected one operand's data with opposite transposes for a Gram "
                           f"product. Got {A.label} and {B.label} with trans_a={trans_a}, "

@@ -423,6 +423,40 @@ def open_output(out, p: Plan, job: dict, A, B, *, overwrite: bool, resume: bool,
     return sink
 
 
+#: Edge of the square blocks of old C compared with their mirrors (two blocks held at a time).
+SYMMETRY_BLOCK = 1024
+
+
+def check_symmetric_c(out) -> None:
+    """Refuse an old C ``out`` that is not symmetric (OptionError naming the first element
+    found that differs from its mirror; NaNs equal), opened read-only and read once in square
+    blocks: a Gram product with beta != 0 writes its lower triangle as the transpose of its
+    upper."""
+    with io.open_input(out, name="C") as src:
+        n, b = src.shape[0], SYMMETRY_BLOCK
+        for i0 in range(0, n, b):
+            i1 = min(n, i0 + b)
+            for j0 in range(i0, n, b):
+                j1 = min(n, j0 + b)
+                x = np.empty((i1 - i0, j1 - j0), src.dtype)
+                src.read(i0, i1, j0, j1, x)
+                y = x
+                if j0 != i0:
+                    y = np.empty((j1 - j0, i1 - i0), src.dtype)
+                    src.read(j0, j1, i0, i1, y)
+                y = y.T
+                differ = (x != y) & ~(np.isnan(x) & np.isnan(y))
+                if differ.any():
+                    r, c = (int(v) for v in np.argwhere(differ)[0])
+                    raise OptionError(
+                        f"Expected a symmetric old C for beta != 0 in a Gram product (its "
+                        f"lower triangle is written as the transpose of its upper). Got "
+                        f"C[{i0 + r}, {j0 + c}] = {float(x[r, c])!r} and C[{j0 + c}, "
+                        f"{i0 + r}] = {float(y[r, c])!r} in {src.label}. Pass upper=True "
+                        f"(--upper) to update its upper triangle only, or gram=False (bigmm "
+                        f"multiply) for the general product.")
+
+
 def complete_stats(p: Plan) -> RunStats:
     """The statistics of a resumed run that found its output already complete."""
     return RunStats(0.0, 0, 0, 0, 0, p.n_tiles, p.n_tiles)

@@ -78,6 +78,65 @@ def test_beta_reads_the_upper_tiles_of_old_c():
     assert relative_error(c, _ref(a, True, 0.5, -1.5, c0)) <= tolerance(np.float64, 400)
 
 
+@pytest.mark.parametrize("fmt", ["array", "h5", "zarr"])  # C in memory, HDF5, Zarr
+def test_old_c_not_symmetric(tmp_path, fmt):
+    # beta != 0 with an old C that is not symmetric: matmul keeps the general path (right C);
+    # gram refuses it before writing anything; upper=True updates the upper triangle
+    a = random_matrix((300, 211), np.float64, seed=13)
+    c0 = random_matrix((211, 211), np.float64, seed=14)
+
+    def out():
+        if fmt == "array":
+            return c0.copy()
+        if fmt == "zarr":
+            zarr = pytest.importorskip("zarr")
+            zarr.create_array(tmp_path / "c.zarr", data=c0, chunks=(100, 77), overwrite=True)
+            return f"{tmp_path}/c.zarr"
+        with h5py.File(tmp_path / "c.h5", "w") as f:
+            f["C"] = c0
+        return f"{tmp_path}/c.h5:/C"
+
+    def got(c):
+        if fmt == "array":
+            return c
+        if fmt == "zarr":
+            return _read(c)
+        with h5py.File(tmp_path / "c.h5", "r") as f:
+            return f["C"][...]
+
+    ref = _ref(a, True, 0.5, -1.5, c0)
+    assert not bigmm.plan(a, a, out(), trans_a=True, beta=-1.5, memory=MEMORY,
+                          backend="numpy").symmetric
+    c = out()
+    bigmm.matmul(a, a, c, trans_a=True, alpha=0.5, beta=-1.5, memory=MEMORY, backend="numpy")
+    assert relative_error(got(c), ref) <= tolerance(np.float64, 300)
+    c = out()
+    with pytest.raises(OptionError, match=r"symmetric old C.*C\[\d+, \d+\] = .* upper=True"):
+        bigmm.gram(a, c, alpha=0.5, beta=-1.5, memory=MEMORY, backend="numpy")
+    assert np.array_equal(got(c), c0)  # nothing written
+    bigmm.gram(a, c, alpha=0.5, beta=-1.5, upper=True, memory=MEMORY, backend="numpy")
+    assert relative_error(np.triu(got(c)), np.triu(ref)) <= tolerance(np.float64, 300)
+    assert np.all(np.tril(got(c), -1) == 0)
+
+
+def test_old_c_symmetric_with_nans_is_accepted():
+    # one element differing from its mirror in the last bit is refused; mirrored NaNs are not
+    a = random_matrix((120, 90), np.float64, seed=15)
+    s = random_matrix((90, 90), np.float64, seed=16)
+    c0 = s + s.T
+    c0[3, 70] = c0[70, 3] = np.nan
+    c = c0.copy()
+    c[80, 2] = np.nextafter(c[80, 2], np.inf)
+    with pytest.raises(OptionError, match=r"C\[2, 80\]"):
+        bigmm.gram(a, c, beta=1.0, memory=MEMORY, backend="numpy")
+    c = c0.copy()
+    bigmm.gram(a, c, beta=1.0, memory=MEMORY, backend="numpy")
+    ref = _ref(a, True, 1.0, 1.0, c0)
+    assert np.isnan(c[3, 70]) and np.isnan(c[70, 3])
+    c[3, 70] = c[70, 3] = ref[3, 70] = ref[70, 3] = 0
+    assert relative_error(c, ref) <= tolerance(np.float64, 120)
+
+
 def test_matmul_detects_the_same_data_with_opposite_transposes(tmp_path):
     a = random_matrix((500, 130), np.float32, seed=2)
     # same array object, a file operand spelt two ways, and same transposes (general path)

@@ -31,7 +31,8 @@ def add_parser(sub, common, backends, dtypes) -> None:
                    help="auto: cupy where a GPU is usable, else numpy (default: %(default)s)")
     g.add_argument("--alpha", type=float, default=1.0, help="(default: %(default)s)")
     g.add_argument("--beta", type=float, default=0.0,
-                   help="beta != 0 reads the existing C's upper tiles (default: %(default)s)")
+                   help="beta != 0 reads the existing C, which must be symmetric unless --upper "
+                        "(default: %(default)s)")
     g.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
                    help="GPU tile products of the tiles off the diagonal")
     g.add_argument("--precision", default=None, type=str.lower, choices=PRECISIONS,
