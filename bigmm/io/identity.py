@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -256,6 +257,24 @@ def _mappings() -> list[tuple[int, int, int, int, int]]:
     return _read_mappings()
 
 
+#: (device, inode) of mapped files -> whether the file is a character or block device.
+_DEVICE_FILES: dict[tuple[int, int], bool] = {}
+
+
+def _device_file(key: tuple[int, int], path: str) -> bool:
+    """Whether the mapped file ``key`` (at ``path``) is a device (``/dev/zero``, a GPU
+    driver's node pinning host memory): its mappings are memory, not bytes of one file, and
+    two of them at different addresses share nothing."""
+    if key not in _DEVICE_FILES:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False  # gone or renamed: counted as a file
+        _DEVICE_FILES[key] = ((st.st_dev, st.st_ino) == key
+                              and (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)))
+    return _DEVICE_FILES[key]
+
+
 def _read_mappings() -> list[tuple[int, int, int, int, int]]:
     try:
         with open("/proc/self/maps") as f:
@@ -272,5 +291,8 @@ def _read_mappings() -> list[tuple[int, int, int, int, int]]:
             continue
         start, end = (int(v, 16) for v in span.split("-"))
         major, minor = (int(v, 16) for v in dev.split(":"))
-        out.append((start, end, int(offset, 16), os.makedev(major, minor), int(ino)))
+        key = (os.makedev(major, minor), int(ino))
+        if len(parts) > 5 and parts[5].startswith("/dev/") and _device_file(key, parts[5]):
+            continue
+        out.append((start, end, int(offset, 16), *key))
     return out

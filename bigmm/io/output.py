@@ -162,8 +162,9 @@ def refuse_alias(out: Footprint, inputs, label: str) -> None:
         for src in inputs:
             fp = src.footprint()
             how = overlaps(out, fp)
-            if not how and src.layout == "array" and set(fp.files) & set(out.files):
-                how = "in a file that the input array maps"
+            if (not how and src.layout == "array" and out.array is None
+                    and set(fp.files) & set(out.files)):
+                how = "in a file that the input array maps"  # a file output: any of its bytes
             if how:
                 raise OutputIsInputError(f"Expected an output other than the inputs. Got "
                                          f"{label}, {how} {src.label}.")

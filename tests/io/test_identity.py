@@ -17,7 +17,8 @@ from bigmm.io import open_input
 from bigmm.io import identity
 from bigmm.io.identity import (SAMPLE_MAX, _mappings, array_footprint, describe, differences,
                                fingerprint, mappings_once, overlaps, sample_regions)
-from bigmm.testing import random_matrix
+from bigmm.errors import OutputIsInputError
+from bigmm.testing import random_matrix, relative_error, tolerance
 
 SHAPE = (301, 257)  # multiples of nothing; 600 KiB of float64: sampled, not hashed whole
 
@@ -172,6 +173,36 @@ def test_maps_of_one_file_overlap_by_bytes(tmp_path):
     assert overlaps(array_footprint(x[40:]), array_footprint(y))
     assert not overlaps(array_footprint(x[:32]), array_footprint(y))
     assert not overlaps(array_footprint(z), array_footprint(y))
+
+
+def test_maps_of_a_device_are_memory_not_file_bytes(tmp_path):
+    # two maps of /dev/zero (as a GPU driver's node maps page-locked host memory) at offset 0
+    # share nothing; two maps of one regular file at disjoint offsets are an input and an
+    # output that share nothing either
+    fd = os.open("/dev/zero", os.O_RDWR)
+    maps = [mmap.mmap(fd, 1 << 20, mmap.MAP_PRIVATE) for _ in range(2)]
+    os.close(fd)
+    a = np.frombuffer(maps[0], np.float64, 300 * 200).reshape(300, 200)
+    c = np.frombuffer(maps[1], np.float64, 300 * 300).reshape(300, 300)
+    a[...] = random_matrix((300, 200), np.float64, seed=3)
+    c[...] = np.nan
+    assert not overlaps(array_footprint(a), array_footprint(c))
+    bigmm.matmul(a, a.T.copy(), c, backend="numpy", gram=False)
+    assert relative_error(c, a @ a.T) <= tolerance(np.float64, 200)
+    path = tmp_path / "raw.bin"
+    random_matrix((128, 64), np.float64, seed=4).tofile(path)
+    x = np.memmap(path, np.float64, "r", shape=(64, 64))  # rows 0:64 in, rows 64:128 out
+    y = np.memmap(path, np.float64, "r+", shape=(64, 64), offset=64 * 64 * 8)
+    y[...] = np.nan
+    b = random_matrix((64, 64), np.float64, seed=5)
+    bigmm.matmul(x, b, y, backend="numpy")
+    assert relative_error(y, np.asarray(x) @ b) <= tolerance(np.float64, 64)
+    with pytest.raises(OutputIsInputError, match="mapping bytes of the same file"):
+        bigmm.matmul(x, b, np.memmap(path, np.float64, "r+", shape=(64, 64), offset=8),
+                     backend="numpy")
+    del a, c, x, y
+    for m in maps:
+        m.close()
 
 
 def test_shared_memory_mapped_twice_overlaps():
