@@ -133,6 +133,7 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
     """``matmul`` and ``gram``: one run."""
     threads = parse_io_threads(io_threads)
     verify = parse_verify(verify)
+    _check_callbacks(progress, profile, out)
     with _opened(a, b, backend, kernel, precision) as (be, A, B, closing):
         symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify, beta)
         if symmetric:
@@ -246,14 +247,30 @@ def _check_array_result(p: Plan, itemsize: int) -> None:
                              f"available; write it to a file instead (out='c.h5:/C').")
 
 
+def _check_callbacks(progress, profile, out) -> None:
+    """OptionError for a ``progress`` that cannot be called or a ``profile`` that is neither
+    off, True, a path prefix in an existing folder nor a Profile, before anything is opened
+    (a run that failed at its first tile or after its last would leave an output)."""
+    if progress is not None and not callable(progress):
+        raise OptionError(f"Expected progress as a callable taking a Progress, or None. "
+                          f"Got {progress!r}.")
+    if profile is None or profile is False or isinstance(profile, Profile):
+        return
+    if not isinstance(profile, (bool, str, os.PathLike)):
+        raise OptionError(f"Expected profile as True, a path prefix or a Profile. "
+                          f"Got {profile!r}.")
+    folder = os.path.dirname(os.path.abspath(profile_prefix(profile, out)))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise OptionError(f"Expected profile's files in a writable folder. Got "
+                          f"{profile_prefix(profile, out)!r}, in {folder!r}, which "
+                          f"{'is not writable' if os.path.isdir(folder) else 'does not exist'}.")
+
+
 def _start_profile(profile, be):
     """A Profile to record into (None when profiling is off); the backend times its own
     stages when it can."""
     if profile is None or profile is False:
         return None
-    if not isinstance(profile, (bool, str, os.PathLike, Profile)):
-        raise OptionError(f"Expected profile as True, a path prefix or a Profile. "
-                          f"Got {profile!r}.")
     prof = profile if isinstance(profile, Profile) else Profile()
     if isinstance(be, Profiles):
         be.start_profile(prof)

@@ -207,6 +207,16 @@ BAD = [
     ("unknown backend", "{A}", "{B}", None, {"backend": "tpu"},
      errors.BackendUnavailable, ["'tpu'", "numpy"]),
     ("malformed spec", "{dir}/in.h5", "{B}", None, {}, errors.SpecError, ["file.h5:/dataset"]),
+    ("progress not callable", "{A}", "{B}", "{dir}/new.h5:/C", {"progress": 5},
+     errors.OptionError, ["progress", "callable", "5"]),
+    ("profile in a missing folder", "{A}", "{B}", "{dir}/new.h5:/C",
+     {"profile": "{dir}/no/such/run"}, errors.OptionError, ["profile", "does not exist"]),
+    ("profile of another type", "{A}", "{B}", "{dir}/new.h5:/C", {"profile": 5},
+     errors.OptionError, ["profile", "Profile"]),
+    ("big-endian output array", "{A}", "{B}", "big-endian", {},
+     errors.DtypeError, ["float64 in this machine's byte order", "big-endian"]),
+    ("output whose elements overlap", "{A}", "{B}", "self-overlapping", {},
+     errors.OutputIsInputError, ["distinct", "strides"]),
 ]
 
 
@@ -216,8 +226,14 @@ def test_bad_input_gives_one_clear_error(files, what, a, b, out, kw, err, words)
     fill = dict(A=spec_a, B=spec_b, C=spec_c, dir=str(tmp), **{"in": str(tmp / "in.h5")})
     a, b = a.format(**fill), b.format(**fill)
     out = out.format(**fill) if out else None
+    kw = {key: value.format(**fill) if isinstance(value, str) else value
+          for key, value in kw.items()}
     if out == "array":
         out = np.zeros((30, 10))
+    elif out == "big-endian":
+        out = np.zeros((30, 10), ">f8")
+    elif out == "self-overlapping":  # writeable, each row the same memory shifted by one
+        out = np.lib.stride_tricks.as_strided(np.zeros(40), shape=(30, 10), strides=(8, 8))
     before = _digest([tmp / "in.h5", tmp / "c.h5"])
     with pytest.raises(err) as e:
         bigmm.matmul(a, b, out, **{"backend": "numpy", **kw})
@@ -225,6 +241,37 @@ def test_bad_input_gives_one_clear_error(files, what, a, b, out, kw, err, words)
     assert "Expected" in msg and all(w in msg for w in words), msg
     assert _digest([tmp / "in.h5", tmp / "c.h5"]) == before  # inputs and old C untouched
     assert not glob.glob(str(tmp / "new.h5*"))  # nothing created
+
+
+def test_closed_datasets_are_one_clear_error(files):
+    tmp, _, _, _ = files
+    f = h5py.File(tmp / "in.h5", "r+")
+    a, c = f["A"], f["B"]
+    f.close()
+    with pytest.raises(errors.SpecError, match="open h5py.Dataset for A"):
+        bigmm.matmul(a, np.ones((20, 10)), backend="numpy")
+    with pytest.raises(errors.OutputNotWritable, match="open h5py.Dataset for C"):
+        bigmm.matmul(np.ones((20, 20)), np.ones((20, 10)), c, backend="numpy")
+
+
+def test_bfloat16_and_resumed_datasets_given_as_out(tmp_path):
+    # a dataset in bigmm's bfloat16 type takes the result (its dtype decides C's); resume=True
+    # into a dataset holding another job's finished C is an error, as for a spec
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a, b = random_matrix((64, 48), np.float32, 1), random_matrix((48, 32), np.float32, 2)
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        d = f.create_dataset("C", (64, 32), dtype=h5py.Datatype(bigmm.io.h5_type("bfloat16")))
+        bigmm.matmul(a, b, d, backend="numpy")
+    got = bigmm.matmul(f"{tmp_path}/c.h5:/C", np.eye(32, dtype=np.float32), backend="numpy")
+    assert relative_error(got, a @ b) <= tolerance(np.float32, 48, ml_dtypes.bfloat16)
+    with h5py.File(tmp_path / "r.h5", "w") as f:
+        d = f.create_dataset("C", (64, 32), "f4")
+        bigmm.matmul(a, b, d, backend="numpy")
+        before = d[...]
+        with pytest.raises(errors.ResumeError, match="alpha"):
+            bigmm.matmul(a, b, d, alpha=2.0, resume=True, backend="numpy")
+        _, st = bigmm.matmul(a, b, d, resume=True, backend="numpy", stats=True)
+        assert st.tiles_done == 0 and np.array_equal(d[...], before)
 
 
 def test_mixed_dtypes_follow_numpy(files):

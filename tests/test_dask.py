@@ -28,7 +28,7 @@ from bigmm.dask import files as dask_files  # noqa: E402
 from bigmm.dask.array import _k_pieces, _operand, _rechunk_to_budget  # noqa: E402
 from bigmm.io import filesink as sink_mod  # noqa: E402
 from bigmm.errors import (BackendUnavailable, BudgetError, DtypeError, Interrupted,  # noqa: E402
-                          OptionError, OutputExistsError, ShapeError)
+                          OptionError, OutputExistsError, ShapeError, SizeParseError)
 from bigmm.io.journal import journal_path, parse_journal  # noqa: E402
 from bigmm.io.spec import parse_spec  # noqa: E402
 from bigmm.planner import make_plan  # noqa: E402
@@ -477,6 +477,8 @@ def test_files_errors(client, tmp_path):
         bd.matmul_files(sa, sa, sc, client=client)
     with pytest.raises(BudgetError, match="at least"):
         bd.matmul_files(sa, sb, sc, client=client, memory=100)
+    with pytest.raises(SizeParseError, match="abc"):  # parsed here, before any worker runs
+        bd.matmul_files(sa, sb, sc, client=client, host_memory="abc")
     bd.matmul_files(sa, sb, sc, client=client)
     with pytest.raises(OutputExistsError):
         bd.matmul_files(sa, sb, sc, client=client)

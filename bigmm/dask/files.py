@@ -35,7 +35,7 @@ from ..io.region import RawRegion, RegionSink
 from ..io.zarrsink import ZarrRegion, ZarrRegionSink
 from ..planner import Plan, Tile, even_edge, make_plan
 from ..precision import parse_precision
-from ..units import numpy_dtype
+from ..units import numpy_dtype, parse_size
 from ._common import RESOURCE
 from ._common import distributed as _distributed
 
@@ -351,6 +351,9 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
     client = _get_client(client)
     if io_threads is not None:
         parse_io_threads(io_threads)
+    for budget in (memory, host_memory):  # a bad size is one error here, not the workers'
+        if budget is not None:
+            parse_size(budget)
     if out is None:
         raise OptionError("Expected an output spec 'file.h5:/C' or 'store.zarr[:/C]' for a job "
                           "on a cluster. Got out=None.")

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import OutputIsInputError
+
 #: The fingerprint samples about this share of an operand's bytes, at least SAMPLE_MIN and at
 #: most SAMPLE_MAX; operands up to SAMPLE_WHOLE bytes are hashed whole.
 SAMPLE_SHARE = 1 / 4096
@@ -296,3 +298,33 @@ def _read_mappings() -> list[tuple[int, int, int, int, int]]:
             continue
         out.append((start, end, int(offset, 16), *key))
     return out
+
+
+def overlaps_itself(x: np.ndarray) -> bool:
+    """Whether two elements of the 2-D array ``x`` share memory (a strided view such as
+    ``as_strided`` makes): its shorter stride must step past an element, its longer past a
+    whole line of the other."""
+    dims = sorted((abs(s), k) for k, s in zip(x.shape, x.strides) if k > 1)
+    if not dims:
+        return False
+    reach = x.itemsize
+    for stride, k in dims:
+        if stride < reach:
+            return True
+        reach = stride * (k - 1) + reach
+    return False
+
+
+def refuse_alias(out: Footprint, inputs, label: str) -> None:
+    """OutputIsInputError when the output's footprint shares a byte or an HDF5 object with an
+    input's (same file by any name, same object by any link, overlapping maps or memory)."""
+    with mappings_once():
+        for src in inputs:
+            fp = src.footprint()
+            how = overlaps(out, fp)
+            if (not how and src.layout == "array" and out.array is None
+                    and set(fp.files) & set(out.files)):
+                how = "in a file that the input array maps"  # a file output: any of its bytes
+            if how:
+                raise OutputIsInputError(f"Expected an output other than the inputs. Got "
+                                         f"{label}, {how} {src.label}.")

@@ -2,7 +2,7 @@
 
 A file output (a spec, or an h5py.Dataset written in place) is locked for the run
 (:class:`.lock.OutputLock`: one writer per output) before anything is created or deleted,
-refused when it is one of the inputs by any route (:func:`refuse_alias`), and journaled. The
+refused when it is one of the inputs by any route (:func:`.identity.refuse_alias`), and journaled. The
 journal's header records the job and the identity of every input (and of old C when
 beta != 0, :mod:`.identity`); a resumed run compares them and refuses anything that changed.
 A finished output carries the job and its own fingerprint (``bigmm_job``), so that resuming it
@@ -25,7 +25,7 @@ from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, Op
 from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles,
                   reserve_job_record, stored_dtype)
 from .identity import (Footprint, array_footprint, describe, differences, fingerprint,
-                       mappings_once, overlaps)
+                       mappings_once, overlaps_itself, refuse_alias)
 from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
 from .durable import fsync_path
 from .lock import OutputLock, h5_open_retry
@@ -63,12 +63,17 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
         _check_like(x.shape, x.dtype, shape, dtype, label)
         if not x.flags.writeable:
             raise OutputNotWritable("Expected a writeable NumPy array for C. Got a read-only one.")
+        if overlaps_itself(x):
+            raise OutputIsInputError(f"Expected an output whose elements are distinct. Got "
+                                     f"{label} with strides {x.strides} over shape {x.shape}: "
+                                     f"elements share memory.")
         with mappings_once():
             refuse_alias(array_footprint(x), inputs, label)
         return ArraySink(x, label)
     if isinstance(x, h5py.Dataset):
+        _check_open(x)
         label = f"C ({x.file.filename}:{x.name})"
-        _check_like(x.shape, x.dtype, shape, dtype, label)
+        _check_like(x.shape, stored_dtype(x), shape, dtype, label)
         if x.file.mode == "r":
             raise OutputNotWritable(f"Expected an h5py.Dataset open for writing for C. "
                                     f"Got {label} in a file opened read-only.")
@@ -103,6 +108,7 @@ def existing_dtype(x, *, resume: bool = False, reads_c: bool = False) -> np.dtyp
     if isinstance(x, np.ndarray):
         return x.dtype
     if isinstance(x, h5py.Dataset):
+        _check_open(x)
         return stored_dtype(x)
     if zarrsource.is_zarr_array(x):
         return np.dtype(x.dtype)
@@ -148,26 +154,19 @@ def _open_zarr_array(x, shape, dtype, inputs, job, overwrite, resume, reads_c, t
                         None, dataset=x)
 
 
+def _check_open(x: h5py.Dataset) -> None:
+    if not x.id.valid:
+        raise OutputNotWritable("Expected an open h5py.Dataset for C. Got one whose file is "
+                                "closed.")
+
+
 def _check_like(have_shape, have_dtype, shape, dtype, label) -> None:
     if tuple(have_shape) != shape:
         raise ShapeError(f"Expected shape {shape} for {label}. Got {tuple(have_shape)}.")
-    if np.dtype(have_dtype) != dtype:
-        raise DtypeError(f"Expected {dtype} for {label}. Got {dtype_name(have_dtype)}.")
-
-
-def refuse_alias(out: Footprint, inputs, label: str) -> None:
-    """OutputIsInputError when the output's footprint shares a byte or an HDF5 object with an
-    input's (same file by any name, same object by any link, overlapping maps or memory)."""
-    with mappings_once():
-        for src in inputs:
-            fp = src.footprint()
-            how = overlaps(out, fp)
-            if (not how and src.layout == "array" and out.array is None
-                    and set(fp.files) & set(out.files)):
-                how = "in a file that the input array maps"  # a file output: any of its bytes
-            if how:
-                raise OutputIsInputError(f"Expected an output other than the inputs. Got "
-                                         f"{label}, {how} {src.label}.")
+    have = np.dtype(have_dtype)
+    if have != dtype:
+        order = (" in this machine's byte order" if have.newbyteorder("=") == dtype else "")
+        raise DtypeError(f"Expected {dtype}{order} for {label}. Got {dtype_name(have)}.")
 
 
 @dataclass(frozen=True)
@@ -348,7 +347,8 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
     in_place = dataset is not None
     if resume and info["exists"] and info.get("complete"):
         done = _completed(spec, label, info, job, threads,
-                          strict=not (reads_c or overwrite or in_place),
+                          strict=not (reads_c or overwrite
+                                      or (in_place and info.get("record") is None)),
                           result=dataset if in_place else str(spec))
         if done is not None:
             return done

@@ -430,6 +430,9 @@ def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
     if isinstance(x, np.ndarray):
         return ArraySource(x, f"{name} (NumPy array)")
     if isinstance(x, h5py.Dataset):
+        if not x.id.valid:
+            raise SpecError(f"Expected an open h5py.Dataset for {name}. Got one whose file is "
+                            f"closed.")
         label = f"{name} ({x.file.filename}:{x.name})"
         check_matrix(x.shape, stored_dtype(x), label)
         if is_incomplete(x):
