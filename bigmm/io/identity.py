@@ -192,12 +192,12 @@ def overlaps(a: Footprint, b: Footprint) -> str:
         return "sharing memory with"
     if a.tree is not None and a.tree == b.tree:
         return "which is the same Zarr array (by another name or link) as"
-    if (a.tree is not None and a.tree in b.within) or (b.tree is not None and b.tree in a.within):
-        return "nested with (in, or holding, the directory of)"
     for dev, ino, lo, hi in a.ranges:
         for dev2, ino2, lo2, hi2 in b.ranges:
             if (dev, ino) == (dev2, ino2) and lo < hi2 and lo2 < hi:
                 return "mapping bytes of the same file as"
+    if (a.tree is not None and a.tree in b.within) or (b.tree is not None and b.tree in a.within):
+        return "nested with (in, or holding, the directory of)"
     return ""
 
 
@@ -211,12 +211,15 @@ def array_footprint(x: np.ndarray) -> Footprint:
     lo = x.__array_interface__["data"][0]
     lo += sum((k - 1) * s for k, s in zip(x.shape, x.strides) if s < 0)
     hi = lo + sum((k - 1) * abs(s) for k, s in zip(x.shape, x.strides)) + x.itemsize
-    ranges = []
-    for start, end, offset, dev, ino in _mappings():
+    ranges, paths = [], set()
+    for start, end, offset, dev, ino, path in _mappings():
         if start < hi and lo < end:
             ranges.append((dev, ino, offset + max(lo, start) - start,
                            offset + min(hi, end) - start))
-    return Footprint(ranges=tuple(ranges), files=tuple({r[:2] for r in ranges}), array=x)
+            paths.add(path)
+    within = tuple({d for path in paths if path.startswith("/") for d in ancestors(path)})
+    return Footprint(ranges=tuple(ranges), files=tuple({r[:2] for r in ranges}), array=x,
+                     within=within)
 
 
 def _numpy_owned(x: np.ndarray) -> bool:
@@ -248,8 +251,8 @@ def mappings_once():
             _ONCE.maps = None
 
 
-def _mappings() -> list[tuple[int, int, int, int, int]]:
-    """(start, end, file offset, device, inode) of this process's mappings of files (those of
+def _mappings() -> list[tuple[int, int, int, int, int, str]]:
+    """(start, end, file offset, device, inode, path) of this process's mappings of files (those of
     inode 0, anonymous memory, are left out unparsed: a CUDA process has thousands); within
     :func:`mappings_once`, read once."""
     if getattr(_ONCE, "depth", 0):
@@ -277,7 +280,7 @@ def _device_file(key: tuple[int, int], path: str) -> bool:
     return _DEVICE_FILES[key]
 
 
-def _read_mappings() -> list[tuple[int, int, int, int, int]]:
+def _read_mappings() -> list[tuple[int, int, int, int, int, str]]:
     try:
         with open("/proc/self/maps") as f:
             lines = f.read().splitlines()
@@ -294,9 +297,10 @@ def _read_mappings() -> list[tuple[int, int, int, int, int]]:
         start, end = (int(v, 16) for v in span.split("-"))
         major, minor = (int(v, 16) for v in dev.split(":"))
         key = (os.makedev(major, minor), int(ino))
-        if len(parts) > 5 and parts[5].startswith("/dev/") and _device_file(key, parts[5]):
+        path = parts[5] if len(parts) > 5 else ""
+        if path.startswith("/dev/") and _device_file(key, path):
             continue
-        out.append((start, end, int(offset, 16), *key))
+        out.append((start, end, int(offset, 16), *key, path))
     return out
 
 
@@ -328,3 +332,19 @@ def refuse_alias(out: Footprint, inputs, label: str) -> None:
             if how:
                 raise OutputIsInputError(f"Expected an output other than the inputs. Got "
                                          f"{label}, {how} {src.label}.")
+
+
+def ancestors(path: str) -> tuple:
+    """(device, inode) of ``path`` (where it exists) and of every directory above it."""
+    out = []
+    path = os.path.realpath(path)
+    while True:
+        try:
+            st = os.stat(path)
+            out.append((st.st_dev, st.st_ino))
+        except OSError:
+            pass
+        parent = os.path.dirname(path)
+        if parent == path:
+            return tuple(out)
+        path = parent

@@ -24,8 +24,8 @@ from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, Op
                       ShapeError, SpecError)
 from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles,
                   reserve_job_record, stored_dtype)
-from .identity import (Footprint, array_footprint, describe, differences, fingerprint,
-                       mappings_once, overlaps_itself, refuse_alias)
+from .identity import (Footprint, ancestors, array_footprint, describe, differences,
+                       fingerprint, mappings_once, overlaps_itself, refuse_alias)
 from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
 from .durable import fsync_path
 from .lock import OutputLock, h5_open_retry
@@ -230,7 +230,8 @@ def _check_file(path: str) -> None:
 def _inspect(spec: Spec, partial: str, label: str) -> dict:
     """What exists at the output: the dataset's shape, dtype, completion flag and recorded job,
     where it lies (file and object), and whether a partial dataset exists."""
-    info = {"exists": False, "partial": False, "footprint": Footprint()}
+    info = {"exists": False, "partial": False,
+            "footprint": Footprint(within=ancestors(spec.path))}  # a Zarr input holding it
     if not _has_file(spec.path):
         return info
     st = os.stat(spec.path)
@@ -250,7 +251,8 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
                             flagged=COMPLETE_ATTR in obj.attrs,
                             record=_loads(raw))
             info["partial"] = isinstance(f.get(partial), h5py.Dataset)
-    info["footprint"] = Footprint(objects=objects, files=((st.st_dev, st.st_ino),))
+    info["footprint"] = Footprint(objects=objects, files=((st.st_dev, st.st_ino),),
+                                  within=ancestors(spec.path))
     info["file"] = (st.st_dev, st.st_ino)
     return info
 

@@ -34,7 +34,7 @@ from ._h5 import H5LOCK, REOPENABLE, check_matrix, is_incomplete, read_region, s
 from .inputs import (DEFAULT_THREADS, TASK_BYTES, Source, _batches, caller_splits,
                      incomplete_message)
 from .h5open import check_readable, open_h5
-from .identity import Footprint, array_footprint, file_facts
+from .identity import Footprint, ancestors, array_footprint, file_facts
 from .layout import MAX_INDEX_CELLS, Layout, chunk_cells, chunk_index, probe_layout
 from .mapped import FAULT_GRAIN, PAGE, STEP_BYTES, FileMap
 from .rawio import read_block
@@ -150,7 +150,7 @@ class H5Source(Source):
         else:  # somewhere in the file
             ranges = ((dev, ino, 0, 1 << 62),)
         return Footprint(objects=((dev, ino, self._object),), ranges=ranges,
-                         files=((dev, ino),))
+                         files=((dev, ino),), within=ancestors(self.path))
 
     def _drop_handle(self) -> None:
         if self._file is not None:

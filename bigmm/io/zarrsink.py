@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import BigmmError, OutputNotWritable, ReadError, WriteError
 from ._h5 import COMPLETE_ATTR, JOB_ATTR
-from .identity import Footprint
+from .identity import Footprint, ancestors
 from .journal import Journal, finished_job
 from .layout import chunk_cells
 from .sink import JournaledSink, Sink, _check_tile, _write_error
@@ -47,7 +47,7 @@ from .inputs import DEFAULT_THREADS
 from .spec import ZARR, Spec
 from .zarrfiles import (AHEAD, OLD_SUFFIX, ChunkFiles, drop_stale, remove_tree, swap,
                         write_attributes)
-from .zarrsource import (META, ZarrSource, ancestors, array_dir, direct_codec, enclosing_array,
+from .zarrsource import (META, ZarrSource, array_dir, direct_codec, enclosing_array,
                          node_type, open_array, read_meta, zarr_module)
 
 PARTIAL_SUFFIX = ".bigmm-partial"

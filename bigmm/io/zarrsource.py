@@ -45,7 +45,7 @@ import numpy as np
 from ..errors import (BackendUnavailable, BigmmError, IncompleteOutputError, OperandNotFound,
                       ReadError, SpecError)
 from ._h5 import COMPLETE_ATTR, check_matrix
-from .identity import Footprint
+from .identity import Footprint, ancestors
 from .layout import MAX_INDEX_CELLS, chunk_cells
 from .mapped import STEP_BYTES, FileMaps
 from .rawio import read_block
@@ -490,22 +490,6 @@ def chunk_files(folder: str, limit: int = MAX_INDEX_CELLS):
                     return None
     out.sort()
     return out
-
-
-def ancestors(path: str) -> tuple:
-    """(device, inode) of ``path`` (where it exists) and of every directory above it."""
-    out = []
-    path = os.path.realpath(path)
-    while True:
-        try:
-            st = os.stat(path)
-            out.append((st.st_dev, st.st_ino))
-        except OSError:
-            pass
-        parent = os.path.dirname(path)
-        if parent == path:
-            return tuple(out)
-        path = parent
 
 
 def describe_array(arr) -> str:

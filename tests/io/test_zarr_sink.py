@@ -461,6 +461,27 @@ def test_aliases_are_refused(tmp_path, ab):
     assert np.array_equal(a2[...], a)
 
 
+def test_files_inside_a_zarr_output_or_input_are_refused(tmp_path, ab):
+    # an HDF5 file or a mapped file inside the Zarr output's directory (which --overwrite would
+    # delete), and an HDF5 output inside an input array's directory: refused, nothing removed
+    sa, sb, a, b = ab
+    out = str(tmp_path / "c.zarr")
+    bigmm.matmul(sa, sb, out, **KW)
+    with h5py.File(tmp_path / "c.zarr" / "a.h5", "w") as f:
+        f["A"] = a
+    mapped = np.memmap(tmp_path / "c.zarr" / "c" / "a.bin", np.float64, "w+", shape=a.shape)
+    mapped[...] = a
+    for a_in in (f"{tmp_path / 'c.zarr' / 'a.h5'}:/A", mapped):
+        with pytest.raises(errors.OutputIsInputError, match="nested with"):
+            bigmm.matmul(a_in, sb, out, overwrite=True, **KW)
+    assert (tmp_path / "c.zarr" / "a.h5").exists() and np.array_equal(mapped, a)
+    inside = tmp_path / "in.zarr" / "A" / "c" / "x.h5"
+    with pytest.raises(errors.OutputIsInputError, match="nested with"):
+        bigmm.matmul(sa, sb, f"{inside}:/C", **KW)
+    assert not inside.exists()
+    del mapped
+
+
 def test_one_writer_per_output(tmp_path, ab):
     from bigmm.io.lock import OutputLock
 
