@@ -12,10 +12,15 @@ A spec is Zarr when its store part ends with ``.zarr`` (any case, a trailing "/"
 an existing directory holding Zarr metadata (``zarr.json``); a whole spec that is such a path
 names the root array (so ``store.zarr/group/array``, the array's own directory, works too).
 Anything else is HDF5, as before: a new Zarr store needs the ``.zarr`` suffix.
+
+A Zarr spec is named from the outermost group that holds it: ``store.zarr/group/array`` (when
+``store.zarr`` and ``group`` are groups) is ``store.zarr:/group/array``, so that every spelling
+of one array finds one lock and one journal.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -67,7 +72,7 @@ def parse_spec(text) -> Spec:
         raise SpecError(f"Expected 'file.h5:/dataset' or 'store.zarr[:/array]'. Got {text!r} "
                         f"({type(text).__name__}).")
     if text.strip() and is_zarr_path(text):
-        return Spec(_store(text), "/", ZARR)
+        return Spec(*_outermost(_store(text), "/"), ZARR)
     cut = text.find(":/")
     if cut < 0:
         cut = text.rfind(":")
@@ -77,7 +82,7 @@ def parse_spec(text) -> Spec:
         array = "/" + dataset.strip().strip("/")
         if "//" in array:
             raise SpecError(f"Expected 'store.zarr:/group/array'. Got {text!r}.")
-        return Spec(_store(path), array, ZARR)
+        return Spec(*_outermost(_store(path), array), ZARR)
     dataset = "/" + dataset.strip().lstrip("/")
     if not path or dataset == "/" or "//" in dataset or dataset.endswith("/"):
         raise SpecError(f"Expected 'file.h5:/dataset' or 'store.zarr[:/array]'. Got {text!r}.")
@@ -87,3 +92,26 @@ def parse_spec(text) -> Spec:
 def _store(path: str) -> str:
     path = path.strip()
     return path.rstrip("/") or path
+
+
+def _outermost(store: str, array: str) -> tuple[str, str]:
+    """(store, array) named from the outermost Zarr group above ``store`` (itself where the
+    folder above it is no group)."""
+    while True:
+        full = os.path.abspath(store)
+        parent = os.path.dirname(full)
+        if parent == full or not _is_group(parent):
+            return store, array
+        array = "/" + os.path.basename(full) + ("" if array == "/" else array)
+        store = os.path.dirname(store) or parent
+
+
+def _is_group(folder: str) -> bool:
+    """Whether ``folder`` holds a Zarr group's metadata (v3 ``zarr.json``, v2 ``.zgroup``)."""
+    if os.path.isfile(os.path.join(folder, ".zgroup")):
+        return True
+    try:
+        with open(os.path.join(folder, "zarr.json")) as f:
+            return json.load(f).get("node_type") == "group"
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -461,6 +461,22 @@ def test_aliases_are_refused(tmp_path, ab):
     assert np.array_equal(a2[...], a)
 
 
+def test_spellings_of_one_array_share_its_lock_and_journal(tmp_path, ab):
+    # store.zarr:/C and store.zarr/C (the array's own folder) are one output: a run
+    # interrupted under one spelling is seen, and resumed, under the other
+    sa, sb, a, b = ab
+    zarr.create_group(str(tmp_path / "st.zarr"))
+    one, other = f"{tmp_path / 'st.zarr'}:/C", str(tmp_path / "st.zarr" / "C")
+    with pytest.raises(errors.Interrupted):
+        bigmm.matmul(sa, sb, one, progress=_stop_after(2), **KW)
+    assert lock_path(parse_spec(one)) == lock_path(parse_spec(other))
+    with pytest.raises(errors.OutputExistsError, match="journal"):
+        bigmm.matmul(sa, sb, other, overwrite=False, alpha=2.0, **KW)
+    _, st = bigmm.matmul(sa, sb, other, resume=True, stats=True, **KW)
+    assert 0 < st.tiles_skipped < st.tiles_total
+    assert relative_error(_read(one)[0], a @ b) <= tolerance(np.float64, K)
+
+
 def test_files_inside_a_zarr_output_or_input_are_refused(tmp_path, ab):
     # an HDF5 file or a mapped file inside the Zarr output's directory (which --overwrite would
     # delete), and an HDF5 output inside an input array's directory: refused, nothing removed
