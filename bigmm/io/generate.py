@@ -70,6 +70,9 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
     lay = parse_layout(layout, chunks, compression, (m, n), zarr=parsed.zarr)
     if parsed.zarr:
         from .zarrgen import generate_zarr
+        from .zarrsource import check_zarr_dtype
+
+        check_zarr_dtype(dtype, str(parsed))
 
         return generate_zarr(parsed, (m, n), dtype, lay, seed, overwrite, block_elements,
                              _draw)

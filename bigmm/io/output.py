@@ -95,6 +95,8 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
                         f"h5py.Dataset, a zarr.Array or a NumPy array for the output. Got "
                         f"{type(x).__name__}.")
     spec = parse_spec(x)
+    if spec.zarr:
+        zarrsource.check_zarr_dtype(dtype, f"C ({spec})")
     chunks = _storage(spec).chunks(shape, tile, dtype.itemsize)
     return _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c,
                         threads, chunks)

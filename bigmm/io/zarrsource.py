@@ -42,8 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import (BackendUnavailable, BigmmError, IncompleteOutputError, OperandNotFound,
-                      ReadError, SpecError)
+from ..errors import (BackendUnavailable, BigmmError, DtypeError, IncompleteOutputError,
+                      OperandNotFound, ReadError, SpecError)
 from ._h5 import COMPLETE_ATTR, check_matrix
 from .identity import Footprint, ancestors
 from .layout import MAX_INDEX_CELLS, chunk_cells
@@ -51,6 +51,7 @@ from .mapped import STEP_BYTES, FileMaps
 from .rawio import read_block
 from .inputs import DEFAULT_THREADS, TASK_BYTES, Source, caller_splits, incomplete_message
 from .spec import ZARR, Spec
+from ..units import dtype_name
 
 #: The array's metadata document in its directory (Zarr v3).
 META = "zarr.json"
@@ -490,6 +491,15 @@ def chunk_files(folder: str, limit: int = MAX_INDEX_CELLS):
                     return None
     out.sort()
     return out
+
+
+def check_zarr_dtype(dtype, label: str) -> None:
+    """DtypeError for a dtype a Zarr array cannot hold (Zarr has no bfloat16), before anything
+    is created."""
+    if dtype_name(dtype) == "bfloat16":
+        raise DtypeError(f"Expected float16, float32 or float64 for the Zarr array {label}. "
+                         f"Got bfloat16 (Zarr has no bfloat16 data type; write it to an HDF5 "
+                         f"dataset).")
 
 
 def describe_array(arr) -> str:

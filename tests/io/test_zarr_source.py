@@ -68,6 +68,28 @@ def test_a_bad_zarr_spec_is_refused():
         parse_spec("s.zarr:/g//A")
 
 
+def test_bfloat16_zarr_arrays_are_refused_before_anything_is_made(tmp_path):
+    # Zarr has no bfloat16 data type: generate and a new output refuse it, creating nothing
+    from bigmm.io.generate import generate
+
+    with pytest.raises(errors.DtypeError, match="Got bfloat16"):
+        generate(f"{tmp_path / 'g.zarr'}:/A", (30, 20), dtype="bfloat16")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = random_matrix((30, 20), ml_dtypes.bfloat16)
+    with pytest.raises(errors.DtypeError, match="Got bfloat16"):
+        bigmm.matmul(a, a.T.copy(), str(tmp_path / "c.zarr"), out_dtype="bfloat16",
+                     backend="numpy")
+    assert not os.listdir(tmp_path)
+
+
+def test_a_store_named_from_its_outermost_group(tmp_path):
+    # the array's own folder, or a group's, names the array from the outermost group
+    zarr_array(tmp_path / "s.zarr", np.ones((4, 4)), path="g/A")
+    for text in (f"{tmp_path / 's.zarr'}:/g/A", str(tmp_path / "s.zarr" / "g" / "A"),
+                 f"{tmp_path / 's.zarr' / 'g'}:/A"):
+        assert parse_spec(text) == Spec(str(tmp_path / "s.zarr"), "/g/A", "zarr"), text
+
+
 # ----- every layout read right ------------------------------------------------------------------
 
 LAYOUTS = [
