@@ -311,6 +311,38 @@ def test_resume_of_a_finished_output(files):
         bigmm.matmul(spec_a, spec_b, spec_c, backend="numpy", resume=True, alpha=2.0)
 
 
+@pytest.mark.parametrize("edit", ["A", "old C"])  # an input in C's file; the old C (beta)
+def test_one_element_changed_in_the_outputs_file_refuses_the_resume(tmp_path, edit):
+    # the run writes that file, so only the contents tell: they are hashed whole
+    a, b = random_matrix((700, 600), np.float64, 1), random_matrix((600, 500), np.float64, 2)
+    c0 = random_matrix((700, 500), np.float64, 3)
+    path = tmp_path / "c.h5"
+    with h5py.File(path, "w") as f:
+        f["A"], f["C"] = a, c0
+    kw = dict(beta=0.5 if edit == "old C" else 0.0, memory="256KiB", backend="numpy")
+    out = f"{path}:/C" if edit == "old C" else f"{path}:/D"
+
+    def stop(p):
+        if p.tiles_done >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(errors.Interrupted):
+        bigmm.matmul(f"{path}:/A", b, out, progress=stop, **kw)
+    name = "A" if edit == "A" else "C"
+    with h5py.File(path, "r+") as f:
+        was = f[name][351, 299]
+        f[name][351, 299] = was + 1.0  # one element, far from the samples' rows
+    with pytest.raises(errors.ResumeError, match="hash of all its data"):
+        bigmm.matmul(f"{path}:/A", b, out, resume=True, **kw)
+    with h5py.File(path, "r+") as f:  # restored: the resume goes on
+        f[name][351, 299] = was
+    bigmm.matmul(f"{path}:/A", b, out, resume=True, **kw)
+    with h5py.File(path, "r") as f:
+        got = f[out.rsplit(":", 1)[1]][...]
+    ref = reference_gemm(a, b, beta=kw["beta"], c=c0)
+    assert relative_error(got, ref) <= tolerance(np.float64, 600)
+
+
 # ----- kill, interrupt, resume ----------------------------------------------------------------
 
 M, N, K = 96, 80, 70

@@ -31,6 +31,8 @@ from ..errors import OutputIsInputError
 #: most SAMPLE_MAX; operands up to SAMPLE_WHOLE bytes are hashed whole.
 SAMPLE_SHARE = 1 / 4096
 SAMPLE_MIN, SAMPLE_MAX, SAMPLE_WHOLE = 64 << 10, 4 << 20, 256 << 10
+#: Bytes read at a time where a fingerprint hashes all of an operand.
+WHOLE_BLOCK = 16 << 20
 #: Elements per sampled row segment of an unchunked operand.
 SEGMENT = 8192
 
@@ -45,9 +47,10 @@ def file_facts(path: str) -> dict:
 
 def describe(src, *, volatile: bool = False) -> dict:
     """The identity record of an opened Source (JSON-able). ``volatile``: its file is written by
-    the run (the output's file), so its size and modification time are not compared."""
+    the run (the output's file), so its size and modification time are not compared, and its
+    fingerprint hashes all of it (a sample would miss an element changed in place)."""
     rec = {"label": src.label, "shape": list(src.shape), "dtype": _dtype_key(src.dtype),
-           "fingerprint": fingerprint(src)}
+           "fingerprint": fingerprint(src, whole=volatile)}
     where = src.where()
     if where is not None:
         rec.update(file=dict(where["file"], path=where["path"]), object=where["object"],
@@ -97,7 +100,8 @@ def differences(recorded: dict, now: dict, *, volatile: bool = False) -> list[st
         out.append(f"its storage moved ({_storage(now['storage'])}, was "
                    f"{_storage(recorded['storage'])})")
     if recorded.get("fingerprint") != now.get("fingerprint"):
-        out.append("different contents (the sampled blocks' hash differs)")
+        what = "all its data" if now.get("volatile") else "the sampled blocks"
+        out.append(f"different contents (the hash of {what} differs)")
     return out
 
 
@@ -109,8 +113,9 @@ def _storage(s: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(s.items()))
 
 
-def fingerprint(src) -> str:
-    """A hash of sampled blocks of ``src`` (all of it when small), read through ``src.read``.
+def fingerprint(src, whole: bool = False) -> str:
+    """A hash of sampled blocks of ``src`` (all of it when small, or ``whole``), read through
+    ``src.read``.
 
     Chunked operands are sampled by whole chunks (or their first rows), evenly spread through
     the chunk grid; others by row segments spread over rows and columns. The samples always
@@ -120,13 +125,23 @@ def fingerprint(src) -> str:
     total = m * n * dt.itemsize
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{m}x{n}:{dt.str}".encode())
-    for r0, r1, c0, c1 in sample_regions(src.shape, dt.itemsize, src.chunks, total):
+    regions = (_blocks(m, n, dt.itemsize) if whole and total > SAMPLE_WHOLE
+               else sample_regions(src.shape, dt.itemsize, src.chunks, total))
+    for r0, r1, c0, c1 in regions:
         buf = np.empty((r1 - r0, c1 - c0), dt)
         src.read(r0, r1, c0, c1, buf)
         if dt.kind != "f":  # bfloat16 (native, as NumPy holds it): its bits, little-endian
             buf = buf.view(f"=u{dt.itemsize}")
         h.update(np.ascontiguousarray(buf, dtype=buf.dtype.newbyteorder("<")).tobytes())
     return h.hexdigest()
+
+
+def _blocks(m: int, n: int, itemsize: int) -> list[tuple[int, int, int, int]]:
+    """All of an m x n matrix in row-major blocks of about WHOLE_BLOCK bytes."""
+    cols = max(1, min(n, WHOLE_BLOCK // itemsize))
+    rows = max(1, WHOLE_BLOCK // (cols * itemsize))
+    return [(r0, min(m, r0 + rows), c0, min(n, c0 + cols))
+            for r0 in range(0, m, rows) for c0 in range(0, n, cols)]
 
 
 def _dtype_key(dtype) -> str:
