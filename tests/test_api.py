@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -341,6 +342,33 @@ def test_one_element_changed_in_the_outputs_file_refuses_the_resume(tmp_path, ed
         got = f[out.rsplit(":", 1)[1]][...]
     ref = reference_gemm(a, b, beta=kw["beta"], c=c0)
     assert relative_error(got, ref) <= tolerance(np.float64, 600)
+
+
+@pytest.mark.parametrize("fmt", ["h5", "zarr"])  # an HDF5 file, a Zarr store
+def test_an_output_replaced_after_the_interruption_refuses_the_resume(tmp_path, fmt):
+    # the journal names what its tiles went into: another finished C moved in its place
+    # (same name, another file or directory) is not completed with the journal's tiles
+    if fmt == "zarr":
+        pytest.importorskip("zarr")
+    a, b = random_matrix((300, 200), np.float64, 1), random_matrix((200, 250), np.float64, 2)
+    name = {"h5": "{}.h5:/C", "zarr": "{}.zarr"}[fmt]
+    one, other = (name.format(tmp_path / x) for x in ("one", "other"))
+    kw = dict(memory="64KiB", backend="numpy")
+
+    def stop(p):
+        if p.tiles_done >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(errors.Interrupted):
+        bigmm.matmul(a, b, one, progress=stop, **kw)
+    bigmm.matmul(a, b, other, alpha=2.0, **kw)
+    path = one.split(":")[0]
+    if fmt == "zarr":
+        shutil.rmtree(path)
+    os.replace(other.split(":")[0], path)
+    with pytest.raises(errors.ResumeError, match="replaced"):
+        bigmm.matmul(a, b, one, resume=True, **kw)
+    bigmm.matmul(a, b, one, overwrite=True, **kw)
 
 
 # ----- kill, interrupt, resume ----------------------------------------------------------------

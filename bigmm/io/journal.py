@@ -118,6 +118,8 @@ class Journal:
                 self.tiles.update(tuple(t) for t in record["tiles"])
             if record.get("swap"):
                 self.swap = True
+            if "target" in record:
+                self.header["target"] = normalise(record["target"])
 
     def close(self) -> None:
         if self._fd is not None:
@@ -158,6 +160,8 @@ def parse_journal(path: str):
             tiles.update(tuple(t) for t in record["tiles"])
         elif record.get("swap"):
             swap = True
+        elif "target" in record:  # what the tiles are written into (see io.output)
+            header["target"] = record["target"]
     if header is None:
         return None
     return header, tiles, swap, valid

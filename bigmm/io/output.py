@@ -294,6 +294,22 @@ def _header(spec, shape, dtype, job, partial) -> dict:
                       "dtype": dtype.name, "partial": partial, "job": job})
 
 
+def _target_identity(spec: Spec, target: str, dataset=None) -> list:
+    """Where the run's tiles go: (device, inode) of the Zarr array's directory, or of the
+    HDF5 file with the dataset's address. A resume refuses an output replaced since."""
+    if spec.zarr:
+        st = os.stat(zarrsink.target_dir(spec, target))
+        return [st.st_dev, st.st_ino]
+    with H5LOCK:
+        if dataset is not None:  # written in place: the caller holds its file open
+            home = os.stat(dataset.file.filename)
+            return [home.st_dev, home.st_ino, int(h5py.h5o.get_info(dataset.id).addr)]
+        with h5py.File(spec.path, "r") as f:
+            obj = f[target]
+            home = os.stat(obj.file.filename)
+            return [home.st_dev, home.st_ino, int(h5py.h5o.get_info(obj.id).addr)]
+
+
 def _identities(inputs, out_file) -> dict:
     """The identity record of each input ("A", "B"), its file's times not compared where the
     run writes that file too (the output's)."""
@@ -382,6 +398,7 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
         else:
             target = store.create(spec, label, shape, dtype, partial, drop_old=not reads_c,
                                   chunks=chunks, record_bytes=_record_bytes(header["job"]))
+        journal.append({"target": _target_identity(spec, target, dataset)})
         return store.sink(spec, shape, dtype, journal, target, reads_c, threads, dataset,
                           chunks)
     except DiskFullError:  # the output exists, empty: keep its journal for --resume
@@ -537,10 +554,17 @@ def _resume(spec, label, journal, job, info, shape, dtype, reads_c, threads, chu
             diff = differences(rin.get("C") or {}, now, volatile=True)
             if diff:
                 raise ResumeError(_changed("old C", now["label"], diff, spec))
+        if present and recorded.get("target") not in (
+                None, _target_identity(spec, target, dataset)):
+            raise ResumeError(f"Expected the {'array' if spec.zarr else 'dataset'} "
+                              f"'{target}' the interrupted run wrote, to resume {spec}. Got "
+                              f"another at that name (replaced after the interruption?). "
+                              f"Nothing was mixed: start over with overwrite=True.")
         if not present:
             _storage(spec).create(spec, label, shape, dtype, recorded.get("partial"),
                                   drop_old=not reads_c, chunks=chunks,
                                   record_bytes=_record_bytes(rjob))
+            journal.append({"target": _target_identity(spec, target, dataset)})
     elif not (info["exists"] or info["partial"]):
         raise ResumeError(f"Expected {spec} or its partial dataset to finish resuming. "
                           f"Got neither.")

@@ -20,7 +20,8 @@ from bigmm.io import filesink
 from bigmm.io import direct as direct_io
 from bigmm.io import mapped as mapped_io
 from bigmm.io import region as region_mod
-from bigmm.io.journal import Journal
+from bigmm.io.journal import Journal, journal_path, parse_journal
+from bigmm.io.spec import parse_spec
 from bigmm.io.region import write_region
 from bigmm.testing import random_matrix
 
@@ -503,6 +504,10 @@ def test_disk_full_in_pwrite_fallback_on_a_small_file_system(small_fs, inputs, m
     assert "c.h5" in str(err.value)
 
 
+def read_journal_target(spec):
+    return parse_journal(journal_path(parse_spec(spec)))[0]["target"]
+
+
 def test_mapped_commit_syncs_before_journaling(tmp_path, inputs, monkeypatch):
     _, srcs = inputs
     spec = f"{tmp_path}/out.h5:/C"
@@ -522,6 +527,8 @@ def test_mapped_commit_syncs_before_journaling(tmp_path, inputs, monkeypatch):
     monkeypatch.setattr(Journal, "append", append)
     with new_sink(spec, srcs) as sink:
         assert sink.mapped
+        assert [r for _, r in events] == [{"target": read_journal_target(spec)}]
+        events.clear()  # the output's identity, journaled as it opened
         first = [t for t in tiles() if t[0] == 1]  # one row of tiles
         write_tiles(sink, data, first)
         sink.commit(first)
