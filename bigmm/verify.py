@@ -23,7 +23,9 @@ C to its own dtype (``eps_C``, which exceeds the first for a bfloat16 or float16
 reference is computed from the operands as stored (already rounded to their dtypes).
 ``max_rel_error`` is the largest ``|c_ij - ref_ij| / s_ij`` (for a Freivalds probe, the error
 of (C @ x)_i over ``sqrt(sum_j s_ij^2 x_j^2)``, the same bound carried through the sum); the
-check passes when it is at most ``tolerance = SAFETY * eps * sqrt(K + 2) + eps_C``. A
+check passes when it is at most ``tolerance = SAFETY * eps * sqrt(K + 2) + eps_C``, each
+``s_ij`` padded by the absolute error of underflow over the tolerance (:func:`underflow`:
+products too small for the dtype, flushed to zero by some hardware, are right to within it). A
 product computed on TF32 tensor cores (``precision``: :mod:`bigmm.precision`) rounds its
 inputs first, each product off by up to ``p`` of itself (TF32: about 2^-9; 3xTF32: 2^-18),
 which adds at most ``p * |a_i| |b_j|`` (Cauchy-Schwarz): the tolerance gains ``SAFETY * p``.
@@ -134,7 +136,8 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
         opc0 = _Op(sources[3], False) if beta != 0 else None
         m, k, n = _check_shapes(opa, opb, opc, opc0)
         tol = tolerance(sources[0].dtype, sources[1].dtype, sources[2].dtype, k, precision)
-        job = _Job(opa, opb, opc, opc0, float(alpha), float(beta), block_elements)
+        floor = underflow(sources[0].dtype, sources[1].dtype, sources[2].dtype, k)
+        job = _Job(opa, opb, opc, opc0, float(alpha), float(beta), block_elements, floor / tol)
         if m * n * k <= exact_limit:
             err, worst = job.exact()
             return _result(err, worst, tol, "exact", m * n)
@@ -159,6 +162,20 @@ def tolerance(a_dtype, b_dtype, c_dtype, k: int, precision: str | None = None) -
     product = ROUNDING[precision].product
     return (SAFETY * (_eps(accumulate_dtype(operands)) * math.sqrt(k + 2) + product)
             + _eps(dtype_name(c_dtype)))
+
+
+def underflow(a_dtype, b_dtype, c_dtype, k: int) -> float:
+    """The absolute error an element may carry beyond ``tolerance`` times its scale: products
+    and sums that underflow (flushed to zero on some hardware: the smallest normal number of
+    the accumulating dtype each, for the k products and two more sums) and C's own rounding
+    near zero."""
+    operands = common_dtype(dtype_name(a_dtype), dtype_name(b_dtype))
+    return (k + 2) * _tiny(accumulate_dtype(operands)) + _tiny(dtype_name(c_dtype))
+
+
+def _tiny(name: str) -> float:
+    """The smallest normal number of a DTYPES name (bfloat16: float32's exponent range)."""
+    return float(np.finfo("float32" if name == "bfloat16" else name).tiny)
 
 
 def _eps(name: str) -> float:
@@ -198,6 +215,8 @@ class _Job:
     alpha: float
     beta: float
     block: int
+    #: Added to every element's scale: the underflow allowance over the tolerance.
+    pad: float = 0.0
 
     def exact(self) -> tuple[float, tuple | None]:
         """Every element: op(B) in column blocks, op(A) and C in matching row blocks."""
@@ -218,7 +237,7 @@ class _Job:
                     old = self.opc0.read(i0, i1, j0, j1)
                     ref += self.beta * old
                     scale += abs(self.beta) * np.abs(old)
-                err = _rel(self.opc.read(i0, i1, j0, j1) - ref, scale)
+                err = _rel(self.opc.read(i0, i1, j0, j1) - ref, scale + self.pad)
                 worst = _worse(worst, err, i0, j0)
         return worst
 
@@ -251,8 +270,9 @@ class _Job:
             ref_rows += self.beta * c0rows
             scale_rows += abs(self.beta) * np.abs(c0rows)
         cx, _, crows = self._stream_c(self.opc, rows, x)
+        spread += self.pad * np.linalg.norm(x, axis=0)
         worst = _worse((0.0, None), _rel(cx - ref, spread), 0, None)
-        return _worse(worst, _rel(crows - ref_rows, scale_rows), 0, 0, rows)
+        return _worse(worst, _rel(crows - ref_rows, scale_rows + self.pad), 0, 0, rows)
 
     def _stream_c(self, op: _Op, rows: np.ndarray, x: np.ndarray):
         """(C @ x, sqrt(C^2 @ x^2), C[rows]) in one pass over C."""

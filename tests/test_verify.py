@@ -88,6 +88,21 @@ def test_damaged_product_fails(tmp_path, damage, exact_limit):
     assert r.worst is not None
 
 
+@pytest.mark.parametrize("scale", [1e-21, 1e-25])  # products subnormal; C rounds to zero
+@pytest.mark.parametrize("exact_limit", [10**12, 0])  # element by element; sampled
+def test_products_that_underflow_pass(scale, exact_limit):
+    # float32 products below the smallest normal number are right to within underflow (NumPy's
+    # own A @ B here); an error of 5% in one element of a normal product still fails
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((300, 400)) * scale).astype(np.float32)
+    b = (rng.standard_normal((400, 200)) * scale).astype(np.float32)
+    assert verify(a, b, a @ b, exact_limit=exact_limit).passed
+    a, b = a / np.float32(scale), b / np.float32(scale)
+    c = a @ b
+    c[7, 9] *= np.float32(1.05)
+    assert not verify(a, b, c).passed
+
+
 def test_incomplete_output_is_an_error(tmp_path):
     a, b, xa, xb = _operands(tmp_path, 9, 8, 7, "float64")
     c = _write(tmp_path, "C", _product(xa, xb, "float64"), complete=False)
