@@ -133,7 +133,7 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
     """``matmul`` and ``gram``: one run."""
     threads = parse_io_threads(io_threads)
     verify = parse_verify(verify)
-    _check_callbacks(progress, profile, out)
+    check_callbacks(progress, profile, out)
     with _opened(a, b, backend, kernel, precision) as (be, A, B, closing):
         symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify, beta)
         if symmetric:
@@ -247,7 +247,7 @@ def _check_array_result(p: Plan, itemsize: int) -> None:
                              f"available; write it to a file instead (out='c.h5:/C').")
 
 
-def _check_callbacks(progress, profile, out) -> None:
+def check_callbacks(progress, profile, out) -> None:
     """OptionError for a ``progress`` that cannot be called or a ``profile`` that is neither
     off, True, a path prefix in an existing folder nor a Profile, before anything is opened
     (a run that failed at its first tile or after its last would leave an output)."""

@@ -123,6 +123,9 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
     an interrupted run raises IncompleteOutputError. See the module docstring for the methods.
     """
     _check_counts(samples, probes, exact_limit)
+    if (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0
+            or seed >= 2**64):
+        raise OptionError(f"Expected seed to be an integer from 0 to 2**64 - 1. Got {seed!r}.")
     if beta != 0 and c0 is None:
         raise OptionError(f"Expected c0 (the C before the run) when beta != 0. Got beta={beta}.")
     sources, owned = [], []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -71,6 +72,15 @@ def test_multiply_json_summary(tmp_path, capsys, operands):
     # the time the plan predicted for it, and how old the figures behind it were
     assert 0 < s["predicted_seconds"] < 600
     assert s["calibration"].startswith(("measured now", "kept, the oldest")), s["calibration"]
+    # float16 operands: C in float32 by default, in float16 when asked; the summary says which
+    h = tmp_path / "h.h5"
+    with h5py.File(h, "w") as f:
+        f["A"], f["B"] = np.ones((5, 4), np.float16), np.ones((4, 3), np.float16)
+    for extra, c_dtype in (([], "float32"), (["--out-dtype", "float16"], "float16")):
+        rc, out, err = run(capsys, "multiply", f"{h}:/A", f"{h}:/B", "-o", f"{h}:/C{c_dtype}",
+                           "--backend", "numpy", "--json", *extra)
+        s = json.loads(out)
+        assert rc == 0 and (s["dtype"], s["c_dtype"]) == ("float16", c_dtype), err
 
 
 def test_plan_writes_nothing(tmp_path, capsys, operands):
@@ -122,6 +132,10 @@ ERROR_CASES = [
     (["generate", "{t}/g.h5:/G", "--shape", "0", "5"], "shape"),             # empty shape
     (["generate", "{a}", "--shape", "5", "5"], "overwrite"),                 # exists
     (["generate", "no-dataset-part", "--shape", "5", "5"], "Expected"),      # bad spec
+    (["generate", "{t}/g.h5:/G", "--shape", "5", "5", "--seed", str(2**64)], "2**64"),  # seed
+    (["verify", "{a}", "{a}", "{t}/c.h5:/C", "--seed", "-1"], "seed"),        # negative seed
+    (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--profile", "{t}/no/dir/p"],
+     "profile"),                                                              # before the run
     (["frobnicate"], "invalid choice"),                                      # unknown command
     (["multiply", "{a}"], "required"),                                       # missing arguments
 ]
@@ -140,6 +154,8 @@ def test_errors_are_one_line(tmp_path, capsys, operands, argv, word):
     assert "error:" in lines[0] and word in lines[0] and "Traceback" not in err
     with h5py.File(tmp_path / "a.h5", "r") as f:
         assert np.array_equal(f["A"][...], a_before)  # the inputs are untouched
+    if argv[0] != "verify":
+        assert not glob.glob(str(tmp_path / "c.h5*")) and not (tmp_path / "g.h5").exists()
 
 
 def test_debug_shows_the_traceback(tmp_path, capsys):

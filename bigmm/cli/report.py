@@ -7,7 +7,7 @@ import time
 
 from .. import calibration
 from ..runstats import STAGES
-from ..units import format_bytes, format_seconds
+from ..units import dtype_name, format_bytes, format_seconds
 
 
 def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
@@ -26,7 +26,8 @@ def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
     return {
         "a": str(a), "b": str(b), "out": str(out),
         "shape_a": list(a_shape), "shape_b": list(b_shape), "shape_c": [plan.m, plan.n],
-        "dtype": plan.dtype, "backend": getattr(stats, "backend", None) or backend,
+        "dtype": plan.dtype, "c_dtype": _c_dtype(out, plan),
+        "backend": getattr(stats, "backend", None) or backend,
         "seconds": float(stats.seconds), "flops": int(stats.flops),
         "tflops": stats.flops / seconds / 1e12, "gbps": moved / seconds / 1e9,
         "bytes_read": int(stats.bytes_read), "bytes_written": int(stats.bytes_written),
@@ -37,6 +38,19 @@ def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
         "stages": stages,
         **checksum_summary(stats),
     }
+
+
+def _c_dtype(out, plan) -> str:
+    """The dtype C was written in (the output's own: a kept output or ``out_dtype`` decide it,
+    not the operands')."""
+    from .. import io
+    from ..errors import BigmmError
+
+    try:
+        with io.open_input(out, name="C") as src:
+            return dtype_name(src.dtype)
+    except (BigmmError, OSError):
+        return plan.c_dtype
 
 
 def checksum_summary(stats) -> dict:
@@ -55,7 +69,7 @@ def format_summary(s: dict) -> str:
         return (f"{s['out']} is complete: an earlier run of the same job finished all "
                 f"{s['tiles_total']} tiles (nothing computed)")
     lines = [
-        f"wrote {s['out']}: C[{s['shape_c'][0]} x {s['shape_c'][1]}] {s['dtype']}"
+        f"wrote {s['out']}: C[{s['shape_c'][0]} x {s['shape_c'][1]}] {s['c_dtype']}"
         + (f" on {s['backend']}" if s["backend"] else ""),
         f"time {format_seconds(s['seconds'])}, {s['tflops']:.3f} TFLOP/s, {s['gbps']:.2f} GB/s "
         f"(read {format_bytes(s['bytes_read'])}, wrote {format_bytes(s['bytes_written'])})",

@@ -36,6 +36,7 @@ def cmd_multiply(args) -> int:
                               "stages of one process). Got both.")
         return _multiply_on_cluster(args)
     kwargs = _job_kwargs(args)
+    api.check_callbacks(None, args.profile, args.out)  # before the run, not after it
     plan = api.plan(args.a, args.b, args.out, resume=args.resume, **kwargs)
     if not args.quiet and not args.resume:
         _note_budget(api, args, kwargs, plan)

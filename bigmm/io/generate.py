@@ -197,8 +197,9 @@ def _filter(compression: str) -> dict:
 
 
 def _parse_seed(seed) -> int:
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise OptionError(f"Expected seed to be a non-negative integer. Got {seed!r}.")
+    if (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0
+            or seed >= 2**64):
+        raise OptionError(f"Expected seed to be an integer from 0 to 2**64 - 1. Got {seed!r}.")
     return int(seed)
 
 
