@@ -1,0 +1,130 @@
+"""Random jobs on the GPU against the float64 reference (hypothesis): each kernel and precision,
+float16, bfloat16, float32, float64 and mixed operands, transposes, alpha/beta (old C poisoned
+with NaN when beta == 0), operands and outputs as pageable, Fortran-ordered and page-locked
+arrays, HDF5 datasets (contiguous and randomly chunked) and Zarr arrays, Gram products of one
+operand, and budgets from a few MiB up."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS SGEMM in plain float32 (before cupy loads)
+
+import bigmm  # noqa: E402
+from bigmm.testing import (pinned_array, random_matrix, reference_gemm,  # noqa: E402
+                           relative_error, tolerance)
+from bigmm.units import numpy_dtype  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+FUZZ = settings(max_examples=150, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+ARITHMETIC = [("bigmm", None), ("bigmm", "tf32x3"), ("bigmm", "tf32"), ("cublas", None),
+              ("cublas-tf32", None)]
+DTYPES = ["float32", "float64", "float16", "bfloat16", "mixed"]
+KINDS = ["array", "fortran", "pinned", "h5", "h5-chunked", "zarr"]
+dims = st.one_of(st.integers(1, 3), st.integers(4, 300), st.integers(300, 2500))
+
+
+@st.composite
+def jobs(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    kernel, precision = draw(st.sampled_from(ARITHMETIC if dtype == "float32"
+                                             else ARITHMETIC[:1] + ARITHMETIC[3:4]))
+    gram = draw(st.booleans()) and draw(st.booleans())  # a quarter of the jobs
+    m, n, k = draw(dims), draw(dims), draw(dims)
+    ta, tb = draw(st.booleans()), draw(st.booleans())
+    if gram:
+        n, tb = m, not ta
+    beta = draw(st.sampled_from([0.0, 0.0, 1.0, -0.5]))
+    kinds = [draw(st.sampled_from(KINDS)) for _ in "ab"]
+    if gram:
+        kinds[1] = kinds[0]
+    if dtype == "bfloat16":  # Zarr holds no bfloat16; HDF5 needs bigmm's own type
+        kinds = ["array" if x in ("zarr", "h5", "h5-chunked") else x for x in kinds]
+    return dict(dtype=dtype, kernel=kernel, precision=precision, gram=gram, m=m, n=n, k=k,
+                ta=ta, tb=tb, alpha=draw(st.sampled_from([1.0, -1.0, 0.5, 2.25])), beta=beta,
+                kinds=kinds, out=draw(st.sampled_from(["none", "array", "pinned", "h5", "zarr"]
+                                                      if beta == 0 else
+                                                      ["array", "pinned", "h5", "zarr"])),
+                memory=draw(st.sampled_from([None, "4MiB", "16MiB", "64MiB"])),
+                seed=draw(st.integers(0, 2**31)))
+
+
+def _store(folder, name, kind, data, draw_chunks):
+    if kind == "array":
+        return data
+    if kind == "fortran":
+        return np.asfortranarray(data)
+    if kind == "pinned":
+        return pinned_array(data.shape, data.dtype, fill=data)
+    if kind == "zarr":
+        zarr = pytest.importorskip("zarr")
+        path = os.path.join(folder, f"{name}.zarr")
+        zarr.create_array(path, data=data, chunks=draw_chunks(data.shape), overwrite=True)
+        return path
+    with h5py.File(os.path.join(folder, f"{name}.h5"), "w") as f:
+        f.create_dataset(name, data=data,
+                         chunks=draw_chunks(data.shape) if kind == "h5-chunked" else None)
+    return f"{os.path.join(folder, name)}.h5:/{name}"
+
+
+@FUZZ
+@given(jobs(), st.data())
+def test_random_gpu_jobs_match_the_float64_reference(job, data):
+    m, n, k, dtype = job["m"], job["n"], job["k"], job["dtype"]
+    da = numpy_dtype("float32" if dtype == "mixed" else dtype)
+    db = np.dtype(np.float64) if dtype == "mixed" and not job["gram"] else da
+    cdt = np.float64 if np.float64 in (da, db) else np.float32
+
+    def chunks(shape):
+        return tuple(data.draw(st.integers(max(1, d // 6), d)) for d in shape)
+
+    with tempfile.TemporaryDirectory() as folder:
+        a = random_matrix((k, m) if job["ta"] else (m, k), da, job["seed"])
+        b = a if job["gram"] else random_matrix((n, k) if job["tb"] else (k, n), db,
+                                                job["seed"] + 1)
+        c0 = random_matrix((m, n), cdt, job["seed"] + 2)
+        if job["gram"]:
+            c0 = (c0 + c0.T) / 2  # a Gram product with beta != 0 needs a symmetric old C
+        A = _store(folder, "A", job["kinds"][0], a, chunks)
+        B = A if job["gram"] else _store(folder, "B", job["kinds"][1], b, chunks)
+        old = c0 if job["beta"] else np.full((m, n), np.nan, cdt)
+        out = None
+        if job["out"] == "array":
+            out = old.copy()
+        elif job["out"] == "pinned":
+            out = pinned_array((m, n), cdt, fill=old)
+        elif job["out"] in ("h5", "zarr"):
+            out = _store(folder, "C", job["out"], old, lambda s: s) if job["beta"] else (
+                os.path.join(folder, "C.zarr") if job["out"] == "zarr"
+                else f"{os.path.join(folder, 'C')}.h5:/C")
+        got = bigmm.matmul(A, B, out, alpha=job["alpha"], beta=job["beta"], trans_a=job["ta"],
+                           trans_b=job["tb"], memory=job["memory"], host_memory="64MiB",
+                           backend="cupy", kernel=job["kernel"], precision=job["precision"])
+        if job["out"] == "h5":
+            with h5py.File(os.path.join(folder, "C.h5"), "r") as f:
+                got = f["C"][...]
+        elif job["out"] == "zarr":
+            import zarr
+
+            got = zarr.open_array(os.path.join(folder, "C.zarr"), mode="r")[...]
+        ref = reference_gemm(a, b, alpha=job["alpha"], beta=job["beta"], c=c0,
+                             trans_a=job["ta"], trans_b=job["tb"])
+        if job["precision"] == "tf32" or job["kernel"] == "cublas-tf32":
+            bound = 2e-3  # one TF32 pass: inputs rounded to 10 bits
+        elif job["precision"] == "tf32x3":
+            bound = 4 * tolerance(np.float32, k)
+        else:
+            bound = tolerance(np.float64 if cdt == np.float64 else da, k)
+        assert relative_error(got, ref) <= bound, job
+        if job["gram"] and job["beta"] == 0:  # detected as a Gram product: mirrored
+            assert np.array_equal(got, got.T), job
