@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from ..errors import DtypeError, OptionError, OutputExistsError, OutputNotWritable, ShapeError
-from ..units import DTYPES, numpy_dtype
+from ..errors import (DiskFullError, DtypeError, OptionError, OutputExistsError,
+                      OutputNotWritable, ShapeError)
+from ..units import DTYPES, format_bytes, numpy_dtype
 from ..units import dtype_name as _dtype_name
 from ._h5 import COMPLETE_ATTR, h5_type, stored_dtype, write_region
 from .spec import parse_spec
@@ -68,6 +69,8 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
     seed = _parse_seed(seed)
     parsed = parse_spec(spec)
     lay = parse_layout(layout, chunks, compression, (m, n), zarr=parsed.zarr)
+    if not lay.filter and not compression:  # uncompressed: its bytes must fit the disk
+        _check_space(parsed.path, m * n * numpy_dtype(dtype).itemsize, str(parsed))
     if parsed.zarr:
         from .zarrgen import generate_zarr
         from .zarrsource import check_zarr_dtype
@@ -239,7 +242,27 @@ def _fill(dset: h5py.Dataset, seed: int, block_elements: int, chunks) -> None:
     if chunks is not None:
         rows = max(chunks[0], rows // chunks[0] * chunks[0])
     dtype = stored_dtype(dset)  # native: generate creates the dataset
+    if n > block_elements:  # rows wider than a block: each row in pieces
+        for r in range(m):
+            for c0 in range(0, n, block_elements):
+                c1 = min(n, c0 + block_elements)
+                write_region(dset, np.s_[r:r + 1, c0:c1],
+                             _draw(seed, r * n + c0, r * n + c1).reshape(1, -1).astype(dtype))
+        return
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         write_region(dset, np.s_[r0:r1, 0:n],
                      _draw(seed, r0 * n, r1 * n).reshape(r1 - r0, n).astype(dtype))
+
+
+def _check_space(path: str, need: int, label: str) -> None:
+    """DiskFullError before writing a matrix the file system cannot hold."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return  # the folder's own error comes when it is opened
+    free = st.f_bavail * st.f_frsize
+    if st.f_blocks and need > free:
+        raise DiskFullError(f"Expected {format_bytes(need)} free on the file system of "
+                            f"'{path}' for {label}. Got {format_bytes(free)} free. Nothing was "
+                            f"written.")

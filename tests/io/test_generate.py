@@ -7,8 +7,8 @@ import hdf5plugin  # noqa: F401  (reads zstd and lz4 datasets)
 import numpy as np
 import pytest
 
-from bigmm.errors import (DtypeError, OptionError, OutputExistsError, OutputNotWritable,
-                          ShapeError, SpecError)
+from bigmm.errors import (DiskFullError, DtypeError, OptionError, OutputExistsError,
+                          OutputNotWritable, ShapeError, SpecError)
 from bigmm.io.generate import UNIT, block, generate
 
 
@@ -33,6 +33,14 @@ def test_same_matrix_for_every_block_size(tmp_path, shape, block_elements):
     assert np.array_equal(ref, got)
     assert np.array_equal(ref, block(shape, 7, 0, shape[0]))
     assert ref.shape == shape and np.all(ref != 0)
+
+
+@pytest.mark.parametrize("spec", ["g.h5:/A", "g.zarr"])  # HDF5, Zarr
+def test_a_matrix_larger_than_the_disk_is_refused_before_writing(tmp_path, spec):
+    # 10^8 x 10^8 float32 (40 PB): refused up front, nothing created
+    with pytest.raises(DiskFullError, match="free on the file system"):
+        generate(f"{tmp_path}/{spec}", (10**8, 10**8))
+    assert not list(tmp_path.iterdir())
 
 
 def test_seed_and_dtype(tmp_path):
