@@ -227,8 +227,11 @@ def test_subprocess_roundtrip_and_error(tmp_path):
     assert p.returncode == 0 and "PASSED" in p.stdout
 
 
-def test_ctrl_c_leaves_a_resumable_output(tmp_path):
-    """SIGINT mid-run: one line with the --resume command, exit 130; that command finishes."""
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130),   # Ctrl-C
+                                         (signal.SIGTERM, 143)])  # a scheduler's stop
+def test_ctrl_c_leaves_a_resumable_output(tmp_path, sig, status):
+    """SIGINT or SIGTERM mid-run: one line with the --resume command, exit 130 or 143; that
+    command finishes."""
     a, b, c = (f"{tmp_path / 'i.h5'}:/{x}" for x in "ABC")
     n = 1600  # about 3 s at --memory 150KB on 2 cores: long enough to interrupt mid-run
     for spec, seed in ((a, 1), (b, 2)):
@@ -247,9 +250,9 @@ def test_ctrl_c_leaves_a_resumable_output(tmp_path):
     if proc.poll() is not None:
         pytest.skip("the run finished before it could be interrupted")
     assert journal is not None
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == status, err
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith("bigmm: ") or
              "error" in ln]  # progress lines aside (stderr is not a terminal)
     assert len(lines) == 1 and "resumable" in lines[0] and "Traceback" not in err

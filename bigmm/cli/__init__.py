@@ -2,7 +2,8 @@
 
 Every error a user can cause ends in one line on stderr (``bigmm: error: ...``) and exit status 2;
 ``--debug`` shows the traceback instead. ``verify`` exits 0 on pass and 1 on fail. An interrupted
-``multiply`` prints the command that resumes it and exits 130.
+``multiply`` prints the command that resumes it and exits 130 (Ctrl-C) or 143 (SIGTERM, as a
+batch scheduler sends before it kills a job).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import sys
 import traceback
 
 from ..errors import BigmmError
-from ._common import (EXIT_ERROR, EXIT_FAIL, EXIT_INTERNAL, EXIT_INTERRUPTED, err, one_line,
-                      quiet_stdout)
+from ._common import (EXIT_ERROR, EXIT_FAIL, EXIT_INTERNAL, EXIT_INTERRUPTED, SIGNALS, err,
+                      interrupted_status, one_line, quiet_stdout)
 from .parser import build_parser
 
 __all__ = ["EXIT_ERROR", "EXIT_FAIL", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "build_parser",
@@ -21,12 +22,12 @@ __all__ = ["EXIT_ERROR", "EXIT_FAIL", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "buil
 
 def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
-    restore = _watch_sigint()
+    restore = _watch_signals()
     try:
         return _main(argv)
     except KeyboardInterrupt:  # outside a command's own handling (parsing), or a second one
         err("interrupted")
-        return EXIT_INTERRUPTED
+        return interrupted_status()
     finally:
         restore()
 
@@ -48,7 +49,7 @@ def _main(argv) -> int:
         if debug:
             traceback.print_exc()
         err("interrupted")
-        return EXIT_INTERRUPTED
+        return interrupted_status()
     except (BigmmError, OSError, MemoryError) as e:
         if debug:
             traceback.print_exc()
@@ -57,34 +58,34 @@ def _main(argv) -> int:
     except Exception as e:  # a bug: still one line unless --debug
         if debug:
             traceback.print_exc()
-        if _SIGINTS:  # Ctrl-C inside an extension's import, which turned it into an ImportError
+        if SIGNALS:  # Ctrl-C inside an extension's import, which turned it into an ImportError
             err("interrupted")
-            return EXIT_INTERRUPTED
+            return interrupted_status()
         err(f"internal error: {type(e).__name__}: {one_line(e)} (run with --debug for details)")
         return EXIT_INTERNAL
 
 
-#: Ctrl-Cs seen by the command (:func:`_watch_sigint`).
-_SIGINTS: list = []
-
-
-def _watch_sigint():
-    """Count Ctrl-Cs while the command runs (in ``_SIGINTS``, emptied first), raising
-    KeyboardInterrupt as Python does: where one lands inside the import of a C extension
-    (numpy's), the import may fail with another error, which is then the interruption. Only
-    where Python's own handler is installed, in the main thread. Returns what restores the
-    handler."""
+def _watch_signals():
+    """Record Ctrl-C and SIGTERM while the command runs (in ``SIGNALS``, emptied first),
+    raising KeyboardInterrupt as Python does for Ctrl-C: a run stops as it does for Ctrl-C,
+    its finished tiles journaled, and says how to resume. Where one lands inside the import of
+    a C extension (numpy's), the import may fail with another error, which is then the
+    interruption. Only where Python's own handlers are installed, in the main thread. Returns
+    what restores them."""
     import signal
 
     def handler(signum, frame):
-        _SIGINTS.append(signum)
+        SIGNALS.append(signum)
         raise KeyboardInterrupt
 
-    _SIGINTS.clear()
+    SIGNALS.clear()
+    restore = []
     try:
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, handler)
-            return lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig, default in ((signal.SIGINT, signal.default_int_handler),
+                             (signal.SIGTERM, signal.SIG_DFL)):
+            if signal.getsignal(sig) is default:
+                signal.signal(sig, handler)
+                restore.append((sig, default))
     except ValueError:  # not the main thread
         pass
-    return lambda: None
+    return lambda: [signal.signal(sig, default) for sig, default in restore]

@@ -10,6 +10,15 @@ from ..errors import BigmmError
 
 EXIT_FAIL, EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 
+#: The signals (SIGINT, SIGTERM) that interrupted the running command, in order.
+SIGNALS: list = []
+
+
+def interrupted_status() -> int:
+    """The exit status of an interrupted command: 128 + the signal (130 for Ctrl-C, 143 for
+    SIGTERM, as a shell reports them)."""
+    return 128 + SIGNALS[-1] if SIGNALS else EXIT_INTERRUPTED
+
 
 def err(message: str) -> None:
     print(f"bigmm: error: {message}", file=sys.stderr)

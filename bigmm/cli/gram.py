@@ -6,7 +6,7 @@ import json
 import shlex
 
 from ..precision import PRECISIONS
-from ._common import EXIT_INTERRUPTED, err
+from ._common import err, interrupted_status
 from .report import format_summary, progress_reporter, run_summary
 from .run import backend_name
 
@@ -73,7 +73,7 @@ def cmd_gram(args) -> int:
             words = [w for w in args.argv if w not in ("--overwrite", "--resume")]
             err(f"interrupted; {args.out} is resumable: "
                 f"{'bigmm ' + shlex.join(words + ['--resume'])}")
-            return EXIT_INTERRUPTED
+            return interrupted_status()
     summary = run_summary(plan, stats, out, args.a, args.a, backend_name(args.backend))
     summary["gram"] = {"form": "A^T A" if trans else "A A^T", "upper": bool(args.upper)}
     if args.json:

@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 
-from ._common import EXIT_INTERRUPTED, as_flags, err
+from ._common import as_flags, err, interrupted_status
 from .report import format_summary, progress_reporter, run_summary
 
 
@@ -49,7 +49,7 @@ def cmd_multiply(args) -> int:
         except KeyboardInterrupt:
             progress.stop()
             err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
-            return EXIT_INTERRUPTED
+            return interrupted_status()
     summary = run_summary(plan, stats, out, args.a, args.b, backend_name(args.backend))
     if prof is not None:
         files = prof.save(api.profile_prefix(args.profile, args.out))
@@ -85,7 +85,7 @@ def _multiply_on_cluster(args) -> int:
             except KeyboardInterrupt:
                 progress.stop()
                 err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
-                return EXIT_INTERRUPTED
+                return interrupted_status()
         workers = len(client.scheduler_info(n_workers=-1)["workers"])
     summary = run_summary(plan, stats, out, args.a, args.b, backend)
     summary["workers"] = workers
