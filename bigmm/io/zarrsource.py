@@ -168,12 +168,21 @@ def _list_arrays(store: str, limit: int = 8) -> str:
     found = []
     for root, dirs, files in os.walk(store):
         dirs[:] = sorted(d for d in dirs if d != "c")
-        if META in files and root != store and node_type(root) == "array":
+        if META in files and root != store and _readable_type(root) == "array":
             found.append("/" + os.path.relpath(root, store).replace(os.sep, "/"))
             dirs[:] = []
         if len(found) >= limit:
             break
     return ", ".join(found) if found else "no arrays"
+
+
+def _readable_type(folder: str) -> str | None:
+    """node_type, or None where the metadata cannot be read (a listing in a message skips it,
+    rather than failing on an unrelated node)."""
+    try:
+        return node_type(folder)
+    except ReadError:
+        return None
 
 
 def is_incomplete(arr) -> bool:

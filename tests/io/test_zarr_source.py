@@ -68,6 +68,15 @@ def test_a_bad_zarr_spec_is_refused():
         parse_spec("s.zarr:/g//A")
 
 
+def test_a_missing_array_is_named_beside_a_corrupt_one(tmp_path):
+    # the message lists the store's readable arrays; a sibling with broken metadata is skipped
+    zarr_array(tmp_path / "s.zarr", np.ones((4, 4)), path="A")
+    (tmp_path / "s.zarr" / "bad").mkdir()
+    (tmp_path / "s.zarr" / "bad" / "zarr.json").write_text("{not json")
+    with pytest.raises(errors.OperandNotFound, match=r"'/nosuch'.*the store holds /A\)"):
+        open_input(f"{tmp_path / 's.zarr'}:/nosuch")
+
+
 def test_bfloat16_zarr_arrays_are_refused_before_anything_is_made(tmp_path):
     # Zarr has no bfloat16 data type: generate and a new output refuse it, creating nothing
     from bigmm.io.generate import generate
