@@ -126,7 +126,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     if beta != 0 and out is None:
         raise ShapeError(f"Expected an existing C as out when beta != 0. Got out=None with "
                          f"beta={beta}.")
-    output_dtype(out, dtype, out_dtype, resume=resume, reads_c=beta != 0)
+    stored = dtype_name(output_dtype(out, dtype, out_dtype, resume=resume, reads_c=beta != 0))
     if verify is not None and dtype in HALF_DTYPES:
         raise OptionError(f"Expected verify=None for {dtype} operands (checksums cover float32 "
                           f"and float64). Got verify={verify!r}.")
@@ -178,6 +178,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             q = replace(q, rates=_checked(path_rates, checked))
         if best is None or (q.predicted_seconds or 0) < (best.predicted_seconds or 0):
             best = q
+    if stored != best.c_dtype:  # C written in another dtype: its bytes, predicted again
+        best = replace(best, out_dtype=stored)
     return (_with_arithmetic(best, describe(precision, dtype, bool(be.staging))),
             job_record(best, alpha, beta, precision))
 

@@ -275,6 +275,22 @@ def test_bfloat16_and_resumed_datasets_given_as_out(tmp_path):
         assert st.tiles_done == 0 and np.array_equal(d[...], before)
 
 
+@pytest.mark.parametrize("operands, out, written", [
+    ("bfloat16", "bfloat16", 2),   # out_dtype: C in the operands' half precision
+    ("float32", "float64", 8),     # an existing float64 array takes float32 products
+])
+def test_the_plan_counts_c_in_the_dtype_it_is_written_in(operands, out, written):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    dt = ml_dtypes.bfloat16 if operands == "bfloat16" else np.float32
+    a, b = random_matrix((300, 200), dt, 1), random_matrix((200, 100), dt, 2)
+    kw = dict(out_dtype=out) if out == "bfloat16" else {}
+    c = None if out == "bfloat16" else np.zeros((300, 100), out)
+    p = bigmm.plan(a, b, c, backend="numpy", **kw)
+    _, st = bigmm.matmul(a, b, c, backend="numpy", stats=True, **kw)
+    assert p.bytes_written == st.bytes_written == written * 300 * 100
+    assert ("(C in " not in str(p)) if out == operands else (f"(C in {out})" in str(p))
+
+
 def test_mixed_dtypes_follow_numpy(files):
     """float64 A with float32 B: multiplied in float64 (numpy.result_type), B converted as its
     panels load, as NumPy's own matmul does."""

@@ -50,7 +50,7 @@ def _c_dtype(out, plan) -> str:
         with io.open_input(out, name="C") as src:
             return dtype_name(src.dtype)
     except (BigmmError, OSError):
-        return plan.c_dtype
+        return plan.out_dtype or plan.c_dtype
 
 
 def checksum_summary(stats) -> dict:

@@ -401,7 +401,7 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
         journal.append({"target": _target_identity(spec, target, dataset)})
         return store.sink(spec, shape, dtype, journal, target, reads_c, threads, dataset,
                           chunks)
-    except DiskFullError:  # the output exists, empty: keep its journal for --resume
+    except (DiskFullError, KeyboardInterrupt):  # keep the journal for --resume, as a kill would
         journal.close()
         raise
     except BaseException:

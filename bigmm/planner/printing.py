@@ -12,7 +12,8 @@ def table(p) -> str:
         tb = "A" if p.trans_a else "A^T"
     rows = [
         ("product", f"C[{p.m} x {p.n}] = {ta} @ {tb}, depth {p.k}, {p.dtype}"
-                    + (f" (C in {p.c_dtype})" if p.c_dtype != p.dtype else "")
+                    + (f" (C in {p.out_dtype or p.c_dtype})"
+                       if (p.out_dtype or p.c_dtype) != p.dtype else "")
                     + (", Gram (symmetric)" if p.symmetric else "")),
         *([("arithmetic", p.arithmetic)] if p.arithmetic else []),
         ("loop order", p.order),

@@ -169,6 +169,9 @@ class Plan:
     #: their rows are aligned (:func:`reads_as_stored`), else rounds only the smaller panel
     #: ahead where it has few rows (:func:`rounds_one_ahead`); the device memory counts either.
     presplit: int = 0
+    #: C's dtype as the output stores it, where not ``c_dtype`` (a bfloat16 C of bfloat16
+    #: operands, a float64 output of float32 ones): the bytes written. None: ``c_dtype``.
+    out_dtype: str | None = field(default=None, compare=False)
     rates: Timing | None = field(default=None, compare=False)
     #: How the products are computed, as printed (e.g. "3xTF32 (float32 accuracy on tensor
     #: cores)"; the job sets it from the backend and the precision asked; "" not stated).
@@ -515,7 +518,7 @@ class Plan:
     def bytes_written(self) -> int:
         """C's bytes written: all of C (a Gram plan writes the tiles below the diagonal from
         those above, or as zeros with ``upper``)."""
-        return self.c_itemsize * self.m * self.n
+        return DTYPES[self.out_dtype or self.c_dtype] * self.m * self.n
 
     @property
     def bytes_h2d(self) -> int:
