@@ -104,7 +104,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
               calibrate: bool, verify: str | None = None,
               io_threads: int | None = None, out_dtype=None, kernel: str | None = None,
               precision: str | None = None, symmetric: bool = False,
-              upper: bool = False) -> tuple[Plan, dict]:
+              upper: bool = False, measure_within: int | None = None) -> tuple[Plan, dict]:
     """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
     (and the operands' read and write speeds, the host's fixed costs per step and per read,
     and with ``verify`` its checksum costs) give the predicted time, and on a staging (GPU)
@@ -116,7 +116,9 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     against the operands and an existing output: :func:`output_dtype`). ``kernel`` and
     ``precision`` as the backend was given them (:func:`job_precision`): the plan prints the
     arithmetic, and the job record holds the precision. ``symmetric``: a Gram plan (B is A,
-    opposite transposes; ``upper``: its lower triangle not written)."""
+    opposite transposes; ``upper``: its lower triangle not written). ``measure_within``: the
+    most bytes the calibration's timed products and copies may hold (default: the smaller
+    budget; on the CPU the device budget is the RAM for panels and tiles)."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
     precision = job_precision(kernel, precision, dtype)
     if symmetric and verify is not None:
@@ -132,7 +134,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
                           f"and float64). Got verify={verify!r}.")
     device, host = resolve_budgets(be, memory, host_memory)
     readers = parse_io_threads(io_threads)
-    rates = (_host_costs(_rates(be, dtype, min(device, host)), A, B, be, dtype, readers)
+    within = measure_within or (min(device, host) if be.staging else device)
+    rates = (_host_costs(_rates(be, dtype, within), A, B, be, dtype, readers)
              if calibrate else None)
     checked = None
     if rates is not None and verify is not None:
@@ -159,7 +162,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     best = None
     for path in paths:  # the first of equally fast paths: fewer host copies, or none locked
         path_rates = rates and _io_rates(rates, A, B, out, path[0] if path else "", readers,
-                                         host)
+                                         host if be.staging and not measure_within else within)
         if best is not None and path:  # where locking alone outlasts the best plan: skipped
             lock = lock_seconds(path[1], m, n, k, operand_dtype(dtype, "A").itemsize,
                                 operand_dtype(dtype, "C").itemsize, path_rates)
@@ -235,6 +238,8 @@ def budget_note(A, B, out, be, p: Plan, *, memory, host_memory, **kw) -> str | N
     ``kw``: the other arguments of :func:`plan_job` (a resumed schedule is not advised on)."""
     if (memory is None and host_memory is None) or kw.get("resume") or not p.predicted_seconds:
         return None
+    within = min(p.device_budget, p.host_budget)  # the note measures within the budgets given
+    kw = dict(kw, measure_within=within)
     default = plan_job(A, B, out, be, memory=None, host_memory=None, **kw)[0]
     t, best = p.predicted_seconds, default.predicted_seconds
     if not best or t < NOTE_SLOWER * best or t - best < NOTE_SECONDS:

@@ -188,6 +188,22 @@ def test_total_rss_within_budget(peaks, name, budget):
     assert peak["total"] <= bound, _report(name, budget, base, peak)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["multiply", "plan"])  # its budget note; a printed plan
+def test_planning_measures_within_the_budget(operands, peaks, command):
+    # without --quiet multiply plans the default budgets too (the note on a slow budget), and
+    # plan predicts a time: the machine's rates are timed within the budget given
+    d, specs = operands
+    a, b = specs["tall-k"]
+    argv = ([command, a, b] + (["-o", f"{d}/note-c.h5:/C", "--overwrite"]
+                               if command == "multiply" else [])
+            + ["--memory", "1MiB", "--backend", "numpy"])
+    base, peak = peaks("tiny"), measure(argv, d)
+    print(_report(command, "1MiB", base, peak))
+    assert peak["anon"] <= base["anon"] + parse_size("1MiB") + ANON_SLACK, \
+        _report(command, "1MiB", base, peak)
+
+
 # ----- device memory (GPU) ------------------------------------------------------------------
 
 #: Device memory beyond the budget: cuBLAS/NVRTC module code and local memory loaded on first
