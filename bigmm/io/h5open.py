@@ -86,6 +86,24 @@ def _missing(f: h5py.File, path: str) -> str:
     return f"none (the file holds {_list_datasets(f)})"
 
 
+def _finish_committed(path: str, name: str) -> None:
+    """Finish a change to the file's structure that a killed bigmm run committed (its redo
+    log beside the file: :mod:`.h5atomic`) before the file is read: an output written into
+    the inputs' own file, killed while its change was copied in, leaves the file unreadable
+    until then."""
+    from . import h5atomic
+    from .lock import h5_open_retry
+
+    if not os.path.exists(h5atomic.redo_path(path)) or h5atomic.open_here(path):
+        return
+    try:
+        h5_open_retry(lambda: h5atomic.recover(path), path, name)
+    except PermissionError as exc:
+        raise ReadError(f"Expected to finish the change an interrupted bigmm run committed to "
+                        f"'{path}' (its redo log is beside it) before reading {name}. Got "
+                        f"{exc.strerror or exc} writing the file.") from exc
+
+
 def open_h5(spec: Spec, name: str, mode: str = "r") -> tuple[h5py.File, h5py.Dataset]:
     """Open ``spec`` read-only, raising OperandNotFound for a missing file, group or dataset."""
     path = spec.path
@@ -95,6 +113,7 @@ def open_h5(spec: Spec, name: str, mode: str = "r") -> tuple[h5py.File, h5py.Dat
     if not os.path.isdir(path) and not os.access(path, os.R_OK):
         raise ReadError(f"Expected a readable file for {name}. Got '{path}' (permission "
                         f"denied).")
+    _finish_committed(path, name)
     try:
         hdf5 = not os.path.isdir(path) and h5py.is_hdf5(path)
     except OSError as exc:

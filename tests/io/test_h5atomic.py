@@ -151,6 +151,39 @@ def test_a_change_committed_before_a_kill_is_finished_by_recover(tmp_path):
     recover(str(path))  # nothing left to do
 
 
+#: The same, killed while the committed change is copied into the file (cut at its first
+#: write): HDF5 cannot open the file until the log is applied again.
+KILLED_WHILE_APPLIED = KILLED_AFTER_COMMIT.replace("""    recover = h5atomic._recover_locked
+    def killed(fd, path):
+        if os.path.exists(h5atomic.redo_path(path)):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return recover(fd, path)
+    h5atomic._recover_locked = killed""", """    def killed(fd, log):
+        os.ftruncate(fd, log.low)
+        os.fsync(fd)
+        os.kill(os.getpid(), signal.SIGKILL)
+    h5atomic._apply = killed""")
+
+
+@pytest.mark.parametrize("script", [KILLED_AFTER_COMMIT,  # before the file was written
+                                    KILLED_WHILE_APPLIED])  # while it was
+def test_reading_the_file_finishes_a_committed_change_first(tmp_path, script):
+    # an output written into the inputs' own file, killed as its change reached the file:
+    # opening an input there applies the log first, so the inputs stay readable
+    from bigmm.io import open_input
+
+    path = tmp_path / "f.h5"
+    owner = _with_dataset(path)
+    script = script.replace("np.arange(100.0)", "np.arange(100.0).reshape(10, 10)")
+    proc = subprocess.run([sys.executable, "-c", script, str(path), owner])
+    assert proc.returncode == -signal.SIGKILL and os.path.exists(redo_path(str(path)))
+    got = np.empty((10, 10))
+    with open_input(f"{path}:/B", name="B") as src:
+        src.read(0, 10, 0, 10, got)
+    assert not os.path.exists(redo_path(str(path)))
+    np.testing.assert_array_equal(got, np.arange(100.0).reshape(10, 10))
+
+
 def test_a_log_never_committed_is_dropped(tmp_path):
     path = tmp_path / "f.h5"
     owner = _with_dataset(path)
