@@ -534,8 +534,9 @@ class Plan:
 
     @property
     def lower_bound_bytes(self) -> float:
-        """Communication lower bound 2*M*N*K/sqrt(S) words (S = device budget in elements;
-        half that for a Gram plan).
+        """Communication lower bound on the inputs' reads: 2*M*N*K/sqrt(S) words (S = device
+        budget in elements; half that for a Gram plan) less C's own traffic, which the bound
+        counts too.
 
         Also at least the compulsory traffic: each input read once (a Gram plan's A once).
         """
@@ -543,7 +544,10 @@ class Plan:
         s = self.device_budget / w
         hk = (1 if self.symmetric else 2) * self.m * self.n * self.k / math.sqrt(s)
         compulsory = self.k * self.n if self.symmetric else self.m * self.k + self.k * self.n
-        return w * max(hk, compulsory)
+        # the bound is on all the traffic: C's own (written once, read once for beta != 0)
+        # counts towards it, so the inputs must make up only the rest
+        c_traffic = self.m * self.n * (2 if self.reads_c else 1) * self.c_itemsize / w
+        return w * max(hk - c_traffic, compulsory)
 
     @property
     def bound_ratio(self) -> float:

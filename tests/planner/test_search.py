@@ -41,6 +41,15 @@ def test_explicit_tile_reproduces_the_plan(kw):
     assert list(again.steps()) == list(plan.steps())
 
 
+@settings(max_examples=300, deadline=None)
+@given(problems())
+def test_no_plan_reads_less_than_the_lower_bound(kw):
+    # the bound is on all the traffic (C's too): the inputs' share of it is what a plan reads
+    p = plan_or_none(kw)
+    if p is not None:
+        assert p.bound_ratio >= 1.0 - 1e-9, (kw, p.bm, p.bn, p.bk, p.order)
+
+
 def test_resident_panel_is_read_once_when_it_fits():
     # 4096^2 operands, budget fits a whole row panel of A: A read once
     plan = make_plan(4096, 4096, 4096, device_budget=200 * 2**20, host_budget=2**30)
