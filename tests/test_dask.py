@@ -600,6 +600,8 @@ CLI_ERRORS = [
     (["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"], "either --scheduler or --workers"),
     # no workers
     (["--workers", "0"], "positive integer"),
+    # an address dask cannot parse (no port)
+    (["--scheduler", "garbage"], "Expected a scheduler address"),
 ]
 
 

@@ -49,6 +49,12 @@ def local_cluster(n_workers: int, *, backend: str = "auto", **kwargs):
 
 @contextlib.contextmanager
 def connect(address: str, timeout: str = "30s"):
-    """A Client of the running cluster whose scheduler is at ``address``, closed on exit."""
-    with _distributed().Client(address, timeout=timeout) as client:
+    """A Client of the running cluster whose scheduler is at ``address``, closed on exit
+    (OptionError for an address dask cannot parse, such as one without a port)."""
+    try:
+        client = _distributed().Client(address, timeout=timeout)
+    except (ValueError, TypeError) as exc:
+        raise OptionError(f"Expected a scheduler address such as tcp://host:8786. Got "
+                          f"{address!r}: {exc}.") from exc
+    with client:
         yield client
