@@ -119,8 +119,10 @@ def _cluster_client(scheduler: str | None, workers: int | None, backend: str):
     if scheduler:
         with connect(scheduler) as client:
             yield client
-    else:
-        with local_cluster(workers, backend=backend) as client:
+    else:  # its workers' logs (a failed task's traceback) would come before the one-line error
+        import logging
+
+        with local_cluster(workers, backend=backend, silence_logs=logging.CRITICAL) as client:
             yield client
 
 
