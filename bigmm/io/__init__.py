@@ -18,7 +18,8 @@ from ._h5 import dtype_name as describe_dtype
 from ._h5 import h5_type, stored_dtype
 from .identity import same_data
 from .layout import Layout, probe_layout
-from .output import existing_dtype, open_output, read_journal
+from .journal import read_journal
+from .output import existing_dtype, open_output
 from .sink import Sink
 from .source import Source, open_input
 from .spec import Spec, parse_spec

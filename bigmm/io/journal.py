@@ -165,3 +165,23 @@ def parse_journal(path: str):
     if header is None:
         return None
     return header, tiles, swap, valid
+
+
+def read_journal(x) -> dict | None:
+    """The job recorded for an interrupted output ``x`` (a spec or an h5py.Dataset), or None
+    when there is none."""
+    import h5py
+
+    from . import zarrsource
+    from .spec import parse_spec
+
+    if isinstance(x, h5py.Dataset):
+        x = Spec(os.path.realpath(x.file.filename), x.name)
+    elif zarrsource.is_zarr_array(x):
+        x = zarrsource.spec_of(x)
+    if isinstance(x, os.PathLike):
+        x = os.fspath(x)
+    if not isinstance(x, (str, Spec)):
+        return None
+    parsed = parse_journal(journal_path(parse_spec(x)))
+    return None if parsed is None else parsed[0].get("job")

@@ -578,21 +578,6 @@ def _changed(name: str, label: str, diff: list[str], spec) -> str:
             f"{name}, or start over with overwrite=True.")
 
 
-def read_journal(x) -> dict | None:
-    """The job recorded for an interrupted output ``x`` (a spec or an h5py.Dataset), or None
-    when there is none."""
-    if isinstance(x, h5py.Dataset):
-        x = Spec(os.path.realpath(x.file.filename), x.name)
-    elif zarrsource.is_zarr_array(x):
-        x = zarrsource.spec_of(x)
-    if isinstance(x, os.PathLike):
-        x = os.fspath(x)
-    if not isinstance(x, (str, Spec)):
-        return None
-    parsed = parse_journal(journal_path(parse_spec(x)))
-    return None if parsed is None else parsed[0].get("job")
-
-
 # Late-bound (each name looked up at the call), so that a patched function of this module or
 # of zarrsink is the one called.
 _HDF5 = _Storage(
