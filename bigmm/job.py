@@ -129,6 +129,9 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
         raise ShapeError(f"Expected an existing C as out when beta != 0. Got out=None with "
                          f"beta={beta}.")
     stored = dtype_name(output_dtype(out, dtype, out_dtype, resume=resume, reads_c=beta != 0))
+    shape = getattr(out, "shape", None)  # an array, h5py.Dataset or zarr.Array given as out
+    if shape is not None and tuple(shape) != (m, n):
+        raise ShapeError(f"Expected shape {(m, n)} for {output_label(out)}. Got {tuple(shape)}.")
     if verify is not None and dtype in HALF_DTYPES:
         raise OptionError(f"Expected verify=None for {dtype} operands (checksums cover float32 "
                           f"and float64). Got verify={verify!r}.")

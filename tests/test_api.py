@@ -244,6 +244,15 @@ def test_bad_input_gives_one_clear_error(files, what, a, b, out, kw, err, words)
     assert not glob.glob(str(tmp / "new.h5*"))  # nothing created
 
 
+def test_plan_refuses_an_out_of_the_wrong_shape(files):
+    # as matmul does, before it plans anything
+    _, spec_a, spec_b, _ = files
+    with pytest.raises(errors.ShapeError, match=r"Expected shape \(30, 10\).*Got \(5, 5\)"):
+        bigmm.plan(spec_a, spec_b, np.zeros((5, 5)), backend="numpy")
+    with pytest.raises(errors.ShapeError, match=r"Expected shape \(30, 10\)"):
+        bigmm.matmul(spec_a, spec_b, np.zeros((5, 5)), backend="numpy")
+
+
 def test_closed_datasets_are_one_clear_error(files):
     tmp, _, _, _ = files
     f = h5py.File(tmp / "in.h5", "r+")
