@@ -3,6 +3,7 @@ helpers, no I/O; NumPy is imported only by :func:`numpy_dtype`)."""
 
 from __future__ import annotations
 
+import numbers
 import re
 
 from .errors import DtypeError, OptionError, SizeParseError
@@ -165,3 +166,12 @@ def format_rate(flops: float, seconds: float) -> str:
         return "n/a"
     r = flops / seconds
     return f"{r / 1e12:.2f} TFLOP/s" if r >= 1e12 else f"{r / 1e9:.1f} GFLOP/s"
+
+
+def parse_seed(seed) -> int:
+    """A random seed as NumPy's generators take it: an integer from 0 to 2**64 - 1 (what HDF5
+    can store with the matrix); OptionError otherwise."""
+    if (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0
+            or seed >= 2**64):
+        raise OptionError(f"Expected seed to be an integer from 0 to 2**64 - 1. Got {seed!r}.")
+    return int(seed)

@@ -44,7 +44,7 @@ import numpy as np
 from .errors import OptionError, ShapeError
 from .io import Source, open_input
 from .precision import DEFAULT, ROUNDING, check_dtype, parse_precision
-from .units import accumulate_dtype, common_dtype, dtype_name
+from .units import accumulate_dtype, common_dtype, dtype_name, parse_seed
 
 #: Default M*N*K up to which every element is checked (about 2 GFLOP in float64).
 EXACT_LIMIT = 1_000_000_000
@@ -123,9 +123,7 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
     an interrupted run raises IncompleteOutputError. See the module docstring for the methods.
     """
     _check_counts(samples, probes, exact_limit)
-    if (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0
-            or seed >= 2**64):
-        raise OptionError(f"Expected seed to be an integer from 0 to 2**64 - 1. Got {seed!r}.")
+    parse_seed(seed)
     if beta != 0 and c0 is None:
         raise OptionError(f"Expected c0 (the C before the run) when beta != 0. Got beta={beta}.")
     sources, owned = [], []

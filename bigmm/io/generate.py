@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import (DiskFullError, DtypeError, OptionError, OutputExistsError,
                       OutputNotWritable, ShapeError)
-from ..units import DTYPES, format_bytes, numpy_dtype
+from ..units import DTYPES, format_bytes, numpy_dtype, parse_seed
 from ..units import dtype_name as _dtype_name
 from ._h5 import COMPLETE_ATTR, h5_type, stored_dtype, write_region
 from .spec import parse_spec
@@ -66,7 +66,7 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
     """
     m, n = parse_shape(shape)
     dtype = parse_dtype(dtype)
-    seed = _parse_seed(seed)
+    seed = parse_seed(seed)
     parsed = parse_spec(spec)
     lay = parse_layout(layout, chunks, compression, (m, n), zarr=parsed.zarr)
     if not lay.filter and not compression:  # uncompressed: its bytes must fit the disk
@@ -197,13 +197,6 @@ def _filter(compression: str) -> dict:
         return dict(hdf5plugin.Zstd() if compression == "zstd" else hdf5plugin.LZ4())
     raise OptionError(
         f"Expected compression to be one of {', '.join(COMPRESSIONS)}. Got {compression!r}.")
-
-
-def _parse_seed(seed) -> int:
-    if (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0
-            or seed >= 2**64):
-        raise OptionError(f"Expected seed to be an integer from 0 to 2**64 - 1. Got {seed!r}.")
-    return int(seed)
 
 
 def _split_spec(spec) -> tuple[str, str]:
