@@ -27,6 +27,7 @@ from ..errors import (DiskFullError, DtypeError, OptionError, OutputExistsError,
 from ..units import DTYPES, format_bytes, numpy_dtype, parse_seed
 from ..units import dtype_name as _dtype_name
 from ._h5 import COMPLETE_ATTR, h5_type, stored_dtype, write_region
+from .durable import free_bytes
 from .spec import parse_spec
 
 #: Elements per random unit (fixed: changing it changes every generated matrix).
@@ -250,12 +251,8 @@ def _fill(dset: h5py.Dataset, seed: int, block_elements: int, chunks) -> None:
 
 def _check_space(path: str, need: int, label: str) -> None:
     """DiskFullError before writing a matrix the file system cannot hold."""
-    try:
-        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
-    except OSError:
-        return  # the folder's own error comes when it is opened
-    free = st.f_bavail * st.f_frsize
-    if st.f_blocks and need > free:
+    free = free_bytes(path)  # None: the folder's own error comes when it is opened
+    if free is not None and need > free:
         raise DiskFullError(f"Expected {format_bytes(need)} free on the file system of "
                             f"'{path}' for {label}. Got {format_bytes(free)} free. Nothing was "
                             f"written.")

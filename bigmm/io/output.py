@@ -27,7 +27,7 @@ from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handle
 from .identity import (Footprint, ancestors, array_footprint, describe, differences,
                        fingerprint, mappings_once, overlaps_itself, refuse_alias)
 from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
-from .durable import fsync_path
+from .durable import free_bytes, fsync_path
 from .lock import OutputLock, h5_open_retry
 from .filesink import H5_ALIGNMENT, PARTIAL_SUFFIX, FileSink, create_dataset, tile_chunks
 from .sink import _FULL, ArraySink, CompleteSink, Sink
@@ -472,12 +472,8 @@ def _create_zarr(spec, label, shape, dtype, partial, drop_old, chunks=None,
 def _check_space(spec: Spec, need: int) -> None:
     """DiskFullError before HDF5 lays out a dataset the file system cannot hold (a huge one
     would take HDF5 seconds to index, then fail to reserve)."""
-    try:
-        st = os.statvfs(os.path.dirname(os.path.abspath(spec.path)))
-    except OSError:
-        return
-    free = st.f_bavail * st.f_frsize
-    if st.f_blocks and need > free:
+    free = free_bytes(spec.path)
+    if free is not None and need > free:
         raise DiskFullError(
             f"Expected {format_bytes(need)} ({need} bytes) free on the file system of "
             f"'{spec.path}' for C ({spec}). Got {format_bytes(free)} free. Nothing was "
