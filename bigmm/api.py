@@ -259,10 +259,11 @@ def check_callbacks(progress, profile, out) -> None:
     if not isinstance(profile, (bool, str, os.PathLike)):
         raise OptionError(f"Expected profile as True, a path prefix or a Profile. "
                           f"Got {profile!r}.")
-    folder = os.path.dirname(os.path.abspath(profile_prefix(profile, out)))
+    prefix = profile_prefix(profile, out)
+    folder = os.path.dirname(os.path.abspath(prefix))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         raise OptionError(f"Expected profile's files in a writable folder. Got "
-                          f"{profile_prefix(profile, out)!r}, in {folder!r}, which "
+                          f"{prefix!r}, in {folder!r}, which "
                           f"{'is not writable' if os.path.isdir(folder) else 'does not exist'}.")
 
 

@@ -137,7 +137,10 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
                           f"and float64). Got verify={verify!r}.")
     device, host = resolve_budgets(be, memory, host_memory)
     readers = parse_io_threads(io_threads)
+    # what the calibration may hold: the products within both budgets (on the CPU the device
+    # budget is the RAM for panels and tiles), the host's copies within the host's
     within = measure_within or (min(device, host) if be.staging else device)
+    copies_within = measure_within or (host if be.staging else device)
     rates = (_host_costs(_rates(be, dtype, within), A, B, be, dtype, readers)
              if calibrate else None)
     checked = None
@@ -165,7 +168,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     best = None
     for path in paths:  # the first of equally fast paths: fewer host copies, or none locked
         path_rates = rates and _io_rates(rates, A, B, out, path[0] if path else "", readers,
-                                         host if be.staging and not measure_within else within)
+                                         copies_within)
         if best is not None and path:  # where locking alone outlasts the best plan: skipped
             lock = lock_seconds(path[1], m, n, k, operand_dtype(dtype, "A").itemsize,
                                 operand_dtype(dtype, "C").itemsize, path_rates)

@@ -2,8 +2,8 @@
 
 A file output (a spec, or an h5py.Dataset written in place) is locked for the run
 (:class:`.lock.OutputLock`: one writer per output) before anything is created or deleted,
-refused when it is one of the inputs by any route (:func:`.identity.refuse_alias`), and journaled. The
-journal's header records the job and the identity of every input (and of old C when
+refused when it is one of the inputs by any route (:func:`.identity.refuse_alias`), and
+journaled. The journal's header records the job and the identity of every input (and of old C when
 beta != 0, :mod:`.identity`); a resumed run compares them and refuses anything that changed.
 A finished output carries the job and its own fingerprint (``bigmm_job``), so that resuming it
 again is success ("already complete") and resuming it with another job is an error.
@@ -245,8 +245,7 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
                                         f"'{spec.dataset}' in '{spec.path}', which is a group.")
             objects = ()
             if obj is not None:
-                home = os.stat(obj.file.filename)  # an external link's target file
-                objects = ((home.st_dev, home.st_ino, int(h5py.h5o.get_info(obj.id).addr)),)
+                objects = (_h5_object(obj),)
                 raw = obj.attrs.get(JOB_ATTR)
                 info.update(exists=True, shape=tuple(obj.shape), dtype=stored_dtype(obj),
                             complete=bool(obj.attrs.get(COMPLETE_ATTR, True)),
@@ -302,12 +301,16 @@ def _target_identity(spec: Spec, target: str, dataset=None) -> list:
         return [st.st_dev, st.st_ino]
     with H5LOCK:
         if dataset is not None:  # written in place: the caller holds its file open
-            home = os.stat(dataset.file.filename)
-            return [home.st_dev, home.st_ino, int(h5py.h5o.get_info(dataset.id).addr)]
+            return list(_h5_object(dataset))
         with h5py.File(spec.path, "r") as f:
-            obj = f[target]
-            home = os.stat(obj.file.filename)
-            return [home.st_dev, home.st_ino, int(h5py.h5o.get_info(obj.id).addr)]
+            return list(_h5_object(f[target]))
+
+
+def _h5_object(obj) -> tuple[int, int, int]:
+    """(device, inode) of the file an HDF5 object lives in (an external link's target file)
+    and its address there (call holding H5LOCK)."""
+    home = os.stat(obj.file.filename)
+    return home.st_dev, home.st_ino, int(h5py.h5o.get_info(obj.id).addr)
 
 
 def _identities(inputs, out_file) -> dict:
