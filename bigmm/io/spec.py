@@ -20,7 +20,6 @@ of one array finds one lock and one journal.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -107,11 +106,7 @@ def _outermost(store: str, array: str) -> tuple[str, str]:
 
 
 def _is_group(folder: str) -> bool:
-    """Whether ``folder`` holds a Zarr group's metadata (v3 ``zarr.json``, v2 ``.zgroup``)."""
-    if os.path.isfile(os.path.join(folder, ".zgroup")):
-        return True
-    try:
-        with open(os.path.join(folder, "zarr.json")) as f:
-            return json.load(f).get("node_type") == "group"
-    except (OSError, ValueError, AttributeError):
-        return False
+    """Whether ``folder`` holds a Zarr group (v3 ``zarr.json``, v2 ``.zgroup``)."""
+    from .zarrsource import readable_type  # (which parses specs itself)
+
+    return readable_type(folder) == "group"

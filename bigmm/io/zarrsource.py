@@ -168,7 +168,7 @@ def _list_arrays(store: str, limit: int = 8) -> str:
     found = []
     for root, dirs, files in os.walk(store):
         dirs[:] = sorted(d for d in dirs if d != "c")
-        if META in files and root != store and _readable_type(root) == "array":
+        if META in files and root != store and readable_type(root) == "array":
             found.append("/" + os.path.relpath(root, store).replace(os.sep, "/"))
             dirs[:] = []
         if len(found) >= limit:
@@ -176,9 +176,9 @@ def _list_arrays(store: str, limit: int = 8) -> str:
     return ", ".join(found) if found else "no arrays"
 
 
-def _readable_type(folder: str) -> str | None:
-    """node_type, or None where the metadata cannot be read (a listing in a message skips it,
-    rather than failing on an unrelated node)."""
+def readable_type(folder: str) -> str | None:
+    """node_type, or None where the metadata cannot be read (a listing in a message, or a spec
+    looking for the groups above it, skips such a node rather than failing on it)."""
     try:
         return node_type(folder)
     except ReadError:
