@@ -1,8 +1,9 @@
 """Compute backends: one registry selected by name; ``auto`` picks cupy where a GPU is usable.
 
 :class:`Backend` is the core protocol; :class:`Checksums`, :class:`Calibrates`,
-:class:`Describes`, :class:`Profiles`, :class:`HostHints`, :class:`Registers`, :class:`SplitsPanels`,
-:class:`Syrk` and :class:`DeviceBlocks` are optional abilities, tested for with ``isinstance``.
+:class:`Describes`, :class:`Profiles`, :class:`HostHints`, :class:`Registers`,
+:class:`SplitsPanels`, :class:`Syrk` and :class:`DeviceBlocks` are optional abilities, tested
+for with ``isinstance``.
 """
 
 from __future__ import annotations

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import shlex
 
 from ..precision import PRECISIONS
 from ._common import err, interrupted_status
 from .report import format_summary, progress_reporter, run_summary
-from .run import backend_name
+from .run import backend_name, resume_command
 
 
 def add_parser(sub, common, backends, dtypes) -> None:
@@ -70,9 +69,7 @@ def cmd_gram(args) -> int:
                                   overwrite=args.overwrite, stats=True, **kwargs)
         except KeyboardInterrupt:
             progress.stop()
-            words = [w for w in args.argv if w not in ("--overwrite", "--resume")]
-            err(f"interrupted; {args.out} is resumable: "
-                f"{'bigmm ' + shlex.join(words + ['--resume'])}")
+            err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
             return interrupted_status()
     summary = run_summary(plan, stats, out, args.a, args.a, backend_name(args.backend))
     summary["gram"] = {"form": "A^T A" if trans else "A A^T", "upper": bool(args.upper)}

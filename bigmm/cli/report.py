@@ -7,7 +7,7 @@ import time
 
 from .. import calibration
 from ..runstats import STAGES
-from ..units import dtype_name, format_bytes, format_seconds
+from ..units import format_bytes, format_seconds
 
 
 def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
@@ -26,7 +26,7 @@ def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
     return {
         "a": str(a), "b": str(b), "out": str(out),
         "shape_a": list(a_shape), "shape_b": list(b_shape), "shape_c": [plan.m, plan.n],
-        "dtype": plan.dtype, "c_dtype": _c_dtype(out, plan),
+        "dtype": plan.dtype, "c_dtype": plan.out_dtype or plan.c_dtype,
         "backend": getattr(stats, "backend", None) or backend,
         "seconds": float(stats.seconds), "flops": int(stats.flops),
         "tflops": stats.flops / seconds / 1e12, "gbps": moved / seconds / 1e9,
@@ -38,19 +38,6 @@ def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
         "stages": stages,
         **checksum_summary(stats),
     }
-
-
-def _c_dtype(out, plan) -> str:
-    """The dtype C was written in (the output's own: a kept output or ``out_dtype`` decide it,
-    not the operands')."""
-    from .. import io
-    from ..errors import BigmmError
-
-    try:
-        with io.open_input(out, name="C") as src:
-            return dtype_name(src.dtype)
-    except (BigmmError, OSError):
-        return plan.out_dtype or plan.c_dtype
 
 
 def checksum_summary(stats) -> dict:

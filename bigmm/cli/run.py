@@ -133,7 +133,8 @@ def _new_profile():
 
 
 def resume_command(argv: list[str]) -> str:
-    """The command line that resumes ``bigmm multiply argv`` (``--overwrite`` dropped)."""
+    """The command line that resumes ``bigmm argv`` (multiply or gram; ``--overwrite``
+    dropped)."""
     words = [w for w in argv if w not in ("--overwrite", "--resume")]
     return "bigmm " + shlex.join(words + ["--resume"])
 

@@ -35,7 +35,7 @@ from ..io.region import RawRegion, RegionSink
 from ..io.zarrsink import ZarrRegion, ZarrRegionSink
 from ..planner import Plan, Tile, even_edge, make_plan
 from ..precision import parse_precision
-from ..units import numpy_dtype, parse_size
+from ..units import dtype_name, numpy_dtype, parse_size
 from ._common import RESOURCE
 from ._common import distributed as _distributed
 
@@ -382,6 +382,8 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
         sink = open_output(out, plan, job_record(plan, alpha, beta, chosen), A, B,
                            overwrite=overwrite, resume=resume, out_dtype=out_dtype)
         closing.append(sink)
+        if dtype_name(sink.dtype) != plan.c_dtype:  # C kept in another dtype: its bytes
+            plan = replace(plan, out_dtype=dtype_name(sink.dtype))
         if sink.complete:  # resumed after it had finished: nothing to do
             return sink.result, plan, complete_stats(plan), budgets.backend
         old_c = str(_absolute(out_spec)) if plan.reads_c else None
