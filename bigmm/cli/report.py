@@ -26,7 +26,7 @@ def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
     return {
         "a": str(a), "b": str(b), "out": str(out),
         "shape_a": list(a_shape), "shape_b": list(b_shape), "shape_c": [plan.m, plan.n],
-        "dtype": plan.dtype, "c_dtype": plan.out_dtype or plan.c_dtype,
+        "dtype": plan.dtype, "c_dtype": plan.written_dtype,
         "backend": getattr(stats, "backend", None) or backend,
         "seconds": float(stats.seconds), "flops": int(stats.flops),
         "tflops": stats.flops / seconds / 1e12, "gbps": moved / seconds / 1e9,

@@ -12,8 +12,7 @@ def table(p) -> str:
         tb = "A" if p.trans_a else "A^T"
     rows = [
         ("product", f"C[{p.m} x {p.n}] = {ta} @ {tb}, depth {p.k}, {p.dtype}"
-                    + (f" (C in {p.out_dtype or p.c_dtype})"
-                       if (p.out_dtype or p.c_dtype) != p.dtype else "")
+                    + (f" (C in {p.written_dtype})" if p.written_dtype != p.dtype else "")
                     + (", Gram (symmetric)" if p.symmetric else "")),
         *([("arithmetic", p.arithmetic)] if p.arithmetic else []),
         ("loop order", p.order),

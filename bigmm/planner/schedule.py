@@ -189,6 +189,11 @@ class Plan:
         return accumulate_dtype(self.dtype)
 
     @property
+    def written_dtype(self) -> str:
+        """The dtype of C as the output stores it (``out_dtype``, else ``c_dtype``)."""
+        return self.out_dtype or self.c_dtype
+
+    @property
     def c_itemsize(self) -> int:
         """Bytes per element of the C tiles."""
         return DTYPES[self.c_dtype]
@@ -518,7 +523,7 @@ class Plan:
     def bytes_written(self) -> int:
         """C's bytes written: all of C (a Gram plan writes the tiles below the diagonal from
         those above, or as zeros with ``upper``)."""
-        return DTYPES[self.out_dtype or self.c_dtype] * self.m * self.n
+        return DTYPES[self.written_dtype] * self.m * self.n
 
     @property
     def bytes_h2d(self) -> int:
