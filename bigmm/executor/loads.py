@@ -285,6 +285,10 @@ class Loader:
                 self.next_host[op] = (h + 1) % self.plan.host_panel_slots(op)
         for key in keys + [("A", st.a_slot), ("B", st.b_slot), ("C", st.c_slot)]:
             self.last_user[key] = idx
+        if st.last and "C" in self.slots.host:
+            # the finished tile is copied out into its host C buffer: no later read of old C
+            # into that buffer starts before this step is issued and its write known
+            self.last_user[("hC", self.slots.c_key(st.c_slot))] = idx
         return entry
 
     def _host_slot(self, op: str) -> int | None:

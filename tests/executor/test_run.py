@@ -61,6 +61,8 @@ TAILS = [
     (70, 33, 97, 0.0, 1),  # one panel finished strip by strip
     (70, 33, 97, 1.0, 3),  # three, old C read
     (70, 33, 97, 0.0, 5),  # all of them: B wholly resident, strips one by one
+    (70, 33, 40, 1.0, 2),  # all of them, old C read: a strip's C read into the host buffer
+    # the strip two before is still to be copied out through
     (9, 33, 20, -1.0, 1),  # one strip, one panel
 ]
 
