@@ -1,6 +1,7 @@
 """Random schedules through the asynchronous staging backend (hypothesis): every order, resident-c
-with any tail and A load width, old C read or not, transposes, reader threads. Streams run late
-and at random, so a buffer reused before its last copy is done shows up as a wrong C."""
+with any tail and A load width, old C read or not, transposes, reader threads, operands staged
+or copied in place from page-locked arrays. Streams run late and at random, so a buffer reused
+before its last copy is done shows up as a wrong C."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import pathlib
 import tempfile
 
 import numpy as np
-from executor_cases import AsyncBackend, run
+from executor_cases import AsyncBackend, PinnedAsyncBackend, array_run, run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bigmm.planner import make_plan
 from bigmm.planner.schedule import ORDERS
-from bigmm.testing import relative_error, tolerance
+from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
 
 #: K panels of the runs' plans (``executor_cases.run``'s tiles are 16 x 16 x 24).
 BK = 24
@@ -41,3 +43,26 @@ def test_random_schedules_through_staging(job):
         out, ref, _, plan = run(pathlib.Path(folder), AsyncBackend(seed=seed), alpha=0.5, **job)
     assert plan.order == job["order"]
     assert relative_error(out, ref) <= tolerance(np.float64, job["k"]), plan
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedules(), st.sets(st.sampled_from("ABC")))
+def test_random_schedules_with_page_locked_arrays(job, pinned):
+    """Some of A, B and C page-locked (copied in place), the others staged."""
+    m, n, k, order = job["m"], job["n"], job["k"], job["order"]
+    plan = make_plan(m, n, k, "float64", trans_a=job["ta"], trans_b=job["tb"],
+                     reads_c=job["beta"] != 0, device_budget=1 << 30, staging=True, align=8,
+                     tile=(16, n if order == "resident-c" else 16, BK), order=order,
+                     tail=job.get("tail"), a_span=job.get("a_span"))
+    a = random_matrix((k, m) if job["ta"] else (m, k), np.float64, job["seed"])
+    b = random_matrix((n, k) if job["tb"] else (k, n), np.float64, job["seed"] + 1)
+    c0 = random_matrix((m, n), np.float64, job["seed"] + 2)
+    c = c0.copy() if job["beta"] else np.full((m, n), np.nan)
+    be = PinnedAsyncBackend(job["seed"])
+    for name, x in (("A", a), ("B", b), ("C", c)):
+        if name in pinned:
+            be.pin(x)
+    array_run(be, a, b, c, plan, 0.5, job["beta"])
+    ref = reference_gemm(a, b, alpha=0.5, beta=job["beta"], c=c0, trans_a=job["ta"],
+                         trans_b=job["tb"])
+    assert relative_error(c, ref) <= tolerance(np.float64, k), plan
