@@ -308,10 +308,10 @@ class Run:
 
     def _gemm(self, st: Step, a, b, c, beta: float, fused):
         """The step's gemm as a launch taking the stream, set up once per slots and shapes
-        (the same views recur at every use of a slot); with ``fused`` the gemm does the
-        step's checksum updates too."""
+        (the same views recur at every use of a slot: A's by the width of its load too, its
+        rows' pitch); with ``fused`` the gemm does the step's checksum updates too."""
         key = (st.a_slot, st.b_slot, st.c_slot, a.shape, b.shape, st.first,
-               st.k0 - st.a_k[0])
+               st.k0 - st.a_k[0], st.a_k[1] - st.a_k[0])
         launch = self.gemms.get(key)
         if launch is None:
             p, extra = self.plan, {} if fused is None else {"checks": fused}

@@ -84,6 +84,8 @@ SPANS = [
     (70, 33, 97, 0.0, 2, 3),  # three rounds in one load, the tail's two in one
     (70, 33, 97, 0.5, 5, 2),  # all of K in the tail: strip by strip, pairs of panels
     (9, 33, 20, -1.0, 1, 2),  # one strip, one panel: nothing to pair
+    (5, 7, 206, 0.5, 2, 2),  # one strip, an odd head: a load of one panel, later one of two
+    # in the same slots (the gemm set up for one must not run on the other's rows)
 ]
 
 

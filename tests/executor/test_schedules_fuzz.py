@@ -24,7 +24,7 @@ BK = 24
 @st.composite
 def schedules(draw):
     order = draw(st.sampled_from(ORDERS + ("resident-c",) * 3))
-    m, n, k = draw(st.integers(1, 90)), draw(st.integers(1, 60)), draw(st.integers(1, 100))
+    m, n, k = draw(st.integers(1, 90)), draw(st.integers(1, 60)), draw(st.integers(1, 220))
     nk = -(-k // BK)
     job = dict(order=order, m=m, n=n, k=k, beta=draw(st.sampled_from([0.0, 1.0, -0.5])),
                ta=draw(st.booleans()), tb=draw(st.booleans()),
