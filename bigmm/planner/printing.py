@@ -33,9 +33,9 @@ def table(p) -> str:
         ("host staging", f"{format_bytes(p.host_bytes)} of {format_bytes(p.host_budget)}"
                          + ("" if p.staging else " (shared with compute)")
                          + _in_place_note(p)),
-        ("read", f"{format_bytes(p.bytes_read)} (A x{_times(p.a_passes)}, "
-                 f"B x{_times(p.b_passes)}"
-                 + (", C x1)" if p.reads_c else ")")),
+        ("read", f"{format_bytes(p.bytes_read)} (A x{_times(p.a_passes)}{_stored(p, 'A')}, "
+                 f"B x{_times(p.b_passes)}{_stored(p, 'B')}"
+                 + (f", C x1{_stored(p, 'C')})" if p.reads_c else ")")),
         ("written", format_bytes(p.bytes_written)),
         ("lower bound", f"{format_bytes(p.lower_bound_bytes)}; plan moves "
                         f"{p.bound_ratio:.2f}x the bound"),
@@ -62,6 +62,13 @@ def _in_place_note(p) -> str:
     ops = ", ".join(p.in_place)
     reg = ", ".join(op for op in p.in_place if op in p.registered)
     return f" ({ops} copied in place" + (f"; {reg} page-locked for the run)" if reg else ")")
+
+
+def _stored(p, op: str) -> str:
+    """" in float16", where operand ``op`` is read in another dtype than it is multiplied in
+    (C: than the tiles')."""
+    name = p.written_dtype if op == "C" else p.a_dtype if op == "A" else p.b_dtype
+    return f" in {name}" if name not in (None, p.c_dtype if op == "C" else p.dtype) else ""
 
 
 def _times(passes: float) -> str:

@@ -173,6 +173,10 @@ class Plan(Traffic):
     #: C's dtype as the output stores it, where not ``c_dtype`` (a bfloat16 C of bfloat16
     #: operands, a float64 output of float32 ones): the bytes written. None: ``c_dtype``.
     out_dtype: str | None = field(default=None, compare=False)
+    #: A's and B's dtypes as stored, where not ``dtype`` (float16 A of a float32 product):
+    #: read at their widths, converted as they load. None: ``dtype``.
+    a_dtype: str | None = None
+    b_dtype: str | None = None
     rates: Timing | None = field(default=None, compare=False)
     #: How the products are computed, as printed (e.g. "3xTF32 (float32 accuracy on tensor
     #: cores)"; the job sets it from the backend and the precision asked; "" not stated).

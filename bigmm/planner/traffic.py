@@ -1,5 +1,11 @@
 """What a Plan moves: the bytes it reads and writes, the flops it does, and the communication
-lower bound it is measured against (a mixin of :class:`~.schedule.Plan`)."""
+lower bound it is measured against (a mixin of :class:`~.schedule.Plan`).
+
+Reads count each operand as it is stored (``Plan.a_dtype``, ``Plan.b_dtype``; old C in the
+output's dtype), which need not be the dtype its panels are multiplied in: the host converts
+a panel as it loads it, so the copies to the device move the compute dtype's bytes
+(:attr:`Traffic.bytes_h2d`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,12 @@ from . import gram
 
 class Traffic:
     """The traffic of a Plan, from its shapes, slots and dtypes."""
+
+    def stored_itemsize(self, op: str) -> int:
+        """Bytes per element of operand "A", "B" or "C" as stored: A and B in their stored
+        dtypes (``dtype`` where not given), C in the output's (``written_dtype``)."""
+        name = {"A": self.a_dtype, "B": self.b_dtype, "C": self.written_dtype}[op]
+        return DTYPES[name or self.dtype]
 
     @property
     def a_reads(self) -> int:
@@ -50,11 +62,15 @@ class Traffic:
         """Elements of C in the tiles computed (and read, where C is read)."""
         return gram.upper_elements(self) if self.symmetric else self.m * self.n
 
+    def _input_bytes(self, a_width: int, b_width: int) -> float:
+        """Bytes of A's and B's panels read, at these bytes per element."""
+        return a_width * self.a_passes * self.m * self.k + b_width * self.b_passes * self.k * self.n
+
     @property
     def bytes_read(self) -> int:
-        c = self.c_itemsize * self.c_elements if self.reads_c else 0
-        return round(self.itemsize * (self.a_passes * self.m * self.k
-                                      + self.b_passes * self.k * self.n)) + c
+        """Bytes read from the operands as they are stored (old C too, where it is read)."""
+        c = self.stored_itemsize("C") * self.c_elements if self.reads_c else 0
+        return round(self._input_bytes(self.stored_itemsize("A"), self.stored_itemsize("B"))) + c
 
     @property
     def bytes_written(self) -> int:
@@ -64,8 +80,10 @@ class Traffic:
 
     @property
     def bytes_h2d(self) -> int:
-        """Bytes copied host -> device (equal to bytes read: every panel read is copied in)."""
-        return self.bytes_read
+        """Bytes copied host -> device: every panel read, in the dtype it is multiplied in
+        (old C in the tiles'); the bytes read where the operands are stored so."""
+        c = self.c_itemsize * self.c_elements if self.reads_c else 0
+        return round(self._input_bytes(self.itemsize, self.itemsize)) + c
 
     @property
     def flops(self) -> int:
@@ -76,24 +94,27 @@ class Traffic:
 
     @property
     def lower_bound_bytes(self) -> float:
-        """Communication lower bound on the inputs' reads: 2*M*N*K/sqrt(S) words (S = device
-        budget in elements; half that for a Gram plan) less C's own traffic, which the bound
-        counts too.
+        """Communication lower bound on the inputs' reads: 2*M*N*K/sqrt(S) elements (S =
+        device budget in elements of the panels; half that for a Gram plan) less C's own
+        traffic, which the bound counts too.
 
         Also at least the compulsory traffic: each input read once (a Gram plan's A once).
+        In bytes as stored: each input once at its width, the elements beyond at the
+        narrower one's.
         """
-        w = self.itemsize
+        w, wa, wb = self.itemsize, self.stored_itemsize("A"), self.stored_itemsize("B")
         s = self.device_budget / w
         hk = (1 if self.symmetric else 2) * self.m * self.n * self.k / math.sqrt(s)
-        compulsory = self.k * self.n if self.symmetric else self.m * self.k + self.k * self.n
         # the bound is on all the traffic: C's own (written once, read once for beta != 0)
         # counts towards it, so the inputs must make up only the rest
         c_traffic = self.m * self.n * (2 if self.reads_c else 1) * self.c_itemsize / w
-        return w * max(hk - c_traffic, compulsory)
+        once = ((self.k * self.n, 0) if self.symmetric
+                else (self.m * self.k, self.k * self.n))
+        beyond = max(0.0, hk - c_traffic - sum(once))
+        return wa * once[0] + wb * once[1] + min(wa, wb) * beyond
 
     @property
     def bound_ratio(self) -> float:
-        """Input bytes moved over the lower bound (1.0 is optimal)."""
-        w = self.itemsize
-        moved = w * (self.a_passes * self.m * self.k + self.b_passes * self.k * self.n)
+        """Input bytes read over the lower bound (1.0 is optimal)."""
+        moved = self._input_bytes(self.stored_itemsize("A"), self.stored_itemsize("B"))
         return moved / self.lower_bound_bytes
