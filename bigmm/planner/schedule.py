@@ -174,7 +174,7 @@ class Plan(Traffic):
     #: operands, a float64 output of float32 ones): the bytes written. None: ``c_dtype``.
     out_dtype: str | None = field(default=None, compare=False)
     #: A's and B's dtypes as stored, where not ``dtype`` (float16 A of a float32 product):
-    #: read at their widths, converted as they load. None: ``dtype``.
+    #: read at their widths, widened within their buffers as they load. None: ``dtype``.
     a_dtype: str | None = None
     b_dtype: str | None = None
     rates: Timing | None = field(default=None, compare=False)
@@ -434,11 +434,24 @@ class Plan(Traffic):
 
     @property
     def host_bytes(self) -> int:
-        """Host staging bytes (pinned) of the operands that are staged. Without staging, the
-        compute buffers are host memory."""
-        if not self.staging:
-            return self.device_bytes
-        return sum(n * nbytes for op, n, nbytes in self._host_buffers() if self.staged(op))
+        """Host bytes of the run's buffers: the staging buffers (pinned) of the operands that
+        are staged, or without staging the compute buffers (host memory then), and those
+        that convert C (:attr:`convert_bytes`)."""
+        held = (sum(n * nbytes for op, n, nbytes in self._host_buffers() if self.staged(op))
+                if self.staging else self.device_bytes)
+        return held + self.convert_bytes
+
+    @property
+    def convert_bytes(self) -> int:
+        """Host bytes converting C where the output stores another dtype than the tiles':
+        old C stored wider is read as stored, then rounded (a tile per C buffer filled at
+        once); finished tiles are converted a tile at a time as they are written. A panel
+        (or old C) stored narrower is widened within its own buffer: nothing more."""
+        stored, wc = self.stored_itemsize("C"), self.c_itemsize
+        if stored == wc:
+            return 0
+        loading = (HOST_C_SLOTS if self.staging else self.c_slots) if stored > wc else 0
+        return (loading * self.reads_c + 1) * stored * self.bm * self.bn
 
     def _host_buffers(self) -> list[tuple[str, int, int]]:
         """(operand, host staging buffers, bytes each) of A, B and C with staging."""
@@ -502,6 +515,7 @@ class Plan(Traffic):
         d = asdict(self)
         d.update(ni=self.ni, nj=self.nj, nk=self.nk, n_tiles=self.n_tiles,
                  device_bytes=self.device_bytes, host_bytes=self.host_bytes,
+                 convert_bytes=self.convert_bytes,
                  bytes_read=self.bytes_read, bytes_written=self.bytes_written,
                  bytes_h2d=self.bytes_h2d, flops=self.flops,
                  lower_bound_bytes=self.lower_bound_bytes, bound_ratio=self.bound_ratio,

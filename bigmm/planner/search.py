@@ -20,7 +20,7 @@ import math
 from dataclasses import replace
 
 from ..errors import BudgetError, DtypeError, PlanError, ShapeError
-from ..units import DTYPES, format_bytes
+from ..units import DTYPES, accumulate_dtype, format_bytes
 from .model import SIM_STEPS, Rates, StageTimes, stage_times
 from .schedule import OPERANDS, ORDERS, WHOLE_ORDERS, Plan
 
@@ -145,7 +145,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               tail: int | None = None, in_place: str | None = None,
               registered: str = "", symmetric: bool = False, upper: bool = False,
               presplit: int = 0, whole: bool = False, a_span: int | None = None,
-              a_dtype: str | None = None, b_dtype: str | None = None) -> Plan:
+              a_dtype: str | None = None, b_dtype: str | None = None,
+              out_dtype: str | None = None) -> Plan:
     """Choose the schedule moving the fewest bytes within both budgets (cached: see
     :func:`_cached_plans`).
 
@@ -183,7 +184,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     with ``tile`` fixed, 1 unless given.
 
     ``a_dtype``, ``b_dtype``: A's and B's dtypes as stored, where not ``dtype`` (reads
-    count at their widths).
+    count at their widths); ``out_dtype``: C's as the output stores it, where not the
+    tiles' (its bytes written and read, and the buffers converting it: ``Plan.convert_bytes``).
 
     ``whole``: orders whole-a and whole-b are candidates too (when choosing by time with
     staging, and not for a Gram plan): for C written to storage, whose writes they start
@@ -192,7 +194,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     """
     _check_dims(m, n, k)
     _check_symmetric(m, n, trans_a, trans_b, symmetric, upper)
-    for name, v in (("dtype", dtype), ("a_dtype", a_dtype), ("b_dtype", b_dtype)):
+    for name, v in (("dtype", dtype), ("a_dtype", a_dtype), ("b_dtype", b_dtype),
+                    ("out_dtype", out_dtype)):
         if v not in DTYPES and (name == "dtype" or v is not None):
             raise DtypeError(f"Expected {name} {', '.join(DTYPES)}. Got {v!r}.")
     if order is not None and order not in ORDERS:
@@ -209,7 +212,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                 in_place=in_place, registered=registered, symmetric=bool(symmetric),
                 upper=bool(upper), presplit=int(presplit),
                 a_dtype=None if a_dtype == dtype else a_dtype,
-                b_dtype=None if b_dtype == dtype else b_dtype)
+                b_dtype=None if b_dtype == dtype else b_dtype,
+                out_dtype=None if out_dtype == accumulate_dtype(dtype) else out_dtype)
 
     if a_span is not None and (not isinstance(a_span, int) or isinstance(a_span, bool)
                                or a_span < 1 or (a_span > 1 and (

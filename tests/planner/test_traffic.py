@@ -89,3 +89,21 @@ def test_bound_holds_at_the_stored_widths(kw, data):
     assert p.bound_ratio >= 1.0 - 1e-9
     assert p.bytes_read >= p.lower_bound_bytes - 1
 
+
+def test_c_converted_on_the_host_is_counted_and_printed():
+    kw = dict(device_budget=1 << 30, tile=(512, 384, 256), order="stream", staging=False)
+    tile = 512 * 384
+    same = make_plan(2000, 1500, 1000, "float32", reads_c=True, **kw)
+    wider = make_plan(2000, 1500, 1000, "float32", reads_c=True, out_dtype="float64", **kw)
+    narrower = make_plan(2000, 1500, 1000, "float32", reads_c=True, out_dtype="float16", **kw)
+    assert same.convert_bytes == 0 and same.host_bytes == same.device_bytes
+    # old C read as stored (a tile per C slot), and each tile written converted
+    assert wider.convert_bytes == (2 + 1) * 8 * tile
+    assert wider.host_bytes == wider.device_bytes + wider.convert_bytes
+    assert "converting C's float64" in str(wider)
+    # old C widened within its buffer: only the writes convert
+    assert narrower.convert_bytes == 2 * tile
+    # the budget holds the conversion
+    fits = make_plan(2000, 1500, 1000, "float32", reads_c=True, out_dtype="float64",
+                     device_budget=wider.device_bytes, staging=False)
+    assert fits.host_bytes <= fits.host_budget
