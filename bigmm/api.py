@@ -174,9 +174,10 @@ def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1
     nothing; ``out_dtype`` is checked as ``matmul`` checks it); with ``gram=True`` (or the
     same data with opposite transposes, detected) and ``upper``, the Plan of :func:`gram`.
     ``io_threads`` as ``matmul``'s: on a GPU the host's copy rates, and so the plan, depend
-    on it."""
+    on it. An ``out`` that is one of the inputs is refused as ``matmul`` refuses it."""
     verify = parse_verify(verify)
     with _opened(a, b, backend, kernel, precision) as (be, A, B, _):
+        io.refuse_output_alias(out, [A, B])
         symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify, beta)
         p, _ = plan_job(A, A if symmetric else B, out, be, alpha=alpha, beta=beta,
                         trans_a=trans_a, trans_b=trans_b, memory=memory,

@@ -157,7 +157,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
                 rates=rates if be.staging else None,  # CPU: the fewest bytes, as matmul plans
                 symmetric=bool(symmetric), upper=bool(upper),
                 presplit=be.split_parts if isinstance(be, SplitsPanels) else 0,
-                whole=not _c_in_memory(out))
+                whole=not _c_in_memory(out), out_dtype=stored, **stored_dtypes(A, B))
     threads = be.gemm_threads() if isinstance(be, HostHints) else None
     if not be.staging and threads:  # a gemm call costs more with more BLAS threads
         args["step_bytes"] = cpu_step_bytes(threads)
@@ -187,10 +187,14 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             q = replace(q, rates=_checked(path_rates, checked))
         if best is None or (q.predicted_seconds or 0) < (best.predicted_seconds or 0):
             best = q
-    if stored != best.c_dtype:  # C written in another dtype: its bytes, predicted again
-        best = replace(best, out_dtype=stored)
     return (_with_arithmetic(best, describe(precision, dtype, bool(be.staging))),
             job_record(best, alpha, beta, precision))
+
+
+def stored_dtypes(A, B) -> dict[str, str]:
+    """``a_dtype`` and ``b_dtype`` of a plan of opened A and B: their dtypes as stored
+    (``make_plan`` drops those equal to the dtype they are multiplied in)."""
+    return {"a_dtype": dtype_name(A.dtype), "b_dtype": dtype_name(B.dtype)}
 
 
 def _with_arithmetic(p: Plan, arithmetic: str) -> Plan:

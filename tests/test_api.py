@@ -253,6 +253,23 @@ def test_plan_refuses_an_out_of_the_wrong_shape(files):
         bigmm.matmul(spec_a, spec_b, np.zeros((5, 5)), backend="numpy")
 
 
+@pytest.mark.parametrize("out", [
+    "spec",     # A's file and dataset, named again
+    "dataset",  # A's dataset, open in h5py
+    "array",    # A's array
+])
+def test_plan_refuses_an_out_that_is_an_input_as_matmul_does(files, out):
+    tmp, spec_a, _, _ = files
+    b = np.eye(20)  # C has A's shape
+    with h5py.File(tmp / "in.h5", "r+") as f:
+        a = {"spec": spec_a, "dataset": f["A"], "array": f["A"][...]}[out]
+        with pytest.raises(errors.OutputIsInputError, match="other than the inputs") as planned:
+            bigmm.plan(a, b, a, backend="numpy")
+        with pytest.raises(errors.OutputIsInputError) as run:
+            bigmm.matmul(a, b, a, backend="numpy", overwrite=True)
+    assert str(planned.value) == str(run.value)
+
+
 def test_closed_datasets_are_one_clear_error(files):
     tmp, _, _, _ = files
     f = h5py.File(tmp / "in.h5", "r+")

@@ -118,6 +118,7 @@ ERROR_CASES = [
     (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--memory", "lots"], "lots"),  # bad size
     (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--memory", "100"], "budget"),  # too small
     (["multiply", "{a}", "{b}", "-o", "{t}/no/dir/c.h5:/C"], "Expected"),    # no such directory
+    (["plan", "{a}", "{b}", "-o", "{a}"], "other than the inputs"),         # output is input
     (["plan", "{a}", "{b}", "--memory", "inf"], "inf"),                      # infinite budget
     (["plan", "{a}", "{b}", "--memory", "nan"], "nan"),                      # not a number
     (["plan", "{a}", "{b}", "--memory", "1e400"], "1e400"),                  # overflows a float

@@ -115,11 +115,11 @@ CLI = textwrap.dedent("""
 """)
 
 
-def measure(argv: list[str], cwd) -> dict[str, int]:
-    """Run ``bigmm argv`` in a fresh process to its end; its peak private memory (sampled
-    RssAnon), peak mapped file pages (sampled RssFile) and exact peak total RSS (VmHWM), in
-    bytes."""
-    proc = subprocess.Popen([sys.executable, "-c", CLI, *argv], stdout=subprocess.PIPE,
+def measure(argv: list[str], cwd, script: str = CLI) -> dict[str, int]:
+    """Run ``bigmm argv`` (or ``script`` with ``argv``) in a fresh process to its end; its peak
+    private memory (sampled RssAnon), peak mapped file pages (sampled RssFile) and exact peak
+    total RSS (VmHWM), in bytes."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=cwd)
     peak = {"RssAnon": 0, "RssFile": 0}
     done = threading.Event()
@@ -202,6 +202,48 @@ def test_planning_measures_within_the_budget(operands, peaks, command):
     print(_report(command, "1MiB", base, peak))
     assert peak["anon"] <= base["anon"] + parse_size("1MiB") + ANON_SLACK, \
         _report(command, "1MiB", base, peak)
+
+
+#: ``bigmm.matmul(A, B, C, memory=BUDGET)`` on the CPU (ARGS: A, B, C and BUDGET), then the
+#: process's peak total RSS as CLI prints it. matmul plans on the CPU without timing the
+#: machine, where the command's plan does (copies of 16 MiB or more, which the tiny run's
+#: peak then holds too): its peak is the run's.
+API = textwrap.dedent("""
+    import sys
+    import bigmm
+    a, b, c, budget = sys.argv[1:]
+    bigmm.matmul(a, b, c, memory=budget, backend="numpy", overwrite=True)
+    with open("/proc/self/status") as f:
+        print([line.split()[1] for line in f if line.startswith("VmHWM:")][0])
+""")
+
+#: A float16 A and a float32 B: a float32 product, A's panels widened as they load.
+MIXED = {"mixed": ((20000, 5000), (5000, 300)), "tiny": ((64, 64), (64, 64))}
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """(directory, {name: (A, B)}) of MIXED, generated once for the module."""
+    d = tmp_path_factory.mktemp("mixed")
+    specs = {}
+    for name, (sa, sb) in MIXED.items():
+        specs[name] = (f"{d / name}-a.h5:/A", f"{d / name}-b.h5:/B")
+        generate(specs[name][0], sa, dtype="float16", seed=1)
+        generate(specs[name][1], sb, seed=2)
+    return d, specs
+
+
+@pytest.mark.slow
+def test_mixed_dtypes_private_memory_within_budget(mixed):
+    # A's 2560 x 2560 panels (25 MiB as float32) are read as float16 into their own buffers:
+    # no float16 copy of a panel beside them
+    d, specs = mixed
+    budget = "64MiB"
+    base, peak = (measure([*specs[name], f"{d / name}-c.h5:/C", budget], d, API)
+                  for name in ("tiny", "mixed"))
+    print(_report("mixed", budget, base, peak))
+    assert peak["anon"] <= base["anon"] + parse_size(budget) + ANON_SLACK, \
+        _report("mixed", budget, base, peak)
 
 
 # ----- device memory (GPU) ------------------------------------------------------------------

@@ -26,7 +26,7 @@ import numpy as np
 from .. import io
 from ..job import (check_operands, complete_stats, job_precision, job_record, open_inputs,
                    open_output, parse_io_threads, parse_scalar, resolve_backend,
-                   resolve_budgets, resumed_schedule)
+                   resolve_budgets, resumed_schedule, stored_dtypes)
 from ..backends import get_backend
 from ..checksum import parse_verify
 from ..errors import BudgetError, Interrupted, OptionError
@@ -260,7 +260,8 @@ def _grid(plan: Plan, slots: int) -> Plan:
 def _replan(p: Plan, **changes) -> Plan:
     args = dict(trans_a=p.trans_a, trans_b=p.trans_b, reads_c=p.reads_c,
                 device_budget=p.device_budget, host_budget=p.host_budget, staging=p.staging,
-                a_chunks=p.a_chunks, b_chunks=p.b_chunks, order="stream")
+                a_chunks=p.a_chunks, b_chunks=p.b_chunks, order="stream", a_dtype=p.a_dtype,
+                b_dtype=p.b_dtype)
     args.update(changes)
     return make_plan(p.m, p.n, p.k, p.dtype, **args)
 
@@ -372,7 +373,8 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
         alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
         args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                     device_budget=budgets.device, host_budget=budgets.host,
-                    staging=budgets.staging, a_chunks=A.panel_chunks, b_chunks=B.panel_chunks)
+                    staging=budgets.staging, a_chunks=A.panel_chunks, b_chunks=B.panel_chunks,
+                    **stored_dtypes(A, B))
         fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, chosen) if resume
                  else {})
         if fixed:

@@ -8,10 +8,12 @@ every event is already complete when it is recorded; with staging (GPU) they fil
 slots, and the run copies them in.
 
 Conversion: a reader fills its buffer in the plan's dtype (C's buffers: the plan's ``c_dtype``);
-an operand stored in another dtype (float32 A with float64 B, old C of another dtype) is read
-into a temporary of its own dtype and converted into the buffer, in the reader thread
-(:func:`read_into`). Half-precision panels of a half-precision plan are read as they are stored
-and reach the gemm in their own dtype.
+an operand stored in another dtype (float32 A with float64 B, old C of another dtype) is
+converted in the reader thread (:func:`read_into`). One stored narrower (A and B always: the
+plan's dtype is the wider of theirs) is read into the end of its own buffer and widened there,
+front to back (:func:`widen`): no temporary of the panel. Old C stored wider is read into a
+temporary in its dtype, which the plan counts (``Plan.convert_bytes``). Half-precision panels
+of a half-precision plan are read as they are stored and reach the gemm in their own dtype.
 
 Direct copies: an operand that is a NumPy array in page-locked memory (:func:`in_place`) is not
 staged. Its panels are copied in straight from views of the user's array (no reader work, no
@@ -382,14 +384,49 @@ def staged_view(be, buf, *, shape: tuple[int, int], axis: int | None,
 
 def read_into(src, r0: int, r1: int, c0: int, c1: int, target: np.ndarray) -> None:
     """Read rows [r0, r1) and columns [c0, c1) of ``src`` into ``target``, converted where the
-    target's dtype is not the source's (through a temporary of the region in the source's
-    dtype: reads stay raw, and NumPy's cast rounds as ``astype`` does)."""
+    target's dtype is not the source's: a source stored narrower is read into the end of the
+    target's own bytes and widened there (:func:`widen`), a wider one through a temporary of
+    the region in its dtype (reads stay raw, and NumPy's casts round as ``astype`` does)."""
     if target.dtype == src.dtype:
         src.read(r0, r1, c0, c1, target)
+        return
+    if src.dtype.itemsize < target.itemsize and target.flags.c_contiguous:
+        stored = stored_view(target, src.dtype)
+        src.read(r0, r1, c0, c1, stored)
+        widen(stored, target)
         return
     tmp = np.empty(target.shape, src.dtype)
     src.read(r0, r1, c0, c1, tmp)
     np.copyto(target, tmp, casting="unsafe")
+
+
+#: Elements that :func:`widen` converts through a copy at the end (at most), where what is
+#: left to widen overlaps its own stored values.
+WIDEN_TAIL = 1 << 16
+
+
+def stored_view(target: np.ndarray, dtype) -> np.ndarray:
+    """An array of ``target``'s shape in the narrower ``dtype`` over the last bytes of the
+    C-contiguous ``target``: where a region is read before :func:`widen` widens it."""
+    raw = target.reshape(-1).view(np.uint8)
+    return raw[raw.size - target.size * np.dtype(dtype).itemsize:].view(dtype).reshape(
+        target.shape)
+
+
+def widen(stored: np.ndarray, target: np.ndarray) -> None:
+    """Convert ``stored`` (:func:`stored_view` of ``target``) into ``target``, front to back:
+    each block ends where the stored values not yet converted begin, so that no value is
+    overwritten before it is read (a block is at least half of what is left, as an element
+    of ``target`` is at least twice as wide); the last WIDEN_TAIL elements or fewer go
+    through a copy."""
+    x, y = stored.reshape(-1), target.reshape(-1)
+    n, ws, wt = y.size, x.itemsize, y.itemsize
+    i = 0
+    while n - i > WIDEN_TAIL:
+        j = (n * (wt - ws) + ws * i) // wt  # the bytes of y[:j] end where x[i] begins
+        np.copyto(y[i:j], x[i:j], casting="unsafe")
+        i = j
+    np.copyto(y[i:], x[i:].copy(), casting="unsafe")
 
 
 def _when(written: cf.Future | None, copied, be):

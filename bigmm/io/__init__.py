@@ -5,7 +5,8 @@ outputs.
 * :func:`open_input` -> :class:`Source`: thread-safe ``read(r0, r1, c0, c1, out)``.
 * :func:`open_output` -> :class:`Sink`: ``write``/``commit``/``finish`` with a resume journal.
 * :func:`read_journal`: the job recorded for an interrupted output.
-* :func:`existing_dtype`: the dtype of an output that is kept (and so decides C's dtype).
+* :func:`existing_dtype`: the dtype of an output that is kept (and so decides C's dtype);
+  :func:`refuse_output_alias`: an output that is one of the inputs refused, nothing opened.
 * :func:`h5_type` / :func:`stored_dtype`: the HDF5 type bigmm writes a dtype in (bfloat16:
   see :mod:`._h5`), and the dtype a dataset stores.
 * :mod:`.generate`: seeded random operands (``bigmm.io.generate.generate``).
@@ -19,7 +20,8 @@ from ._h5 import h5_type, stored_dtype
 from .identity import same_data
 from .layout import Layout, probe_layout
 from .journal import read_journal
-from .output import existing_dtype, open_output
+from .existing import existing_dtype, refuse_output_alias
+from .output import open_output
 from .sink import Sink
 from .source import Source, open_input
 from .spec import Spec, parse_spec
@@ -27,4 +29,4 @@ from .spec import Spec, parse_spec
 __all__ = ["Layout", "Sink", "Source", "Spec", "describe_dtype", "existing_dtype", "generate",
            "same_data",
            "h5_type", "open_input", "open_output", "parse_spec", "probe_layout", "read_journal",
-           "stored_dtype"]
+           "refuse_output_alias", "stored_dtype"]

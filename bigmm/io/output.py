@@ -34,7 +34,7 @@ from .sink import _FULL, ArraySink, CompleteSink, Sink
 from .source import DEFAULT_THREADS, Source, open_input
 from .spec import Spec, parse_spec
 from . import h5atomic, zarrsink, zarrsource
-from ..units import format_bytes, numpy_dtype
+from ..units import format_bytes
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
                 resume: bool = False, reads_c: bool = False,
@@ -100,40 +100,6 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
     chunks = _storage(spec).chunks(shape, tile, dtype.itemsize)
     return _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c,
                         threads, chunks)
-
-
-def existing_dtype(x, *, resume: bool = False, reads_c: bool = False) -> np.dtype | None:
-    """The dtype of the output C that ``x`` names where it is kept and so decides C's dtype:
-    an array or h5py.Dataset written in place, and a spec's dataset where it is resumed (the
-    dtype its journal recorded) or holds old C (``reads_c``); None where C is new (or
-    replaced)."""
-    if isinstance(x, np.ndarray):
-        return x.dtype
-    if isinstance(x, h5py.Dataset):
-        _check_open(x)
-        return stored_dtype(x)
-    if zarrsource.is_zarr_array(x):
-        return np.dtype(x.dtype)
-    if isinstance(x, os.PathLike):
-        x = os.fspath(x)
-    if not isinstance(x, (str, Spec)) or not (resume or reads_c):
-        return None
-    spec = parse_spec(x)
-    recorded = parse_journal(journal_path(spec)) if resume else None
-    if recorded is not None and recorded[0].get("dtype"):
-        try:
-            return numpy_dtype(recorded[0]["dtype"])
-        except BigmmError:
-            return None
-    if spec.zarr:
-        if zarrsource.node_type(zarrsource.array_dir(spec.path, spec.dataset)) != "array":
-            return None
-        return np.dtype(zarrsource.open_array(spec, "C").dtype)
-    if not os.path.isfile(spec.path) or not h5py.is_hdf5(spec.path):
-        return None
-    with H5LOCK, h5_open_retry(lambda: h5py.File(spec.path, "r"), spec.path, str(spec)) as f:
-        obj = f.get(spec.dataset)
-        return stored_dtype(obj) if isinstance(obj, h5py.Dataset) else None
 
 
 def _open_zarr_array(x, shape, dtype, inputs, job, overwrite, resume, reads_c, threads) -> Sink:

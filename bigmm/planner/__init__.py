@@ -1,4 +1,5 @@
-"""The planner, pure and shape-only: :mod:`.schedule` (the frozen, printable Plan),
+"""The planner, pure and shape-only: :mod:`.schedule` (the frozen, printable Plan; what it
+moves: :mod:`.traffic`),
 :mod:`.model` (rates and the pipeline model that predicts a plan's time), :mod:`.search`
 (choosing the plan) and :mod:`.workspace` (the gemm's passes over panels ahead of the product,
 and their device memory). The names below are those the rest of bigmm plans with."""

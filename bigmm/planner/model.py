@@ -289,11 +289,11 @@ def pinned_at(p: Plan, r: Rates, start: float) -> dict[tuple[str, int], float]:
 
 
 def read_rates(p: Plan, r: Rates) -> tuple[float, float, float]:
-    """Bytes per second the host reads A's panels, B's and C's tiles at (:meth:`Rates.
-    load_rate` of a whole one: the model counts every load of an operand at its rate)."""
-    w, wc = p.itemsize, p.c_itemsize
-    return (r.load_rate(w * p.bm * p.bk), r.load_rate(w * p.bk * p.bn),
-            r.load_rate(wc * p.bm * p.bn))
+    """Bytes of the panels' (tiles') dtype the host reads per second of A, B and C: each a
+    whole load's :meth:`Rates.load_rate` as stored (narrower stored operands land faster)."""
+    w, wc, ws = p.itemsize, p.c_itemsize, [p.stored_itemsize(op) for op in "ABC"]
+    return tuple(r.load_rate(s * n) * x / s for s, x, n in zip(
+        ws, (w, w, wc), (p.bm * p.bk, p.bk * p.bn, p.bm * p.bn)))
 
 
 def stage_times(p: Plan, r: Rates) -> StageTimes:

@@ -31,11 +31,10 @@ def table(p) -> str:
                              else f", the rounded {'B' if p.trans_a else 'A'} panel's copy)"
                              if p.rounds_one_ahead else ")")),
         ("host staging", f"{format_bytes(p.host_bytes)} of {format_bytes(p.host_budget)}"
-                         + ("" if p.staging else " (shared with compute)")
-                         + _in_place_note(p)),
-        ("read", f"{format_bytes(p.bytes_read)} (A x{_times(p.a_passes)}, "
-                 f"B x{_times(p.b_passes)}"
-                 + (", C x1)" if p.reads_c else ")")),
+                         + _host_notes(p)),
+        ("read", f"{format_bytes(p.bytes_read)} (A x{_times(p.a_passes)}{_stored(p, 'A')}, "
+                 f"B x{_times(p.b_passes)}{_stored(p, 'B')}"
+                 + (f", C x1{_stored(p, 'C')})" if p.reads_c else ")")),
         ("written", format_bytes(p.bytes_written)),
         ("lower bound", f"{format_bytes(p.lower_bound_bytes)}; plan moves "
                         f"{p.bound_ratio:.2f}x the bound"),
@@ -55,13 +54,24 @@ def table(p) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _in_place_note(p) -> str:
-    """How the user's arrays are copied, for the printed plan."""
-    if not p.staging or not p.in_place:
-        return ""
-    ops = ", ".join(p.in_place)
-    reg = ", ".join(op for op in p.in_place if op in p.registered)
-    return f" ({ops} copied in place" + (f"; {reg} page-locked for the run)" if reg else ")")
+def _host_notes(p) -> str:
+    """What the host bytes are, for the printed plan: shared with compute (no staging), the
+    user's arrays copied in place, the bytes converting C."""
+    notes = [] if p.staging else ["shared with compute"]
+    if p.staging and p.in_place:
+        notes.append(f"{', '.join(p.in_place)} copied in place")
+        reg = ", ".join(op for op in p.in_place if op in p.registered)
+        notes += [f"{reg} page-locked for the run"] if reg else []
+    if p.convert_bytes:
+        notes.append(f"{format_bytes(p.convert_bytes)} converting C's {p.written_dtype}")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _stored(p, op: str) -> str:
+    """" in float16", where operand ``op`` is read in another dtype than it is multiplied in
+    (C: than the tiles')."""
+    name = p.written_dtype if op == "C" else p.a_dtype if op == "A" else p.b_dtype
+    return f" in {name}" if name not in (None, p.c_dtype if op == "C" else p.dtype) else ""
 
 
 def _times(passes: float) -> str:

@@ -36,13 +36,13 @@ the executor allocates and fills them, and the pipeline model simulates them.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Protocol
 
 from ..units import DTYPES, accumulate_dtype
-from . import gram, printing
+from . import printing
+from .traffic import Traffic
 from .workspace import (direct_workspace_bytes, reads_as_stored, rounds_one_ahead,
                         split_workspace_bytes, splits_ahead)
 
@@ -125,12 +125,13 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(Traffic):
     """A complete, checked schedule for C = alpha * op(A) @ op(B) + beta * C.
 
     ``dtype``: the operands' panels as they are moved and multiplied (``itemsize`` bytes an
     element); C tiles are in ``c_dtype``, the dtype the products accumulate in (float32 for
-    half-precision panels, else ``dtype``), ``c_itemsize`` bytes an element.
+    half-precision panels, else ``dtype``), ``c_itemsize`` bytes an element. What it reads
+    and writes: :class:`.traffic.Traffic`.
     """
 
     m: int
@@ -172,6 +173,10 @@ class Plan:
     #: C's dtype as the output stores it, where not ``c_dtype`` (a bfloat16 C of bfloat16
     #: operands, a float64 output of float32 ones): the bytes written. None: ``c_dtype``.
     out_dtype: str | None = field(default=None, compare=False)
+    #: A's and B's dtypes as stored, where not ``dtype`` (float16 A of a float32 product):
+    #: read at their widths, widened within their buffers as they load. None: ``dtype``.
+    a_dtype: str | None = None
+    b_dtype: str | None = None
     rates: Timing | None = field(default=None, compare=False)
     #: How the products are computed, as printed (e.g. "3xTF32 (float32 accuracy on tensor
     #: cores)"; the job sets it from the backend and the precision asked; "" not stated).
@@ -429,11 +434,24 @@ class Plan:
 
     @property
     def host_bytes(self) -> int:
-        """Host staging bytes (pinned) of the operands that are staged. Without staging, the
-        compute buffers are host memory."""
-        if not self.staging:
-            return self.device_bytes
-        return sum(n * nbytes for op, n, nbytes in self._host_buffers() if self.staged(op))
+        """Host bytes of the run's buffers: the staging buffers (pinned) of the operands that
+        are staged, or without staging the compute buffers (host memory then), and those
+        that convert C (:attr:`convert_bytes`)."""
+        held = (sum(n * nbytes for op, n, nbytes in self._host_buffers() if self.staged(op))
+                if self.staging else self.device_bytes)
+        return held + self.convert_bytes
+
+    @property
+    def convert_bytes(self) -> int:
+        """Host bytes converting C where the output stores another dtype than the tiles':
+        old C stored wider is read as stored, then rounded (a tile per C buffer filled at
+        once); finished tiles are converted a tile at a time as they are written. A panel
+        (or old C) stored narrower is widened within its own buffer: nothing more."""
+        stored, wc = self.stored_itemsize("C"), self.c_itemsize
+        if stored == wc:
+            return 0
+        loading = (HOST_C_SLOTS if self.staging else self.c_slots) if stored > wc else 0
+        return (loading * self.reads_c + 1) * stored * self.bm * self.bn
 
     def _host_buffers(self) -> list[tuple[str, int, int]]:
         """(operand, host staging buffers, bytes each) of A, B and C with staging."""
@@ -470,96 +488,10 @@ class Plan:
         """The host C buffer a device C slot's tiles pass through (staging plans)."""
         return c_slot % HOST_C_SLOTS
 
-    # ----- traffic ------------------------------------------------------------------------
+    # ----- traffic (more in :class:`.traffic.Traffic`) ------------------------------------
     @property
     def row_major(self) -> bool:
         return self.order not in ("resident-b", "whole-a")
-
-    @property
-    def a_reads(self) -> int:
-        """How many times all of A is read under the LRU slot schedule of ``steps``.
-
-        Row-major tiles touch the row panel A(i, 0..nk-1) nj times in a row: it stays when its
-        nk panels fit in the slots. Column-major tiles cycle through all ni*nk panels of A per
-        tile column: A stays only when all of it fits. Resident-c strips span C's width: each
-        A panel is used once.
-        """
-        cycle = self.nk if self.row_major else self.ni * self.nk
-        return 1 if self.nj == 1 or self.a_slots >= cycle else self.nj
-
-    @property
-    def b_reads(self) -> int:
-        """Mirror image of ``a_reads``; resident-c uses each B panel for every strip in a row
-        (its first panels) or keeps it in one of tail + 1 slots (its last)."""
-        if self.order == "resident-c":
-            return 1
-        cycle = self.nj * self.nk if self.row_major else self.nk
-        return 1 if self.ni == 1 or self.b_slots >= cycle else self.ni
-
-    @property
-    def a_passes(self) -> float:
-        """Elements of A read over the elements of A (``a_reads``, or a Gram plan's count:
-        :func:`.gram.passes`)."""
-        return gram.passes(self)[0] if self.symmetric else self.a_reads
-
-    @property
-    def b_passes(self) -> float:
-        """Elements of B read over the elements of B (a Gram plan's B is A: its diagonal
-        tiles read none)."""
-        return gram.passes(self)[1] if self.symmetric else self.b_reads
-
-    @property
-    def c_elements(self) -> int:
-        """Elements of C in the tiles computed (and read, where C is read)."""
-        return gram.upper_elements(self) if self.symmetric else self.m * self.n
-
-    @property
-    def bytes_read(self) -> int:
-        c = self.c_itemsize * self.c_elements if self.reads_c else 0
-        return round(self.itemsize * (self.a_passes * self.m * self.k
-                                      + self.b_passes * self.k * self.n)) + c
-
-    @property
-    def bytes_written(self) -> int:
-        """C's bytes written: all of C (a Gram plan writes the tiles below the diagonal from
-        those above, or as zeros with ``upper``)."""
-        return DTYPES[self.written_dtype] * self.m * self.n
-
-    @property
-    def bytes_h2d(self) -> int:
-        """Bytes copied host -> device (equal to bytes read: every panel read is copied in)."""
-        return self.bytes_read
-
-    @property
-    def flops(self) -> int:
-        """Flops done: 2mnk, or a Gram plan's n(n+1)k (the upper triangle's elements)."""
-        if self.symmetric:
-            return self.n * (self.n + 1) * self.k
-        return 2 * self.m * self.n * self.k
-
-    @property
-    def lower_bound_bytes(self) -> float:
-        """Communication lower bound on the inputs' reads: 2*M*N*K/sqrt(S) words (S = device
-        budget in elements; half that for a Gram plan) less C's own traffic, which the bound
-        counts too.
-
-        Also at least the compulsory traffic: each input read once (a Gram plan's A once).
-        """
-        w = self.itemsize
-        s = self.device_budget / w
-        hk = (1 if self.symmetric else 2) * self.m * self.n * self.k / math.sqrt(s)
-        compulsory = self.k * self.n if self.symmetric else self.m * self.k + self.k * self.n
-        # the bound is on all the traffic: C's own (written once, read once for beta != 0)
-        # counts towards it, so the inputs must make up only the rest
-        c_traffic = self.m * self.n * (2 if self.reads_c else 1) * self.c_itemsize / w
-        return w * max(hk - c_traffic, compulsory)
-
-    @property
-    def bound_ratio(self) -> float:
-        """Input bytes moved over the lower bound (1.0 is optimal)."""
-        w = self.itemsize
-        moved = w * (self.a_passes * self.m * self.k + self.b_passes * self.k * self.n)
-        return moved / self.lower_bound_bytes
 
     @property
     def predicted_seconds(self) -> float | None:
@@ -583,6 +515,7 @@ class Plan:
         d = asdict(self)
         d.update(ni=self.ni, nj=self.nj, nk=self.nk, n_tiles=self.n_tiles,
                  device_bytes=self.device_bytes, host_bytes=self.host_bytes,
+                 convert_bytes=self.convert_bytes,
                  bytes_read=self.bytes_read, bytes_written=self.bytes_written,
                  bytes_h2d=self.bytes_h2d, flops=self.flops,
                  lower_bound_bytes=self.lower_bound_bytes, bound_ratio=self.bound_ratio,

@@ -20,7 +20,7 @@ import math
 from dataclasses import replace
 
 from ..errors import BudgetError, DtypeError, PlanError, ShapeError
-from ..units import DTYPES, format_bytes
+from ..units import DTYPES, accumulate_dtype, format_bytes
 from .model import SIM_STEPS, Rates, StageTimes, stage_times
 from .schedule import OPERANDS, ORDERS, WHOLE_ORDERS, Plan
 
@@ -144,7 +144,9 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               rates: Rates | None = None, step_bytes: int = STEP_COST_BYTES,
               tail: int | None = None, in_place: str | None = None,
               registered: str = "", symmetric: bool = False, upper: bool = False,
-              presplit: int = 0, whole: bool = False, a_span: int | None = None) -> Plan:
+              presplit: int = 0, whole: bool = False, a_span: int | None = None,
+              a_dtype: str | None = None, b_dtype: str | None = None,
+              out_dtype: str | None = None) -> Plan:
     """Choose the schedule moving the fewest bytes within both budgets (cached: see
     :func:`_cached_plans`).
 
@@ -181,6 +183,10 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     is copied in place in narrow rows and the model puts that faster (:func:`_spanned`);
     with ``tile`` fixed, 1 unless given.
 
+    ``a_dtype``, ``b_dtype``: A's and B's dtypes as stored, where not ``dtype`` (reads
+    count at their widths); ``out_dtype``: C's as the output stores it, where not the
+    tiles' (its bytes written and read, and the buffers converting it: ``Plan.convert_bytes``).
+
     ``whole``: orders whole-a and whole-b are candidates too (when choosing by time with
     staging, and not for a Gram plan): for C written to storage, whose writes they start
     early (:mod:`.schedule`); from host arrays they ran slower than the model predicts. Near
@@ -188,8 +194,10 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     """
     _check_dims(m, n, k)
     _check_symmetric(m, n, trans_a, trans_b, symmetric, upper)
-    if dtype not in DTYPES:
-        raise DtypeError(f"Expected dtype {', '.join(DTYPES)}. Got {dtype!r}.")
+    for name, v in (("dtype", dtype), ("a_dtype", a_dtype), ("b_dtype", b_dtype),
+                    ("out_dtype", out_dtype)):
+        if v not in DTYPES and (name == "dtype" or v is not None):
+            raise DtypeError(f"Expected {name} {', '.join(DTYPES)}. Got {v!r}.")
     if order is not None and order not in ORDERS:
         raise PlanError(f"Expected order to be one of {', '.join(ORDERS)}. Got {order!r}.")
     for name, v in (("device budget", device_budget), ("host budget", host_budget)):
@@ -202,7 +210,10 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                 a_chunks=tuple(a_chunks) if a_chunks else None,
                 b_chunks=tuple(b_chunks) if b_chunks else None, rates=rates,
                 in_place=in_place, registered=registered, symmetric=bool(symmetric),
-                upper=bool(upper), presplit=int(presplit))
+                upper=bool(upper), presplit=int(presplit),
+                a_dtype=None if a_dtype == dtype else a_dtype,
+                b_dtype=None if b_dtype == dtype else b_dtype,
+                out_dtype=None if out_dtype == accumulate_dtype(dtype) else out_dtype)
 
     if a_span is not None and (not isinstance(a_span, int) or isinstance(a_span, bool)
                                or a_span < 1 or (a_span > 1 and (
@@ -521,8 +532,7 @@ def _cost(p: Plan, step_bytes: int = STEP_COST_BYTES) -> int:
     """What the planner minimises, in bytes moved: the traffic, plus the pipeline's fill (the
     first panels, read before any compute) and drain (the last C tile, written after all
     compute), which no overlap hides, plus a fixed cost per gemm step."""
-    w = p.itemsize
-    fill = w * (p.bm * p.bk + p.bk * p.bn)
+    fill = p.stored_itemsize("A") * p.bm * p.bk + p.stored_itemsize("B") * p.bk * p.bn
     drain = DRAIN_WEIGHT * p.c_itemsize * p.bm * p.bn
     return p.bytes_read + fill + drain + step_bytes * p.n_steps
 

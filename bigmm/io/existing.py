@@ -1,0 +1,88 @@
+"""What an output already is, looked at read-only before a run opens it (nothing created,
+locked or recovered): the dtype of one that is kept (:func:`existing_dtype`), and whether it
+is one of the inputs (:func:`refuse_output_alias`, as :func:`.output.open_output` refuses
+it)."""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+
+from ..errors import BigmmError, SpecError
+from ..units import numpy_dtype
+from . import h5atomic, zarrsource
+from ._h5 import H5LOCK, stored_dtype
+from .filesink import PARTIAL_SUFFIX
+from .identity import array_footprint, refuse_alias
+from .journal import journal_path, parse_journal
+from .lock import h5_open_retry
+from .output import _check_open, _storage
+from .spec import Spec, parse_spec
+
+
+def existing_dtype(x, *, resume: bool = False, reads_c: bool = False) -> np.dtype | None:
+    """The dtype of the output C that ``x`` names where it is kept and so decides C's dtype:
+    an array or h5py.Dataset written in place, and a spec's dataset where it is resumed (the
+    dtype its journal recorded) or holds old C (``reads_c``); None where C is new (or
+    replaced)."""
+    if isinstance(x, np.ndarray):
+        return x.dtype
+    if isinstance(x, h5py.Dataset):
+        _check_open(x)
+        return stored_dtype(x)
+    if zarrsource.is_zarr_array(x):
+        return np.dtype(x.dtype)
+    if isinstance(x, os.PathLike):
+        x = os.fspath(x)
+    if not isinstance(x, (str, Spec)) or not (resume or reads_c):
+        return None
+    spec = parse_spec(x)
+    recorded = parse_journal(journal_path(spec)) if resume else None
+    if recorded is not None and recorded[0].get("dtype"):
+        try:
+            return numpy_dtype(recorded[0]["dtype"])
+        except BigmmError:
+            return None
+    if spec.zarr:
+        if zarrsource.node_type(zarrsource.array_dir(spec.path, spec.dataset)) != "array":
+            return None
+        return np.dtype(zarrsource.open_array(spec, "C").dtype)
+    if not os.path.isfile(spec.path) or not h5py.is_hdf5(spec.path):
+        return None
+    with H5LOCK, h5_open_retry(lambda: h5py.File(spec.path, "r"), spec.path, str(spec)) as f:
+        obj = f.get(spec.dataset)
+        return stored_dtype(obj) if isinstance(obj, h5py.Dataset) else None
+
+
+def refuse_output_alias(x, inputs) -> None:
+    """OutputIsInputError where the output ``x`` (None, a spec, an h5py.Dataset, a zarr.Array
+    or a NumPy array) shares a byte or an HDF5 object with one of the opened ``inputs``, as
+    :func:`.output.open_output` refuses it, with the same message; read-only (an HDF5 file
+    with a change left to finish is not looked into: see :mod:`.h5atomic`)."""
+    if x is None:
+        return
+    if isinstance(x, np.ndarray):
+        refuse_alias(array_footprint(x), inputs, "C (NumPy array)")
+        return
+    if isinstance(x, h5py.Dataset):
+        _check_open(x)
+        spec = Spec(os.path.realpath(x.file.filename), x.name)
+        label = f"C ({x.file.filename}:{x.name})"
+    elif zarrsource.is_zarr_array(x):
+        spec = zarrsource.spec_of(x)
+        if spec is None:  # not in a local store: open_output refuses it for that
+            return
+        label = f"C ({spec})"
+    elif isinstance(x, (str, os.PathLike, Spec)):
+        spec = parse_spec(os.fspath(x) if isinstance(x, os.PathLike) else x)
+        label = f"C ({spec})"
+    else:
+        raise SpecError(f"Expected 'file.h5:/dataset', 'store.zarr[:/array]', None, an "
+                        f"h5py.Dataset, a zarr.Array or a NumPy array for the output. Got "
+                        f"{type(x).__name__}.")
+    if not spec.zarr and os.path.exists(h5atomic.redo_path(spec.path)):
+        return  # a killed run's change to finish first: the run does, then refuses it
+    info = _storage(spec).inspect(spec, spec.dataset + PARTIAL_SUFFIX, label)
+    refuse_alias(info["footprint"], inputs, label)
