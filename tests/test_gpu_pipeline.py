@@ -365,6 +365,10 @@ WIDE_A = [
     (1000, 900, 2100, 0.5, "bigmm", (256, 900, 384), 2, 2, 6, "AC"),
     # cuBLAS, three panels a load, the tail's three in one
     (777, 1031, 1201, -1.0, "cublas", (128, 1031, 256), 3, 3, 0, "ABC"),
+    # one strip, an odd head: a load of one panel, then one of two in the same slots
+    (59, 463, 2245, -0.5, "cublas", (59, 463, 256), 2, 2, 0, ""),
+    # all of K in the tail, old C staged: strips' C read while others are copied out
+    (1000, 300, 700, 1.0, "bigmm", (128, 300, 384), 2, 1, 0, "AB"),
 ]
 
 
