@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator, Protocol
 
 from ..units import DTYPES, accumulate_dtype
-from . import gram, printing
+from . import decode, gram, printing
 from .workspace import (direct_workspace_bytes, reads_as_stored, rounds_one_ahead,
                         split_workspace_bytes, splits_ahead)
 
@@ -169,6 +169,9 @@ class Plan:
     #: their rows are aligned (:func:`reads_as_stored`), else rounds only the smaller panel
     #: ahead where it has few rows (:func:`rounds_one_ahead`); the device memory counts either.
     presplit: int = 0
+    #: Compressed inputs: the buffers their chunks are decoded into beside the staging, within
+    #: the host budget (:class:`.decode.Decoding`); None where none is.
+    decoding: decode.Decoding | None = None
     #: C's dtype as the output stores it, where not ``c_dtype`` (a bfloat16 C of bfloat16
     #: operands, a float64 output of float32 ones): the bytes written. None: ``c_dtype``.
     out_dtype: str | None = field(default=None, compare=False)
@@ -430,7 +433,7 @@ class Plan:
     @property
     def host_bytes(self) -> int:
         """Host staging bytes (pinned) of the operands that are staged. Without staging, the
-        compute buffers are host memory."""
+        compute buffers are host memory. The decode buffers are apart (``decoding``)."""
         if not self.staging:
             return self.device_bytes
         return sum(n * nbytes for op, n, nbytes in self._host_buffers() if self.staged(op))
@@ -583,6 +586,7 @@ class Plan:
         d = asdict(self)
         d.update(ni=self.ni, nj=self.nj, nk=self.nk, n_tiles=self.n_tiles,
                  device_bytes=self.device_bytes, host_bytes=self.host_bytes,
+                 decode_bytes=decode.held(self), decoded_bytes=decode.decoded_bytes(self),
                  bytes_read=self.bytes_read, bytes_written=self.bytes_written,
                  bytes_h2d=self.bytes_h2d, flops=self.flops,
                  lower_bound_bytes=self.lower_bound_bytes, bound_ratio=self.bound_ratio,
