@@ -15,6 +15,8 @@ is decoded into next).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import mmap
 import os
 import threading
@@ -39,13 +41,18 @@ class _Pair:
     ``ready``), and the threads copying from it."""
 
     def __init__(self, decoded: int, stored: int):
-        # mapped apart: unmapped once dropped, not kept by the C allocator
-        self.data = np.frombuffer(mmap.mmap(-1, max(1, decoded)), np.uint8)[:decoded]
-        self.stored = np.frombuffer(mmap.mmap(-1, max(1, stored)), np.uint8)[:stored]
+        self.data, self.stored = _private(decoded), _private(stored)
         self.key = None
         self.ready = False
         self.users = 0
         self.used = 0
+
+
+def _private(nbytes: int) -> np.ndarray:
+    """``nbytes`` of private anonymous memory, mapped apart: unmapped once dropped, not kept
+    by the C allocator (and counted as the process's own, as a heap's would be)."""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    return np.frombuffer(mmap.mmap(-1, max(1, nbytes), flags=flags), np.uint8)[:nbytes]
 
 
 class DecodePool:
@@ -139,9 +146,28 @@ class DecodePool:
                 return
             self._pairs.remove(min(free, key=lambda p: p.used))
 
-    def close(self) -> None:
+    def release(self) -> None:
+        """Drop the pairs no thread uses (made again when needed)."""
         with self._cond:
             self._pairs = [p for p in self._pairs if p.users]
+
+    close = release
+
+
+def give_back() -> None:
+    """Return the C heap's free memory to the system (glibc's ``malloc_trim``), after HDF5
+    decoded chunks in buffers of its own, which the allocator would otherwise keep."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # pragma: no cover (not glibc)
+        return None
 
 
 def read_stored(fd: int, offset: int, size: int, buf: np.ndarray, what: str) -> memoryview:

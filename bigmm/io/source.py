@@ -33,7 +33,8 @@ from h5py import h5d, h5o
 from ..errors import (BigmmError, IncompleteOutputError, OptionError, ReadError,
                       SpecError)
 from ._h5 import H5LOCK, REOPENABLE, check_matrix, is_incomplete, read_region, stored_dtype
-from .decode import DecodePool, decode_into, read_stored, stored_bound, unshuffle_into
+from .decode import (DecodePool, decode_into, give_back, read_stored, stored_bound,
+                     unshuffle_into)
 from .inputs import (DEFAULT_THREADS, TASK_BYTES, Source, _batches, caller_splits,
                      incomplete_message)
 from .h5open import check_readable, open_h5
@@ -263,19 +264,26 @@ class H5Source(Source):
         return int(offsets.min()), int(ends.max())
 
     def _sample_matches(self) -> bool:
-        """Read a few corner regions both ways; the fast path is used only if they agree."""
+        """Read a few corner regions both ways; the fast path is used only if they agree.
+        Compressed chunks are decoded by HDF5 and then by bigmm, one after the other: HDF5's
+        buffers are given back to the system, bigmm's dropped, before the next decodes."""
         m, n = self.shape
         for r0, r1, c0, c1 in ((0, min(m, 3), 0, min(n, 300)),
                                (max(0, m - 3), m, max(0, n - 300), n)):
             ref = np.empty((r1 - r0, c1 - c0), self.dtype)
             with H5LOCK:
                 read_region(self._dset, np.s_[r0:r1, c0:c1], ref)
+            if self.filtered:
+                give_back()
             for mapped in {False, self._map is not None}:
                 raw = np.empty((r1 - r0, c1 - c0), self.dtype)
                 try:
                     self._read_fast(r0, r1, c0, c1, raw, mapped)
                 except OSError:
                     return False
+                finally:
+                    if self._decoded is not None:
+                        self._decoded.release()
                 if raw.tobytes() != ref.tobytes():
                     return False
         return True
