@@ -19,6 +19,7 @@ from .executor import calibrate as costs
 from .executor.loads import eligible, operand_dtype
 from .io.source import ArraySource
 from .planner import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_plan
+from .planner.decode import offered
 from .planner.model import lock_seconds, snap_rate
 from .precision import check_dtype, describe, kernel_precision, parse_precision
 from .units import (DTYPES, HALF_DTYPES, common_dtype, dtype_name, format_seconds, numpy_dtype,
@@ -118,7 +119,9 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     arithmetic, and the job record holds the precision. ``symmetric``: a Gram plan (B is A,
     opposite transposes; ``upper``: its lower triangle not written). ``measure_within``: the
     most bytes the calibration's timed products and copies may hold (default: the smaller
-    budget; on the CPU the device budget is the RAM for panels and tiles)."""
+    budget; on the CPU the device budget is the RAM for panels and tiles). Compressed inputs'
+    decode buffers count in the host budget (:func:`decoding`): a budget below one decoded
+    chunk is refused before anything is timed, and the timing decodes one chunk at a time."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
     precision = job_precision(kernel, precision, dtype)
     if symmetric and verify is not None:
@@ -137,6 +140,19 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
                           f"and float64). Got verify={verify!r}.")
     device, host = resolve_budgets(be, memory, host_memory)
     readers = parse_io_threads(io_threads)
+    args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
+                device_budget=device, host_budget=host, staging=be.staging,
+                a_chunks=A.panel_chunks, b_chunks=B.panel_chunks,
+                symmetric=bool(symmetric), upper=bool(upper),
+                presplit=be.split_parts if isinstance(be, SplitsPanels) else 0,
+                whole=not _c_in_memory(out), decoding=decoding(A, B, symmetric, readers),
+                out_dtype=stored, **stored_dtypes(A, B))
+    fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, precision) if resume
+             else {})
+    if args["decoding"] is not None:  # a budget too small for a decoded chunk: refused now
+        make_plan(m, n, k, dtype, **args, **fixed)
+        for src in (A, B):  # the calibration's reads decode one chunk at a time
+            src.limit_decoders(1)
     # what the calibration may hold: the products within both budgets (on the CPU the device
     # budget is the RAM for panels and tiles), the host's copies within the host's
     within = measure_within or (min(device, host) if be.staging else device)
@@ -151,18 +167,10 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
                           else 0.0, check_fused=fused)
         if not fused:  # separate passes over the panels at every step: tiles chosen for them
             rates = checked
-    args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
-                device_budget=device, host_budget=host, staging=be.staging,
-                a_chunks=A.panel_chunks, b_chunks=B.panel_chunks,
-                rates=rates if be.staging else None,  # CPU: the fewest bytes, as matmul plans
-                symmetric=bool(symmetric), upper=bool(upper),
-                presplit=be.split_parts if isinstance(be, SplitsPanels) else 0,
-                whole=not _c_in_memory(out), out_dtype=stored, **stored_dtypes(A, B))
+    args["rates"] = rates if be.staging else None  # CPU: the fewest bytes, as matmul plans
     threads = be.gemm_threads() if isinstance(be, HostHints) else None
     if not be.staging and threads:  # a gemm call costs more with more BLAS threads
         args["step_bytes"] = cpu_step_bytes(threads)
-    fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, precision) if resume
-             else {})
     paths = (_host_paths(be, A, B, None if symmetric else out, dtype, verify, rates)
              if rates is not None else [None])  # a Gram plan's C: mirrored by the writer
     best = None
@@ -195,6 +203,16 @@ def stored_dtypes(A, B) -> dict[str, str]:
     """``a_dtype`` and ``b_dtype`` of a plan of opened A and B: their dtypes as stored
     (``make_plan`` drops those equal to the dtype they are multiplied in)."""
     return {"a_dtype": dtype_name(A.dtype), "b_dtype": dtype_name(B.dtype)}
+
+
+def decoding(A, B, symmetric: bool, readers: int):
+    """The decode buffers of inputs whose chunks are decoded whole, for the planner
+    (:func:`bigmm.planner.decode.offered`): per input the bytes one decoding reader holds,
+    and at most the run's ``readers`` decoding at once (or the source's own bound); a Gram
+    product's B is A. None where neither is decoded."""
+    sources = (A, None if symmetric else B)
+    return offered(tuple(s.decode_bytes if s else 0 for s in sources),
+                   tuple((s.decode_threads or readers) if s else 0 for s in sources))
 
 
 def _with_arithmetic(p: Plan, arithmetic: str) -> Plan:

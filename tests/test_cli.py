@@ -21,7 +21,7 @@ from bigmm.io.generate import block
 from bigmm.testing import reference_gemm, relative_error, tolerance
 
 M, K, N = 157, 211, 103  # multiples of nothing
-BUDGET = "120KB"          # forces many tiles and K panels
+BUDGET = "80KB"           # forces many tiles and K panels
 
 
 def run(capsys, *argv):
@@ -32,12 +32,13 @@ def run(capsys, *argv):
 
 @pytest.fixture
 def operands(tmp_path, capsys):
-    """A (chunked) and B (compressed) on disk, and their in-memory copies."""
+    """A (chunked) and B (compressed, each chunk decoded well within BUDGET) on disk, and
+    their in-memory copies."""
     a, b = f"{tmp_path / 'a.h5'}:/A", f"{tmp_path / 'b.h5'}:/grp/B"
     assert run(capsys, "generate", a, "--shape", M, K, "--layout", "chunked",
                "--chunks", 50, 70, "--seed", 1)[0] == 0
     assert run(capsys, "generate", b, "--shape", K, N, "--layout", "compressed",
-               "--seed", 2)[0] == 0
+               "--chunks", 60, 40, "--seed", 2)[0] == 0
     return a, b, block((M, K), 1, 0, M, "float32"), block((K, N), 2, 0, K, "float32")
 
 
@@ -122,6 +123,8 @@ ERROR_CASES = [
     (["plan", "{a}", "{b}", "--memory", "inf"], "inf"),                      # infinite budget
     (["plan", "{a}", "{b}", "--memory", "nan"], "nan"),                      # not a number
     (["plan", "{a}", "{b}", "--memory", "1e400"], "1e400"),                  # overflows a float
+    (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--memory", "16KB"],    # below B's decoded
+     "store B in smaller chunks"),                                            # chunk
     (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--backend", "tpu"], "tpu"),  # backend
     (["plan", "{a}", "{b}", "--memory=-3GiB"], "Expected"),                   # negative size
     (["plan", "{a}", "{b}", "--io-threads", "0"], "io_threads"),              # no threads

@@ -434,6 +434,18 @@ def test_sub_plan(tile, k, budget, staging, ach, bch, order, sub, bk):
         assert p.n_tiles > 1
 
 
+def test_sub_plan_holds_the_decode_buffers_of_compressed_inputs():
+    # A in compressed chunks of 96 x 128 rows (one decoded with its stored bytes: 96 KiB):
+    # the sub-tiles leave it room within the budget
+    from bigmm.planner.decode import offered
+
+    decoded = offered((96 * 1024, 0), (4, 0))
+    tile, budget = (1000, 512), 64 * MiB
+    p = dask_files._sub_plan(_job(tile, 1024, budget), tile, False, (96, 128), None, decoded)
+    assert p.decoding is not None and 1 <= p.decoding.threads[0] <= 4
+    assert p.host_bytes + p.decoding.bytes <= budget
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.5])  # C itself; the partial dataset beside old C
 def test_files_h5py_output_tiles_come_back(client, tmp_path, landed, beta):
     """An output only h5py can write (a filtered dataset put in its place between an

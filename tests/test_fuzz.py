@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 import bigmm
 from bigmm.errors import BudgetError
+from bigmm.io import open_input
+from bigmm.job import decoding
 from bigmm.planner import make_plan
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
 
@@ -66,12 +68,13 @@ def operand(folder, name, spec, dtype, seed):
     return f"{path}:/{name.upper()}", data
 
 
-def planner(job, a_chunks, b_chunks):
-    """make_plan for the job with a budget (the planner bigmm.matmul runs, minus the timing)."""
+def planner(job, a_chunks, b_chunks, decoded=None):
+    """make_plan for the job with a budget (the planner bigmm.matmul runs, minus the timing;
+    ``decoded``: the decode buffers of its gzip inputs)."""
     return lambda budget: make_plan(
         job["m"], job["n"], job["k"], job["dtype"], trans_a=job["trans_a"],
         trans_b=job["trans_b"], reads_c=job["beta"] != 0, device_budget=budget, staging=False,
-        a_chunks=a_chunks, b_chunks=b_chunks)
+        a_chunks=a_chunks, b_chunks=b_chunks, decoding=decoded)
 
 
 @FUZZ
@@ -98,7 +101,8 @@ def test_random_jobs_match_the_float64_reference(job):
         # The stated minimum: a plan there; one byte below, refused with the minimum named.
         chunks = [s["chunks"] if s["storage"] in ("chunked", "gzip") else None
                   for s in (job["a"], job["b"])]
-        plan_for = planner(job, *chunks)
+        with open_input(a, name="A") as sa, open_input(b, name="B") as sb:
+            plan_for = planner(job, *chunks, decoding(sa, sb, False, kw["io_threads"]))
         with pytest.raises(BudgetError) as err:
             plan_for(1)
         low = err.value.minimum

@@ -29,6 +29,7 @@ itself, and the whole command, whose plan first calibrates the backend within th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -119,8 +120,9 @@ def measure(argv: list[str], cwd, script: str = CLI) -> dict[str, int]:
     """Run ``bigmm argv`` (or ``script`` with ``argv``) in a fresh process to its end; its peak
     private memory (sampled RssAnon), peak mapped file pages (sampled RssFile) and exact peak
     total RSS (VmHWM), in bytes."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this bigmm
     proc = subprocess.Popen([sys.executable, "-c", script, *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=cwd)
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
     peak = {"RssAnon": 0, "RssFile": 0}
     done = threading.Event()
 
@@ -186,6 +188,48 @@ def test_total_rss_within_budget(peaks, name, budget):
     print(_report(name, budget, base, peak))
     bound = base["total"] + parse_size(budget) + ANON_SLACK + MAPPED_SLACK
     assert peak["total"] <= bound, _report(name, budget, base, peak)
+
+
+#: Compressed inputs: A 4096 x 4096 float32 in zstd chunks of 2048 x 2048 (16 MiB decoded,
+#: about as much stored), in HDF5 or Zarr, B 4096 x 256 contiguous; "tiny" the baseline.
+COMPRESSED = {"h5": "{d}/z-a.h5:/A", "zarr": "{d}/z-a.zarr:/A", "tiny": "{d}/z-tiny.zarr:/A"}
+
+
+@pytest.fixture(scope="module")
+def compressed(tmp_path_factory):
+    """Specs of the compressed A per store, and of B."""
+    d = tmp_path_factory.mktemp("compressed")
+    specs = {name: spec.format(d=d) for name, spec in COMPRESSED.items()}
+    for name in ("h5", "zarr"):
+        generate(specs[name], (4096, 4096), layout="compressed", compression="zstd",
+                 chunks=(2048, 2048), seed=1)
+    generate(specs["tiny"], (64, 64), compression="zstd", chunks=(32, 32), seed=1)
+    b, tiny_b = f"{d}/z-b.h5:/B", f"{d}/z-b.h5:/T"
+    generate(b, (4096, 256), seed=2)
+    generate(tiny_b, (64, 64), seed=2)
+    return d, specs, b, tiny_b
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", [
+    "h5",    # HDF5 zstd chunks, decoded by bigmm's readers
+    "zarr",  # Zarr zstd chunks
+])
+def test_private_memory_within_budget_with_compressed_chunks(compressed, store):
+    # each decoded chunk and its stored bytes count in the budget: at most the decoders the
+    # budget holds beside the staging decode at once, however many readers there are
+    d, specs, b, tiny_b = compressed
+    budget = "40MiB"  # one decoded chunk and tiles beside it
+
+    def argv(a, b, budget):
+        return ["multiply", a, b, "-o", f"{d}/z-c.h5:/C", "--memory", budget, "--host-memory",
+                budget, "--backend", "numpy", "--overwrite", "--quiet", "--io-threads", "4"]
+
+    base = measure(argv(specs["tiny"], tiny_b, "1MiB"), d)
+    peak = measure(argv(specs[store], b, budget), d)
+    report = _report(f"zstd {store}", budget, base, peak)
+    print(report)
+    assert peak["anon"] <= base["anon"] + parse_size(budget) + ANON_SLACK, report
 
 
 @pytest.mark.slow

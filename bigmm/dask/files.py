@@ -24,8 +24,8 @@ from typing import Callable
 import numpy as np
 
 from .. import io
-from ..job import (check_operands, complete_stats, job_precision, job_record, open_inputs,
-                   open_output, parse_io_threads, parse_scalar, resolve_backend,
+from ..job import (check_operands, complete_stats, decoding, job_precision, job_record,
+                   open_inputs, open_output, parse_io_threads, parse_scalar, resolve_backend,
                    resolve_budgets, resumed_schedule, stored_dtypes)
 from ..backends import get_backend
 from ..checksum import parse_verify
@@ -99,6 +99,17 @@ class _Region(io.Source):
     def panel_chunks(self) -> tuple[int, int] | None:
         return self._panel_chunks
 
+    @property
+    def decode_bytes(self) -> int:
+        return self.src.decode_bytes
+
+    @property
+    def decode_threads(self) -> int | None:
+        return self.src.decode_threads
+
+    def limit_decoders(self, n: int) -> None:
+        self.src.limit_decoders(n)
+
     def read(self, r0, r1, c0, c1, out) -> None:
         self.src.read(self.r0 + r0, self.r0 + r1, self.c0 + c0, self.c0 + c1, out)
 
@@ -117,7 +128,7 @@ def _edge(chunks, axis: int, trans: bool) -> int:
 
 
 def _sub_plan(job: _TileJob, shape: tuple[int, int], staging: bool, a_chunks=None,
-              b_chunks=None) -> Plan:
+              b_chunks=None, decoded=None) -> Plan:
     """The plan one tile task runs: its C tile of ``shape`` in about SUB_TILES sub-tiles, so
     that the executor's writer writes each into C's file while the next is computed.
 
@@ -129,12 +140,13 @@ def _sub_plan(job: _TileJob, shape: tuple[int, int], staging: bool, a_chunks=Non
     the stored chunks of the task's A and B regions). K is whole where that fits the budgets
     (one gemm per sub-tile; a sub-tile's operand panel spans whole rows of its matrix, one
     contiguous byte range where it is stored row-major and K is its width), else in the job's
-    K panels.
+    K panels. ``decoded``: the decode buffers of compressed inputs (:func:`bigmm.job.decoding`).
     """
     m, n = shape
     args = dict(trans_a=job.trans_a, trans_b=job.trans_b, reads_c=job.beta != 0,
                 device_budget=job.device_budget,
-                host_budget=job.host_budget if staging else job.device_budget, staging=staging)
+                host_budget=job.host_budget if staging else job.device_budget, staging=staging,
+                decoding=decoded)
     rows = _split(m, SUB_TILES, _edge(a_chunks, 0, job.trans_a))
     cols = _split(n, SUB_TILES, _edge(b_chunks, 1, job.trans_b))
     for bk in dict.fromkeys((job.k, job.tile[2])):
@@ -166,7 +178,8 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | ZarrRegion | None = No
         A, B = open_inputs(job.a, job.b, opened, be)
         a = _Region(A, 0, k, t.r0, t.r1) if job.trans_a else _Region(A, t.r0, t.r1, 0, k)
         b = _Region(B, t.c0, t.c1, 0, k) if job.trans_b else _Region(B, 0, k, t.c0, t.c1)
-        sub = _sub_plan(job, t.shape, bool(be.staging), a.panel_chunks, b.panel_chunks)
+        sub = _sub_plan(job, t.shape, bool(be.staging), a.panel_chunks, b.panel_chunks,
+                        decoding(a, b, False, parse_io_threads(job.io_threads)))
         prior = None  # old C[t] as a Source, for beta != 0
         if old is not None:
             prior = io.open_input(old, name="old C")
@@ -261,7 +274,7 @@ def _replan(p: Plan, **changes) -> Plan:
     args = dict(trans_a=p.trans_a, trans_b=p.trans_b, reads_c=p.reads_c,
                 device_budget=p.device_budget, host_budget=p.host_budget, staging=p.staging,
                 a_chunks=p.a_chunks, b_chunks=p.b_chunks, order="stream", a_dtype=p.a_dtype,
-                b_dtype=p.b_dtype)
+                b_dtype=p.b_dtype, decoding=p.decoding)
     args.update(changes)
     return make_plan(p.m, p.n, p.k, p.dtype, **args)
 
@@ -374,6 +387,7 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
         args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                     device_budget=budgets.device, host_budget=budgets.host,
                     staging=budgets.staging, a_chunks=A.panel_chunks, b_chunks=B.panel_chunks,
+                    decoding=decoding(A, B, False, parse_io_threads(io_threads)),
                     **stored_dtypes(A, B))
         fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, chosen) if resume
                  else {})

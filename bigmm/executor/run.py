@@ -124,6 +124,10 @@ class Run:
     def _allocate(self) -> None:
         p, be = self.plan, self.be
         checked = self.checks is not None
+        if p.decoding is not None:  # the readers decoding each input at once, as planned
+            for src, n in zip((self.a, self.b), p.decoding.threads):
+                if n:
+                    src.limit_decoders(n)
         self.locked = lock(be, to_lock(be, p, self.a, self.b, self.out, checked))
         direct = direct_arrays(be, p, self.a, self.b, self.out, checked)
         self.slots = Slots.allocate(be, p, direct)

@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import ReadError, ShapeError
 from .base import Matrix
 from .identity import Footprint
+from .layout import DECODED_KINDS
 
 #: Reader threads per source. Copies out of the page cache are bound by memory bandwidth, which
 #: a few threads saturate; more only take cores from the compute. Measured on a 16-core VM (the
@@ -50,6 +51,16 @@ class Source(Matrix):
 
     chunks: tuple[int, int] | None = None
     mapped: bool = False
+    #: Bytes one thread decoding a chunk of the source holds beside the region it reads: the
+    #: decoded chunk and its stored bytes (:mod:`.decode`); 0 where it decodes nothing.
+    decode_bytes: int = 0
+    #: The most threads that decode its chunks at once, whatever the run allows (HDF5's own
+    #: filters: one); None where the run chooses (:meth:`limit_decoders`).
+    decode_threads: int | None = None
+
+    def limit_decoders(self, n: int) -> None:
+        """Decode at most ``n`` chunks at once, in buffers held to the source's close (the
+        run's plan: ``Plan.decoding``); a source that decodes nothing ignores it."""
 
     @property
     def panel_chunks(self) -> tuple[int, int] | None:
@@ -69,7 +80,7 @@ class Source(Matrix):
     @property
     def fast(self) -> bool:
         """True when reads bypass h5py (and so run in parallel)."""
-        return self.layout in ("array", "contiguous", "chunked", "deflate")
+        return self.layout in ("array", "contiguous", "chunked", *DECODED_KINDS)
 
     def read(self, r0: int, r1: int, c0: int, c1: int, out: np.ndarray) -> None:
         raise NotImplementedError

@@ -9,6 +9,8 @@ external or virtual storage, float little- or big-endian) and returns a :class:`
 * ``deflate``: chunks compressed with gzip (deflate), optionally after the shuffle filter: each
   chunk is read raw and inflated with ``zlib`` in the reader threads (zlib releases the GIL),
   ``chunk_sizes[i, j]`` its stored bytes;
+* ``zstd``, ``blosc``: the same for hdf5plugin's Zstd filter (a chunk is one zstd frame) and
+  Blosc filter (a Blosc 1 buffer), decoded by numcodecs;
 * ``h5py``: anything else; ``reason`` says why, and reads go through ``Dataset.read_direct``.
 """
 
@@ -23,6 +25,10 @@ from h5py import h5d, h5z
 
 from ._h5 import BFLOAT16, H5LOCK, bf16_order, stored_dtype
 
+#: The compression filters whose chunks bigmm decodes itself (HDF5 filter id -> the layout's
+#: kind): deflate, and hdf5plugin's Zstd and Blosc; each may follow the shuffle filter.
+DECODED = {h5z.FILTER_DEFLATE: "deflate", 32015: "zstd", 32001: "blosc"}
+DECODED_KINDS = tuple(DECODED.values())
 
 
 def chunk_cells(chunks: tuple[int, int], r0: int, r1: int, c0: int, c1: int):
@@ -37,7 +43,7 @@ def chunk_cells(chunks: tuple[int, int], r0: int, r1: int, c0: int, c1: int):
 
 @dataclass(frozen=True, eq=False)
 class Layout:
-    kind: str  # "contiguous" | "chunked" | "h5py"
+    kind: str  # "contiguous" | "chunked" | one of DECODED_KINDS | "h5py"
     reason: str = ""
     offset: int | None = None
     chunks: tuple[int, int] | None = None
@@ -101,11 +107,11 @@ def _probe(dset: h5py.Dataset) -> Layout:
     if dcpl.get_nfilters():
         filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
         codes = [code for code, _flags, _values, _name in filters]
-        if kind == h5d.CHUNKED and codes in ([h5z.FILTER_DEFLATE],
-                                             [h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE]):
+        if (kind == h5d.CHUNKED and codes[-1] in DECODED
+                and codes[:-1] in ([], [h5z.FILTER_SHUFFLE])):
             index = chunk_index(dset, chunks, None)
             if index is not None and not _partial_chunks_unfiltered(dcpl):
-                return Layout("deflate", chunks=chunks, chunk_offsets=index[0],
+                return Layout(DECODED[codes[-1]], chunks=chunks, chunk_offsets=index[0],
                               chunk_sizes=index[1], shuffle=len(codes) == 2, swap=swap,
                               fill=fill)
         names = [name.decode(errors="replace").split(";")[0] or str(code)

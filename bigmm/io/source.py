@@ -6,10 +6,13 @@ split across the source's threads; the file's size is checked against the datase
 open and before every read, so a truncated file is a ReadError, not a SIGBUS. Where the file
 cannot be mapped (or ``use_mmap=False``), and for full-width row ranges of contiguous datasets
 (one long read; as cheap as the copy, and no page faults), they are read with parallel
-``preadv`` at byte offsets computed once at open. Everything else goes through h5py's
-``read_direct`` under one lock, except gzip-compressed chunks (optionally shuffled), which are
-read raw and inflated with zlib in the reader threads. ``Source.layout`` says which path a
-source uses ("array", "contiguous", "chunked", "deflate" or "h5py"), ``Source.fast`` whether
+``preadv`` at byte offsets computed once at open. Chunks compressed by deflate, zstd or blosc
+(optionally after shuffle) are read raw and decoded in the reader threads (zlib, numcodecs)
+into the source's decode buffers (:class:`.decode.DecodePool`: as many at once as the run's
+plan counts; a chunk still held there is not decoded again). Everything else goes through
+h5py's ``read_direct`` under one lock, other filtered datasets on one thread for all of them
+(:func:`_filter_thread`). ``Source.layout`` says which path a source uses ("array",
+"contiguous", "chunked", "deflate", "zstd", "blosc" or "h5py"), ``Source.fast`` whether
 reads bypass h5py, ``Source.mapped`` whether they copy from a memory map. Mapped copies drop
 the pages they touched as they go (:meth:`.FileMap.copy`), so a reader thread holds one block
 of the file in its process's RSS at a time (``map_step``: a few MiB by default), not the pages
@@ -21,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import h5py
@@ -31,11 +33,14 @@ from h5py import h5d, h5o
 from ..errors import (BigmmError, IncompleteOutputError, OptionError, ReadError,
                       SpecError)
 from ._h5 import H5LOCK, REOPENABLE, check_matrix, is_incomplete, read_region, stored_dtype
+from .decode import (DecodePool, decode_into, give_back, read_stored, stored_bound,
+                     unshuffle_into)
 from .inputs import (DEFAULT_THREADS, TASK_BYTES, Source, _batches, caller_splits,
                      incomplete_message)
 from .h5open import check_readable, open_h5
 from .identity import Footprint, ancestors, array_footprint, file_facts
-from .layout import MAX_INDEX_CELLS, Layout, chunk_cells, chunk_index, probe_layout
+from .layout import (DECODED_KINDS, MAX_INDEX_CELLS, Layout, chunk_cells, chunk_index,
+                     probe_layout)
 from .mapped import FAULT_GRAIN, PAGE, STEP_BYTES, FileMap
 from .rawio import read_block
 from .spec import Spec, parse_spec
@@ -45,6 +50,20 @@ from .spec import Spec, parse_spec
 #: 2816-row blocks 0.030 preadv / 0.032 mapped copy, 512 rows 0.039 / 0.032, 64 rows 0.041 /
 #: 0.033: equal for long ranges, which then avoid page faults and the truncation window.
 PREAD_FULL_ROWS = 16 << 20
+
+_FILTERS: list = []
+_FILTERS_LOCK = threading.Lock()
+
+
+def _filter_thread() -> ThreadPoolExecutor:
+    """The one thread that reads filtered chunks through h5py, for every source (HDF5 runs
+    one call at a time anyway): the buffers HDF5's filters allocate and free come from one
+    thread's arena of the C allocator, which keeps at most one chunk's of them."""
+    with _FILTERS_LOCK:
+        if not _FILTERS:
+            _FILTERS.append(ThreadPoolExecutor(1, thread_name_prefix="bigmm-filters"))
+        return _FILTERS[0]
+
 
 class ArraySource(Source):
     """A NumPy array (any strides, any byte order) of a dtype in DTYPES."""
@@ -85,12 +104,17 @@ class H5Source(Source):
         self._pool = None
         self._pool_lock = threading.Lock()
         self._fd = self._map = None
+        self._largest = None  # the largest stored chunk, where the chunks are indexed
         self._layout = probe_layout(dset)
         self._storage = self._describe_storage(dset)
-        if not self._layout.fast:
-            check_readable(dset, label)
+        self._decoded = self._decode_pool()
+        if not self._layout.fast:  # (filtered: its chunks decoded where all are)
+            (_filter_thread().submit(check_readable, dset, label).result() if self.filtered
+             else check_readable(dset, label))
         if self._layout.fast:
-            self._open_raw(use_mmap)
+            self._open_raw(use_mmap)  # (its samples decoded in one buffer)
+        if self._decoded is not None:
+            self._decoded.set_limit(threads)
         self.layout = self._layout.kind
         self.reason = self._layout.reason
         if self._layout.fast and own_file is not None:
@@ -103,6 +127,36 @@ class H5Source(Source):
     @property
     def panel_chunks(self) -> tuple[int, int] | None:
         return None if self.layout == "chunked" else self.chunks  # raw chunks: read in part
+
+    @property
+    def filtered(self) -> bool:
+        """Whether the chunks are stored through filters (compressed)."""
+        return bool(self._storage.get("filters"))
+
+    @property
+    def decode_bytes(self) -> int:
+        if self._decoded is not None:
+            return self._decoded.pair_bytes
+        if not self.filtered:
+            return 0
+        chunk = self.chunks[0] * self.chunks[1] * self.dtype.itemsize
+        return chunk + (self._largest if self._largest is not None else stored_bound(chunk))
+
+    @property
+    def decode_threads(self) -> int | None:
+        return 1 if self.filtered and self._decoded is None else None  # h5py: one thread
+
+    def limit_decoders(self, n: int) -> None:
+        if self._decoded is not None:
+            self._decoded.set_limit(n)
+
+    def _decode_pool(self) -> DecodePool | None:
+        """The decode buffers of chunks decoded raw (DECODED_KINDS), else None."""
+        lay = self._layout
+        if lay.kind not in DECODED_KINDS:
+            return None
+        return DecodePool(lay.chunks[0] * lay.chunks[1] * self.dtype.itemsize,
+                          int(lay.chunk_sizes.max(initial=0)))
 
     def where(self) -> dict:
         return {"path": self.path, "file": dict(self._file_facts), "object": self._object,
@@ -134,6 +188,8 @@ class H5Source(Source):
                 offsets, sizes = chunk_index(dset, self.chunks, None) or (None, None)
             else:
                 return out
+            if sizes is not None:
+                self._largest = int(sizes.max(initial=0))
         h = hashlib.blake2b(digest_size=16)
         for part in (offsets, sizes):
             if part is not None:
@@ -144,7 +200,7 @@ class H5Source(Source):
     def footprint(self) -> Footprint:
         dev, ino = self._file_facts["dev"], self._file_facts["ino"]
         ranges = ()
-        if self._layout.kind in ("contiguous", "chunked", "deflate"):
+        if self._layout.kind in ("contiguous", "chunked", *DECODED_KINDS):
             start, stop = self._extent()
             ranges = ((dev, ino, start, stop),)
         else:  # somewhere in the file
@@ -191,6 +247,7 @@ class H5Source(Source):
         self._close_raw()
         self._layout = Layout("h5py", reason="raw bytes differ from h5py's reading",
                               chunks=self.chunks)
+        self._decoded = None
 
     def _extent(self) -> tuple[int, int]:
         """The file bytes [start, stop) the dataset's stored data occupies."""
@@ -207,19 +264,26 @@ class H5Source(Source):
         return int(offsets.min()), int(ends.max())
 
     def _sample_matches(self) -> bool:
-        """Read a few corner regions both ways; the fast path is used only if they agree."""
+        """Read a few corner regions both ways; the fast path is used only if they agree.
+        Compressed chunks are decoded by HDF5 and then by bigmm, one after the other: HDF5's
+        buffers are given back to the system, bigmm's dropped, before the next decodes."""
         m, n = self.shape
         for r0, r1, c0, c1 in ((0, min(m, 3), 0, min(n, 300)),
                                (max(0, m - 3), m, max(0, n - 300), n)):
             ref = np.empty((r1 - r0, c1 - c0), self.dtype)
             with H5LOCK:
                 read_region(self._dset, np.s_[r0:r1, c0:c1], ref)
+            if self.filtered:
+                give_back()
             for mapped in {False, self._map is not None}:
                 raw = np.empty((r1 - r0, c1 - c0), self.dtype)
                 try:
                     self._read_fast(r0, r1, c0, c1, raw, mapped)
                 except OSError:
                     return False
+                finally:
+                    if self._decoded is not None:
+                        self._decoded.release()
                 if raw.tobytes() != ref.tobytes():
                     return False
         return True
@@ -232,13 +296,18 @@ class H5Source(Source):
         try:
             if self._fd is not None:
                 self._read_fast(r0, r1, c0, c1, out, self._map is not None)
+            elif self.filtered:
+                _filter_thread().submit(self._read_h5py, r0, r1, c0, c1, out).result()
             else:
-                with H5LOCK:
-                    read_region(self._dataset(), np.s_[r0:r1, c0:c1], out)
+                self._read_h5py(r0, r1, c0, c1, out)
         except BigmmError:
             raise
         except Exception as exc:  # OSError, h5py/HDF5 errors from filters
             raise self._read_error(r0, r1, c0, c1, exc) from exc
+
+    def _read_h5py(self, r0, r1, c0, c1, out) -> None:
+        with H5LOCK:
+            read_region(self._dataset(), np.s_[r0:r1, c0:c1], out)
 
     def _read_fast(self, r0, r1, c0, c1, out, mapped: bool) -> None:
         kind = self._layout.kind
@@ -246,8 +315,8 @@ class H5Source(Source):
         piece = out.nbytes if caller_splits() else max(TASK_BYTES,
                                                        out.nbytes // self._threads + 1)
         inline = True  # a single task runs in the calling thread
-        if kind == "deflate":
-            tasks, run = self._deflate_tasks(r0, r1, c0, c1, out), self._inflate
+        if kind in DECODED_KINDS:
+            tasks, run = self._decode_tasks(r0, r1, c0, c1, out), self._decode
         elif mapped and not (kind == "contiguous" and c1 - c0 == self.shape[1]
                              and out.nbytes >= PREAD_FULL_ROWS):
             self._map.check()  # a mapped page past the end of the file would raise SIGBUS
@@ -356,12 +425,14 @@ class H5Source(Source):
 
         return _batches(reads(), piece)
 
-    def _deflate_tasks(self, r0, r1, c0, c1, out) -> list:
+    def _decode_tasks(self, r0, r1, c0, c1, out) -> list:
         return [(ci, cj, out, a0, a1, b0, b1, r0, c0)
                 for ci, cj, a0, a1, b0, b1 in chunk_cells(self._layout.chunks, r0, r1, c0, c1)]
 
-    def _inflate(self, task) -> None:
-        """Read one compressed chunk, inflate (and unshuffle) it, copy its overlap into out."""
+    def _decode(self, task) -> None:
+        """Copy one compressed chunk's part of a region into out: the chunk read raw and
+        decoded into the decode buffers (unless held there still), then copied out (and
+        unshuffled on the way)."""
         ci, cj, out, a0, a1, b0, b1, r0, c0 = task
         lay = self._layout
         cr, cc = lay.chunks
@@ -370,27 +441,18 @@ class H5Source(Source):
         if off < 0:
             dest[...] = lay.fill
             return
-        raw = os.pread(self._fd, size, off)
-        while len(raw) < size:
-            more = os.pread(self._fd, size - len(raw), off + len(raw))
-            if not more:
-                raise OSError(f"unexpected end of file in chunk ({ci}, {cj}) at byte {off}")
-            raw += more
-        try:
-            data = zlib.decompress(raw)
-        except zlib.error as exc:
-            raise OSError(f"chunk ({ci}, {cj}) at byte {off} does not inflate: {exc}") from exc
-        w = self.dtype.itemsize
-        if len(data) != cr * cc * w:
-            raise OSError(f"chunk ({ci}, {cj}) inflated to {len(data)} bytes; "
-                          f"expected {cr * cc * w}")
-        buf = np.frombuffer(data, np.uint8)
-        if lay.shuffle:  # byte k of every element was stored together
-            buf = np.ascontiguousarray(buf.reshape(w, cr * cc).T)
-        stored = self.dtype.newbyteorder(">") if lay.swap else self.dtype
-        chunk = buf.view(stored).reshape(cr, cc)
+        what = f"chunk ({ci}, {cj}) at byte {off}"
+
+        def decode(stored, data) -> None:
+            decode_into(lay.kind, read_stored(self._fd, off, size, stored, what), data, what)
+
         ca, cb = a0 - ci * cr, b0 - cj * cc
-        dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
+        with self._decoded.chunk((ci, cj), decode) as data:
+            if lay.shuffle:  # byte k of every element was stored together
+                unshuffle_into(data, dest, (cr, cc), (ca, cb), lay.swap)
+            else:
+                chunk = data.view(self._stored()).reshape(cr, cc)
+                dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
 
     def _raw_fill(self):
         """The fill value as the bytes a raw read would hold (swapped back after the read)."""
@@ -406,6 +468,8 @@ class H5Source(Source):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._decoded is not None:
+            self._decoded.close()
         self._close_raw()
         REOPENABLE.discard(self)
         with H5LOCK:

@@ -23,7 +23,10 @@ source's ``layout`` says which):
   left to the kernel (the range asked for would be mostly bytes the region does not need);
 * ``zarr-zstd``, ``zarr-blosc``, ``zarr-gzip``: ``bytes`` then one of those compressors: each
   chunk file is read whole and decoded in the reader threads by the very numcodecs codec
-  zarr-python's own codec wraps (they release the GIL), then copied into place.
+  zarr-python's own codec wraps (they release the GIL; gzip streamed through ``zlib``), then
+  copied into place. The stored bytes and the decoded chunk go to the source's decode buffers
+  (:class:`.decode.DecodePool`: as many chunks decode at once as the run's plan counts, and a
+  chunk still held is not decoded again).
 
 A missing chunk file reads as the array's fill value. Everything else (sharding, ``transpose``
 or other filters, ``crc32c``, other codecs, Zarr v2 arrays, stores other than the local file
@@ -45,6 +48,7 @@ import numpy as np
 from ..errors import (BackendUnavailable, BigmmError, DtypeError, IncompleteOutputError,
                       OperandNotFound, ReadError, SpecError)
 from ._h5 import COMPLETE_ATTR, check_matrix
+from .decode import DecodePool, decode_into, read_stored, stored_bound
 from .identity import Footprint, ancestors
 from .layout import MAX_INDEX_CELLS, chunk_cells
 from .mapped import STEP_BYTES, FileMaps
@@ -210,14 +214,6 @@ def direct_codec(arr) -> tuple[str | None, str]:
     return (names[0] if names else ""), ""
 
 
-def _decoder(name: str):
-    """The numcodecs codec that decodes a chunk compressed by zarr's ``name`` codec (the one
-    zarr-python's own codec wraps)."""
-    import numcodecs
-
-    return {"zstd": numcodecs.Zstd, "blosc": numcodecs.Blosc, "gzip": numcodecs.GZip}[name]()
-
-
 class ZarrSource(Source):
     """A Zarr array, read by the direct path where its codecs allow, else through zarr."""
 
@@ -241,13 +237,18 @@ class ZarrSource(Source):
             big = getattr(order, "value", order) == "big"
             self._stored = self.dtype.newbyteorder(">" if big else "<")
             self._swap = not self._stored.isnative
-            self._decode = _decoder(codec).decode if codec else None
+            self._decode = bool(codec)  # compressed chunks, decoded whole
             self._fill = np.array(arr.fill_value, dtype=self.dtype)
             self._chunk_bytes = self.chunks[0] * self.chunks[1] * self.dtype.itemsize
             self._key = arr.metadata.encode_chunk_key
             if codec == "":  # raw chunks are copied out of maps of their files
                 self._maps = FileMaps(self._chunk_bytes, step=map_step)
         self._facts = self._describe() if self.dir is not None else None
+        self._decoded = None
+        if codec:  # buffers for the chunks' stored bytes (the largest file) and decoded
+            largest = (self._facts or {}).get("largest")
+            self._decoded = DecodePool(self._chunk_bytes, largest if largest is not None
+                                       else stored_bound(self._chunk_bytes), threads)
 
     @property
     def fast(self) -> bool:
@@ -256,6 +257,14 @@ class ZarrSource(Source):
     @property
     def panel_chunks(self) -> tuple[int, int] | None:
         return None if self._codec == "" else self.chunks  # raw chunks: read in part
+
+    @property
+    def decode_bytes(self) -> int:
+        return self._decoded.pair_bytes if self._decoded is not None else 0
+
+    def limit_decoders(self, n: int) -> None:
+        if self._decoded is not None:
+            self._decoded.set_limit(n)
 
     # ----- identity -------------------------------------------------------------------------
     def _describe(self) -> dict:
@@ -275,7 +284,8 @@ class ZarrSource(Source):
         return {"file": {"dev": st.st_dev, "ino": st.st_ino, "size": meta.st_size,
                          "mtime_ns": meta.st_mtime_ns},
                 "object": meta.st_ino, "storage": storage,
-                "chunk_files": tuple((dev, ino) for _r, dev, ino, _s, _m in files or ())}
+                "chunk_files": tuple((dev, ino) for _r, dev, ino, _s, _m in files or ()),
+                "largest": None if files is None else max((f[3] for f in files), default=0)}
 
     def where(self) -> dict | None:
         if self._facts is None:
@@ -314,7 +324,7 @@ class ZarrSource(Source):
 
     def _read_chunks(self, r0, r1, c0, c1, out) -> None:
         cells = list(chunk_cells(self.chunks, r0, r1, c0, c1))
-        if self._decode is None:
+        if not self._decode:
             read_ahead([(self.chunk_path(ci, cj), self._part(ci, cj, a0, a1, b0, b1))
                         for ci, cj, a0, a1, b0, b1 in cells
                         if 2 * (b1 - b0) >= self.chunks[1] or a1 - a0 == 1])
@@ -357,7 +367,7 @@ class ZarrSource(Source):
         cr, cc = self.chunks
         dest = out[a0 - r0:a1 - r0, b0 - c0:b1 - c0]
         path = self.chunk_path(ci, cj)
-        if self._decode is None and MAPPED_READS:
+        if not self._decode and MAPPED_READS:
             with self._maps.use(path) as fmap:
                 if fmap is None:
                     dest[...] = self._fill
@@ -368,6 +378,16 @@ class ZarrSource(Source):
                 fmap.copy(dest, src, view=src)
                 del src
             return
+        if self._decode:
+            ca, cb = a0 - ci * cr, b0 - cj * cc
+            try:
+                with self._decoded.chunk((ci, cj), lambda stored, data: self._decode_chunk(
+                        path, stored, data)) as data:
+                    chunk = data.view(self._stored).reshape(cr, cc)
+                    dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
+            except FileNotFoundError:
+                dest[...] = self._fill
+            return
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
@@ -375,25 +395,27 @@ class ZarrSource(Source):
             return
         try:
             size = os.fstat(fd).st_size
-            if self._decode is None:
-                if size != self._chunk_bytes:
-                    raise OSError(f"chunk file '{path}' holds {size} bytes; an uncompressed "
-                                  f"chunk holds {self._chunk_bytes}")
-                off = self._part(ci, cj, a0, a1, b0, b1)[0]
-                read_block(fd, off, cc * self.dtype.itemsize, out, a0 - r0, a1 - r0, b0 - c0,
-                           b1 - c0)
-                if self._swap:
-                    dest.byteswap(inplace=True)
-                return
-            data = self._decode(_read_all(fd, size, path))
+            if size != self._chunk_bytes:
+                raise OSError(f"chunk file '{path}' holds {size} bytes; an uncompressed "
+                              f"chunk holds {self._chunk_bytes}")
+            off = self._part(ci, cj, a0, a1, b0, b1)[0]
+            read_block(fd, off, cc * self.dtype.itemsize, out, a0 - r0, a1 - r0, b0 - c0,
+                       b1 - c0)
+            if self._swap:
+                dest.byteswap(inplace=True)
         finally:
             os.close(fd)
-        if len(memoryview(data).cast("B")) != self._chunk_bytes:
-            raise OSError(f"chunk file '{path}' decoded to {len(memoryview(data).cast('B'))} "
-                          f"bytes; a chunk holds {self._chunk_bytes}")
-        chunk = np.frombuffer(data, self._stored).reshape(cr, cc)
-        ca, cb = a0 - ci * cr, b0 - cj * cc
-        dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
+
+    def _decode_chunk(self, path: str, stored: np.ndarray, data: np.ndarray) -> None:
+        """Read a compressed chunk file into ``stored`` and decode it into all of ``data``
+        (FileNotFoundError where it is missing)."""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        what = f"chunk file '{path}'"
+        try:
+            raw = read_stored(fd, 0, os.fstat(fd).st_size, stored, what)
+        finally:
+            os.close(fd)
+        decode_into(self._codec, raw, data, what)
 
     # ----- teardown -------------------------------------------------------------------------
     def close(self) -> None:
@@ -402,6 +424,8 @@ class ZarrSource(Source):
             self._pool = None
         if self._codec == "":
             self._maps.close()
+        if self._decoded is not None:
+            self._decoded.close()
 
 
 def read_ahead(parts: list) -> None:
@@ -457,16 +481,6 @@ def _even_groups(items: list, k: int) -> list[list]:
         groups[g].append(item)
         acc += nbytes
     return groups
-
-
-def _read_all(fd: int, size: int, path: str) -> bytes:
-    raw = os.pread(fd, size, 0)
-    while len(raw) < size:
-        more = os.pread(fd, size - len(raw), len(raw))
-        if not more:
-            raise OSError(f"unexpected end of chunk file '{path}' at byte {len(raw)}")
-        raw += more
-    return raw
 
 
 def _codecs_json(arr) -> list:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..units import format_bytes, format_seconds
+from .decode import decoded_passes, held
 
 
 def table(p) -> str:
@@ -31,7 +32,10 @@ def table(p) -> str:
                              else f", the rounded {'B' if p.trans_a else 'A'} panel's copy)"
                              if p.rounds_one_ahead else ")")),
         ("host staging", f"{format_bytes(p.host_bytes)} of {format_bytes(p.host_budget)}"
-                         + _host_notes(p)),
+                         + _host_notes(p)
+                         + (f"; {format_bytes(p.host_bytes + held(p))} with the decode "
+                            f"buffers" if p.decoding else "")),
+        *([("decode buffers", _decoding(p))] if p.decoding else []),
         ("read", f"{format_bytes(p.bytes_read)} (A x{_times(p.a_passes)}{_stored(p, 'A')}, "
                  f"B x{_times(p.b_passes)}{_stored(p, 'B')}"
                  + (f", C x1{_stored(p, 'C')})" if p.reads_c else ")")),
@@ -72,6 +76,18 @@ def _stored(p, op: str) -> str:
     (C: than the tiles')."""
     name = p.written_dtype if op == "C" else p.a_dtype if op == "A" else p.b_dtype
     return f" in {name}" if name not in (None, p.c_dtype if op == "C" else p.dtype) else ""
+
+
+def _decoding(p) -> str:
+    """The decode buffers of compressed inputs, and how often panels that cut their chunks
+    decode them."""
+    d = p.decoding
+    parts = [f"{op} {t} reader{'s' if t > 1 else ''} x {format_bytes(per)}"
+             + (f" (a {c[0]} x {c[1]} chunk and its stored bytes)" if c else "")
+             for op, per, t, c in zip("AB", d.per, d.threads, (p.a_chunks, p.b_chunks)) if per]
+    cut = [f"; {op}'s chunks decoded up to {x:.2f}x a pass"
+           for op, x, per in zip("AB", decoded_passes(p), d.per) if per and x > 1]
+    return f"{format_bytes(d.bytes)}: {', '.join(parts)}" + "".join(cut)
 
 
 def _times(passes: float) -> str:

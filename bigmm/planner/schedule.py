@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator, Protocol
 
 from ..units import DTYPES, accumulate_dtype
-from . import printing
+from . import decode, printing
 from .traffic import Traffic
 from .workspace import (direct_workspace_bytes, reads_as_stored, rounds_one_ahead,
                         split_workspace_bytes, splits_ahead)
@@ -170,6 +170,9 @@ class Plan(Traffic):
     #: their rows are aligned (:func:`reads_as_stored`), else rounds only the smaller panel
     #: ahead where it has few rows (:func:`rounds_one_ahead`); the device memory counts either.
     presplit: int = 0
+    #: Compressed inputs: the buffers their chunks are decoded into beside the staging, within
+    #: the host budget (:class:`.decode.Decoding`); None where none is.
+    decoding: decode.Decoding | None = None
     #: C's dtype as the output stores it, where not ``c_dtype`` (a bfloat16 C of bfloat16
     #: operands, a float64 output of float32 ones): the bytes written. None: ``c_dtype``.
     out_dtype: str | None = field(default=None, compare=False)
@@ -436,7 +439,7 @@ class Plan(Traffic):
     def host_bytes(self) -> int:
         """Host bytes of the run's buffers: the staging buffers (pinned) of the operands that
         are staged, or without staging the compute buffers (host memory then), and those
-        that convert C (:attr:`convert_bytes`)."""
+        that convert C (:attr:`convert_bytes`). The decode buffers are apart (``decoding``)."""
         held = (sum(n * nbytes for op, n, nbytes in self._host_buffers() if self.staged(op))
                 if self.staging else self.device_bytes)
         return held + self.convert_bytes
@@ -516,6 +519,7 @@ class Plan(Traffic):
         d.update(ni=self.ni, nj=self.nj, nk=self.nk, n_tiles=self.n_tiles,
                  device_bytes=self.device_bytes, host_bytes=self.host_bytes,
                  convert_bytes=self.convert_bytes,
+                 decode_bytes=decode.held(self), decoded_bytes=decode.decoded_bytes(self),
                  bytes_read=self.bytes_read, bytes_written=self.bytes_written,
                  bytes_h2d=self.bytes_h2d, flops=self.flops,
                  lower_bound_bytes=self.lower_bound_bytes, bound_ratio=self.bound_ratio,

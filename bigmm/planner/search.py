@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from ..errors import BudgetError, DtypeError, PlanError, ShapeError
 from ..units import DTYPES, accumulate_dtype, format_bytes
+from . import decode
 from .model import SIM_STEPS, Rates, StageTimes, stage_times
 from .schedule import OPERANDS, ORDERS, WHOLE_ORDERS, Plan
 
@@ -146,7 +147,7 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
               registered: str = "", symmetric: bool = False, upper: bool = False,
               presplit: int = 0, whole: bool = False, a_span: int | None = None,
               a_dtype: str | None = None, b_dtype: str | None = None,
-              out_dtype: str | None = None) -> Plan:
+              out_dtype: str | None = None, decoding: decode.Decoding | None = None) -> Plan:
     """Choose the schedule moving the fewest bytes within both budgets (cached: see
     :func:`_cached_plans`).
 
@@ -187,6 +188,10 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
     count at their widths); ``out_dtype``: C's as the output stores it, where not the
     tiles' (its bytes written and read, and the buffers converting it: ``Plan.convert_bytes``).
 
+    ``decoding``: the decode buffers of compressed inputs, as the job offers them
+    (:func:`.decode.offered`): the staging and those buffers fit the host budget, the plan
+    with as many decoding readers as fit (:mod:`.decode`).
+
     ``whole``: orders whole-a and whole-b are candidates too (when choosing by time with
     staging, and not for a Gram plan): for C written to storage, whose writes they start
     early (:mod:`.schedule`); from host arrays they ran slower than the model predicts. Near
@@ -213,7 +218,8 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                 upper=bool(upper), presplit=int(presplit),
                 a_dtype=None if a_dtype == dtype else a_dtype,
                 b_dtype=None if b_dtype == dtype else b_dtype,
-                out_dtype=None if out_dtype == accumulate_dtype(dtype) else out_dtype)
+                out_dtype=None if out_dtype == accumulate_dtype(dtype) else out_dtype,
+                decoding=decoding and decoding.least)
 
     if a_span is not None and (not isinstance(a_span, int) or isinstance(a_span, bool)
                                or a_span < 1 or (a_span > 1 and (
@@ -229,15 +235,19 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                                 f"Got {plan.order}.")
             plan = replace(plan, a_span=a_span)
             _check_fits(plan)
-        return plan
+        return decode.widened(plan)
 
     am, ak = _op_chunks(a_chunks, trans_a)
     bkc, bnc = _op_chunks(b_chunks, trans_b)
     k_chunk = max(c for c in (ak, bkc, 1) if c)
-    for aligned in (True, False):
+    # tiles aligned to the chunks; where none fits and chunks are decoded, M and N aligned
+    # with K panels cutting them (a tile's K panels in a chunk follow one another: it is
+    # decoded once for all of them, :mod:`.decode`); else any tiles
+    passes = [(True, True)] + ([(True, False)] if decoding else []) + [(False, False)]
+    for aligned, k_aligned in passes:
         um = _units(m, am, align) if aligned else 1
         un = _units(n, bnc, align) if aligned else 1
-        uk = _units(k, k_chunk if (ak or bkc) else align, align) if aligned else 1
+        uk = _units(k, k_chunk if (ak or bkc) else align, align) if k_aligned else 1
         depths = _candidates(k, uk, min_tile)
         shallow = max(max_bk, uk)
         bks = [b for b in depths if b <= shallow] or [min(k, uk)]
@@ -266,10 +276,10 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
                             break
         if found:
             if rates is None:
-                return min(found, key=lambda x: x[0])[1]
-            return _fastest(found, rates, _deeper(k, uk, shallow),
-                            _cached(rates) if whole and staging else None,
-                            2 if a_span is None else a_span)
+                return decode.widened(min(found, key=lambda x: x[0])[1])
+            return decode.widened(_fastest(found, rates, _deeper(k, uk, shallow),
+                                           _cached(rates) if whole and staging else None,
+                                           2 if a_span is None else a_span))
     smallest = min(m, min_tile), min(n, min_tile), min(k, min_tile)
     if order == "resident-c":  # strips C's width, and every one of them on the device
         smallest = (smallest[0], n, smallest[2])
@@ -546,22 +556,34 @@ def cpu_step_bytes(threads: int) -> int:
     return STEP_COST_BYTES * max(1, int(threads))
 
 
+def _host_bytes(plan: Plan) -> int:
+    """The host bytes a plan holds against the host budget: staging and decode buffers."""
+    return plan.host_bytes + decode.held(plan)
+
+
 def _fits(plan: Plan) -> bool:
-    return plan.device_bytes <= plan.device_budget and plan.host_bytes <= plan.host_budget
+    return plan.device_bytes <= plan.device_budget and _host_bytes(plan) <= plan.host_budget
 
 
 def _check_fits(plan: Plan) -> None:
     if not _fits(plan):
+        host, held = _host_bytes(plan), plan.host_bytes
         raise BudgetError(
             f"Expected budgets of at least {format_bytes(plan.device_bytes)} (device) and "
-            f"{format_bytes(plan.host_bytes)} (host) for tiles {plan.bm}x{plan.bn}x{plan.bk} "
+            f"{format_bytes(host)} (host"
+            + (f": {format_bytes(host - held)} of it decode buffers" if host > held else "")
+            + f") for tiles {plan.bm}x{plan.bn}x{plan.bk} "
             f"in order {plan.order}. Got {format_bytes(plan.device_budget)} and "
             f"{format_bytes(plan.host_budget)}.",
-            minimum=max(plan.device_bytes, plan.host_bytes))
+            minimum=max(plan.device_bytes, host))
 
 
 def _too_small(smallest: Plan) -> BudgetError:
-    need_dev, need_host = smallest.device_bytes, smallest.host_bytes
+    smallest = decode.least(smallest)
+    error = decode.too_small(smallest)
+    if error is not None:
+        return error
+    need_dev, need_host = smallest.device_bytes, _host_bytes(smallest)
     parts = []
     if smallest.device_budget < need_dev:
         parts.append(f"a device memory budget of at least {need_dev} bytes "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 
 import h5py
 import numpy as np
@@ -21,6 +22,7 @@ from bigmm.executor import STAGES, Progress, RunStats, execute
 from bigmm.executor import loads
 from bigmm.executor.tuning import DRAIN, RAMP, split_range
 from bigmm.io.inputs import caller_splits
+from bigmm.io.source import ArraySource
 from bigmm.planner import make_plan
 from bigmm.planner.schedule import MAX_LOOKAHEAD
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
@@ -556,3 +558,35 @@ def test_pieces_of_a_raw_chunked_panel_are_whole_chunk_rows():
     a_reads, _ = _recorded_run(_RawChunks, 8, seed=5)
     starts = sorted({r0 for _, _, alone, r0 in a_reads if alone})
     assert starts == [0, 768]  # two pieces of 8 MiB, split on a chunk row (else at 1024)
+
+
+class _Decoded(ArraySource):
+    """An array read as if its chunks were decoded: records the decoders it is limited to."""
+
+    decode_bytes = 1 << 10
+
+    def __init__(self, array, label):
+        super().__init__(array, label)
+        self.limits = []
+
+    def limit_decoders(self, n: int) -> None:
+        self.limits.append(n)
+
+
+@pytest.mark.parametrize("threads", [
+    (1, 3),  # A one decoding reader, B three
+    (2, 0),  # B not decoded: left as it is
+])
+def test_the_run_limits_the_decoding_readers_as_planned(threads):
+    from bigmm.planner.decode import Decoding
+
+    a, b = random_matrix((64, 48), np.float32, seed=1), random_matrix((48, 32), np.float32)
+    plan = replace(make_plan(64, 32, 48, device_budget=1 << 20, staging=False),
+                   decoding=Decoding(tuple(1 << 10 if t else 0 for t in threads), (4, 4),
+                                     threads))
+    A, B = _Decoded(a, "A"), _Decoded(b, "B")
+    c = np.empty((64, 32), np.float32)
+    execute(plan, A, B, io.open_output(c, shape=(64, 32), dtype=np.float32, inputs=[], job={}),
+            NumpyBackend())
+    assert A.limits == [threads[0]] and B.limits == ([threads[1]] if threads[1] else [])
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5)

@@ -35,16 +35,18 @@ def ident(spec, **kw):
         return describe(src, **kw)
 
 
-# storage of A: contiguous, chunked, gzip (read raw), zstd (read through h5py)
+# storage of A: contiguous, chunked, gzip and zstd (read raw), lz4 (read through h5py)
 STORAGE = [
     {},                                     # contiguous
     {"chunks": (64, 50)},                   # chunked, unfiltered
     {"chunks": (64, 50), "compression": "gzip"},  # deflate, inflated by bigmm
-    {"chunks": (64, 50), **hdf5plugin.Zstd()},    # a plugin filter, read by h5py
+    {"chunks": (64, 50), **hdf5plugin.Zstd()},    # a plugin filter bigmm decodes
+    {"chunks": (64, 50), **hdf5plugin.LZ4()},     # a plugin filter, read by h5py
 ]
 
 
-@pytest.mark.parametrize("storage", STORAGE, ids=["contiguous", "chunked", "gzip", "zstd"])
+@pytest.mark.parametrize("storage", STORAGE, ids=["contiguous", "chunked", "gzip", "zstd",
+                                                  "lz4"])
 def test_identity_is_stable_and_sees_changes(tmp_path, storage):
     path = str(tmp_path / "a.h5")
     data = random_matrix(SHAPE, np.float64, seed=1)

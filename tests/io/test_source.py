@@ -33,7 +33,10 @@ LAYOUTS = [
                          "shuffle": True}, ">f4", "deflate"),  # swapped while copying out
     ("gzip-fletcher", {"chunks": (37, 23), "compression": "gzip", "fletcher32": True}, "<f4",
      "h5py"),                                                  # checksum filter: fallback
-    ("zstd", {"chunks": (37, 23), **hdf5plugin.Zstd()}, "<f4", "h5py"),  # plugin filter
+    ("zstd", {"chunks": (37, 23), **hdf5plugin.Zstd()}, "<f4", "zstd"),  # decoded by numcodecs
+    ("shuffle-zstd", {"chunks": (50, 50), "shuffle": True, **hdf5plugin.Zstd()}, ">f8",
+     "zstd"),                                                  # unshuffled, swapped
+    ("blosc", {"chunks": (40, 30), **hdf5plugin.Blosc()}, "<f4", "blosc"),  # blosc 1 buffers
     ("lz4", {"chunks": (64, 64), **hdf5plugin.LZ4()}, "<f8", "h5py"),  # plugin filter
 ]
 
