@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bigmm
-from bigmm.errors import BudgetError
+from bigmm.errors import BudgetError, Interrupted
 from bigmm.io import open_input
+from bigmm.io.generate import generate
 from bigmm.job import decoding
 from bigmm.planner import make_plan
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
@@ -130,3 +131,81 @@ def test_random_jobs_match_the_float64_reference(job):
         scale = 1.0 + abs(job["beta"]) / max(abs(job["alpha"]), 1e-3)
         assert relative_error(got, ref) <= scale * tolerance(dtype, k), (
             job, plan.bm, plan.bn, plan.bk)
+
+
+STORES = ["contiguous", "chunked", "zstd", "gzip", "zarr", "zarr-zstd"]
+
+
+@st.composite
+def interrupted_jobs(draw):
+    side = st.one_of(st.integers(1, 40), st.integers(100, 400))  # most take several tiles
+    m, n, k = draw(side), draw(side), draw(side)
+    dtypes = st.sampled_from(["float16", "float32", "float64"])
+    return dict(m=m, n=n, k=k, dtypes=(draw(dtypes), draw(dtypes)),
+                trans_a=draw(st.booleans()), trans_b=draw(st.booleans()),
+                alpha=draw(scalars), beta=draw(st.sampled_from([0.0, 1.0, -0.5])),
+                stores=(draw(st.sampled_from(STORES)), draw(st.sampled_from(STORES))),
+                out=draw(st.sampled_from(["h5", "zarr"])),
+                memory=draw(st.sampled_from(["256KiB", "1MiB"])),
+                stops=draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)),
+                io_threads=draw(st.sampled_from([1, 2, 4])))
+
+
+def _stored(folder, name, store, shape, dtype, seed):
+    """A spec of a generated operand stored as ``store`` (chunks of a third of each side)."""
+    zarr_store = store.startswith("zarr")
+    spec = f"{folder}/{name}.zarr" if zarr_store else f"{folder}/{name}.h5:/{name}"
+    kw = {}
+    if store != "contiguous":
+        kw["chunks"] = tuple(max(1, -(-x // 3)) for x in shape)
+        kw["layout"] = "chunked" if store in ("chunked", "zarr") else "compressed"
+        if kw["layout"] == "compressed":
+            kw["compression"] = "gzip" if store == "gzip" else "zstd"
+    generate(spec, shape, dtype=dtype, seed=seed, overwrite=True, **kw)
+    return spec
+
+
+def _read(spec):
+    with open_input(spec, name="C") as src:
+        out = np.empty(src.shape, src.dtype)
+        src.read(0, src.shape[0], 0, src.shape[1], out)
+        return out
+
+
+@FUZZ
+@given(interrupted_jobs())
+def test_interrupted_and_resumed_jobs_are_the_uninterrupted_run(job):
+    """Stopped after a few tiles, one to three times, and resumed: C bit for bit the
+    uninterrupted run's (HDF5 and Zarr, compressed or not, mixed dtypes, old C read)."""
+    m, n, k = job["m"], job["n"], job["k"]
+    with tempfile.TemporaryDirectory() as folder:
+        ta, tb = job["trans_a"], job["trans_b"]
+        a = _stored(folder, "A", job["stores"][0], (k, m) if ta else (m, k), job["dtypes"][0], 1)
+        b = _stored(folder, "B", job["stores"][1], (n, k) if tb else (k, n), job["dtypes"][1], 2)
+        specs = [f"{folder}/{c}.zarr" if job["out"] == "zarr" else f"{folder}/{c}.h5:/C"
+                 for c in ("C1", "C2")]
+        c_dtype = "float64" if "float64" in job["dtypes"] else "float32"
+        if job["beta"]:
+            for spec in specs:
+                generate(spec, (m, n), dtype=c_dtype, seed=3, overwrite=True)
+        kw = dict(alpha=job["alpha"], beta=job["beta"], trans_a=ta, trans_b=tb,
+                  memory=job["memory"], backend="numpy", io_threads=job["io_threads"],
+                  overwrite=not job["beta"])
+        try:
+            bigmm.matmul(a, b, specs[0], **kw)
+        except BudgetError:  # compressed chunks larger than the budget: refused, as stated
+            return
+        again = {}
+        for stop in job["stops"]:
+            def progress(p, stop=stop):
+                if p.tiles_done - p.tiles_skipped >= stop:
+                    raise KeyboardInterrupt
+            try:
+                bigmm.matmul(a, b, specs[1], progress=progress, **dict(kw, **again))
+            except Interrupted:
+                again = dict(resume=True, overwrite=False)
+                continue
+            break
+        else:
+            bigmm.matmul(a, b, specs[1], **dict(kw, **again))
+        assert np.array_equal(_read(specs[1]), _read(specs[0]), equal_nan=True)
