@@ -237,7 +237,6 @@ class ZarrSource(Source):
             big = getattr(order, "value", order) == "big"
             self._stored = self.dtype.newbyteorder(">" if big else "<")
             self._swap = not self._stored.isnative
-            self._decode = bool(codec)  # compressed chunks, decoded whole
             self._fill = np.array(arr.fill_value, dtype=self.dtype)
             self._chunk_bytes = self.chunks[0] * self.chunks[1] * self.dtype.itemsize
             self._key = arr.metadata.encode_chunk_key
@@ -324,7 +323,7 @@ class ZarrSource(Source):
 
     def _read_chunks(self, r0, r1, c0, c1, out) -> None:
         cells = list(chunk_cells(self.chunks, r0, r1, c0, c1))
-        if not self._decode:
+        if self._decoded is None:
             read_ahead([(self.chunk_path(ci, cj), self._part(ci, cj, a0, a1, b0, b1))
                         for ci, cj, a0, a1, b0, b1 in cells
                         if 2 * (b1 - b0) >= self.chunks[1] or a1 - a0 == 1])
@@ -367,7 +366,7 @@ class ZarrSource(Source):
         cr, cc = self.chunks
         dest = out[a0 - r0:a1 - r0, b0 - c0:b1 - c0]
         path = self.chunk_path(ci, cj)
-        if not self._decode and MAPPED_READS:
+        if self._decoded is None and MAPPED_READS:
             with self._maps.use(path) as fmap:
                 if fmap is None:
                     dest[...] = self._fill
@@ -378,7 +377,7 @@ class ZarrSource(Source):
                 fmap.copy(dest, src, view=src)
                 del src
             return
-        if self._decode:
+        if self._decoded is not None:  # compressed: the chunk decoded whole
             ca, cb = a0 - ci * cr, b0 - cj * cc
             try:
                 with self._decoded.chunk((ci, cj), lambda stored, data: self._decode_chunk(
