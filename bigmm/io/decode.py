@@ -135,16 +135,21 @@ class DecodePool:
             pair = _Pair(self.decoded, self.stored)
             self._pairs.append(pair)
             return pair
-        free = [p for p in self._pairs if p.users == 0]
-        return min(free, key=lambda p: p.used) if free else None
+        return self._least_used()
 
     def _trim(self) -> None:
         """Drop the least recently used unused pairs beyond the limit (holding the lock)."""
         while len(self._pairs) > self._limit:
-            free = [p for p in self._pairs if p.users == 0]
-            if not free:
+            pair = self._least_used()
+            if pair is None:
                 return
-            self._pairs.remove(min(free, key=lambda p: p.used))
+            self._pairs.remove(pair)
+
+    def _least_used(self) -> _Pair | None:
+        """The least recently used pair no thread uses, None where all are in use (holding
+        the lock)."""
+        free = [p for p in self._pairs if p.users == 0]
+        return min(free, key=lambda p: p.used) if free else None
 
     def release(self) -> None:
         """Drop the pairs no thread uses (made again when needed)."""
