@@ -79,6 +79,11 @@ def held(p) -> int:
     return p.decoding.bytes if p.decoding is not None else 0
 
 
+def host_total(p) -> int:
+    """The host bytes plan ``p`` holds against its host budget: staging and decode buffers."""
+    return p.host_bytes + held(p)
+
+
 def widened(p):
     """Plan ``p`` with as many decoders as its host budget holds beside its staging."""
     if p.decoding is None:
@@ -96,9 +101,9 @@ def too_small(smallest) -> BudgetError | None:
     smallest tiles' staging (``smallest``: the plan of the smallest tiles), None where that
     fits (the budgets fail otherwise)."""
     d = smallest.decoding
-    if d is None or smallest.host_bytes + d.least.bytes <= smallest.host_budget:
+    need = None if d is None else host_total(least(smallest))
+    if need is None or need <= smallest.host_budget:
         return None
-    need = smallest.host_bytes + d.least.bytes
     chunks = "; ".join(f"{op}'s {c[0]} x {c[1]}: {format_bytes(b)} decoded and stored"
                        for op, c, b in (("A", smallest.a_chunks, d.per[0]),
                                         ("B", smallest.b_chunks, d.per[1])) if b and c)

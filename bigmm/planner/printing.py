@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..units import format_bytes, format_seconds
-from .decode import decoded_passes, held
+from .decode import decoded_passes, host_total
 
 
 def table(p) -> str:
@@ -33,7 +33,7 @@ def table(p) -> str:
                              if p.rounds_one_ahead else ")")),
         ("host staging", f"{format_bytes(p.host_bytes)} of {format_bytes(p.host_budget)}"
                          + _host_notes(p)
-                         + (f"; {format_bytes(p.host_bytes + held(p))} with the decode "
+                         + (f"; {format_bytes(host_total(p))} with the decode "
                             f"buffers" if p.decoding else "")),
         *([("decode buffers", _decoding(p))] if p.decoding else []),
         ("read", f"{format_bytes(p.bytes_read)} (A x{_times(p.a_passes)}{_stored(p, 'A')}, "

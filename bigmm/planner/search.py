@@ -556,18 +556,13 @@ def cpu_step_bytes(threads: int) -> int:
     return STEP_COST_BYTES * max(1, int(threads))
 
 
-def _host_bytes(plan: Plan) -> int:
-    """The host bytes a plan holds against the host budget: staging and decode buffers."""
-    return plan.host_bytes + decode.held(plan)
-
-
 def _fits(plan: Plan) -> bool:
-    return plan.device_bytes <= plan.device_budget and _host_bytes(plan) <= plan.host_budget
+    return plan.device_bytes <= plan.device_budget and decode.host_total(plan) <= plan.host_budget
 
 
 def _check_fits(plan: Plan) -> None:
     if not _fits(plan):
-        host, held = _host_bytes(plan), plan.host_bytes
+        host, held = decode.host_total(plan), plan.host_bytes
         raise BudgetError(
             f"Expected budgets of at least {format_bytes(plan.device_bytes)} (device) and "
             f"{format_bytes(host)} (host"
@@ -583,7 +578,7 @@ def _too_small(smallest: Plan) -> BudgetError:
     error = decode.too_small(smallest)
     if error is not None:
         return error
-    need_dev, need_host = smallest.device_bytes, _host_bytes(smallest)
+    need_dev, need_host = smallest.device_bytes, decode.host_total(smallest)
     parts = []
     if smallest.device_budget < need_dev:
         parts.append(f"a device memory budget of at least {need_dev} bytes "
