@@ -80,16 +80,21 @@ CASES = [
 ]
 
 
+def _pairs(d, shapes: dict, a_dtype: str = "float32") -> dict:
+    """Spec pairs (A, B) in folder ``d`` per shape name, A in ``a_dtype``, B float32."""
+    specs = {}
+    for name, (sa, sb) in shapes.items():
+        specs[name] = (f"{d / name}-a.h5:/A", f"{d / name}-b.h5:/B")
+        generate(specs[name][0], sa, dtype=a_dtype, seed=1)
+        generate(specs[name][1], sb, seed=2)
+    return specs
+
+
 @pytest.fixture(scope="module")
 def operands(tmp_path_factory):
     """Spec pairs (A, B) per shape name, generated once for the module."""
     d = tmp_path_factory.mktemp("memory")
-    specs = {}
-    for name, (sa, sb) in SHAPES.items():
-        specs[name] = (f"{d / name}-a.h5:/A", f"{d / name}-b.h5:/B")
-        generate(specs[name][0], sa, seed=1)
-        generate(specs[name][1], sb, seed=2)
-    return d, specs
+    return d, _pairs(d, SHAPES)
 
 
 def _status(pid: int) -> dict[str, int]:
@@ -269,12 +274,7 @@ MIXED = {"mixed": ((20000, 5000), (5000, 300)), "tiny": ((64, 64), (64, 64))}
 def mixed(tmp_path_factory):
     """(directory, {name: (A, B)}) of MIXED, generated once for the module."""
     d = tmp_path_factory.mktemp("mixed")
-    specs = {}
-    for name, (sa, sb) in MIXED.items():
-        specs[name] = (f"{d / name}-a.h5:/A", f"{d / name}-b.h5:/B")
-        generate(specs[name][0], sa, dtype="float16", seed=1)
-        generate(specs[name][1], sb, seed=2)
-    return d, specs
+    return d, _pairs(d, MIXED, "float16")
 
 
 @pytest.mark.slow
