@@ -83,6 +83,11 @@ class DecodePool:
             self._trim()
             self._cond.notify_all()
 
+    def holds(self, key) -> bool:
+        """Whether chunk ``key`` is held decoded (or being decoded) now."""
+        with self._cond:
+            return any(p.key == key for p in self._pairs)
+
     @contextmanager
     def chunk(self, key, decode: Callable[[np.ndarray, np.ndarray], None]
               ) -> Iterator[np.ndarray]:

@@ -26,7 +26,10 @@ source's ``layout`` says which):
   zarr-python's own codec wraps (they release the GIL; gzip streamed through ``zlib``), then
   copied into place. The stored bytes and the decoded chunk go to the source's decode buffers
   (:class:`.decode.DecodePool`: as many chunks decode at once as the run's plan counts, and a
-  chunk still held is not decoded again).
+  chunk still held is not decoded again). Before a region's chunks are decoded, the files of
+  those not held are read ahead whole (as uncompressed parts are): the readers wait on their
+  decoders, and an HDF5 file's read-ahead runs on into its next chunks where these files' does
+  not.
 
 A missing chunk file reads as the array's fill value. Everything else (sharding, ``transpose``
 or other filters, ``crc32c``, other codecs, Zarr v2 arrays, stores other than the local file
@@ -327,6 +330,9 @@ class ZarrSource(Source):
             read_ahead([(self.chunk_path(ci, cj), self._part(ci, cj, a0, a1, b0, b1))
                         for ci, cj, a0, a1, b0, b1 in cells
                         if 2 * (b1 - b0) >= self.chunks[1] or a1 - a0 == 1])
+        else:  # compressed: the files of the chunks not held decoded, whole
+            read_ahead([(self.chunk_path(ci, cj), (0, None)) for ci, cj, *_ in cells
+                        if not self._decoded.holds((ci, cj))])
         nbytes = (r1 - r0) * (c1 - c0) * self.dtype.itemsize
         groups = _even_groups([(cell, self._cell_bytes(cell)) for cell in cells],
                               min(self._threads, nbytes // TASK_BYTES))
@@ -429,10 +435,10 @@ class ZarrSource(Source):
 
 def read_ahead(parts: list) -> None:
     """Ask the kernel to start reading the byte ranges ``(path, (lo, hi))`` of files into
-    the page cache without waiting for them (``posix_fadvise(WILLNEED)``), unless the first
-    range's first and last bytes are cached already: then the region is taken to be cached
-    (asking walks every page of a range). Missing files and systems without the calls are
-    passed over: it is only a hint."""
+    the page cache without waiting for them (``posix_fadvise(WILLNEED)``; ``hi`` None: to the
+    file's end), unless the first range's first and last bytes are cached already: then the
+    region is taken to be cached (asking walks every page of a range). Missing files and
+    systems without the calls are passed over: it is only a hint."""
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:  # pragma: no cover
         return
@@ -442,9 +448,9 @@ def read_ahead(parts: list) -> None:
         except OSError:
             continue
         try:
-            if i == 0 and _cached(fd, lo) and _cached(fd, hi - 1):
+            if i == 0 and _cached(fd, lo) and (hi is None or _cached(fd, hi - 1)):
                 return
-            advise(fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+            advise(fd, lo, 0 if hi is None else hi - lo, os.POSIX_FADV_WILLNEED)
         except OSError:  # a refused hint: the copies read as they would have
             pass
         finally:

@@ -73,6 +73,7 @@ def test_a_chunk_still_held_is_not_decoded_again():
     assert [read(pool, key, decode) for key in (1, 1, 2, 1, 3, 1)] == [1, 1, 2, 1, 3, 1]
     # 3 took the buffer of 2 (used least recently), so 1 stayed
     assert decode.calls == [1, 2, 3]
+    assert pool.holds(1) and pool.holds(3) and not pool.holds(2)
 
 
 def test_threads_reading_a_chunk_being_decoded_wait_for_it():
