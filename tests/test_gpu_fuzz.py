@@ -2,7 +2,8 @@
 float16, bfloat16, float32, float64 and mixed operands, transposes, alpha/beta (old C poisoned
 with NaN when beta == 0), operands and outputs as pageable, Fortran-ordered and page-locked
 arrays, HDF5 datasets (contiguous and randomly chunked) and Zarr arrays, Gram products of one
-operand, and budgets from a few MiB up."""
+operand, and budgets from a few MiB up; and such jobs stopped after a few tiles and resumed,
+C bit for bit the uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS SGEMM in plain float32 (before cupy loads)
 
 import bigmm  # noqa: E402
+from bigmm.errors import BudgetError, Interrupted  # noqa: E402
 from bigmm.testing import (pinned_array, random_matrix, reference_gemm,  # noqa: E402
                            relative_error, tolerance)
 from bigmm.units import numpy_dtype  # noqa: E402
@@ -128,3 +130,88 @@ def test_random_gpu_jobs_match_the_float64_reference(job, data):
         assert relative_error(got, ref) <= bound, job
         if job["gram"] and job["beta"] == 0:  # detected as a Gram product: mirrored
             assert np.array_equal(got, got.T), job
+
+
+@st.composite
+def interrupted_jobs(draw):
+    dtype = draw(st.sampled_from(["float32", "float32", "float64", "float16", "mixed"]))
+    kernel, precision = draw(st.sampled_from(ARITHMETIC if dtype == "float32"
+                                             else ARITHMETIC[:1] + ARITHMETIC[3:4]))
+    side = st.one_of(st.integers(1, 40), st.integers(300, 2500))
+    return dict(dtype=dtype, kernel=kernel, precision=precision, m=draw(side), n=draw(side),
+                k=draw(side), ta=draw(st.booleans()), tb=draw(st.booleans()),
+                alpha=draw(st.sampled_from([1.0, -0.5])),
+                beta=draw(st.sampled_from([0.0, 1.0, -0.5])),
+                kinds=[draw(st.sampled_from(["array", "h5", "h5-chunked", "zarr"]))
+                       for _ in "ab"],
+                out=draw(st.sampled_from(["h5", "zarr"])),
+                memory=draw(st.sampled_from(["4MiB", "16MiB", "64MiB"])),
+                stops=draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)),
+                seed=draw(st.integers(0, 2**31)))
+
+
+@settings(FUZZ, max_examples=60)
+@given(interrupted_jobs(), st.data())
+def test_interrupted_gpu_jobs_resume_to_the_uninterrupted_run(job, data):
+    m, n, k = job["m"], job["n"], job["k"]
+    da = numpy_dtype("float32" if job["dtype"] == "mixed" else job["dtype"])
+    db = np.dtype(np.float64) if job["dtype"] == "mixed" else da
+    cdt = np.float64 if np.float64 in (da, db) else np.float32
+
+    def chunks(shape):
+        return tuple(data.draw(st.integers(max(1, d // 6), d)) for d in shape)
+
+    with tempfile.TemporaryDirectory() as folder:
+        a = random_matrix((k, m) if job["ta"] else (m, k), da, job["seed"])
+        b = random_matrix((n, k) if job["tb"] else (k, n), db, job["seed"] + 1)
+        c0 = random_matrix((m, n), cdt, job["seed"] + 2)
+        A = _store(folder, "A", job["kinds"][0], a, chunks)
+        B = _store(folder, "B", job["kinds"][1], b, chunks)
+        outs = []
+        for name in ("C1", "C2"):
+            if job["beta"]:
+                outs.append(_store(folder, name, job["out"], c0, chunks))
+            else:
+                outs.append(os.path.join(folder, f"{name}.zarr") if job["out"] == "zarr"
+                            else f"{os.path.join(folder, name)}.h5:/{name}")
+        kw = dict(alpha=job["alpha"], beta=job["beta"], trans_a=job["ta"], trans_b=job["tb"],
+                  memory=job["memory"], host_memory="64MiB", backend="cupy",
+                  kernel=job["kernel"], precision=job["precision"])
+        try:
+            bigmm.matmul(A, B, outs[0], **kw)
+        except BudgetError:  # chunks larger than the budget: refused, as stated
+            return
+        again: dict = {}
+        for stop in job["stops"]:
+            def progress(p, stop=stop):
+                if p.tiles_done - p.tiles_skipped >= stop:
+                    raise KeyboardInterrupt
+            try:
+                bigmm.matmul(A, B, outs[1], progress=progress, **kw, **again)
+            except Interrupted:
+                again = dict(resume=True)
+                continue
+            break
+        else:
+            bigmm.matmul(A, B, outs[1], **kw, **again)
+        got = [_load(folder, spec) for spec in outs]
+        assert np.array_equal(got[1], got[0], equal_nan=True), job
+        ref = reference_gemm(a, b, alpha=job["alpha"], beta=job["beta"], c=c0,
+                             trans_a=job["ta"], trans_b=job["tb"])
+        if job["precision"] == "tf32" or job["kernel"] == "cublas-tf32":
+            bound = 2e-3  # one TF32 pass: inputs rounded to 10 bits
+        elif job["precision"] == "tf32x3":
+            bound = 4 * tolerance(np.float32, k)
+        else:
+            bound = tolerance(np.float64 if cdt == np.float64 else da, k)
+        assert relative_error(got[1], ref) <= bound, job
+
+
+def _load(folder, spec):
+    if spec.endswith(".zarr"):
+        import zarr
+
+        return zarr.open_array(spec, mode="r")[...]
+    path, name = spec.rsplit(":/", 1)
+    with h5py.File(path, "r") as f:
+        return f[name][...]
