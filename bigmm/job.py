@@ -157,7 +157,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     # budget is the RAM for panels and tiles), the host's copies within the host's
     within = measure_within or (min(device, host) if be.staging else device)
     copies_within = measure_within or (host if be.staging else device)
-    rates = (_host_costs(_rates(be, dtype, within), A, B, be, dtype, readers)
+    rates = (_host_costs(_rates(be, dtype, within), A, B, be, dtype, readers, copies_within)
              if calibrate else None)
     checked = None
     if rates is not None and verify is not None:
@@ -509,15 +509,20 @@ def _rates(be, dtype: str, limit: int) -> Rates | None:
     return be.rates(dtype, limit if be.staging else max(limit, HOST_CALIBRATION)).snapped()
 
 
-def _host_costs(rates: Rates | None, A, B, be, dtype: str, threads: int) -> Rates | None:
+def _host_costs(rates: Rates | None, A, B, be, dtype: str, threads: int,
+                host: int) -> Rates | None:
     """``rates`` with the host's fixed costs: where the gemm runs on the host, the executor's
     fixed cost per step with its small reads of A and B (the cores are shared:
     :func:`bigmm.executor.calibrate.step_seconds`); else one read of the slower input file
     (:func:`bigmm.executor.calibrate.load_seconds`; none for arrays) and the issuing
     thread's work per step and per staged load, and a run's own start and end
-    (:func:`bigmm.executor.calibrate.issue_seconds`)."""
+    (:func:`bigmm.executor.calibrate.issue_seconds`); and for both, one reader's rate of
+    decoding each compressed input (:func:`bigmm.executor.calibrate.decode_rate`, its
+    buffers within the ``host`` budget)."""
     if rates is None:
         return None
+    rates = replace(rates, decode_bytes=tuple(costs.decode_rate(src, threads, host) or 0.0
+                                                  for src in (A, B)))
     if not be.staging:  # reads share the cores with the gemm: all in a step's cost
         return replace(rates, per_step=costs.step_seconds(be, threads, A, B)).snapped()
     per_load = max([costs.load_seconds(src) for src in (A, B) if src.layout != "array"],

@@ -181,6 +181,56 @@ def _load_seconds(src: "_Corner", repeat: int) -> float:
     return best
 
 
+#: Most rounds :func:`decode_rate` times, the seconds after which it starts no more, and the
+#: most bytes of buffers its readers decode into.
+DECODE_SAMPLES, DECODE_SECONDS, DECODE_BYTES = 3, 0.25, 256 << 20
+
+
+def decode_rate(src, threads: int = 1, within: int = DECODE_BYTES) -> float | None:
+    """Decoded bytes per second one reader reads and decodes of ``src``'s chunks while
+    ``threads`` readers decode at once (as many as the source lets decode at once and
+    DECODE_BYTES of buffers and ``within`` hold, at least one; the cores are shared), None
+    where it decodes none: the median over rounds of one chunk a reader (its last chunks
+    first, those a panel of the first rows meets last), as many rounds as DECODE_SAMPLES or
+    DECODE_SECONDS allow, each chunk decoded apart from the run's buffers into a pair
+    touched beforehand; timed once per process, source (label, layout, chunks, shape,
+    dtype) and readers."""
+    if not src.decode_bytes or not src.chunks:
+        return None
+    readers = max(1, min(threads, src.decode_threads or threads,
+                         min(within, DECODE_BYTES) // src.decode_bytes))
+    return _decode_rate(_Corner(src, *src.chunks), readers)
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_rate(corner: "_Corner", threads: int) -> float | None:
+    src = corner.src
+    (cr, cc), (m, n) = src.chunks, src.shape
+    chunk = cr * cc * src.dtype.itemsize
+    cols = -(-n // cc)
+    cells = -(-m // cr) * cols
+    readers = min(threads, cells)
+    # (zeroed: their pages touched before the timing)
+    pairs = [(np.zeros(max(1, src.decode_bytes - chunk), np.uint8), np.zeros(chunk, np.uint8))
+             for _ in range(readers)]
+    rates, start, t = [], time.perf_counter(), cells - 1
+    with cf.ThreadPoolExecutor(readers, thread_name_prefix="bigmm-decode-rate") as pool:
+        for _ in range(DECODE_SAMPLES):
+            cells_now = [(t - i) % cells for i in range(readers)]
+            t -= readers
+            t0 = time.perf_counter()
+            done = list(pool.map(lambda c, pair: src.decode_chunk(c // cols, c % cols, *pair),
+                                 cells_now, pairs))
+            if any(done):  # (chunks not stored: passed over)
+                rates.append(chunk / (time.perf_counter() - t0))
+            if time.perf_counter() - start > DECODE_SECONDS:
+                break
+    if not rates:
+        return None
+    rates.sort()
+    return rates[len(rates) // 2]
+
+
 def issue_seconds(be, threads: int) -> tuple[float, float, float]:
     """(per step, per staged load, per run): the host seconds the issuing thread of the
     staging backend ``be`` spends on a step (launching its copies and gemm, its bookkeeping)

@@ -62,6 +62,13 @@ class Source(Matrix):
         """Decode at most ``n`` chunks at once, in buffers held to the source's close (the
         run's plan: ``Plan.decoding``); a source that decodes nothing ignores it."""
 
+    def decode_chunk(self, ci: int, cj: int, stored: np.ndarray, data: np.ndarray) -> bool:
+        """Read chunk (ci, cj) and decode it into all of ``data`` (uint8, a chunk's bytes),
+        its stored bytes read into ``stored`` (uint8, at least ``decode_bytes`` less a
+        chunk's bytes), as a reader does, apart from the run's decode buffers (to time it);
+        False where the chunk is not stored. Only for sources that decode."""
+        raise NotImplementedError
+
     @property
     def panel_chunks(self) -> tuple[int, int] | None:
         """The chunk edges a plan's panels align to: those of chunks read whole (compressed),

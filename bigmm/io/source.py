@@ -437,22 +437,33 @@ class H5Source(Source):
         lay = self._layout
         cr, cc = lay.chunks
         dest = out[a0 - r0:a1 - r0, b0 - c0:b1 - c0]
-        off, size = int(lay.chunk_offsets[ci, cj]), int(lay.chunk_sizes[ci, cj])
-        if off < 0:
+        if lay.chunk_offsets[ci, cj] < 0:
             dest[...] = lay.fill
             return
-        what = f"chunk ({ci}, {cj}) at byte {off}"
-
-        def decode(stored, data) -> None:
-            decode_into(lay.kind, read_stored(self._fd, off, size, stored, what), data, what)
-
         ca, cb = a0 - ci * cr, b0 - cj * cc
-        with self._decoded.chunk((ci, cj), decode) as data:
+        with self._decoded.chunk((ci, cj), lambda stored, data: self.decode_chunk(
+                ci, cj, stored, data)) as data:
             if lay.shuffle:  # byte k of every element was stored together
                 unshuffle_into(data, dest, (cr, cc), (ca, cb), lay.swap)
             else:
                 chunk = data.view(self._stored()).reshape(cr, cc)
                 dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
+
+    def decode_chunk(self, ci, cj, stored, data) -> bool:
+        lay = self._layout
+        if self._decoded is None:  # h5py's filters: the chunk's region read through them
+            cr, cc = self.chunks
+            r0, c0 = ci * cr, cj * cc
+            r1, c1 = min(r0 + cr, self.shape[0]), min(c0 + cc, self.shape[1])
+            self.read(r0, r1, c0, c1, data[:(r1 - r0) * (c1 - c0) * self.dtype.itemsize]
+                      .view(self.dtype).reshape(r1 - r0, c1 - c0))
+            return True
+        off, size = int(lay.chunk_offsets[ci, cj]), int(lay.chunk_sizes[ci, cj])
+        if off < 0:
+            return False
+        what = f"chunk ({ci}, {cj}) at byte {off}"
+        decode_into(lay.kind, read_stored(self._fd, off, size, stored, what), data, what)
+        return True
 
     def _raw_fill(self):
         """The fill value as the bytes a raw read would hold (swapped back after the read)."""

@@ -386,7 +386,7 @@ class ZarrSource(Source):
         if self._decoded is not None:  # compressed: the chunk decoded whole
             ca, cb = a0 - ci * cr, b0 - cj * cc
             try:
-                with self._decoded.chunk((ci, cj), lambda stored, data: self._decode_chunk(
+                with self._decoded.chunk((ci, cj), lambda stored, data: self._decode_file(
                         path, stored, data)) as data:
                     chunk = data.view(self._stored).reshape(cr, cc)
                     dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
@@ -411,7 +411,14 @@ class ZarrSource(Source):
         finally:
             os.close(fd)
 
-    def _decode_chunk(self, path: str, stored: np.ndarray, data: np.ndarray) -> None:
+    def decode_chunk(self, ci, cj, stored, data) -> bool:
+        try:
+            self._decode_file(self.chunk_path(ci, cj), stored, data)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _decode_file(self, path: str, stored: np.ndarray, data: np.ndarray) -> None:
         """Read a compressed chunk file into ``stored`` and decode it into all of ``data``
         (FileNotFoundError where it is missing)."""
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))

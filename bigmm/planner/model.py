@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Callable
 
+from . import decode
 from .schedule import HOST_C_SLOTS, MAX_LOOKAHEAD, PIECE_BYTES, Plan
 
 #: Fixed time of one gemm step in the pipeline model (the ~40 us of the search's
@@ -106,6 +107,10 @@ class Rates:
     #: smaller panel ahead (None: ``flops`` for every product). Plain TF32 products that read
     #: both panels as stored (``Plan.reads_as_stored``) run at ``flops``, which was measured so.
     unsplit_flops: float | None = None
+    #: Decoded bytes per second one reader reads and decodes of the chunks of A and of B
+    #: (0.0: not decoded, or not known): a compressed panel comes in no faster than its
+    #: decoding readers decode it (:func:`read_rates`).
+    decode_bytes: tuple[float, float] = (0.0, 0.0)
 
     def for_plan(self, p: Plan) -> "Rates":
         """These rates for ``p``'s products: ``flops`` is ``unsplit_flops`` where p's gemm
@@ -140,7 +145,8 @@ class Rates:
                        register_bytes=snap_rate(self.register_bytes),
                        pin_bytes=snap_rate(self.pin_bytes),
                        thread_bytes=snap_rate(self.thread_bytes),
-                       unsplit_flops=snap_rate(self.unsplit_flops))
+                       unsplit_flops=snap_rate(self.unsplit_flops),
+                       decode_bytes=tuple(snap_rate(x) or 0.0 for x in self.decode_bytes))
 
     def gemm_seconds(self, flops: float, steps: int, depth: int, added: float) -> float:
         """Seconds of ``steps`` gemm steps doing ``flops`` over ``depth`` (their depths
@@ -290,10 +296,23 @@ def pinned_at(p: Plan, r: Rates, start: float) -> dict[tuple[str, int], float]:
 
 def read_rates(p: Plan, r: Rates) -> tuple[float, float, float]:
     """Bytes of the panels' (tiles') dtype the host reads per second of A, B and C: each a
-    whole load's :meth:`Rates.load_rate` as stored (narrower stored operands land faster)."""
+    whole load's :meth:`Rates.load_rate` as stored (narrower stored operands land faster),
+    and for a compressed input no more than its decoding readers decode (one per chunk a
+    panel meets, up to the plan's, each chunk decoded :func:`.decode.decoded_passes` times)."""
     w, wc, ws = p.itemsize, p.c_itemsize, [p.stored_itemsize(op) for op in "ABC"]
-    return tuple(r.load_rate(s * n) * x / s for s, x, n in zip(
-        ws, (w, w, wc), (p.bm * p.bk, p.bk * p.bn, p.bm * p.bn)))
+    sizes = ((p.bm, p.bk), (p.bk, p.bn), (p.bm, p.bn))
+    rates = [r.load_rate(s * a * b) for s, (a, b) in zip(ws, sizes)]  # stored bytes a second
+    d = p.decoding
+    if d is not None:
+        passes = decode.decoded_passes(p)
+        for i, (chunks, trans) in enumerate(((p.a_chunks, p.trans_a), (p.b_chunks, p.trans_b))):
+            j = 0 if p.symmetric else i  # a Gram plan's B is A
+            if not (d.per[j] and r.decode_bytes[j]):
+                continue
+            rows, cols = sizes[i][::-1] if trans else sizes[i]
+            met = (-(-rows // chunks[0]) * -(-cols // chunks[1])) if chunks else 1
+            rates[i] = min(rates[i], min(d.threads[j], met) * r.decode_bytes[j] / passes[i])
+    return tuple(rate * x / s for rate, s, x in zip(rates, ws, (w, w, wc)))
 
 
 def stage_times(p: Plan, r: Rates) -> StageTimes:

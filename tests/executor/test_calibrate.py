@@ -64,3 +64,41 @@ def test_a_reader_threads_rate_is_timed_in_pieces():
     both = calibrate.piece_rate(16 << 20, 2)
     assert both == calibrate.copy_rate(2, 16 << 20, 4 << 20) / 2 == calibrate.piece_rate(
         16 << 20, 2)
+
+
+
+def test_one_readers_decode_rate_is_timed_on_the_sources_chunks(tmp_path, monkeypatch):
+    from bigmm.io import open_input
+    from bigmm.io.generate import generate
+
+    spec, raw = str(tmp_path / "z.h5") + ":/A", str(tmp_path / "r.h5") + ":/A"
+    generate(spec, (300, 200), layout="compressed", compression="zstd", chunks=(64, 50),
+             seed=1)
+    generate(raw, (300, 200), layout="chunked", chunks=(64, 50), seed=1)
+    with open_input(spec) as src, open_input(raw) as plain:
+        assert calibrate.decode_rate(plain) is None  # read in part, not decoded
+        assert calibrate.decode_rate(open_input(np.ones((4, 4), np.float32))) is None
+        calls = []
+        decode_chunk = type(src).decode_chunk
+
+        def slow(self, ci, cj, stored, data):  # 20 ms more a chunk
+            calls.append((ci, cj))
+            time.sleep(0.02)
+            return decode_chunk(self, ci, cj, stored, data)
+
+        monkeypatch.setattr(type(src), "decode_chunk", slow)
+        rate = calibrate.decode_rate(src)
+        chunk = 64 * 50 * 4
+        assert chunk / 0.2 < rate <= chunk / 0.02
+        # the last chunks, as many as DECODE_SAMPLES; then timed once per source
+        assert calls == [(4, 3), (4, 2), (4, 1)][:calibrate.DECODE_SAMPLES]
+        assert calibrate.decode_rate(src) == rate and len(calls) == calibrate.DECODE_SAMPLES
+        # four readers at once: a round of the last four chunks, then the four before
+        calls.clear()
+        four = calibrate.decode_rate(src, 4)
+        assert chunk / 0.2 < four <= chunk / 0.02
+        assert set(calls[:4]) == {(4, 3), (4, 2), (4, 1), (4, 0)}
+        assert set(calls[4:8]) == {(3, 3), (3, 2), (3, 1), (3, 0)}
+        calls.clear()  # buffers for two readers within the budget: two at once
+        calibrate.decode_rate(src, 4, within=2 * src.decode_bytes + 1)
+        assert set(calls[:2]) == {(4, 3), (4, 2)} and set(calls[2:4]) == {(4, 1), (4, 0)}

@@ -6,6 +6,7 @@ plan counts."""
 from __future__ import annotations
 
 import gzip
+import os
 import threading
 import time
 import zlib
@@ -240,3 +241,37 @@ def test_a_source_decodes_at_most_its_limit_at_once(tmp_path, monkeypatch, kind)
             src.read(0, SHAPE[0], 0, SHAPE[1], out)
             np.testing.assert_array_equal(out, data)
             assert 1 <= counting.most <= limit
+
+
+@pytest.mark.parametrize("kind", [
+    "gzip",  # HDF5 deflate, decoded by bigmm's readers
+    "zstd",  # HDF5 zstd, the same
+    "lz4",   # HDF5 lz4, decoded by HDF5 (the chunk's region read through it)
+    "zarr",  # Zarr zstd chunk files
+])
+def test_decode_chunk_decodes_one_chunk_apart_from_the_run(tmp_path, kind):
+    if kind == "zarr":
+        pytest.importorskip("zarr")
+        from bigmm.testing import zarr_array
+
+        data = random_matrix(SHAPE, np.float32, seed=1)
+        zarr_array(tmp_path / "a.zarr", data, chunks=CHUNKS, codec="zstd")
+        spec = str(tmp_path / "a.zarr")
+        os.remove(tmp_path / "a.zarr" / "c" / "0" / "1")  # a chunk not stored
+    else:
+        spec, data = _h5(tmp_path, **{"gzip": {"compression": "gzip"},
+                                      "zstd": hdf5plugin.Zstd(), "lz4": hdf5plugin.LZ4()}[kind])
+    cr, cc = CHUNKS
+    with open_input(spec) as src:
+        chunk = cr * cc * 4
+        stored = np.zeros(src.decode_bytes - chunk, np.uint8)
+        last = (-(-SHAPE[0] // cr) - 1, -(-SHAPE[1] // cc) - 1)  # an edge chunk
+        for ci, cj in [(0, 0), (1, 1), last]:
+            got = np.full(chunk, 255, np.uint8)
+            assert src.decode_chunk(ci, cj, stored, got)
+            part = data[ci * cr:(ci + 1) * cr, cj * cc:(cj + 1) * cc]
+            block = (got[:part.nbytes].view(np.float32).reshape(part.shape) if kind == "lz4"
+                     else got.view(np.float32).reshape(cr, cc)[:part.shape[0], :part.shape[1]])
+            np.testing.assert_array_equal(block, part)
+        if kind == "zarr":
+            assert not src.decode_chunk(0, 1, stored, got)

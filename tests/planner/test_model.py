@@ -323,3 +323,27 @@ def test_wide_a_loads_cost_fewer_rows_and_are_chosen_where_rows_cost():
     # A staged (contiguous panels), or the loads fixed with the tile: one panel at a time
     staged = make_plan(32768, 32768, 32768, **dict(args, in_place="BC"), rates=TF32_PINNED)
     assert staged.a_span == 1 and one.a_span == 1
+
+
+@pytest.mark.parametrize("tile, decoders", [
+    ((2000, 256, 2000), 1),  # A's panel one chunk: one reader decodes it
+    ((4000, 256, 4000), 4),  # four chunks: four readers, the plan's all
+    ((8000, 256, 4000), 4),  # eight chunks: still the plan's four
+])
+def test_compressed_panels_come_in_no_faster_than_their_readers_decode(tile, decoders):
+    from bigmm.planner.decode import offered
+    from bigmm.planner.model import read_rates
+
+    # an 8000 x 4000 float32 A in zstd chunks of 2000 x 2000, decoded by up to 4 readers
+    files = replace(H100_PINNED, read_bytes=10e9, write_bytes=10e9)
+    p = make_plan(8000, 256, 4000, "float32", device_budget=2 * GiB, host_budget=2 * GiB,
+                  staging=True, a_chunks=(2000, 2000), tile=tile, order="stream",
+                  decoding=offered((30_500_000, 0), (4, 0)), rates=files)
+    slow = replace(files, decode_bytes=(1e8, 0.0))
+    fast = replace(files, decode_bytes=(1e18, 0.0))
+    assert read_rates(p, fast) == read_rates(p, files)  # the reads bound them, as before
+    assert read_rates(p, slow) == (decoders * 1e8,) + read_rates(p, files)[1:]
+    # every byte of A decoded once (panels aligned to the chunks), by that many readers
+    decoding = 8000 * 4000 * 4 / (decoders * 1e8)
+    assert replace(p, rates=slow).predicted_seconds >= decoding
+    assert replace(p, rates=slow).predicted_seconds <= decoding + p.predicted_seconds + 0.01
