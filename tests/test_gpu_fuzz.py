@@ -121,13 +121,7 @@ def test_random_gpu_jobs_match_the_float64_reference(job, data):
             got = zarr.open_array(os.path.join(folder, "C.zarr"), mode="r")[...]
         ref = reference_gemm(a, b, alpha=job["alpha"], beta=job["beta"], c=c0,
                              trans_a=job["ta"], trans_b=job["tb"])
-        if job["precision"] == "tf32" or job["kernel"] == "cublas-tf32":
-            bound = 2e-3  # one TF32 pass: inputs rounded to 10 bits
-        elif job["precision"] == "tf32x3":
-            bound = 4 * tolerance(np.float32, k)
-        else:
-            bound = tolerance(np.float64 if cdt == np.float64 else da, k)
-        assert relative_error(got, ref) <= bound, job
+        assert relative_error(got, ref) <= _bound(job, cdt, da, k), job
         if job["gram"] and job["beta"] == 0:  # detected as a Gram product: mirrored
             assert np.array_equal(got, got.T), job
 
@@ -194,20 +188,23 @@ def test_interrupted_gpu_jobs_resume_to_the_uninterrupted_run(job, data):
             break
         else:
             bigmm.matmul(A, B, outs[1], **kw, **again)
-        got = [_load(folder, spec) for spec in outs]
+        got = [_load(spec) for spec in outs]
         assert np.array_equal(got[1], got[0], equal_nan=True), job
         ref = reference_gemm(a, b, alpha=job["alpha"], beta=job["beta"], c=c0,
                              trans_a=job["ta"], trans_b=job["tb"])
-        if job["precision"] == "tf32" or job["kernel"] == "cublas-tf32":
-            bound = 2e-3  # one TF32 pass: inputs rounded to 10 bits
-        elif job["precision"] == "tf32x3":
-            bound = 4 * tolerance(np.float32, k)
-        else:
-            bound = tolerance(np.float64 if cdt == np.float64 else da, k)
-        assert relative_error(got[1], ref) <= bound, job
+        assert relative_error(got[1], ref) <= _bound(job, cdt, da, k), job
 
 
-def _load(folder, spec):
+def _bound(job, cdt, da, k) -> float:
+    """The job's relative error bound against the float64 reference, by its arithmetic."""
+    if job["precision"] == "tf32" or job["kernel"] == "cublas-tf32":
+        return 2e-3  # one TF32 pass: inputs rounded to 10 bits
+    if job["precision"] == "tf32x3":
+        return 4 * tolerance(np.float32, k)
+    return tolerance(np.float64 if cdt == np.float64 else da, k)
+
+
+def _load(spec):
     if spec.endswith(".zarr"):
         import zarr
 
