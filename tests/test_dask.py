@@ -446,6 +446,22 @@ def test_sub_plan_holds_the_decode_buffers_of_compressed_inputs():
     assert p.host_bytes + p.decoding.bytes <= budget
 
 
+def test_a_region_on_chunk_edges_decodes_the_sources_chunks(tmp_path):
+    from bigmm.io import open_input
+    from bigmm.io.generate import generate
+
+    spec = f"{tmp_path / 'a.h5'}:/A"
+    generate(spec, (100, 90), layout="compressed", compression="zstd", chunks=(20, 30), seed=4)
+    with open_input(spec) as src:
+        region = dask_files._Region(src, 40, 100, 30, 90)
+        assert region.chunks == (20, 30) and region.decode_bytes == src.decode_bytes
+        stored = np.empty(src.decode_bytes, np.uint8)
+        got, want = np.empty(20 * 30 * 4, np.uint8), np.empty((20, 30), np.float32)
+        assert region.decode_chunk(1, 1, stored, got)  # the source's chunk (3, 2)
+        src.read(60, 80, 60, 90, want)
+        np.testing.assert_array_equal(got.view(np.float32).reshape(20, 30), want)
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.5])  # C itself; the partial dataset beside old C
 def test_files_h5py_output_tiles_come_back(client, tmp_path, landed, beta):
     """An output only h5py can write (a filtered dataset put in its place between an

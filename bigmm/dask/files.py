@@ -110,6 +110,10 @@ class _Region(io.Source):
     def limit_decoders(self, n: int) -> None:
         self.src.limit_decoders(n)
 
+    def decode_chunk(self, ci, cj, stored, data) -> bool:  # (chunks: only where aligned)
+        cr, cc = self.chunks
+        return self.src.decode_chunk(ci + self.r0 // cr, cj + self.c0 // cc, stored, data)
+
     def read(self, r0, r1, c0, c1, out) -> None:
         self.src.read(self.r0 + r0, self.r0 + r1, self.c0 + c0, self.c0 + c1, out)
 
