@@ -139,6 +139,26 @@ def decoded_passes(p) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def decoding_rates(p, rates: list[float], per_reader: tuple[float, float]) -> list[float]:
+    """``rates``, the stored bytes a second A's and B's loads come in at, no faster than
+    plan ``p``'s decoding readers decode them: one reader per chunk a panel meets, up to the
+    plan's, each decoding ``per_reader`` bytes a second (0.0: not known), each chunk decoded
+    :func:`decoded_passes` times (a Gram plan's B is A)."""
+    d, out = p.decoding, list(rates)
+    if d is None:
+        return out
+    passes = decoded_passes(p)
+    for i, (chunks, trans, size) in enumerate(((p.a_chunks, p.trans_a, (p.bm, p.bk)),
+                                               (p.b_chunks, p.trans_b, (p.bk, p.bn)))):
+        j = 0 if p.symmetric else i
+        if not (d.per[j] and per_reader[j]):
+            continue
+        rows, cols = size[::-1] if trans else size
+        met = -(-rows // chunks[0]) * -(-cols // chunks[1]) if chunks else 1
+        out[i] = min(out[i], min(d.threads[j], met) * per_reader[j] / passes[i])
+    return out
+
+
 def decoded_bytes(p) -> int:
     """Bytes decoded at most over the run (each pass over a compressed input's panels
     decodes its chunks :func:`decoded_passes` times; a Gram plan's B is A); 0 where no

@@ -302,16 +302,7 @@ def read_rates(p: Plan, r: Rates) -> tuple[float, float, float]:
     w, wc, ws = p.itemsize, p.c_itemsize, [p.stored_itemsize(op) for op in "ABC"]
     sizes = ((p.bm, p.bk), (p.bk, p.bn), (p.bm, p.bn))
     rates = [r.load_rate(s * a * b) for s, (a, b) in zip(ws, sizes)]  # stored bytes a second
-    d = p.decoding
-    if d is not None:
-        passes = decode.decoded_passes(p)
-        for i, (chunks, trans) in enumerate(((p.a_chunks, p.trans_a), (p.b_chunks, p.trans_b))):
-            j = 0 if p.symmetric else i  # a Gram plan's B is A
-            if not (d.per[j] and r.decode_bytes[j]):
-                continue
-            rows, cols = sizes[i][::-1] if trans else sizes[i]
-            met = (-(-rows // chunks[0]) * -(-cols // chunks[1])) if chunks else 1
-            rates[i] = min(rates[i], min(d.threads[j], met) * r.decode_bytes[j] / passes[i])
+    rates[:2] = decode.decoding_rates(p, rates[:2], r.decode_bytes)
     return tuple(rate * x / s for rate, s, x in zip(rates, ws, (w, w, wc)))
 
 
