@@ -69,6 +69,9 @@ DIRECT_CODECS = ("zstd", "blosc", "gzip")
 #: Uncompressed chunks are copied through a map of their file (as HDF5 inputs are), else read
 #: with ``preadv`` per row.
 MAPPED_READS = True
+#: Uncompressed parts at least this fraction of a chunk's width are read ahead (narrower
+#: ones would ask mostly for bytes the region does not need).
+READ_AHEAD_WIDTH = 0.5
 
 
 def zarr_module():
@@ -329,7 +332,7 @@ class ZarrSource(Source):
         if self._decoded is None:
             read_ahead([(self.chunk_path(ci, cj), self._part(ci, cj, a0, a1, b0, b1))
                         for ci, cj, a0, a1, b0, b1 in cells
-                        if 2 * (b1 - b0) >= self.chunks[1] or a1 - a0 == 1])
+                        if b1 - b0 >= READ_AHEAD_WIDTH * self.chunks[1] or a1 - a0 == 1])
         else:  # compressed: the files of the chunks not held decoded, whole
             read_ahead([(self.chunk_path(ci, cj), (0, None)) for ci, cj, *_ in cells
                         if not self._decoded.holds((ci, cj))])
