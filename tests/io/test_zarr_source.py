@@ -311,8 +311,9 @@ def test_cached_tells_bytes_in_the_page_cache(tmp_path):
     try:
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        if zarrsource._cached(fd, 300_000):
-            pytest.skip("this file system keeps the file's pages or refuses RWF_NOWAIT reads")
+        if zarrsource._cached(fd, 300_000) or zarrsource._cached(fd, 7_900_000):
+            pytest.skip("this file system keeps the file's pages (write-back still running) "
+                        "or refuses RWF_NOWAIT reads")
         os.pread(fd, 4096, 299_008)  # the page holding byte 300000
         assert zarrsource._cached(fd, 300_000)
         assert not zarrsource._cached(fd, 7_900_000)  # far beyond any read-ahead of that read
