@@ -142,11 +142,10 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     readers = parse_io_threads(io_threads)
     args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                 device_budget=device, host_budget=host, staging=be.staging,
-                a_chunks=A.panel_chunks, b_chunks=B.panel_chunks,
                 symmetric=bool(symmetric), upper=bool(upper),
                 presplit=be.split_parts if isinstance(be, SplitsPanels) else 0,
-                whole=not _c_in_memory(out), decoding=decoding(A, B, symmetric, readers),
-                out_dtype=stored, **stored_dtypes(A, B))
+                whole=not _c_in_memory(out), out_dtype=stored,
+                **operand_args(A, B, symmetric, readers))
     fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, precision) if resume
              else {})
     if args["decoding"] is not None:  # a budget too small for a decoded chunk: refused now
@@ -199,10 +198,13 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             job_record(best, alpha, beta, precision))
 
 
-def stored_dtypes(A, B) -> dict[str, str]:
-    """``a_dtype`` and ``b_dtype`` of a plan of opened A and B: their dtypes as stored
-    (``make_plan`` drops those equal to the dtype they are multiplied in)."""
-    return {"a_dtype": dtype_name(A.dtype), "b_dtype": dtype_name(B.dtype)}
+def operand_args(A, B, symmetric: bool, readers: int) -> dict:
+    """What a plan takes from the opened A and B: the chunks its panels align to, the decode
+    buffers of compressed ones (:func:`decoding`, ``readers`` at most) and their dtypes as
+    stored (``make_plan`` drops those equal to the dtype they are multiplied in)."""
+    return {"a_chunks": A.panel_chunks, "b_chunks": B.panel_chunks,
+            "decoding": decoding(A, B, symmetric, readers),
+            "a_dtype": dtype_name(A.dtype), "b_dtype": dtype_name(B.dtype)}
 
 
 def decoding(A, B, symmetric: bool, readers: int):

@@ -112,13 +112,8 @@ def test_random_gpu_jobs_match_the_float64_reference(job, data):
         got = bigmm.matmul(A, B, out, alpha=job["alpha"], beta=job["beta"], trans_a=job["ta"],
                            trans_b=job["tb"], memory=job["memory"], host_memory="64MiB",
                            backend="cupy", kernel=job["kernel"], precision=job["precision"])
-        if job["out"] == "h5":
-            with h5py.File(os.path.join(folder, "C.h5"), "r") as f:
-                got = f["C"][...]
-        elif job["out"] == "zarr":
-            import zarr
-
-            got = zarr.open_array(os.path.join(folder, "C.zarr"), mode="r")[...]
+        if job["out"] in ("h5", "zarr"):
+            got = _load(out)
         ref = reference_gemm(a, b, alpha=job["alpha"], beta=job["beta"], c=c0,
                              trans_a=job["ta"], trans_b=job["tb"])
         assert relative_error(got, ref) <= _bound(job, cdt, da, k), job

@@ -26,7 +26,7 @@ import numpy as np
 from .. import io
 from ..job import (check_operands, complete_stats, decoding, job_precision, job_record,
                    open_inputs, open_output, parse_io_threads, parse_scalar, resolve_backend,
-                   resolve_budgets, resumed_schedule, stored_dtypes)
+                   resolve_budgets, resumed_schedule, operand_args)
 from ..backends import get_backend
 from ..checksum import parse_verify
 from ..errors import BudgetError, Interrupted, OptionError
@@ -390,9 +390,8 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
         alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
         args = dict(trans_a=bool(trans_a), trans_b=bool(trans_b), reads_c=beta != 0,
                     device_budget=budgets.device, host_budget=budgets.host,
-                    staging=budgets.staging, a_chunks=A.panel_chunks, b_chunks=B.panel_chunks,
-                    decoding=decoding(A, B, False, parse_io_threads(io_threads)),
-                    **stored_dtypes(A, B))
+                    staging=budgets.staging,
+                    **operand_args(A, B, False, parse_io_threads(io_threads)))
         fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, chosen) if resume
                  else {})
         if fixed:
