@@ -16,7 +16,7 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Union
 
-from . import io
+from . import filerates, io
 from .backends import Profiles
 from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
@@ -153,6 +153,7 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
         if sink.complete:  # resumed after it had finished: nothing to do
             result = sink.result
             return (result, complete_stats(p)) if stats else result
+        files = filerates.look(A, B, out)  # what a run on them shows of the disks, kept
         prof = _start_profile(profile, be)
         run = execute(p, A, B, sink, be, alpha=alpha, beta=parse_scalar(beta, "beta"),
                       progress=progress, io_threads=threads, profile=prof, verify=verify)
@@ -161,6 +162,7 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
         result = sink.result
         closing.remove(sink)
         sink.close()  # on success a failure to close is an error; otherwise the first error wins
+        filerates.learn(files, run, "".join(op for op in "AB" if op not in (p.in_place or "")))
     return (result, run) if stats else result
 
 

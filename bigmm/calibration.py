@@ -166,6 +166,28 @@ def remembered(kind: str, key, measure: Callable[[], object], *,
     return value
 
 
+def recall(kind: str, key):
+    """The kept figure ``kind`` of ``key`` observed by an earlier run (:func:`keep`), or None
+    (none kept, or ``BIGMM_CALIBRATION`` says "off")."""
+    if mode() == "off":
+        return None
+    name = f"{kind}:{json.dumps(key, sort_keys=True, default=str)}"
+    hit = kept().get(name)
+    if hit is None:
+        return None
+    _note(name, Figure(kind, key, hit[0], kept=True, stored=True))
+    return hit[1]
+
+
+def keep(kind: str, key, value) -> bool:
+    """Keep ``value`` as the figure ``kind`` of ``key``: one a run observed of itself (a
+    disk's rate), not measured for the purpose; nothing where the mode is "off". Whether it
+    was written."""
+    if mode() == "off":
+        return False
+    return _write(f"{kind}:{json.dumps(key, sort_keys=True, default=str)}", value)
+
+
 def _note(name: str, figure: Figure) -> None:
     _USED[name] = figure
     for block in _MEASURING:

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import io
+from . import filerates, io
 from .backends import (Backend, Calibrates, Checksums, HostHints, Registers, SplitsPanels,
                        get_backend)
 from .backends.numpy import memory_available as host_memory_available
@@ -194,6 +194,11 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             q = replace(q, rates=_checked(path_rates, checked))
         if best is None or (q.predicted_seconds or 0) < (best.predicted_seconds or 0):
             best = q
+    if best.rates is not None:  # the time predicted with what the files are now
+        files = filerates.look(A, B, out)
+        if files.inputs or files.output:
+            best = replace(best, rates=_checked(_io_rates(
+                rates, A, B, out, best.in_place or "", readers, copies_within, files), checked))
     return (_with_arithmetic(best, describe(precision, dtype, bool(be.staging))),
             job_record(best, alpha, beta, precision))
 
@@ -542,10 +547,12 @@ def _c_in_memory(out) -> bool:
     return out is None or isinstance(out, np.ndarray)
 
 
-def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: int) -> Rates:
+def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: int,
+              files: filerates.Files | None = None) -> Rates:
     """``rates`` with the read and write speeds of these operands where they are staged
     (those in ``in_place_ops`` are copied in place: the model counts no host work for
-    them): for files READ_RATE and WRITE_RATE; for NumPy arrays the host's copy rate with
+    them): for files READ_RATE and WRITE_RATE (with ``files``, those of what the files are
+    now: :mod:`bigmm.filerates`); for NumPy arrays the host's copy rate with
     ``threads`` threads, of which the run has COPY_SHARE, and a thread's rate in pieces
     while all of them copy (``Rates.thread_bytes``: a small panel is read by few threads,
     :func:`~bigmm.executor.calibrate.piece_rate`); for both the cost per row
@@ -566,10 +573,11 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
     if set("ABC") - set(in_place_ops):  # staged panels of files are copied row by row too
         row = snap_rate(costs.copy_row_seconds(threads, size))  # in every process
 
-    reads = [copies if src.layout == "array" else READ_RATE
+    reads = [copies if src.layout == "array" else files.read_rate(op) if files else READ_RATE
              for op, src in staged.items() if op not in in_place_ops]
+    write = files.write_rate() if files else WRITE_RATE
     return replace(rates, read_bytes=min(reads, default=math.inf),
-                   write_bytes=copies if array_out else WRITE_RATE,
+                   write_bytes=copies if array_out else write,
                    per_host_row=row or 0.0, thread_bytes=one)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import bigmm
-from bigmm import api, errors, job
+from bigmm import api, errors, filerates, job
 from bigmm.backends.numpy import NumpyBackend
 from bigmm.executor import RunStats, calibrate
 from bigmm.planner import Plan, Rates, make_plan
@@ -573,18 +573,25 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind):
         p, _ = job.plan_job(A, B, out, _StagingBackend(), alpha=1.0, beta=0.0, trans_a=False,
                              trans_b=False, memory="2MiB", host_memory="4MiB", resume=False,
                              calibrate=True)
+        files = filerates.look(A, B, out)
     finally:
         for x in closing:
             x.close()
+    # files: chosen at the nominal rates, the time predicted at what the cache holds now
+    predicted = (min(files.read_rate("A"), files.read_rate("B")), files.write_rate())
     assert (p.rates.read_bytes, p.rates.write_bytes, p.rates.per_host_row,
-            p.rates.thread_bytes) == (read, write, row, one)  # one thread's copies: arrays
+            p.rates.thread_bytes) == ((read, write) if kind == "numpy" else predicted) + (
+                row, one)  # one thread's copies: arrays
+    if kind == "file":
+        assert predicted[0] > read  # just written: cached
     # the calibrated speeds on the grid that keeps plans from changing between processes
     snapped = _GPU_RATES.snapped()
     assert p.rates.flops == snapped.flops and p.rates.h2d_bytes == snapped.h2d_bytes
     best = make_plan(600, 400, 500, device_budget=2 * 2**20, host_budget=4 * 2**20,
-                     rates=p.rates, a_chunks=A.chunks, b_chunks=B.chunks,
-                     whole=kind == "file")
-    assert p.key() == best.key() and p.predicted_seconds == best.predicted_seconds
+                     rates=replace(p.rates, read_bytes=read, write_bytes=write),
+                     a_chunks=A.chunks, b_chunks=B.chunks, whole=kind == "file")
+    assert p.key() == best.key()
+    assert p.predicted_seconds == replace(best, rates=p.rates).predicted_seconds
 
 
 @pytest.mark.parametrize("out, whole", [

@@ -302,6 +302,8 @@ def test_calibrate_show_and_forget(store, capsys):
     assert 'rate [5]: measured' in shown, shown
     listed = json.loads(cli(capsys, "--show", "--json"))["figures"]
     assert [(f["figure"], f["value"]) for f in listed] == [("rate:[5]", 2.0)]
+    calibration.keep("disk-write", "8:1", 1.5e9)  # a rate a run showed, in words
+    assert 'file writes a run showed (disk) "8:1": measured' in cli(capsys, "--show")
     assert cli(capsys, "--forget").startswith("forgot the figures kept in ")
     assert not os.path.exists(calibration.store_path())
     assert cli(capsys, "--forget").startswith("no figures kept")
@@ -330,3 +332,20 @@ def test_bigmm_plan_says_how_old_its_figures_are(store, tmp_path):
         lines.append([x for x in out.stdout.splitlines() if x.startswith("calibration")])
     assert lines[0] == ["calibration     measured now, kept for later jobs"], lines
     assert lines[1][0].startswith("calibration     kept, the oldest measured "), lines
+
+
+def test_a_figure_a_run_observed_is_kept_and_recalled(store):
+    assert calibration.recall("disk-write", "8:1") is None
+    assert calibration.keep("disk-write", "8:1", 2.5e9)
+    assert calibration.recall("disk-write", "8:1") == 2.5e9
+    assert calibration.recall("disk-write", "8:2") is None  # another key
+    assert any(f.kind == "disk-write" and f.kept for f in calibration.used())
+
+
+def test_observed_figures_neither_kept_nor_recalled_when_off(store, monkeypatch):
+    assert calibration.keep("disk-read", "8:1", 1e9)
+    monkeypatch.setenv(calibration.MODE_ENV, "off")
+    assert not calibration.keep("disk-read", "8:1", 3e9)
+    assert calibration.recall("disk-read", "8:1") is None
+    monkeypatch.setenv(calibration.MODE_ENV, "fresh")  # not measured: still recalled
+    assert calibration.recall("disk-read", "8:1") == 1e9

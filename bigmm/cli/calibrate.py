@@ -133,7 +133,9 @@ def _rows(figures: dict) -> list[tuple[str, str]]:
 _KINDS = {"cupy-rates": "the GPU's gemm and copies (device, kernel, precision, dtype, bytes)",
           "copy-rate": "host copies (threads, bytes, piece)",
           "copy-row-seconds": "host copies' cost per row (threads, bytes)",
-          "issue-seconds": "the issuing thread's costs (backend, threads)"}
+          "issue-seconds": "the issuing thread's costs (backend, threads)",
+          "disk-read": "file reads a run showed (disk, or the page cache)",
+          "disk-write": "file writes a run showed (disk)"}
 
 
 def _show(args, calibration, path: str) -> int:

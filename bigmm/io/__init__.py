@@ -6,7 +6,8 @@ outputs.
 * :func:`open_output` -> :class:`Sink`: ``write``/``commit``/``finish`` with a resume journal.
 * :func:`read_journal`: the job recorded for an interrupted output.
 * :func:`existing_dtype`: the dtype of an output that is kept (and so decides C's dtype);
-  :func:`refuse_output_alias`: an output that is one of the inputs refused, nothing opened.
+  :func:`refuse_output_alias`: an output that is one of the inputs refused, nothing opened;
+  :func:`output_spec`: where an output is stored.
 * :func:`h5_type` / :func:`stored_dtype`: the HDF5 type bigmm writes a dtype in (bfloat16:
   see :mod:`._h5`), and the dtype a dataset stores.
 * :mod:`.generate`: seeded random operands (``bigmm.io.generate.generate``).
@@ -20,7 +21,7 @@ from ._h5 import h5_type, stored_dtype
 from .identity import same_data
 from .layout import Layout, probe_layout
 from .journal import read_journal
-from .existing import existing_dtype, refuse_output_alias
+from .existing import existing_dtype, output_spec, refuse_output_alias
 from .output import open_output
 from .sink import Sink
 from .source import Source, open_input
@@ -29,4 +30,4 @@ from .spec import Spec, parse_spec
 __all__ = ["Layout", "Sink", "Source", "Spec", "describe_dtype", "existing_dtype", "generate",
            "same_data",
            "h5_type", "open_input", "open_output", "parse_spec", "probe_layout", "read_journal",
-           "refuse_output_alias", "stored_dtype"]
+           "output_spec", "refuse_output_alias", "stored_dtype"]

@@ -1,7 +1,7 @@
 """What an output already is, looked at read-only before a run opens it (nothing created,
 locked or recovered): the dtype of one that is kept (:func:`existing_dtype`), and whether it
 is one of the inputs (:func:`refuse_output_alias`, as :func:`.output.open_output` refuses
-it)."""
+it), and where it is stored (:func:`output_spec`)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,27 @@ def existing_dtype(x, *, resume: bool = False, reads_c: bool = False) -> np.dtyp
         return stored_dtype(obj) if isinstance(obj, h5py.Dataset) else None
 
 
+def output_spec(x) -> tuple[Spec | None, str]:
+    """The output ``x`` (a spec, an h5py.Dataset, a zarr.Array, None or a NumPy array) as the
+    Spec of its storage and its label; None for arrays (and for Zarr arrays outside a local
+    store, which :func:`.output.open_output` refuses)."""
+    if x is None or isinstance(x, np.ndarray):
+        return None, "C (NumPy array)"
+    if isinstance(x, h5py.Dataset):
+        _check_open(x)
+        return (Spec(os.path.realpath(x.file.filename), x.name),
+                f"C ({x.file.filename}:{x.name})")
+    if zarrsource.is_zarr_array(x):
+        spec = zarrsource.spec_of(x)
+        return spec, f"C ({spec})" if spec is not None else "C (zarr.Array)"
+    if isinstance(x, (str, os.PathLike, Spec)):
+        spec = parse_spec(os.fspath(x) if isinstance(x, os.PathLike) else x)
+        return spec, f"C ({spec})"
+    raise SpecError(f"Expected 'file.h5:/dataset', 'store.zarr[:/array]', None, an "
+                    f"h5py.Dataset, a zarr.Array or a NumPy array for the output. Got "
+                    f"{type(x).__name__}.")
+
+
 def refuse_output_alias(x, inputs) -> None:
     """OutputIsInputError where the output ``x`` (None, a spec, an h5py.Dataset, a zarr.Array
     or a NumPy array) shares a byte or an HDF5 object with one of the opened ``inputs``, as
@@ -66,22 +87,9 @@ def refuse_output_alias(x, inputs) -> None:
     if isinstance(x, np.ndarray):
         refuse_alias(array_footprint(x), inputs, "C (NumPy array)")
         return
-    if isinstance(x, h5py.Dataset):
-        _check_open(x)
-        spec = Spec(os.path.realpath(x.file.filename), x.name)
-        label = f"C ({x.file.filename}:{x.name})"
-    elif zarrsource.is_zarr_array(x):
-        spec = zarrsource.spec_of(x)
-        if spec is None:  # not in a local store: open_output refuses it for that
-            return
-        label = f"C ({spec})"
-    elif isinstance(x, (str, os.PathLike, Spec)):
-        spec = parse_spec(os.fspath(x) if isinstance(x, os.PathLike) else x)
-        label = f"C ({spec})"
-    else:
-        raise SpecError(f"Expected 'file.h5:/dataset', 'store.zarr[:/array]', None, an "
-                        f"h5py.Dataset, a zarr.Array or a NumPy array for the output. Got "
-                        f"{type(x).__name__}.")
+    spec, label = output_spec(x)
+    if spec is None:  # a Zarr array not in a local store: open_output refuses it for that
+        return
     if not spec.zarr and os.path.exists(h5atomic.redo_path(spec.path)):
         return  # a killed run's change to finish first: the run does, then refuses it
     info = _storage(spec).inspect(spec, spec.dataset + PARTIAL_SUFFIX, label)

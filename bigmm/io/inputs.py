@@ -84,6 +84,12 @@ class Source(Matrix):
         """Where the operand's bytes lie, for refusing an output that is an input."""
         return Footprint()
 
+    def stored_files(self) -> tuple:
+        """``(path, lo, hi)``: the byte ranges of files the operand is stored in (those of a
+        store of many files, a sample of them), for what the page cache holds of it; none
+        for in-memory arrays."""
+        return ()
+
     @property
     def fast(self) -> bool:
         """True when reads bypass h5py (and so run in parallel)."""

@@ -208,6 +208,11 @@ class H5Source(Source):
         return Footprint(objects=((dev, ino, self._object),), ranges=ranges,
                          files=((dev, ino),), within=ancestors(self.path))
 
+    def stored_files(self) -> tuple:
+        if self._layout.kind in ("contiguous", "chunked", *DECODED_KINDS):
+            return ((self.path, *self._extent()),)
+        return ((self.path, 0, os.path.getsize(self.path)),)
+
     def _drop_handle(self) -> None:
         if self._file is not None:
             self._file.close()

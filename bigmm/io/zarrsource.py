@@ -72,6 +72,8 @@ MAPPED_READS = True
 #: Uncompressed parts at least this fraction of a chunk's width are read ahead (narrower
 #: ones would ask mostly for bytes the region does not need).
 READ_AHEAD_WIDTH = 0.5
+#: Chunk files named by ``stored_files`` at most (evenly spaced in the store's order).
+STORED_SAMPLE = 64
 
 
 def zarr_module():
@@ -290,6 +292,7 @@ class ZarrSource(Source):
                          "mtime_ns": meta.st_mtime_ns},
                 "object": meta.st_ino, "storage": storage,
                 "chunk_files": tuple((dev, ino) for _r, dev, ino, _s, _m in files or ()),
+                "sizes": tuple((rel, size) for rel, _d, _i, size, _m in files or ()),
                 "largest": None if files is None else max((f[3] for f in files), default=0)}
 
     def where(self) -> dict | None:
@@ -305,6 +308,13 @@ class ZarrSource(Source):
         ranges = tuple((d, i, 0, 1 << 62) for d, i in self._facts["chunk_files"])
         return Footprint(ranges=ranges, files=((dev, ino),), tree=(dev, ino),
                          within=ancestors(self.dir))
+
+    def stored_files(self) -> tuple:
+        if self._facts is None:
+            return ()
+        sizes = self._facts["sizes"]
+        every = max(1, len(sizes) // STORED_SAMPLE)  # a store of many files: evenly sampled
+        return tuple((os.path.join(self.dir, rel), 0, size) for rel, size in sizes[::every])
 
     # ----- reads ----------------------------------------------------------------------------
     def read(self, r0, r1, c0, c1, out) -> None:

@@ -1,0 +1,114 @@
+"""The read and write rates of a job's files, for its predicted time.
+
+An input file's bytes that the page cache holds (sampled: :func:`bigmm.io.pagecache.cached_share`)
+are read at the rate cached reads ran at in earlier runs, the rest at the rate earlier runs
+read its disk at; C is written at its disk's write rate. Until a run has shown one, a rate is
+the nominal one (READ_RATE, WRITE_RATE, CACHED_READ_RATE). A run shows a rate where its reads
+or writes were clearly of one kind (:func:`learn`) and kept it as a calibration figure
+(:mod:`bigmm.calibration`: this machine, this boot): reads of at least LEARN_BYTES from inputs
+at most CLEAR uncached (the cached rate) or at most CLEAR cached and on one disk (that disk's
+read rate, which then counts the job's own writes to it when C is there too); writes of at
+least LEARN_BYTES while the inputs were cached or on other disks (the disk's write rate).
+Compressed inputs teach nothing (their readers' time is mostly decoding).
+
+The plan is chosen with the nominal rates, so that its tiles do not depend on what the cache
+holds (a resumed run plans the same tiles); its predicted time uses these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import calibration, io
+from .io import pagecache
+from .planner import READ_RATE, WRITE_RATE
+from .planner.search import CACHED_READ_RATE
+from .runstats import RunStats
+
+#: Bytes a run must read (write) to show a rate.
+LEARN_BYTES = 1 << 30
+#: Inputs count as cached where at most this share of their bytes is not, as not cached where
+#: at most this share is.
+CLEAR = 0.1
+#: Calibration figures: a disk's read and write rates (by device), and cached reads'.
+READ_FIGURE, WRITE_FIGURE, CACHED_KEY = "disk-read", "disk-write", "page-cache"
+
+
+@dataclass(frozen=True)
+class Input:
+    """A file input as a job starts: its disk, the share of its bytes cached (None: not
+    known), whether its chunks are decoded."""
+
+    device: str | None
+    cached: float | None
+    decoded: bool
+
+
+@dataclass(frozen=True)
+class Files:
+    """A job's files as it starts: its file inputs by operand ("A", "B"), and the disk of
+    C's storage (None: C is an array)."""
+
+    inputs: dict
+    output: str | None
+
+    def read_rate(self, op: str) -> float:
+        """Bytes per second operand ``op`` is read at: its cached share at the cached rate,
+        the rest at its disk's (READ_RATE where not a file this knows of)."""
+        f = self.inputs.get(op)
+        if f is None:
+            return READ_RATE
+        disk = _kept(READ_FIGURE, f.device) or READ_RATE
+        share = 0.0 if f.cached is None else f.cached
+        cached = _kept(READ_FIGURE, CACHED_KEY) or CACHED_READ_RATE
+        return 1.0 / (share / cached + (1.0 - share) / disk)
+
+    def write_rate(self) -> float:
+        """Bytes per second C is written at on its disk (WRITE_RATE until a run showed it)."""
+        return _kept(WRITE_FIGURE, self.output) or WRITE_RATE
+
+
+def look(A, B, out) -> Files:
+    """What the page cache holds of the inputs ``A`` and ``B`` (opened Sources) and which
+    disks they and the output ``out`` (as the API takes it) are on."""
+    inputs = {}
+    for op, src in (("A", A), ("B", B)):
+        files = src.stored_files()
+        if files:
+            inputs[op] = Input(pagecache.device(files[0][0]), pagecache.cached_share(files),
+                               bool(src.decode_bytes))
+    spec, _label = io.output_spec(out)
+    return Files(inputs, pagecache.device(spec.path) if spec is not None else None)
+
+
+def learn(files: Files, run: RunStats, staged: str = "AB") -> list[str]:
+    """Keep the rates ``run`` showed (see the module docstring) for the files ``files`` had
+    as it started (``staged``: the operands the host read); the figures kept, by name."""
+    kept = []
+    ins = [f for op, f in files.inputs.items() if op in staged]
+    readable = (ins and len(ins) == len([op for op in staged if op in "AB"])
+                and not any(f.decoded or f.cached is None for f in ins))
+    if readable and run.bytes_read >= LEARN_BYTES and run.read_busy > 0:
+        rate = run.bytes_read / run.read_busy
+        if all(f.cached >= 1 - CLEAR for f in ins):
+            kept += _keep(READ_FIGURE, CACHED_KEY, rate)
+        elif all(f.cached <= CLEAR for f in ins) and len({f.device for f in ins}) == 1 \
+                and ins[0].device is not None:
+            kept += _keep(READ_FIGURE, ins[0].device, rate)
+    quiet = all(f.cached is not None and (f.cached >= 1 - CLEAR or f.device != files.output)
+                for f in files.inputs.values())
+    if (files.output is not None and quiet and run.bytes_written >= LEARN_BYTES
+            and run.write_busy > 0):
+        kept += _keep(WRITE_FIGURE, files.output, run.bytes_written / run.write_busy)
+    return kept
+
+
+def _kept(kind: str, key: str | None) -> float | None:
+    if key is None:
+        return None
+    value = calibration.recall(kind, key)
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _keep(kind: str, key: str, rate: float) -> list[str]:
+    return [f"{kind}:{key}"] if calibration.keep(kind, key, float(rate)) else []

@@ -1,0 +1,118 @@
+"""The rates of a job's files in its predicted time: an input's cached share at the cached
+rate, the rest at its disk's; C at its disk's write rate; the rates runs show kept for later
+plans, only where a run's reads or writes were clearly of one kind. Real calibration stores
+in a directory of the test's, real HDF5 files and runs."""
+
+from __future__ import annotations
+
+import h5py
+import pytest
+
+import bigmm
+from bigmm import calibration, filerates
+from bigmm.filerates import CACHED_KEY, READ_FIGURE, WRITE_FIGURE, Files, Input
+from bigmm.planner import READ_RATE, WRITE_RATE
+from bigmm.planner.search import CACHED_READ_RATE
+from bigmm.runstats import RunStats
+from bigmm.testing import random_matrix
+
+GiB = 1 << 30
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv(calibration.MODE_ENV, "")
+    monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _run(read=2 * GiB, read_busy=1.0, written=GiB, write_busy=0.5) -> RunStats:
+    return RunStats(seconds=2.0, flops=1, bytes_read=read, bytes_written=written,
+                    tiles_done=1, tiles_skipped=0, tiles_total=1, read_busy=read_busy,
+                    write_busy=write_busy)
+
+
+def _kept() -> dict:
+    """The store's figures by kind and key ("disk-read:8:1")."""
+    return {name.replace('"', ''): value for name, (_at, value) in calibration.kept().items()}
+
+
+def test_nominal_rates_until_a_run_showed_them(store):
+    files = Files({"A": Input("8:1", 0.0, False), "B": Input("8:1", 1.0, False)}, "8:1")
+    assert files.read_rate("A") == pytest.approx(READ_RATE)
+    assert files.read_rate("B") == pytest.approx(CACHED_READ_RATE)
+    assert files.read_rate("C") == READ_RATE  # not a file it knows of
+    assert files.write_rate() == WRITE_RATE
+    assert Files({}, None).write_rate() == WRITE_RATE
+
+
+def test_kept_rates_mixed_by_the_share_cached(store):
+    calibration.keep(READ_FIGURE, "8:1", 1e9)
+    calibration.keep(READ_FIGURE, CACHED_KEY, 10e9)
+    calibration.keep(WRITE_FIGURE, "8:2", 3e9)
+    files = Files({"A": Input("8:1", 0.5, False), "B": Input("8:3", None, False)}, "8:2")
+    assert files.read_rate("A") == pytest.approx(1 / (0.5 / 10e9 + 0.5 / 1e9))
+    assert files.read_rate("B") == pytest.approx(READ_RATE)  # share unknown, disk not seen
+    assert files.write_rate() == 3e9
+
+
+def _files(a_dev, a_cached, b_dev, b_cached, out="8:1", decoded=False) -> Files:
+    return Files({"A": Input(a_dev, a_cached, decoded), "B": Input(b_dev, b_cached, decoded)},
+                 out)
+
+
+@pytest.mark.parametrize("files, run, staged, expect", [
+    # inputs cached: the cached rate, and C's disk's write rate (no reads beside the writes)
+    (_files("8:1", 1.0, "8:1", 0.95), _run(), "AB",
+     {f"{READ_FIGURE}:{CACHED_KEY}": 2 * GiB / 1.0, f"{WRITE_FIGURE}:8:1": GiB / 0.5}),
+    # not cached, C on the same disk: its read rate only (the writes ran beside the reads)
+    (_files("8:1", 0.0, "8:1", 0.05), _run(), "AB", {f"{READ_FIGURE}:8:1": 2 * GiB / 1.0}),
+    # not cached, C on another disk: both
+    (_files("8:1", 0.0, "8:1", 0.0, out="8:9"), _run(), "AB",
+     {f"{READ_FIGURE}:8:1": 2 * GiB, f"{WRITE_FIGURE}:8:9": 2 * GiB}),
+    # half cached: no read rate; C's disk was read too: no write rate
+    (_files("8:1", 0.5, "8:1", 0.5), _run(), "AB", {}),
+    # uncached inputs on two disks: no read rate
+    (_files("8:1", 0.0, "8:2", 0.0, out=None), _run(), "AB", {}),
+    # decoded chunks: the readers' time is decoding; C still written beside cached reads
+    (_files("8:1", 1.0, "8:1", 1.0, decoded=True), _run(), "AB",
+     {f"{WRITE_FIGURE}:8:1": 2 * GiB}),
+    # too little read and written to show a rate
+    (_files("8:1", 1.0, "8:1", 1.0), _run(read=GiB - 1, written=GiB - 1), "AB", {}),
+    # B an array the host read too: the reads were not all of files
+    (Files({"A": Input("8:1", 1.0, False)}, None), _run(), "AB", {}),
+    # only A staged (B in place): A's reads are the run's
+    (Files({"A": Input("8:1", 1.0, False)}, None), _run(), "A",
+     {f"{READ_FIGURE}:{CACHED_KEY}": 2 * GiB}),
+])
+def test_what_a_run_shows(store, files, run, staged, expect):
+    names = filerates.learn(files, run, staged)
+    assert sorted(names) == sorted(expect)
+    assert _kept() == pytest.approx(expect)
+
+
+def test_nothing_kept_with_the_store_off(store, monkeypatch):
+    monkeypatch.setenv(calibration.MODE_ENV, "off")
+    assert filerates.learn(_files("8:1", 1.0, "8:1", 1.0), _run()) == []
+    monkeypatch.setenv(calibration.MODE_ENV, "")
+    assert _kept() == {}
+
+
+def test_a_run_on_files_teaches_the_next_plan(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(filerates, "LEARN_BYTES", 1 << 16)  # a small job shows its rates
+    for name, shape in (("a", (517, 389)), ("b", (389, 263))):
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:  # just written: cached
+            f.create_dataset("X", data=random_matrix(shape, seed=len(name)))
+    a, b = f"{tmp_path}/a.h5:/X", f"{tmp_path}/b.h5:/X"
+    before = bigmm.plan(a, b, f"{tmp_path}/c0.h5:/C", memory="1MiB")
+    assert before.rates.write_bytes == WRITE_RATE
+    _, run = bigmm.matmul(a, b, f"{tmp_path}/c.h5:/C", memory="1MiB", stats=True)
+    kept = _kept()
+    assert kept[f"{READ_FIGURE}:{CACHED_KEY}"] == pytest.approx(run.bytes_read / run.read_busy)
+    ((name, rate),) = [(k, v) for k, v in kept.items() if k.startswith(WRITE_FIGURE)]
+    assert rate == pytest.approx(run.bytes_written / run.write_busy)
+    after = bigmm.plan(a, b, f"{tmp_path}/c2.h5:/C", memory="1MiB")
+    assert after.rates.write_bytes == pytest.approx(rate)
+    assert after.rates.read_bytes == pytest.approx(run.bytes_read / run.read_busy, rel=0.02)
+    assert (after.bm, after.bn, after.bk, after.order) == (before.bm, before.bn, before.bk,
+                                                           before.order)  # the same tiles
