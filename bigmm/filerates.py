@@ -1,15 +1,17 @@
 """The read and write rates of a job's files, for its predicted time.
 
 An input file's bytes that the page cache holds (sampled: :func:`bigmm.io.pagecache.cached_share`)
-are read at the rate cached reads ran at in earlier runs, the rest at the rate earlier runs
-read its disk at; C is written at its disk's write rate. Until a run has shown one, a rate is
+are read at the rate cached reads of its layout ran at in earlier runs, the rest at the rate
+earlier runs read its disk at; C is written at its disk's write rate. Until a run has shown one, a rate is
 the nominal one (READ_RATE, WRITE_RATE, CACHED_READ_RATE). A run shows a rate where its reads
 or writes were clearly of one kind (:func:`learn`) and kept it as a calibration figure
-(:mod:`bigmm.calibration`: this machine, this boot): reads of at least LEARN_BYTES from inputs
-at most CLEAR uncached (the cached rate) or at most CLEAR cached and on one disk (that disk's
-read rate, which then counts the job's own writes to it when C is there too); writes of at
-least LEARN_BYTES while the inputs were cached or on other disks (the disk's write rate).
-Compressed inputs teach nothing (their readers' time is mostly decoding).
+(:mod:`bigmm.calibration`: this machine, this boot), the mean of the rate kept before and the
+run's: reads of at least LEARN_BYTES from inputs at most CLEAR uncached and of one layout (the
+cached rate of that layout: mapped copies of HDF5 chunks and reads of Zarr's chunk files
+differ) or at most CLEAR cached and on one disk (that disk's read rate, which then counts the
+job's own writes to it when C is there too); writes of at least LEARN_BYTES while the inputs
+were cached or on other disks (the disk's write rate). Compressed inputs teach nothing (their
+readers' time is mostly decoding).
 
 The plan is chosen with the nominal rates, so that its tiles do not depend on what the cache
 holds (a resumed run plans the same tiles); its predicted time uses these.
@@ -37,11 +39,12 @@ READ_FIGURE, WRITE_FIGURE, CACHED_KEY = "disk-read", "disk-write", "page-cache"
 @dataclass(frozen=True)
 class Input:
     """A file input as a job starts: its disk, the share of its bytes cached (None: not
-    known), whether its chunks are decoded."""
+    known), whether its chunks are decoded, its layout (``Source.layout``)."""
 
     device: str | None
     cached: float | None
     decoded: bool
+    layout: str = ""
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class Files:
             return READ_RATE
         disk = _kept(READ_FIGURE, f.device) or READ_RATE
         share = 0.0 if f.cached is None else f.cached
-        cached = _kept(READ_FIGURE, CACHED_KEY) or CACHED_READ_RATE
+        cached = _kept(READ_FIGURE, _cached_key(f.layout)) or CACHED_READ_RATE
         return 1.0 / (share / cached + (1.0 - share) / disk)
 
     def write_rate(self) -> float:
@@ -76,7 +79,7 @@ def look(A, B, out) -> Files:
         files = src.stored_files()
         if files:
             inputs[op] = Input(pagecache.device(files[0][0]), pagecache.cached_share(files),
-                               bool(src.decode_bytes))
+                               bool(src.decode_bytes), src.layout)
     spec, _label = io.output_spec(out)
     return Files(inputs, pagecache.device(spec.path) if spec is not None else None)
 
@@ -90,8 +93,8 @@ def learn(files: Files, run: RunStats, staged: str = "AB") -> list[str]:
                 and not any(f.decoded or f.cached is None for f in ins))
     if readable and run.bytes_read >= LEARN_BYTES and run.read_busy > 0:
         rate = run.bytes_read / run.read_busy
-        if all(f.cached >= 1 - CLEAR for f in ins):
-            kept += _keep(READ_FIGURE, CACHED_KEY, rate)
+        if all(f.cached >= 1 - CLEAR for f in ins) and len({f.layout for f in ins}) == 1:
+            kept += _keep(READ_FIGURE, _cached_key(ins[0].layout), rate)
         elif all(f.cached <= CLEAR for f in ins) and len({f.device for f in ins}) == 1 \
                 and ins[0].device is not None:
             kept += _keep(READ_FIGURE, ins[0].device, rate)
@@ -110,5 +113,12 @@ def _kept(kind: str, key: str | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
+def _cached_key(layout: str) -> str:
+    return f"{CACHED_KEY} {layout}" if layout else CACHED_KEY
+
+
 def _keep(kind: str, key: str, rate: float) -> list[str]:
-    return [f"{kind}:{key}"] if calibration.keep(kind, key, float(rate)) else []
+    """Keep the mean of the rate kept before (if any) and ``rate``; the figure's name."""
+    before = _kept(kind, key)
+    value = float(rate) if before is None else (before + float(rate)) / 2
+    return [f"{kind}:{key}"] if calibration.keep(kind, key, value) else []

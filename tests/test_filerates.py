@@ -56,9 +56,9 @@ def test_kept_rates_mixed_by_the_share_cached(store):
     assert files.write_rate() == 3e9
 
 
-def _files(a_dev, a_cached, b_dev, b_cached, out="8:1", decoded=False) -> Files:
-    return Files({"A": Input(a_dev, a_cached, decoded), "B": Input(b_dev, b_cached, decoded)},
-                 out)
+def _files(a_dev, a_cached, b_dev, b_cached, out="8:1", decoded=False, b_layout="") -> Files:
+    return Files({"A": Input(a_dev, a_cached, decoded),
+                  "B": Input(b_dev, b_cached, decoded, b_layout)}, out)
 
 
 @pytest.mark.parametrize("files, run, staged, expect", [
@@ -81,6 +81,8 @@ def _files(a_dev, a_cached, b_dev, b_cached, out="8:1", decoded=False) -> Files:
     (_files("8:1", 1.0, "8:1", 1.0), _run(read=GiB - 1, written=GiB - 1), "AB", {}),
     # B an array the host read too: the reads were not all of files
     (Files({"A": Input("8:1", 1.0, False)}, None), _run(), "AB", {}),
+    # cached inputs of two layouts: no cached rate (each layout has its own)
+    (_files("8:1", 1.0, "8:1", 1.0, out=None, b_layout="zarr"), _run(), "AB", {}),
     # only A staged (B in place): A's reads are the run's
     (Files({"A": Input("8:1", 1.0, False)}, None), _run(), "A",
      {f"{READ_FIGURE}:{CACHED_KEY}": 2 * GiB}),
@@ -89,6 +91,15 @@ def test_what_a_run_shows(store, files, run, staged, expect):
     names = filerates.learn(files, run, staged)
     assert sorted(names) == sorted(expect)
     assert _kept() == pytest.approx(expect)
+
+
+def test_a_rate_shown_again_is_kept_as_the_mean(store):
+    files = Files({"A": Input("8:1", 1.0, False, "chunked")}, None)
+    filerates.learn(files, _run(read_busy=1.0), "A")
+    filerates.learn(files, _run(read_busy=0.5), "A")
+    assert _kept() == pytest.approx({f"{READ_FIGURE}:{CACHED_KEY} chunked": 3 * GiB})
+    calibration.keep(READ_FIGURE, f"{CACHED_KEY} zarr", 20e9)  # another layout's: not A's
+    assert files.read_rate("A") == pytest.approx(3 * GiB)
 
 
 def test_nothing_kept_with_the_store_off(store, monkeypatch):
@@ -108,7 +119,8 @@ def test_a_run_on_files_teaches_the_next_plan(store, tmp_path, monkeypatch):
     assert before.rates.write_bytes == WRITE_RATE
     _, run = bigmm.matmul(a, b, f"{tmp_path}/c.h5:/C", memory="1MiB", stats=True)
     kept = _kept()
-    assert kept[f"{READ_FIGURE}:{CACHED_KEY}"] == pytest.approx(run.bytes_read / run.read_busy)
+    assert kept[f"{READ_FIGURE}:{CACHED_KEY} contiguous"] == pytest.approx(
+        run.bytes_read / run.read_busy)
     ((name, rate),) = [(k, v) for k, v in kept.items() if k.startswith(WRITE_FIGURE)]
     assert rate == pytest.approx(run.bytes_written / run.write_busy)
     after = bigmm.plan(a, b, f"{tmp_path}/c2.h5:/C", memory="1MiB")
