@@ -76,7 +76,10 @@ def look(A, B, out) -> Files:
     disks they and the output ``out`` (as the API takes it) are on."""
     inputs = {}
     for op, src in (("A", A), ("B", B)):
-        files = src.stored_files()
+        try:
+            files = src.stored_files()
+        except OSError:  # (the run's reads will say what is wrong with the file)
+            continue
         if files:
             inputs[op] = Input(pagecache.device(files[0][0]), pagecache.cached_share(files),
                                bool(src.decode_bytes), src.layout)

@@ -128,3 +128,24 @@ def test_a_run_on_files_teaches_the_next_plan(store, tmp_path, monkeypatch):
     assert after.rates.read_bytes == pytest.approx(run.bytes_read / run.read_busy, rel=0.02)
     assert (after.bm, after.bn, after.bk, after.order) == (before.bm, before.bn, before.bk,
                                                            before.order)  # the same tiles
+
+
+def test_an_input_file_gone_before_the_look_is_passed_over(tmp_path):
+    import hdf5plugin
+
+    from bigmm import io
+
+    with h5py.File(tmp_path / "a.h5", "w") as f:  # read through h5py (a plugin filter)
+        f.create_dataset("A", data=random_matrix((64, 64)), chunks=(32, 32), **hdf5plugin.LZ4())
+    with h5py.File(tmp_path / "b.h5", "w") as f:  # read raw
+        f.create_dataset("B", data=random_matrix((64, 64)))
+    A, B = io.open_input(f"{tmp_path}/a.h5:/A"), io.open_input(f"{tmp_path}/b.h5:/B")
+    try:
+        (tmp_path / "a.h5").unlink()
+        (tmp_path / "b.h5").unlink()
+        files = filerates.look(A, B, f"{tmp_path}/c.h5:/C")
+        assert "A" not in files.inputs and files.inputs["B"].cached is None
+        assert files.read_rate("B") == pytest.approx(READ_RATE) and files.output is not None
+    finally:
+        A.close()
+        B.close()

@@ -85,27 +85,33 @@ def _sample(path: str, spans) -> tuple[int, int] | None:
     except OSError:
         return None
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return None
-        addr = _LIBC.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, _FAILED):
-            return None
-        try:
-            cached = seen = 0
-            for lo, hi in spans:
-                lo, hi = lo // _PAGE * _PAGE, min(size, hi)
-                if hi <= lo:
-                    continue
-                vec = np.zeros(-(-(hi - lo) // _PAGE), np.uint8)
-                if _LIBC.mincore(addr + lo, hi - lo, vec.ctypes.data) != 0:
-                    return None
-                cached, seen = cached + int(np.count_nonzero(vec & 1)), seen + vec.size
-            return cached, seen
-        finally:
-            _LIBC.munmap(addr, size)
+        return _sample_open(fd, spans)
+    except OSError:
+        return None
     finally:
         os.close(fd)
+
+
+def _sample_open(fd: int, spans) -> tuple[int, int] | None:
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return None
+    addr = _LIBC.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr in (None, _FAILED):
+        return None
+    try:
+        cached = seen = 0
+        for lo, hi in spans:
+            lo, hi = lo // _PAGE * _PAGE, min(size, hi)
+            if hi <= lo:
+                continue
+            vec = np.zeros(-(-(hi - lo) // _PAGE), np.uint8)
+            if _LIBC.mincore(addr + lo, hi - lo, vec.ctypes.data) != 0:
+                return None
+            cached, seen = cached + int(np.count_nonzero(vec & 1)), seen + vec.size
+        return cached, seen
+    finally:
+        _LIBC.munmap(addr, size)
 
 
 def device(path: str) -> str | None:
