@@ -162,7 +162,8 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
         result = sink.result
         closing.remove(sink)
         sink.close()  # on success a failure to close is an error; otherwise the first error wins
-        filerates.learn(files, run, "".join(op for op in "AB" if op not in (p.in_place or "")))
+        filerates.learn(files, run, "".join(op for op in "AB" if op not in (p.in_place or "")),
+                        p.reads_c)
     return (result, run) if stats else result
 
 

@@ -87,12 +87,13 @@ def look(A, B, out) -> Files:
     return Files(inputs, pagecache.device(spec.path) if spec is not None else None)
 
 
-def learn(files: Files, run: RunStats, staged: str = "AB") -> list[str]:
+def learn(files: Files, run: RunStats, staged: str = "AB", reads_c: bool = False) -> list[str]:
     """Keep the rates ``run`` showed (see the module docstring) for the files ``files`` had
-    as it started (``staged``: the operands the host read); the figures kept, by name."""
+    as it started (``staged``: the operands the host read; ``reads_c``: it read the old C
+    too, whose reads then teach nothing); the figures kept, by name."""
     kept = []
     ins = [f for op, f in files.inputs.items() if op in staged]
-    readable = (ins and len(ins) == len([op for op in staged if op in "AB"])
+    readable = (ins and not reads_c and len(ins) == len([op for op in staged if op in "AB"])
                 and not any(f.decoded or f.cached is None for f in ins))
     if readable and run.bytes_read >= LEARN_BYTES and run.read_busy > 0:
         rate = run.bytes_read / run.read_busy

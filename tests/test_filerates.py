@@ -93,6 +93,11 @@ def test_what_a_run_shows(store, files, run, staged, expect):
     assert _kept() == pytest.approx(expect)
 
 
+def test_a_run_reading_the_old_c_shows_no_read_rate(store):
+    names = filerates.learn(_files("8:1", 1.0, "8:1", 1.0), _run(), "AB", reads_c=True)
+    assert names == [f"{WRITE_FIGURE}:8:1"]
+
+
 def test_a_rate_shown_again_is_kept_as_the_mean(store):
     files = Files({"A": Input("8:1", 1.0, False, "chunked")}, None)
     filerates.learn(files, _run(read_busy=1.0), "A")
