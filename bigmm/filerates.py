@@ -1,17 +1,18 @@
 """The read and write rates of a job's files, for its predicted time.
 
-An input file's bytes that the page cache holds (sampled: :func:`bigmm.io.pagecache.cached_share`)
-are read at the rate cached reads of its layout ran at in earlier runs, the rest at the rate
-earlier runs read its disk at; C is written at its disk's write rate. Until a run has shown one, a rate is
-the nominal one (READ_RATE, WRITE_RATE, CACHED_READ_RATE). A run shows a rate where its reads
-or writes were clearly of one kind (:func:`learn`) and kept it as a calibration figure
-(:mod:`bigmm.calibration`: this machine, this boot), the mean of the rate kept before and the
-run's: reads of at least LEARN_BYTES from inputs at most CLEAR uncached and of one layout (the
-cached rate of that layout: mapped copies of HDF5 chunks and reads of Zarr's chunk files
-differ) or at most CLEAR cached and on one disk (that disk's read rate, which then counts the
-job's own writes to it when C is there too); writes of at least LEARN_BYTES while the inputs
-were cached or on other disks (the disk's write rate). Compressed inputs teach nothing (their
-readers' time is mostly decoding).
+An input file's bytes that the page cache holds (sampled:
+:func:`bigmm.io.pagecache.cached_share`) are read at the rate cached reads of its layout ran at
+in earlier runs, the rest at the rate earlier runs read its disk at; C is written at its
+disk's write rate. Until a run has shown one, a rate is the nominal one (READ_RATE,
+WRITE_RATE, CACHED_READ_RATE). A run shows a rate where its reads or writes were clearly of one
+kind (:func:`learn`) and keeps it as a calibration figure (:mod:`bigmm.calibration`: this
+machine, this boot), the mean of the rate kept before and the run's: reads of at least
+LEARN_BYTES from inputs at most CLEAR uncached and of one layout (the cached rate of that
+layout: mapped copies of HDF5 chunks and reads of Zarr's chunk files differ) or at most CLEAR
+cached and on one disk (that disk's read rate, which then counts the job's own writes to it
+when C is there too); writes of at least LEARN_BYTES while the inputs were cached or on other
+disks (the disk's write rate). Compressed inputs teach nothing (their readers' time is mostly
+decoding).
 
 The plan is chosen with the nominal rates, so that its tiles do not depend on what the cache
 holds (a resumed run plans the same tiles); its predicted time uses these.
