@@ -330,12 +330,19 @@ def test_ctrl_c_while_starting_prints_no_traceback(tmp_path, delay):
     a, b = (f"{tmp_path / 's.h5'}:/{x}" for x in "AB")
     for spec, seed in ((a, 1), (b, 2)):
         assert _bigmm("generate", spec, "--shape", 300, 300, "--seed", seed).returncode == 0
-    proc = subprocess.Popen([sys.executable, "-m", "bigmm", "multiply", a, b, "-o",
-                             f"{tmp_path / 'c.h5'}:/C", "--backend", "numpy"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(delay)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    for _ in range(3):  # a signal before any of bigmm ran (Python still starting, on a
+        # loaded machine: its traceback names no file of bigmm's) is retried
+        proc = subprocess.Popen([sys.executable, "-m", "bigmm", "multiply", a, b, "-o",
+                                 f"{tmp_path / 'c.h5'}:/C", "--backend", "numpy"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        frames = [line for line in err.splitlines() if line.strip().startswith("File ")]
+        if not (frames and not any(f"{os.sep}bigmm{os.sep}" in f for f in frames)):
+            break
+    else:
+        pytest.skip("Python was still starting at every try (a loaded machine)")
     assert "Traceback" not in err, err
     assert proc.returncode in (0, 130), err  # 0: it had finished
     if proc.returncode == 130:
