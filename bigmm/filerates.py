@@ -71,6 +71,32 @@ class Files:
         """Bytes per second C is written at on its disk (WRITE_RATE until a run showed it)."""
         return _kept(WRITE_FIGURE, self.output) or WRITE_RATE
 
+    def describe(self) -> str:
+        """What the predicted time takes the files to be, in a line: each input's share in
+        the page cache, the rates it is read at from the disk and from the cache and C is
+        written at, and whether earlier runs showed them or they are nominal; "" where no
+        file is known."""
+        known = {op: f for op, f in sorted(self.inputs.items()) if f.cached is not None}
+        wanted = [("disk reads", READ_FIGURE, f.device, READ_RATE)
+                  for f in known.values() if f.cached < 1]
+        wanted += [("cached reads", READ_FIGURE, _cached_key(f.layout), CACHED_READ_RATE)
+                   for f in known.values() if f.cached > 0]
+        if self.output is not None:
+            wanted.append(("C writes", WRITE_FIGURE, self.output, WRITE_RATE))
+        rates: dict = {}  # (name, rate) -> whether a run showed it
+        for name, kind, key, nominal in wanted:
+            value = _kept(kind, key)
+            rates[(name, value or nominal)] = value is not None
+        mixed = len(set(rates.values())) > 1
+        said = [f"{name} {rate / 1e9:.1f} GB/s" + (" (nominal)" if mixed and not shown else "")
+                for (name, rate), shown in rates.items()]
+        if said and not mixed:
+            said[-1] += (" (as earlier runs showed)" if all(rates.values())
+                         else " (nominal: no run has shown them)")
+        parts = ([", ".join(f"{op} {f.cached:.0%}" for op, f in known.items()) + " cached"]
+                 if known else [])
+        return "; ".join(parts + ([", ".join(said)] if said else []))
+
 
 def look(A, B, out) -> Files:
     """What the page cache holds of the inputs ``A`` and ``B`` (opened Sources) and which

@@ -198,7 +198,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
         files = filerates.look(A, B, out)
         if files.inputs or files.output:
             best = replace(best, rates=_checked(_io_rates(
-                rates, A, B, out, best.in_place or "", readers, copies_within, files), checked))
+                rates, A, B, out, best.in_place or "", readers, copies_within, files), checked),
+                files=files.describe())
     return (_with_arithmetic(best, describe(precision, dtype, bool(be.staging))),
             job_record(best, alpha, beta, precision))
 

@@ -154,3 +154,37 @@ def test_an_input_file_gone_before_the_look_is_passed_over(tmp_path):
     finally:
         A.close()
         B.close()
+
+
+@pytest.mark.parametrize("files, kept, expect", [
+    # nothing shown yet: every rate nominal, said once
+    (_files("8:1", 0.03, "8:1", 1.0), {},
+     "A 3%, B 100% cached; disk reads 2.0 GB/s, cached reads 8.0 GB/s, C writes 1.0 GB/s "
+     "(nominal: no run has shown them)"),
+    # every rate shown by runs
+    (_files("8:1", 0.0, "8:1", 0.0, out=None), {(READ_FIGURE, "8:1"): 1.2e9},
+     "A 0%, B 0% cached; disk reads 1.2 GB/s (as earlier runs showed)"),
+    # some shown, some nominal: each nominal one said so
+    (_files("8:1", 1.0, "8:1", 1.0), {(WRITE_FIGURE, "8:1"): 1.9e9},
+     "A 100%, B 100% cached; cached reads 8.0 GB/s (nominal), C writes 1.9 GB/s"),
+    # inputs on two disks, one shown: a rate each
+    (_files("8:1", 0.0, "8:2", 0.0, out=None), {(READ_FIGURE, "8:2"): 1.2e9},
+     "A 0%, B 0% cached; disk reads 2.0 GB/s (nominal), disk reads 1.2 GB/s"),
+    # no file at all
+    (Files({}, None), {}, ""),
+])
+def test_the_files_as_the_plan_prints_them(store, files, kept, expect):
+    for (kind, key), value in kept.items():
+        calibration.keep(kind, key, value)
+    assert files.describe() == expect
+
+
+def test_a_plan_of_files_prints_them(tmp_path):
+    with h5py.File(tmp_path / "ab.h5", "w") as f:
+        f["A"], f["B"] = random_matrix((64, 48)), random_matrix((48, 40))
+    a, b = f"{tmp_path}/ab.h5:/A", f"{tmp_path}/ab.h5:/B"
+    text = str(bigmm.plan(a, b, f"{tmp_path}/c.h5:/C", memory="1MiB"))
+    assert "\nfiles           A 100%, B 100% cached; cached reads " in text  # just written
+    assert "C writes" in text
+    assert "\nfiles " not in str(bigmm.plan(random_matrix((64, 48)), random_matrix((48, 40)),
+                                            memory="1MiB"))  # arrays: none

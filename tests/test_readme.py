@@ -34,7 +34,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 #: Subcommands that take --backend (the test runs them on the NumPy backend).
 BACKEND_COMMANDS = {"multiply", "gram", "plan", "demo", "bench", "calibrate"}
 #: Output lines of console blocks that differ between machines, by their first words.
-MACHINE_DEPENDENT = ("predicted time", "calibration")
+MACHINE_DEPENDENT = ("files", "predicted time", "calibration")
 SKIP = re.compile(r"^<!--\s*skip-test\b.*-->\s*$")
 FENCE = re.compile(r"^```([\w-]*)\s*$")
 

@@ -52,6 +52,8 @@ def table(p) -> str:
 
         rows.append(("input chunks", f"A {chunks(p.a_chunks)}, B {chunks(p.b_chunks)}"))
     t = p.predicted_seconds
+    if t is not None and p.files:
+        rows.append(("files", p.files))
     if t is not None:
         rows.append(("predicted time", format_seconds(t)))
     width = max(len(k) for k, _ in rows)

@@ -184,6 +184,9 @@ class Plan(Traffic):
     #: How the products are computed, as printed (e.g. "3xTF32 (float32 accuracy on tensor
     #: cores)"; the job sets it from the backend and the precision asked; "" not stated).
     arithmetic: str = field(default="", compare=False)
+    #: What the predicted time takes the files to be, as printed (their shares in the page
+    #: cache, the disks' rates; the job sets it: :mod:`bigmm.filerates`; "" not stated).
+    files: str = field(default="", compare=False)
 
     # ----- grid ---------------------------------------------------------------------------
     @property
