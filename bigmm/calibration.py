@@ -143,7 +143,7 @@ def remembered(kind: str, key, measure: Callable[[], object], *,
     decode that raises counts as no kept figure)."""
     quiet = quiet or host_quiet
     how = mode()
-    name = f"{kind}:{json.dumps(key, sort_keys=True, default=str)}"
+    name = _name(kind, key)
     if how == "off":
         value = measure()
         _note(name, Figure(kind, key, time.time(), kept=False, stored=False))
@@ -171,7 +171,7 @@ def recall(kind: str, key):
     (none kept, or ``BIGMM_CALIBRATION`` says "off")."""
     if mode() == "off":
         return None
-    name = f"{kind}:{json.dumps(key, sort_keys=True, default=str)}"
+    name = _name(kind, key)
     hit = kept().get(name)
     if hit is None:
         return None
@@ -185,7 +185,12 @@ def keep(kind: str, key, value) -> bool:
     was written."""
     if mode() == "off":
         return False
-    return _write(f"{kind}:{json.dumps(key, sort_keys=True, default=str)}", value)
+    return _write(_name(kind, key), value)
+
+
+def _name(kind: str, key) -> str:
+    """A figure's name in the store: its kind and its key as JSON."""
+    return f"{kind}:{json.dumps(key, sort_keys=True, default=str)}"
 
 
 def _note(name: str, figure: Figure) -> None:

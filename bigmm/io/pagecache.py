@@ -1,6 +1,6 @@
 """What the page cache holds of an input, and which disk a file is on: for the predicted
-time, which reads the cached bytes of a file at the host's copy rate and the rest at its
-disk's (:mod:`bigmm.io.diskrates`).
+time, which reads the cached bytes of a file at the page cache's rate and the rest at its
+disk's (:mod:`bigmm.filerates`).
 
 The share cached is sampled: ``mincore`` of SAMPLES windows of WINDOW bytes spread evenly
 over the input's stored bytes (a read-only shared map of each file sampled; mapping reads
