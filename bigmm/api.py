@@ -138,11 +138,12 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
         symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify, beta)
         if symmetric:
             B = A
+        files = filerates.look(A, B, out)  # for the predicted time, and what the run shows
         p, job = plan_job(A, B, out, be, alpha=alpha, beta=beta, trans_a=trans_a,
                           trans_b=trans_b, memory=memory, host_memory=host_memory,
                           resume=resume, calibrate=be.staging, verify=verify,
                           out_dtype=out_dtype, io_threads=threads, kernel=kernel,
-                          precision=precision, symmetric=symmetric, upper=upper)
+                          precision=precision, symmetric=symmetric, upper=upper, files=files)
         if out is None:
             _check_array_result(p, output_dtype(None, p.dtype, out_dtype).itemsize)
         if p.symmetric and p.reads_c and not p.upper and not resume:
@@ -153,7 +154,6 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
         if sink.complete:  # resumed after it had finished: nothing to do
             result = sink.result
             return (result, complete_stats(p)) if stats else result
-        files = filerates.look(A, B, out)  # what a run on them shows of the disks, kept
         prof = _start_profile(profile, be)
         run = execute(p, A, B, sink, be, alpha=alpha, beta=parse_scalar(beta, "beta"),
                       progress=progress, io_threads=threads, profile=prof, verify=verify)

@@ -105,7 +105,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
               calibrate: bool, verify: str | None = None,
               io_threads: int | None = None, out_dtype=None, kernel: str | None = None,
               precision: str | None = None, symmetric: bool = False,
-              upper: bool = False, measure_within: int | None = None) -> tuple[Plan, dict]:
+              upper: bool = False, measure_within: int | None = None,
+              files: filerates.Files | None = None) -> tuple[Plan, dict]:
     """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
     (and the operands' read and write speeds, the host's fixed costs per step and per read,
     and with ``verify`` its checksum costs) give the predicted time, and on a staging (GPU)
@@ -121,7 +122,9 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     most bytes the calibration's timed products and copies may hold (default: the smaller
     budget; on the CPU the device budget is the RAM for panels and tiles). Compressed inputs'
     decode buffers count in the host budget (:func:`decoding`): a budget below one decoded
-    chunk is refused before anything is timed, and the timing decodes one chunk at a time."""
+    chunk is refused before anything is timed, and the timing decodes one chunk at a time.
+    ``files``: what the files are now (:func:`bigmm.filerates.look`), where the caller has
+    looked already."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
     precision = job_precision(kernel, precision, dtype)
     if symmetric and verify is not None:
@@ -195,7 +198,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
         if best is None or (q.predicted_seconds or 0) < (best.predicted_seconds or 0):
             best = q
     if best.rates is not None:  # the time predicted with what the files are now
-        files = filerates.look(A, B, out)
+        files = files if files is not None else filerates.look(A, B, out)
         if files.inputs or files.output:
             best = replace(best, rates=_checked(_io_rates(
                 rates, A, B, out, best.in_place or "", readers, copies_within, files), checked),
