@@ -277,6 +277,29 @@ def test_host_buffers_are_pinned_and_reused_across_runs():
     assert pinned_bytes_held() == 0
 
 
+@pytest.mark.parametrize("nbytes", [
+    1,  # one byte: one page, touched on the calling thread
+    (16 << 20) - 5,  # just below the size touched by several threads
+    (48 << 20) + 4099,  # several threads, the last part not a whole page
+])
+def test_locked_blocks_are_page_locked_whole_and_carry_data(nbytes):
+    from bigmm.backends.cupy_pinned import LockedBlock
+
+    block = LockedBlock(nbytes)
+    assert block.size == nbytes and block.bytes.nbytes >= nbytes
+    for at in {0, nbytes // 2, nbytes - 1}:  # every part of it locked, not only the start
+        attrs = cupy.cuda.runtime.pointerGetAttributes(block.ptr + at)
+        assert attrs.type == 1  # cudaMemoryTypeHost
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    host = block.bytes[:nbytes]
+    host[:] = data
+    dev = cupy.empty(nbytes, np.uint8)
+    dev.set(host)
+    host[:] = 0
+    dev.get(out=host)
+    assert np.array_equal(host, data)
+
+
 def test_copies_refuse_pageable_host_memory():
     be = _backend()
     try:
