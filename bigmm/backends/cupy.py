@@ -16,8 +16,8 @@ waiting for a buffer to be free or full).
   the plan, so the device memory a run holds is exactly the plan's ``device_bytes``
   (:attr:`device_bytes`), freed at :meth:`close`.
 * ``kernel``: "bigmm" (default; :mod:`.cuda_kernels`, without split-K, whose workspace would
-  come from cupy's memory pool, outside the budget), "cublas" (cuBLAS SGEMM/DGEMM on this
-  backend's own handle) or "cublas-tf32" (kernel "cublas" with precision "tf32").
+  come from cupy's memory pool, outside the budget), "cublas" (cuBLAS SGEMM/DGEMM on a
+  handle this backend holds alone, kept for the next one: :mod:`.cupy_handles`) or "cublas-tf32" (kernel "cublas" with precision "tf32").
 * ``precision`` (:mod:`bigmm.precision`) of float32 products: "float32" (default; IEEE on
   the CUDA cores), "tf32x3" (bigmm's 3xTF32 kernels: float32's accuracy on the tensor cores;
   not with cuBLAS) or "tf32" (bigmm's TF32 kernels, or cuBLAS's TF32 math mode: inputs
@@ -63,6 +63,7 @@ from ..units import HALF_DTYPES
 from .base import flat_view, rows_contiguous
 from .cupy_arrays import (_check_gemm, _extent, _ld, _page_locked, _pitch, _scalars_by_pointer,
                           device_dtype)
+from .cupy_handles import HandlePool
 from .cupy_pinned import PinnedCache, as_array, lock_range
 
 #: Names ``kernel=`` accepts.
@@ -85,6 +86,7 @@ BLOCK_ALIGN = 256
 
 
 _PINNED = PinnedCache()
+_HANDLES = HandlePool()
 
 
 def release_pinned() -> None:
@@ -430,12 +432,11 @@ class CupyBackend:
                 precision=self.precision if name == "float32" else None)(stream)
 
     def _cublas_handle(self) -> int:
+        """This backend's cuBLAS handle (taken from those kept by earlier backends)."""
         if self._handle is None:
-            from cupy_backends.cuda.libs import cublas
-
-            self._handle = cublas.create()
-            cublas.setMathMode(self._handle,
-                               _TF32_MATH if self.precision == "tf32" else _DEFAULT_MATH)
+            with self._device:
+                self._handle = _HANDLES.take(self._device.id, _TF32_MATH if
+                                             self.precision == "tf32" else _DEFAULT_MATH)
         return self._handle
 
     # ----- checksums ------------------------------------------------------------------------
@@ -565,15 +566,14 @@ class CupyBackend:
 
     def close(self) -> None:
         """Wait for this backend's streams, then free its device buffers (now, not when the
-        last view is garbage) and cuBLAS handle; pinned blocks are kept for the next run (or
-        freed with ``keep_pinned=False`` once no array uses them). Idempotent."""
+        last view is garbage); its cuBLAS handle is kept for the next backend, and pinned
+        blocks for the next run (or freed with ``keep_pinned=False`` once no array uses
+        them). Idempotent."""
         with self._device:
             for s in self._streams:
                 s.synchronize()
             if self._handle is not None:
-                from cupy_backends.cuda.libs import cublas
-
-                cublas.destroy(self._handle)
+                _HANDLES.give(self._device.id, self._handle)
                 self._handle = None
             for ptr in self._device_ptrs:
                 cupy.cuda.runtime.free(ptr)

@@ -123,16 +123,52 @@ def test_beta_zero_never_reads_c(kernel, ta, tb):
 def test_tf32_kernel_is_close_but_not_exact():
     be = _backend("cublas-tf32")
     try:
-        m, n, k = 512, 384, 2048
-        a, b, _ = _operands(m, n, k, np.float32, False, False, seed=11)
-        da, db, c = cupy.asarray(a), cupy.asarray(b), cupy.empty((m, n), np.float32)
-        cupy.cuda.runtime.deviceSynchronize()  # the copies ran on the legacy default stream
-        be.gemm(da, db, c, 1.0, 0.0, False, False, be.stream())
-        cupy.cuda.runtime.deviceSynchronize()
-        err = relative_error(c.get(), reference_gemm(a, b))
-        assert err <= 2e-3  # TF32: 10-bit mantissa products, float32 accumulation
+        err = _cublas_error(be, 11)
+        assert FLOAT32_BOUND < err <= 2e-3  # TF32: 10-bit mantissa products, float32 sums
     finally:
         be.close()
+
+
+#: The float32 error bound of :func:`_cublas_error`'s product, which TF32's rounding exceeds.
+FLOAT32_BOUND = tolerance(np.float32, 2048)
+
+
+def _cublas_error(be, seed: int) -> float:
+    """Relative error of one cuBLAS float32 product through ``be`` (512 x 384 x 2048)."""
+    m, n, k = 512, 384, 2048
+    a, b, _ = _operands(m, n, k, np.float32, False, False, seed=seed)
+    da, db, c = cupy.asarray(a), cupy.asarray(b), cupy.empty((m, n), np.float32)
+    cupy.cuda.runtime.deviceSynchronize()  # the copies ran on the legacy default stream
+    be.gemm(da, db, c, 1.0, 0.0, False, False, be.stream())
+    cupy.cuda.runtime.deviceSynchronize()
+    return relative_error(c.get(), reference_gemm(a, b))
+
+
+def test_cublas_handles_are_kept_between_backends_in_their_math_mode(monkeypatch):
+    from bigmm.backends import cupy_handles
+    from bigmm.backends.cupy import _HANDLES
+
+    monkeypatch.setattr(cupy_handles, "KEEP_PER_DEVICE", 64)  # room whatever earlier tests kept
+    tf32 = _backend("cublas-tf32")
+    assert _cublas_error(tf32, 12) > FLOAT32_BOUND
+    handle = tf32._cublas_handle()
+    alive = _backend("cublas")  # a backend alive beside it has a handle of its own
+    assert _cublas_error(alive, 13) <= FLOAT32_BOUND
+    assert alive._cublas_handle() != handle
+    tf32.close()
+    assert handle in _HANDLES.kept(tf32.device_id)
+    full = _backend("cublas")
+    try:  # the kept handle again, back in full float32
+        assert _cublas_error(full, 14) <= FLOAT32_BOUND
+        assert full._cublas_handle() == handle
+        assert handle not in _HANDLES.kept(full.device_id)
+        full.close()
+        again = _backend("cublas-tf32")  # and in TF32 again
+        assert _cublas_error(again, 15) > FLOAT32_BOUND
+        again.close()
+    finally:
+        alive.close()
+        full.close()
 
 
 HALF_CASES = [
