@@ -178,6 +178,27 @@ def test_device_memory_stays_within_the_budget():
 
 
 @pytest.mark.gpu
+def test_a_second_run_is_planned_with_the_staging_the_first_kept():
+    from collections import Counter
+
+    from bigmm.backends.cupy import release_pinned
+
+    n = 3000
+    a, b = random_matrix((n, n), F32, 21), random_matrix((n, n), F32, 22)
+    kw = dict(memory="24MiB", host_memory=HOST, backend="cupy")
+    release_pinned()
+    first = bigmm.plan(a, b, **kw)
+    assert first.rates.kept_pinned == () and first.rates.pin_bytes
+    out = bigmm.matmul(a, b, **kw)
+    again = bigmm.plan(a, b, **kw)
+    assert again.key() == first.key()
+    taken = Counter(nbytes for *_, nbytes, _ in again.host_slots())
+    assert taken and not taken - Counter(again.rates.kept_pinned)  # each buffer kept
+    assert again.predicted_seconds < first.predicted_seconds  # none pinned anew
+    assert relative_error(out[:64], reference_gemm(a[:64], b)) <= tolerance(F32, n)
+
+
+@pytest.mark.gpu
 def test_profile_shows_device_timed_stages_overlapping(tmp_path):
     n = 3000
     a, b = random_matrix((n, n), F32, 9), random_matrix((n, n), F32, 10)

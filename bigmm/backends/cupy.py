@@ -51,6 +51,7 @@ it only when the cupy backend is asked for.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import cupy
 import numpy as np
@@ -559,10 +560,10 @@ class CupyBackend:
 
     def rates(self, dtype: str, limit: int | None = None) -> Rates:
         """Rates for the predicted time, measured once per process, precision and size
-        (:func:`.cupy_rates.rates`)."""
+        (:func:`.cupy_rates.rates`), with the pinned blocks an earlier run kept."""
         from . import cupy_rates
 
-        return cupy_rates.rates(self, dtype, limit)
+        return replace(cupy_rates.rates(self, dtype, limit), kept_pinned=_PINNED.sizes())
 
     def close(self) -> None:
         """Wait for this backend's streams, then free its device buffers (now, not when the

@@ -176,6 +176,12 @@ class PinnedCache:
             for b in blocks:
                 self._free.setdefault(b.size, []).append(b)
 
+    def sizes(self) -> tuple[int, ...]:
+        """The sizes of the blocks held, one entry a block (largest first)."""
+        with self._lock:
+            return tuple(sorted((b.size for bs in self._free.values() for b in bs),
+                                reverse=True))
+
     def held_bytes(self) -> int:
         with self._lock:
             return sum(b.size for bs in self._free.values() for b in bs)

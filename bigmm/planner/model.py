@@ -13,6 +13,7 @@ makespan and a quick guess of it, by which the search orders the candidates it s
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Callable
@@ -94,10 +95,13 @@ class Rates:
     #: after (None: not known; then not counted).
     register_bytes: float | None = None
     #: Bytes per second of allocating the run's page-locked staging buffers (None: not
-    #: counted). A run pins its staging before its first copy; the blocks are kept for the
-    #: next run of the same sizes in the process, which the model does not know of: it
-    #: counts every run as the first.
+    #: counted). A run pins its first step's staging before its first copy and the rest
+    #: while it goes (:func:`pinned_at`).
     pin_bytes: float | None = None
+    #: Sizes in bytes of the page-locked blocks an earlier run of the process kept: a buffer
+    #: of one of these sizes is taken, not pinned (each block once, in the order the run
+    #: takes its buffers).
+    kept_pinned: tuple[int, ...] = ()
     #: Bytes per second one reader thread copies out of a user's array into staging while
     #: the others copy too (None: not counted). A panel is read in pieces of PIECE_BYTES, one
     #: a thread: small panels are read by few threads (:meth:`load_rate`).
@@ -261,15 +265,28 @@ def pitched_rows(p: Plan) -> tuple[Callable, Callable, Callable]:
 
 def setup_seconds(p: Plan, r: Rates) -> float:
     """Seconds before the run's first copy and after its last: pinning the staging buffers
-    its first step uses (``r.pin_bytes``; :meth:`Plan.host_slots`), page-locking the
+    its first step uses that no earlier run kept (``r.pin_bytes``, ``r.kept_pinned``;
+    :meth:`Plan.host_slots`), page-locking the
     operands ``p.registered`` and releasing them (``r.register_bytes``), the run's own start
     and end (``r.per_run``); 0 for what has no known rate, and without staging."""
     if not p.staging:
         return 0.0
-    pin = (sum(nbytes for _, _, nbytes, first in p.host_slots() if first) / r.pin_bytes
-           if r.pin_bytes else 0.0)
+    pin = (sum(nbytes for _, _, nbytes, first, new in _pins(p, r) if first and new)
+           / r.pin_bytes if r.pin_bytes else 0.0)
     return (pin + lock_seconds(p.registered, p.m, p.n, p.k, p.itemsize, p.c_itemsize, r)
             + r.per_run)
+
+
+def _pins(p: Plan, r: Rates) -> list[tuple[str, int, int, bool, bool]]:
+    """``p.host_slots()`` (operand, slot, bytes, first) in the order a run takes them, each
+    with whether it is pinned anew (not a block of ``r.kept_pinned``)."""
+    kept = Counter(r.kept_pinned)
+    out = []
+    for op, i, nbytes, first in p.host_slots():
+        new = kept[nbytes] <= 0
+        kept[nbytes] -= not new
+        out.append((op, i, nbytes, first, new))
+    return out
 
 
 def lock_seconds(ops: str, m: int, n: int, k: int, itemsize: int, c_itemsize: int,
@@ -283,14 +300,14 @@ def lock_seconds(ops: str, m: int, n: int, k: int, itemsize: int, c_itemsize: in
 
 
 def pinned_at(p: Plan, r: Rates, start: float) -> dict[tuple[str, int], float]:
-    """When each host staging buffer (operand, slot) is ready: those of the first step at
-    ``start`` (the end of the setup), the others one after another on the pinning thread
-    from then on (``r.pin_bytes``)."""
+    """When each host staging buffer (operand, slot) is ready: those of the first step and
+    those kept from an earlier run at ``start`` (the end of the setup), the others one after
+    another on the pinning thread from then on (``r.pin_bytes``)."""
     t, ready = start, {}
-    for op, i, nbytes, first in p.host_slots():
-        if not first and r.pin_bytes:
+    for op, i, nbytes, first, new in _pins(p, r):
+        if new and not first and r.pin_bytes:
             t += nbytes / r.pin_bytes
-        ready[op, i] = start if first else t
+        ready[op, i] = start if first or not new else t
     return ready
 
 

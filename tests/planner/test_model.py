@@ -13,8 +13,8 @@ from plan_cases import (GiB, H100_ARRAYS, H100_PINNED, N32, in_place, plan_or_no
                         rates, resident_c)
 
 from bigmm.planner import ORDERS, Rates, make_plan
-from bigmm.planner.model import (RATE_STEPS, SIM_STEPS, STEP_SECONDS, predict_seconds, simulate,
-                              snap_rate, stage_times)
+from bigmm.planner.model import (RATE_STEPS, SIM_STEPS, STEP_SECONDS, pinned_at,
+                                 predict_seconds, simulate, snap_rate, stage_times)
 
 
 @settings(max_examples=150, deadline=None)
@@ -182,6 +182,35 @@ def test_staging_past_the_first_step_is_pinned_while_the_run_goes(reads_c):
     slow = replace(TF32_PINNED, pin_bytes=1e8)  # pinning the rest outlasts the whole run
     late = make_plan(16384, 16384, 16384, **args, rates=slow)
     assert late.predicted_seconds >= sum(b for *_, b, _ in slots) / 1e8
+
+
+@pytest.mark.parametrize("kept", [
+    "all",  # a second run of the same plan: nothing to pin
+    "first",  # blocks of the first step's sizes only: the rest pinned while the run goes
+    "twice",  # one block of a size the run takes twice: the second pinned anew
+])
+def test_blocks_kept_by_an_earlier_run_are_not_pinned_again(kept):
+    args = dict(device_budget=8 * GiB, host_budget=32 * GiB, tile=(4096, 8192, 4096),
+                order="stream", in_place="")
+    pin = replace(TF32_PINNED, pin_bytes=2e9)
+    fresh = make_plan(16384, 16384, 16384, **args, rates=pin)
+    slots = fresh.host_slots()
+    sizes = {"all": [b for *_, b, _ in slots], "first": [b for *_, b, f in slots if f],
+             "twice": [slots[0][2]]}[kept]
+    r = replace(pin, kept_pinned=tuple(sizes))
+    again = make_plan(16384, 16384, 16384, **args, rates=r)
+    st_, before = stage_times(again, r), stage_times(fresh, pin)
+    ready = pinned_at(again, r, 0.0)
+    if kept == "twice":  # A's two buffers are alike: the first taken, the second pinned
+        assert slots[0][:2] == ("A", 0) and slots[0][2] in [b for o, i, b, _ in slots if i]
+        assert st_.setup == pytest.approx(before.setup - slots[0][2] / 2e9)
+        assert st_.pinning == pytest.approx(before.pinning)
+    else:
+        first = sum(b for *_, b, f in slots if f)  # kept either way: no longer pinned first
+        assert st_.setup == pytest.approx(before.setup - first / 2e9)
+        assert st_.pinning == pytest.approx(0.0 if kept == "all" else before.pinning)
+        assert (max(ready.values()) == 0.0) == (kept == "all")
+    assert again.predicted_seconds < fresh.predicted_seconds
 
 
 def test_small_panels_are_read_by_few_threads():
