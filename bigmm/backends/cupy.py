@@ -17,7 +17,8 @@ waiting for a buffer to be free or full).
   (:attr:`device_bytes`), freed at :meth:`close`.
 * ``kernel``: "bigmm" (default; :mod:`.cuda_kernels`, without split-K, whose workspace would
   come from cupy's memory pool, outside the budget), "cublas" (cuBLAS SGEMM/DGEMM on a
-  handle this backend holds alone, kept for the next one: :mod:`.cupy_handles`) or "cublas-tf32" (kernel "cublas" with precision "tf32").
+  handle this backend holds alone, kept for the next one: :mod:`.cupy_handles`) or
+  "cublas-tf32" (kernel "cublas" with precision "tf32").
 * ``precision`` (:mod:`bigmm.precision`) of float32 products: "float32" (default; IEEE on
   the CUDA cores), "tf32x3" (bigmm's 3xTF32 kernels: float32's accuracy on the tensor cores;
   not with cuBLAS) or "tf32" (bigmm's TF32 kernels, or cuBLAS's TF32 math mode: inputs

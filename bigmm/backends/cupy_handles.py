@@ -2,8 +2,8 @@
 (it imports cupy).
 
 A backend takes a handle when it first calls cuBLAS and gives it back when it closes, so that
-the next backend on the same device takes it instead of creating one: creating a handle and
-destroying it (which frees its workspace) cost a run about a millisecond each. A handle is
+the next backend on the same device takes it instead of creating one, and no run ends
+destroying one (which waits for the device and frees the handle's workspace). A handle is
 used by one backend at a time; its math mode is set whenever it is taken, and every call
 sets its stream first.
 """
