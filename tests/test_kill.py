@@ -36,6 +36,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import h5py
 import numpy as np
@@ -359,19 +360,37 @@ ENDS = [
 ]
 
 
+def kill_at_step_then_resume(job: Job, nth: int) -> int:
+    """Run the command killed at the ``nth`` step of a change to the file, resume it to the end
+    and check C; the first run's exit status (0: there is no ``nth`` step)."""
+    out = f"c-step-{nth}.h5"
+    job.reset(out)
+    rc, err = run_cli(job.argv(out), job.folder, point=f"h5-step-{nth}", sleep=0)
+    if rc != 0:
+        assert rc == -signal.SIGKILL, err
+        resume_to_the_end(job, out)
+    job.check(out)
+    return rc
+
+
+#: Steps killed at once (each on an output of its own): the runs are mostly the interpreter's
+#: start-up, one core each.
+STEP_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("problem,beta", ENDS)
 def test_kill_at_each_step_of_a_change_to_the_file_then_resume_bit_identical(jobs, problem,
                                                                              beta):
     job = jobs(problem, beta)
-    out = "c-steps.h5"
-    for nth in range(1, 100):
-        job.reset(out)
-        rc, err = run_cli(job.argv(out), job.folder, point=f"h5-step-{nth}", sleep=0)
-        if rc == 0:  # past the last step
-            break
-        assert rc == -signal.SIGKILL, err
-        resume_to_the_end(job, out)
-        job.check(out)
-    assert rc == 0 and nth > 6, nth  # two commits, each with writes: every step killed once
-    job.check(out)
+    codes = {}  # step -> exit status of the run killed there
+    with ThreadPoolExecutor(STEP_WORKERS) as pool:
+        while 0 not in codes.values():  # until a run goes past the last step
+            assert len(codes) < 100, codes
+            steps = range(len(codes) + 1, len(codes) + 1 + STEP_WORKERS)
+            codes.update(zip(steps, pool.map(lambda nth: kill_at_step_then_resume(job, nth),
+                                             steps)))
+    last = min(nth for nth, rc in codes.items() if rc == 0)
+    assert all(codes[nth] == -signal.SIGKILL for nth in range(1, last)), codes
+    assert all(rc == 0 for nth, rc in codes.items() if nth > last), codes
+    assert last > 6, codes  # two commits, each with writes: every step killed once
