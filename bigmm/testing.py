@@ -194,6 +194,17 @@ def sha256(path) -> str:
     return h.hexdigest()
 
 
+def evict(path) -> None:
+    """Evict one file's pages from the page cache (flushed first, so that they can be
+    dropped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def fail_after(call, n: int, code: int = errno.ENOSPC):
     """``call`` for its first ``n`` uses, then OSError(``code``) on every later one (a disk
     that fills up, or a device that starts failing, after ``n`` operations). ``.calls`` counts

@@ -34,21 +34,13 @@ import time
 
 import numpy as np
 
+from bigmm.testing import evict
+
 REQUEST = 16 << 20
 ALIGN = 4096
 CGROUP_ROOT = "/sys/fs/cgroup"
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-
-
-def evict(path) -> None:
-    """Evict one file's pages (flushed first, so that they can be dropped)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def drop_caches(*paths) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bigmm.io import open_input, pagecache
-from bigmm.testing import random_matrix
+from bigmm.testing import evict, random_matrix
 
 MiB = 1 << 20
 
@@ -19,15 +19,6 @@ def _read(path):
     with open(path, "rb") as f:
         while f.read(8 * MiB):
             pass
-
-
-def _drop(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.parametrize("ranges, samples, window, expect", [
@@ -51,7 +42,7 @@ def test_cached_share_of_a_file_read_and_dropped(tmp_path):
     _read(path)
     size = os.path.getsize(path)
     assert pagecache.cached_share([(str(path), 0, size)]) == 1.0
-    _drop(path)
+    evict(path)
     share = pagecache.cached_share([(str(path), 0, size)])
     if share > 0.5:
         pytest.skip("this file system keeps the file's pages (a memory file system)")
