@@ -136,11 +136,13 @@ def host_quiet() -> bool:
 
 
 def remembered(kind: str, key, measure: Callable[[], object], *,
-               quiet: Callable[[], bool] | None = None, encode=None, decode=None):
+               quiet: Callable[[], bool] | None = None, encode=None, decode=None,
+               limit: int | None = None):
     """The figure ``kind`` of ``key`` (JSON-able): kept from an earlier process where there
     is one, else ``measure()``, kept where ``quiet()`` (default :func:`host_quiet`) held
     before and after measuring. ``encode``/``decode`` turn the value into JSON and back (a
-    decode that raises counts as no kept figure)."""
+    decode that raises counts as no kept figure). ``limit``: the most figures of this kind
+    kept (the newest)."""
     quiet = quiet or host_quiet
     how = mode()
     name = _name(kind, key)
@@ -161,31 +163,33 @@ def remembered(kind: str, key, measure: Callable[[], object], *,
     calm = how == "fresh" or _asked(quiet)
     value = measure()
     stored = calm and (how == "fresh" or _asked(quiet)) and _write(
-        name, encode(value) if encode else value)
+        name, encode(value) if encode else value, (kind, limit) if limit else None)
     _note(name, Figure(kind, key, time.time(), kept=False, stored=bool(stored)))
     return value
 
 
-def recall(kind: str, key):
+def recall(kind: str, key, note: bool = True):
     """The kept figure ``kind`` of ``key`` observed by an earlier run (:func:`keep`), or None
-    (none kept, or ``BIGMM_CALIBRATION`` says "off")."""
+    (none kept, or ``BIGMM_CALIBRATION`` says "off"). ``note``: count it among the figures
+    this process planned with (:func:`used`)."""
     if mode() == "off":
         return None
     name = _name(kind, key)
     hit = kept().get(name)
     if hit is None:
         return None
-    _note(name, Figure(kind, key, hit[0], kept=True, stored=True))
+    if note:
+        _note(name, Figure(kind, key, hit[0], kept=True, stored=True))
     return hit[1]
 
 
-def keep(kind: str, key, value) -> bool:
+def keep(kind: str, key, value, limit: int | None = None) -> bool:
     """Keep ``value`` as the figure ``kind`` of ``key``: one a run observed of itself (a
-    disk's rate), not measured for the purpose; nothing where the mode is "off". Whether it
-    was written."""
+    disk's rate), not measured for the purpose; nothing where the mode is "off". ``limit``:
+    the most figures of this kind kept (the newest). Whether it was written."""
     if mode() == "off":
         return False
-    return _write(_name(kind, key), value)
+    return _write(_name(kind, key), value, (kind, limit) if limit else None)
 
 
 def _name(kind: str, key) -> str:
@@ -219,15 +223,18 @@ def forget() -> bool:
 def kept() -> dict[str, tuple[float, object]]:
     """The figures kept for this machine: name (kind and key) -> (when measured, value);
     expired ones and those of another form left out."""
-    now, out = time.time(), {}
-    for name, entry in _read().items():
-        try:
-            at, value = float(entry["at"]), entry["value"]
-        except Exception:  # a figure of another form
-            continue
-        if 0 <= now - at < MAX_AGE:
-            out[name] = (at, value)
-    return out
+    now = time.time()
+    return {name: (float(entry["at"]), entry["value"]) for name, entry in _read().items()
+            if _fresh(entry, now)}
+
+
+def _fresh(entry, now: float) -> bool:
+    """Whether a stored entry is a figure of this form measured within MAX_AGE."""
+    try:
+        at, whole = float(entry["at"]), "value" in entry
+    except Exception:  # a figure of another form
+        return False
+    return whole and 0 <= now - at < MAX_AGE
 
 
 def store_path() -> str:
@@ -285,15 +292,23 @@ def _read() -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
-def _write(name: str, value) -> bool:
+def _write(name: str, value, limit: tuple[str, int] | None = None) -> bool:
     """Add one figure to the store (replaced whole, atomically: a reader never sees half a
-    file; of two processes writing at once, one's figure may be lost and measured again);
-    whether it was written."""
+    file; of two processes writing at once, one's figure may be lost and measured again),
+    the expired ones dropped and, with ``limit`` (kind, count), the oldest of that kind
+    beyond the count; whether it was written."""
     path = store_path()
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        entries = _read()
-        entries[name] = {"at": time.time(), "value": value}
+        now = time.time()
+        entries = {k: v for k, v in _read().items() if _fresh(v, now)}
+        entries[name] = {"at": now, "value": value}
+        if limit is not None:
+            kind, count = limit
+            same = sorted((k for k in entries if k.startswith(kind + ":")),
+                          key=lambda k: entries[k]["at"])
+            for k in same[:max(0, len(same) - count)]:
+                del entries[k]
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".calibration-")
         try:
             with os.fdopen(fd, "w") as f:

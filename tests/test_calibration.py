@@ -79,6 +79,25 @@ def test_an_old_figure_is_measured_again(store):
     assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 2.5  # kept anew
 
 
+def test_writing_drops_old_figures_and_keeps_the_newest_of_a_limited_kind(store):
+    calibration.keep("disk-read", ["old"], 1.0)
+    path = calibration.store_path()
+    with open(path) as f:
+        data = json.load(f)
+    for entry in data["entries"].values():
+        entry["at"] = time.time() - calibration.MAX_AGE - 1
+    with open(path, "w") as f:
+        json.dump(data, f)
+    for i in range(4):
+        assert calibration.keep("plan", [i], i, limit=2)
+    assert calibration.keep("disk-read", ["new"], 2.0, limit=1)
+    with open(path) as f:
+        names = set(json.load(f)["entries"])
+    assert names == {'plan:[2]', 'plan:[3]', 'disk-read:["new"]'}
+    assert calibration.recall("plan", [3], note=False) == 3
+    assert not any(f.kind == "plan" for f in calibration.used())
+
+
 @pytest.mark.parametrize("fact, value", [
     ("_boot_id", lambda: "another boot"),  # the machine started again
     ("code_facts", lambda _: [["api.py", 1, 2]]),  # bigmm's files changed

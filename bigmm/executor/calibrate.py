@@ -4,8 +4,8 @@ fixed cost where the gemm runs on the host, the issuing thread's work per step a
 load where it does not, one read of a panel from a source.
 
 Each figure is measured once per process and size (cached), in a few milliseconds, within
-the bytes it is given; the copies' and the issuing thread's are kept for later processes
-where the machine was quiet (:mod:`bigmm.calibration`).
+the bytes it is given, and kept for later processes where the machine was quiet
+(:mod:`bigmm.calibration`), so that one job gets the same plan in every process.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from ..units import common_dtype, dtype_name, numpy_dtype
 from .run import execute
 
 
+#: Sources whose read cost and decoding rate are kept at most (the newest).
+SOURCES_KEPT = 256
 #: Bytes each side of the timed host copy holds at most (beyond the caches).
 COPY_BYTES = 256 << 20
 #: The narrow rows of the timed copy of a region, and the rows of the array it is cut from.
@@ -154,6 +156,11 @@ class _Corner(Source):
     def _key(self) -> tuple:
         return (self.label, self.layout, self.chunks, self.src.shape, self.shape, self.dtype)
 
+    def figure(self) -> list:
+        """What names its figures in the store (JSON)."""
+        return [self.label, self.layout, list(self.chunks) if self.chunks else None,
+                list(self.src.shape), list(self.shape), self.dtype.str]
+
     def __eq__(self, other) -> bool:
         return isinstance(other, _Corner) and self._key() == other._key()
 
@@ -165,12 +172,17 @@ def load_seconds(src, repeat: int = 3) -> float:
     """Fixed seconds of one read from the source ``src``: the fastest of ``repeat`` reads of
     its first 8 x 8 elements (a chunked source decodes a chunk for it, as every panel does);
     timed once per process and source (label, layout, chunks, shape, dtype), so that
-    ``plan`` and ``matmul`` of one job choose the same plan."""
+    ``plan`` and ``matmul`` of one job choose the same plan, and kept for later processes."""
     return _load_seconds(_Corner(src, 8, 8), repeat)
 
 
 @functools.lru_cache(maxsize=64)
 def _load_seconds(src: "_Corner", repeat: int) -> float:
+    return remembered("load-seconds", src.figure(), lambda: _time_load(src, repeat),
+                      limit=SOURCES_KEPT)
+
+
+def _time_load(src: "_Corner", repeat: int) -> float:
     rows, cols = src.shape
     out = np.empty((rows, cols), src.dtype)
     best = float("inf")
@@ -194,7 +206,7 @@ def decode_rate(src, threads: int = 1, within: int = DECODE_BYTES) -> float | No
     first, those a panel of the first rows meets last), as many rounds as DECODE_SAMPLES or
     DECODE_SECONDS allow, each chunk decoded apart from the run's buffers into a pair
     touched beforehand; timed once per process, source (label, layout, chunks, shape,
-    dtype) and readers."""
+    dtype) and readers, and kept for later processes."""
     if not src.decode_bytes or not src.chunks:
         return None
     readers = max(1, min(threads, src.decode_threads or threads,
@@ -204,6 +216,11 @@ def decode_rate(src, threads: int = 1, within: int = DECODE_BYTES) -> float | No
 
 @functools.lru_cache(maxsize=64)
 def _decode_rate(corner: "_Corner", threads: int) -> float | None:
+    return remembered("decode-rate", corner.figure() + [threads],
+                      lambda: _time_decoding(corner, threads), limit=SOURCES_KEPT)
+
+
+def _time_decoding(corner: "_Corner", threads: int) -> float | None:
     src = corner.src
     (cr, cc), (m, n) = src.chunks, src.shape
     chunk = cr * cc * src.dtype.itemsize
@@ -255,6 +272,8 @@ def _drop_kept() -> None:
     """Forget this process's kept figures (``bigmm calibrate`` measures them again)."""
     copy_rate.cache_clear()
     copy_row_seconds.cache_clear()
+    _load_seconds.cache_clear()
+    _decode_rate.cache_clear()
     _ISSUE.clear()
 
 

@@ -102,3 +102,48 @@ def test_one_readers_decode_rate_is_timed_on_the_sources_chunks(tmp_path, monkey
         calls.clear()  # buffers for two readers within the budget: two at once
         calibrate.decode_rate(src, 4, within=2 * src.decode_bytes + 1)
         assert set(calls[:2]) == {(4, 3), (4, 2)} and set(calls[2:4]) == {(4, 1), (4, 0)}
+
+
+def test_a_sources_read_cost_and_decoding_rate_are_kept_for_later_processes(tmp_path,
+                                                                              monkeypatch):
+    # a later process plans with the figures the first kept (so one job gets one plan): a
+    # kept figure changed in the store is what a fresh process reads back
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from bigmm import calibration
+    from bigmm.io import open_input
+    from bigmm.io.generate import generate
+
+    monkeypatch.setenv(calibration.MODE_ENV, "")
+    monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path / "cache"))
+    spec = str(tmp_path / "z.h5") + ":/A"
+    generate(spec, (300, 200), layout="compressed", compression="zstd", chunks=(64, 50),
+             seed=1)
+    script = ("import json, sys\n"
+              "from bigmm.io import open_input\n"
+              "from bigmm.executor import calibrate\n"
+              "with open_input(sys.argv[1]) as src:\n"
+              "    print(json.dumps([calibrate.load_seconds(src), calibrate.decode_rate(src)]))\n")
+
+    def fresh() -> list:
+        out = subprocess.run([sys.executable, "-c", script, spec], capture_output=True,
+                             text=True, check=True, env=dict(os.environ))
+        return json.loads(out.stdout)
+
+    monkeypatch.setattr(calibration, "host_quiet", lambda: True)  # this process writes
+    with open_input(spec) as src:
+        first = [calibrate.load_seconds(src), calibrate.decode_rate(src)]
+    assert first[0] > 0 and first[1] > 0
+    path = calibration.store_path()
+    with open(path) as f:
+        data = json.load(f)
+    kinds = sorted(name.split(":", 1)[0] for name in data["entries"])
+    assert kinds == ["decode-rate", "load-seconds"]
+    for entry in data["entries"].values():
+        entry["value"] = 12.5  # not what any timing gives
+    with open(path, "w") as f:
+        json.dump(data, f)
+    assert fresh() == [12.5, 12.5]
