@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import filerates, io
+from . import filerates, io, planstore
 from .backends import (Backend, Calibrates, Checksums, HostHints, Registers, SplitsPanels,
                        get_backend)
 from .backends.numpy import memory_available as host_memory_available
@@ -189,7 +189,9 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             kw["a_span"] = 1
         if be.staging:
             kw["rates"] = path_rates
-        q = make_plan(m, n, k, dtype, **kw, **fixed)
+        # searched by time (a GPU's rates): the choice kept for later processes
+        q = (planstore.plan if kw.get("rates") is not None else make_plan)(m, n, k, dtype,
+                                                                          **kw, **fixed)
         if checked is not None or q.rates is None:
             # for the predicted time only; where the gemm does the checks' updates, the tiles
             # are those of an unchecked run (the checks' near-constant cost would only tip

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import bigmm
-from bigmm import api, errors, filerates, job
+from bigmm import api, errors, filerates, job, planstore
 from bigmm.backends.numpy import NumpyBackend
 from bigmm.executor import RunStats, calibrate
 from bigmm.planner import Plan, Rates, make_plan
@@ -696,8 +696,9 @@ def test_locking_for_the_run_is_searched_only_where_it_could_win(monkeypatch, ra
     ops = [random_matrix((600, 500), np.float32), random_matrix((500, 400), np.float32, 1),
            np.empty((600, 400), np.float32)]
     calls = []
-    real = job.make_plan
-    monkeypatch.setattr(job, "make_plan", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    real = planstore.make_plan  # a plan searched by time goes through the plan store
+    monkeypatch.setattr(planstore, "make_plan",
+                        lambda *a, **kw: calls.append(kw) or real(*a, **kw))
     closing = []
     A, B = job.open_inputs(ops[0], ops[1], closing)
     try:

@@ -126,7 +126,7 @@ def test_out_of_core_product_in_each_precision(tmp_path, precision, kernel, m, n
 def test_presplit_plan_holds_its_workspace_in_the_budget(monkeypatch):
     from dataclasses import replace
 
-    from bigmm import job
+    from bigmm import planstore
     from bigmm.planner import split_workspace_bytes
 
     seed = int.from_bytes(os.urandom(4), "little")
@@ -136,8 +136,8 @@ def test_presplit_plan_holds_its_workspace_in_the_budget(monkeypatch):
     kw = dict(memory=160_000_000, host_memory="256MiB", backend="cupy", precision="tf32x3")
     # tiles large enough to split ahead (staged within 256 MiB): in a job of a millisecond's
     # arithmetic the steps' fixed costs may make the planner prefer fewer, unsplit ones
-    real = job.make_plan
-    monkeypatch.setattr(job, "make_plan", lambda *args, **kwargs: real(
+    real = planstore.make_plan  # (a plan searched by time goes through the plan store)
+    monkeypatch.setattr(planstore, "make_plan", lambda *args, **kwargs: real(
         *args, **dict(kwargs, tile=(2048, 2600, 1024), order="stream")))
     p = bigmm.plan(a, b, out, **kw)
     if not p.presplit:

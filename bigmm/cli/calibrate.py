@@ -135,7 +135,10 @@ _KINDS = {"cupy-rates": "the GPU's gemm and copies (device, kernel, precision, d
           "copy-row-seconds": "host copies' cost per row (threads, bytes)",
           "issue-seconds": "the issuing thread's costs (backend, threads)",
           "disk-read": "file reads a run showed (disk, or the page cache)",
-          "disk-write": "file writes a run showed (disk)"}
+          "disk-write": "file writes a run showed (disk)",
+          "load-seconds": "one read of an input (its name, layout, chunks and shapes)",
+          "decode-rate": "a reader decoding an input's chunks (the input, readers)",
+          "plan": "a GPU job's schedule (a digest of the planner's arguments)"}
 
 
 def _show(args, calibration, path: str) -> int:
