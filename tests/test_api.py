@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import shutil
 import re
@@ -710,6 +711,39 @@ def test_locking_for_the_run_is_searched_only_where_it_could_win(monkeypatch, ra
             x.close()
     assert [kw["registered"] for kw in calls] == ["", "ABC"][:1 + searched]
     assert p.registered == ("ABC" if searched and p.in_place else "")
+
+
+def test_a_job_planned_by_time_takes_the_schedule_an_earlier_process_kept(tmp_path,
+                                                                         monkeypatch):
+    from bigmm import calibration
+
+    monkeypatch.setenv(calibration.MODE_ENV, "")
+    monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path / "cache"))
+    a, b = random_matrix((3000, 2500), np.float32), random_matrix((2500, 2000), np.float32, 1)
+    closing = []
+    A, B = job.open_inputs(a, b, closing)
+
+    def plan():
+        make_plan.cache_clear()  # as in a later process
+        return job.plan_job(A, B, None, _StagingBackend(), alpha=1.0, beta=0.0,
+                            trans_a=False, trans_b=False, memory="16MiB",
+                            host_memory="64MiB", resume=False, calibrate=True)[0]
+
+    try:
+        first = plan()
+        kept = {name: entry for name, entry in calibration.kept().items()
+                if name.startswith(planstore.KIND + ":")}
+        assert [v for _, v in kept.values()] == [planstore.choice(first)]
+        # another schedule kept under the job's arguments: the next plan is that one
+        other = {"tile": [512, 1024, 512], "order": "stream", "tail": 0, "a_span": 1}
+        (name,) = kept
+        calibration.keep(planstore.KIND, json.loads(name.split(":", 1)[1]), other)
+        later = plan()
+    finally:
+        for x in closing:
+            x.close()
+    assert (later.bm, later.bn, later.bk, later.order) == (512, 1024, 512, "stream")
+    assert later.rates == first.rates and later.in_place == first.in_place
 
 
 @pytest.mark.parametrize("fuses", [
