@@ -65,33 +65,32 @@ def test_a_figure_measured_on_a_busy_machine_is_not_kept(store, before, after):
     assert m.calls == 2 and not os.path.exists(calibration.store_path())
 
 
-def test_an_old_figure_is_measured_again(store):
-    m = Counter()
-    calibration.remembered("rate", [1], m, quiet=lambda: True)
+def _age_all(seconds: float) -> None:
+    """Make every figure in the store ``seconds`` old."""
     path = calibration.store_path()
     with open(path) as f:
         data = json.load(f)
     for entry in data["entries"].values():
-        entry["at"] = time.time() - calibration.MAX_AGE - 1
+        entry["at"] = time.time() - seconds
     with open(path, "w") as f:
         json.dump(data, f)
+
+
+def test_an_old_figure_is_measured_again(store):
+    m = Counter()
+    calibration.remembered("rate", [1], m, quiet=lambda: True)
+    _age_all(calibration.MAX_AGE + 1)
     assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 2.5 and m.calls == 2
     assert calibration.remembered("rate", [1], m, quiet=lambda: True) == 2.5  # kept anew
 
 
 def test_writing_drops_old_figures_and_keeps_the_newest_of_a_limited_kind(store):
     calibration.keep("disk-read", ["old"], 1.0)
-    path = calibration.store_path()
-    with open(path) as f:
-        data = json.load(f)
-    for entry in data["entries"].values():
-        entry["at"] = time.time() - calibration.MAX_AGE - 1
-    with open(path, "w") as f:
-        json.dump(data, f)
+    _age_all(calibration.MAX_AGE + 1)
     for i in range(4):
         assert calibration.keep("plan", [i], i, limit=2)
     assert calibration.keep("disk-read", ["new"], 2.0, limit=1)
-    with open(path) as f:
+    with open(calibration.store_path()) as f:
         names = set(json.load(f)["entries"])
     assert names == {'plan:[2]', 'plan:[3]', 'disk-read:["new"]'}
     assert calibration.recall("plan", [3], note=False) == 3
