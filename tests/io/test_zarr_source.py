@@ -339,12 +339,15 @@ def test_cached_tells_bytes_in_the_page_cache(tmp_path):
             before = now
             time.sleep(0.05)
         # a page past what was read ahead (a probe that finds a page missing may start
-        # reading it: probed once, where mincore saw it missing)
-        far = next((off for off in range(16 << 20, 64 << 20, 1 << 20) if not resident(off)),
-                   None)
-        if far is None:
-            pytest.skip("the whole file was read ahead")
-        assert not zarrsource._cached(fd, far)
+        # reading it: probed once, where mincore saw it missing); read-ahead still landing
+        # may bring a page in between mincore and the probe: a page the probe finds cached
+        # is then in the cache after it too, and the next one is probed
+        for far in (off for off in range(16 << 20, 64 << 20, 1 << 20) if not resident(off)):
+            if not zarrsource._cached(fd, far):
+                break
+            assert resident(far), far  # found cached: there indeed
+        else:
+            pytest.skip("the read-ahead reached every page probed")
     finally:
         os.close(fd)
 
