@@ -249,14 +249,28 @@ def job_record(plan, alpha, beta):
     return {"plan": plan.key(), "alpha": alpha, "beta": beta}
 
 
+def operands(m: int, n: int, k: int, ta: bool = False, tb: bool = False, dtype=np.float64,
+             seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A, B and the old C of :func:`run`'s job (stored transposed where ``ta``/``tb``)."""
+    return (random_matrix((k, m) if ta else (m, k), dtype, seed),
+            random_matrix((n, k) if tb else (k, n), dtype, seed + 1),
+            random_matrix((m, n), dtype, seed + 2))
+
+
+def magnitude(a, b, c0, alpha: float, beta: float, ta: bool, tb: bool) -> np.ndarray:
+    """|alpha| |op(A)| |op(B)| + |beta| |C0|: the scale a product's rounding error is bounded
+    against (each element's error within eps times its terms' magnitudes, however much the
+    terms cancel)."""
+    return reference_gemm(np.abs(a), np.abs(b), alpha=abs(alpha), beta=abs(beta),
+                          c=np.abs(c0), trans_a=ta, trans_b=tb)
+
+
 def run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alpha=1.0,
          beta=0.0, order=None, budget_tiles=(16, 16, 24), layout=None, seed=0, tail=None,
          a_span=None, **exec_kw):
     """Write A, B (and C) to HDF5, run the executor, return (C read back, reference, stats).
     Order resident-c takes strips C's width (``budget_tiles``' bn is ignored) and ``tail``."""
-    a = random_matrix((k, m) if ta else (m, k), dtype, seed)
-    b = random_matrix((n, k) if tb else (k, n), dtype, seed + 1)
-    c0 = random_matrix((m, n), dtype, seed + 2)
+    a, b, c0 = operands(m, n, k, ta, tb, dtype, seed)
     kw = layout or {}
     spec_a = h5(tmp_path / "a.h5", "A", a, **kw)
     spec_b = h5(tmp_path / "b.h5", "B", b, **kw)
