@@ -70,6 +70,14 @@ def reference_gemm(a, b, *, alpha=1.0, beta=0.0, c=None, trans_a=False, trans_b=
     return out
 
 
+def magnitude(a, b, *, alpha=1.0, beta=0.0, c=None, trans_a=False, trans_b=False) -> np.ndarray:
+    """|alpha| |op(A)| |op(B)| + |beta| |C| in float64: the scale a product's rounding error is
+    bounded against (each element's error within eps times its terms' magnitudes, however
+    much the terms cancel)."""
+    return reference_gemm(np.abs(a), np.abs(b), alpha=abs(alpha), beta=abs(beta),
+                          c=None if c is None else np.abs(c), trans_a=trans_a, trans_b=trans_b)
+
+
 def relative_error(out, ref) -> float:
     """||out - ref||_F / ||ref||_F in float64 (inf if out has NaN)."""
     out = np.asarray(out, dtype=np.float64)

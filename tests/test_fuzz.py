@@ -20,7 +20,7 @@ from bigmm.io import open_input
 from bigmm.io.generate import generate
 from bigmm.job import decoding
 from bigmm.planner import make_plan
-from bigmm.testing import random_matrix, reference_gemm, tolerance
+from bigmm.testing import magnitude, random_matrix, reference_gemm, tolerance
 
 FUZZ = settings(max_examples=50, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -131,9 +131,8 @@ def test_random_jobs_match_the_float64_reference(job):
         scale = 1.0 + abs(job["beta"]) / max(abs(job["alpha"]), 1e-3)
         # against C, or against the magnitude of its terms where they cancel (the error of
         # each element is within eps times its terms' magnitudes, however small their sum)
-        terms = reference_gemm(np.abs(xa), np.abs(xb), alpha=abs(job["alpha"]),
-                               beta=abs(job["beta"]), c=np.abs(old), trans_a=job["trans_a"],
-                               trans_b=job["trans_b"])
+        terms = magnitude(xa, xb, alpha=job["alpha"], beta=job["beta"], c=old,
+                          trans_a=job["trans_a"], trans_b=job["trans_b"])
         assert np.isfinite(got).all(), (job, plan.bm, plan.bn, plan.bk)
         bound = tolerance(dtype, k) * max(scale * np.linalg.norm(ref), np.linalg.norm(terms))
         assert np.linalg.norm(got.astype(np.float64) - ref) <= bound, (

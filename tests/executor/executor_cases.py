@@ -257,14 +257,6 @@ def operands(m: int, n: int, k: int, ta: bool = False, tb: bool = False, dtype=n
             random_matrix((m, n), dtype, seed + 2))
 
 
-def magnitude(a, b, c0, alpha: float, beta: float, ta: bool, tb: bool) -> np.ndarray:
-    """|alpha| |op(A)| |op(B)| + |beta| |C0|: the scale a product's rounding error is bounded
-    against (each element's error within eps times its terms' magnitudes, however much the
-    terms cancel)."""
-    return reference_gemm(np.abs(a), np.abs(b), alpha=abs(alpha), beta=abs(beta),
-                          c=np.abs(c0), trans_a=ta, trans_b=tb)
-
-
 def run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alpha=1.0,
          beta=0.0, order=None, budget_tiles=(16, 16, 24), layout=None, seed=0, tail=None,
          a_span=None, **exec_kw):

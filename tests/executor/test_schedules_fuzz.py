@@ -9,13 +9,13 @@ import pathlib
 import tempfile
 
 import numpy as np
-from executor_cases import AsyncBackend, PinnedAsyncBackend, array_run, magnitude, operands, run
+from executor_cases import AsyncBackend, PinnedAsyncBackend, array_run, operands, run
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bigmm.planner import make_plan
 from bigmm.planner.schedule import ORDERS
-from bigmm.testing import reference_gemm, tolerance
+from bigmm.testing import magnitude, reference_gemm, tolerance
 
 #: K panels of the runs' plans (``executor_cases.run``'s tiles are 16 x 16 x 24).
 BK = 24
@@ -42,8 +42,9 @@ def test_random_schedules_through_staging(job):
     with tempfile.TemporaryDirectory() as folder:
         out, ref, _, plan = run(pathlib.Path(folder), AsyncBackend(seed=seed), alpha=0.5, **job)
     assert plan.order == job["order"]
-    scale = magnitude(*operands(job["m"], job["n"], job["k"], job["ta"], job["tb"]), 0.5,
-                      job["beta"], job["ta"], job["tb"])
+    a, b, c0 = operands(job["m"], job["n"], job["k"], job["ta"], job["tb"])
+    scale = magnitude(a, b, alpha=0.5, beta=job["beta"], c=c0, trans_a=job["ta"],
+                      trans_b=job["tb"])
     _check(out, ref, scale, job["k"], plan)
 
 
@@ -75,4 +76,5 @@ def test_random_schedules_with_page_locked_arrays(job, pinned):
     array_run(be, a, b, c, plan, 0.5, job["beta"])
     ref = reference_gemm(a, b, alpha=0.5, beta=job["beta"], c=c0, trans_a=job["ta"],
                          trans_b=job["tb"])
-    _check(c, ref, magnitude(a, b, c0, 0.5, job["beta"], job["ta"], job["tb"]), k, plan)
+    _check(c, ref, magnitude(a, b, alpha=0.5, beta=job["beta"], c=c0, trans_a=job["ta"],
+                             trans_b=job["tb"]), k, plan)
