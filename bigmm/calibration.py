@@ -163,7 +163,7 @@ def remembered(kind: str, key, measure: Callable[[], object], *,
     calm = how == "fresh" or _asked(quiet)
     value = measure()
     stored = calm and (how == "fresh" or _asked(quiet)) and _write(
-        name, encode(value) if encode else value, (kind, limit) if limit else None)
+        name, encode(value) if encode else value, limit)
     _note(name, Figure(kind, key, time.time(), kept=False, stored=bool(stored)))
     return value
 
@@ -189,7 +189,7 @@ def keep(kind: str, key, value, limit: int | None = None) -> bool:
     the most figures of this kind kept (the newest). Whether it was written."""
     if mode() == "off":
         return False
-    return _write(_name(kind, key), value, (kind, limit) if limit else None)
+    return _write(_name(kind, key), value, limit)
 
 
 def _name(kind: str, key) -> str:
@@ -292,22 +292,22 @@ def _read() -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
-def _write(name: str, value, limit: tuple[str, int] | None = None) -> bool:
+def _write(name: str, value, limit: int | None = None) -> bool:
     """Add one figure to the store (replaced whole, atomically: a reader never sees half a
     file; of two processes writing at once, one's figure may be lost and measured again),
-    the expired ones dropped and, with ``limit`` (kind, count), the oldest of that kind
-    beyond the count; whether it was written."""
+    the expired ones dropped and, with ``limit``, the oldest of its kind beyond that many;
+    whether it was written."""
     path = store_path()
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         now = time.time()
         entries = {k: v for k, v in _read().items() if _fresh(v, now)}
         entries[name] = {"at": now, "value": value}
-        if limit is not None:
-            kind, count = limit
+        if limit:
+            kind = name.partition(":")[0]
             same = sorted((k for k in entries if k.startswith(kind + ":")),
                           key=lambda k: entries[k]["at"])
-            for k in same[:max(0, len(same) - count)]:
+            for k in same[:max(0, len(same) - limit)]:
                 del entries[k]
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".calibration-")
         try:
