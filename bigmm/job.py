@@ -189,9 +189,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             kw["a_span"] = 1
         if be.staging:
             kw["rates"] = path_rates
-        # searched by time (a GPU's rates): the choice kept for later processes
-        q = (planstore.plan if kw.get("rates") is not None else make_plan)(m, n, k, dtype,
-                                                                          **kw, **fixed)
+        q = planstore.plan(m, n, k, dtype, **kw, **fixed)  # kept for later processes
         if checked is not None or q.rates is None:
             # for the predicted time only; where the gemm does the checks' updates, the tiles
             # are those of an unchecked run (the checks' near-constant cost would only tip

@@ -26,9 +26,11 @@ LIMIT = 64
 
 
 def plan(m: int, n: int, k: int, dtype: str, **kw) -> Plan:
-    """``make_plan(m, n, k, dtype, **kw)``, the schedule a search chose kept for later
-    processes, and taken from there where an earlier one kept it."""
-    if kw.get("tile") is not None or calibration.mode() == "off":
+    """``make_plan(m, n, k, dtype, **kw)``, the schedule a search by time (``rates`` given)
+    chose kept for later processes, and taken from there where an earlier one kept it (a
+    search by bytes, without rates, is quick: not kept)."""
+    if (kw.get("tile") is not None or kw.get("rates") is None
+            or calibration.mode() == "off"):
         return make_plan(m, n, k, dtype, **kw)
     key = digest(m, n, k, dtype, kw)
     kept = calibration.recall(KIND, key, note=False)

@@ -141,6 +141,12 @@ def test_the_store_keeps_the_newest_plans(store, monkeypatch):
     assert set(kept) == {key(m, n, k, dict(kw, device_budget=b)) for b in budgets[2:]}
 
 
+def test_a_search_by_bytes_is_not_kept(store):
+    m, n, k, kw = CASES[4]
+    planstore.plan(m, n, k, "float32", staging=True, **dict(kw, rates=None))
+    assert not store.exists()
+
+
 def test_nothing_is_kept_where_calibrations_are_off(store, monkeypatch):
     monkeypatch.setenv(calibration.MODE_ENV, "off")
     m, n, k, kw = CASES[4]

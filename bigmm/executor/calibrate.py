@@ -157,9 +157,8 @@ class _Corner(Source):
         return (self.label, self.layout, self.chunks, self.src.shape, self.shape, self.dtype)
 
     def figure(self) -> list:
-        """What names its figures in the store (JSON)."""
-        return [self.label, self.layout, list(self.chunks) if self.chunks else None,
-                list(self.src.shape), list(self.shape), self.dtype.str]
+        """What names its figures in the store (JSON: the dtype by its name)."""
+        return [str(x) if isinstance(x, np.dtype) else x for x in self._key()]
 
     def __eq__(self, other) -> bool:
         return isinstance(other, _Corner) and self._key() == other._key()
