@@ -411,9 +411,9 @@ def _grain(nbytes: int) -> int:
 
 def resumed_schedule(out, m, n, k, dtype, alpha, beta, args,
                      precision: str = "float32") -> dict:
-    """tile= and order= of the interrupted run recorded for ``out`` ({} where there is no
-    journal: the run starts, or finds the output complete); ResumeError if the job differs
-    (a journal without a precision recorded RECORDED_PRECISION)."""
+    """tile=, order= (and resident-c's tail=) of the interrupted run recorded for ``out``
+    ({} where there is no journal: the run starts, or finds the output complete); ResumeError
+    if the job differs (a journal without a precision recorded RECORDED_PRECISION)."""
     if out is None:
         raise ResumeError("Expected an output to resume. Got out=None.")
     job = io.read_journal(out)
@@ -436,8 +436,11 @@ def resumed_schedule(out, m, n, k, dtype, alpha, beta, args,
                           f"Got a different one ({'; '.join(diff)}); start over with "
                           f"overwrite=True.")
     try:
-        return {"tile": (int(old["bm"]), int(old["bn"]), int(old["bk"])),
-                "order": str(old["order"])}
+        fixed = {"tile": (int(old["bm"]), int(old["bn"]), int(old["bk"])),
+                 "order": str(old["order"])}
+        if fixed["order"] == "resident-c":  # its tail orders the last K panel's strips
+            fixed["tail"] = int(old.get("tail", 1))
+        return fixed
     except (KeyError, TypeError, ValueError):
         raise ResumeError(f"Expected a journal recording the schedule of "
                           f"{output_label(out)}. Got a journal without one.") from None
