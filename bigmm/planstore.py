@@ -8,12 +8,19 @@ calibrations (:mod:`.calibration`: this machine, this boot, this code and Python
 where ``BIGMM_CALIBRATION=off``) under a digest of the arguments, and a later process
 rebuilds the plan from it through the planner's fixed path (``make_plan`` with the tiles,
 order, tail and A span given), which checks it against the budgets again. A kept choice
-that does not rebuild is searched again."""
+that does not rebuild is searched again.
+
+A later call in a process plans with the page-locked staging blocks earlier calls kept
+(``Rates.kept_pinned``), which its arguments spell: they differ from a first call's. Where
+nothing is kept under them, the schedule kept for the same arguments without those blocks
+(the first call's, or an earlier process's) is taken: against a new search it can lose at
+most the time pinning those blocks would take (the most any other plan saves by them)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 
 from . import calibration
 from .errors import BigmmError
@@ -39,6 +46,14 @@ def plan(m: int, n: int, k: int, dtype: str, **kw) -> Plan:
             return make_plan(m, n, k, dtype, **kw, **schedule(kept))
         except (BigmmError, KeyError, TypeError, ValueError):  # of another form: searched
             pass
+    elif kw["rates"].kept_pinned:  # a later call in the process: as without the blocks
+        first = calibration.recall(KIND, digest(m, n, k, dtype, dict(
+            kw, rates=replace(kw["rates"], kept_pinned=()))), note=False)
+        if first is not None:
+            try:
+                return make_plan(m, n, k, dtype, **kw, **schedule(first))
+            except (BigmmError, KeyError, TypeError, ValueError):  # searched
+                pass
     p = make_plan(m, n, k, dtype, **kw)
     calibration.keep(KIND, key, choice(p), limit=LIMIT)
     return p

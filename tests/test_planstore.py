@@ -107,6 +107,29 @@ def test_other_arguments_are_planned_apart(store):
     assert len(plans()) == 3
 
 
+def test_a_later_call_takes_the_schedule_kept_without_the_blocks_it_holds(store):
+    # a later call in a process plans with the staging blocks earlier calls kept: it takes
+    # the schedule kept for the same arguments without them instead of searching
+    m, n, k, kw = CASES[0]
+    planstore.plan(m, n, k, "float32", staging=True, **kw)
+    other = {"tile": [2048, 8192, 2048], "order": "stream", "tail": 0, "a_span": 1}
+    calibration.keep(planstore.KIND, key(m, n, k, kw), other)
+    held = (256 << 20, 12345)
+    later_kw = dict(kw, rates=replace(kw["rates"], kept_pinned=held))
+    make_plan.cache_clear()
+    later = planstore.plan(m, n, k, "float32", staging=True, **later_kw)
+    assert planstore.choice(later) == other and later.rates.kept_pinned == held
+    assert key(m, n, k, later_kw) not in plans()  # nothing searched, nothing kept anew
+
+
+def test_a_later_call_with_nothing_kept_searches(store):
+    m, n, k, kw = CASES[0]
+    later_kw = dict(kw, rates=replace(kw["rates"], kept_pinned=(256 << 20,)))
+    later = planstore.plan(m, n, k, "float32", staging=True, **later_kw)
+    assert later == make_plan(m, n, k, "float32", staging=True, **later_kw)
+    assert list(plans()) == [key(m, n, k, later_kw)]
+
+
 def test_a_kept_choice_that_does_not_fit_is_searched_again(store):
     m, n, k, kw = CASES[4]
     searched = planstore.plan(m, n, k, "float32", staging=True, **kw)
@@ -204,3 +227,40 @@ def test_on_a_gpu_a_later_process_plans_a_file_job_from_the_store(store, tmp_pat
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert runs[0][:6] == runs[1][:6]
     assert runs[0][6] >= 1 and runs[1][6] == 0, runs
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_second_call_in_a_process_plans_without_searching(store, tmp_path):
+    # the second call holds the staging blocks the first kept, which its rates spell: it
+    # takes the first call's schedule instead of searching again, and its C is as right
+    from bigmm.io.generate import generate
+
+    a, b = str(tmp_path / "a.h5") + ":/A", str(tmp_path / "b.h5") + ":/B"
+    generate(a, (3000, 2500), layout="chunked", chunks=(512, 512), seed=1)
+    generate(b, (2500, 2700), layout="chunked", chunks=(512, 512), seed=2)
+    script = (
+        "import json, sys\n"
+        "import h5py, numpy as np\n"
+        "import bigmm\n"
+        "from bigmm.planner import search\n"
+        "calls = []\n"
+        "real = search._fastest\n"
+        "search._fastest = lambda *a, **k: calls.append(1) or real(*a, **k)\n"
+        "def load(spec):\n"
+        "    path, name = spec.split(':')\n"
+        "    with h5py.File(path) as f:\n"
+        "        return f[name.strip('/')][...].astype(np.float64)\n"
+        "ref = load(sys.argv[1]) @ load(sys.argv[2])\n"
+        "out = []\n"
+        "for i in range(2):\n"
+        "    n0 = len(calls)\n"
+        "    bigmm.matmul(sys.argv[1], sys.argv[2], sys.argv[3], memory='64MiB',\n"
+        "                 host_memory='256MiB', backend='cupy', overwrite=True)\n"
+        "    err = np.linalg.norm(load(sys.argv[3]) - ref) / np.linalg.norm(ref)\n"
+        "    out.append([len(calls) - n0, bool(err < 1e-5)])\n"
+        "print(json.dumps(out))\n")
+    env = dict(os.environ, **{calibration.MODE_ENV: "fresh"})
+    got = subprocess.run([sys.executable, "-c", script, a, b, str(tmp_path / "c.h5:/C")],
+                         capture_output=True, text=True, check=True, env=env)
+    runs = json.loads(got.stdout.strip().splitlines()[-1])
+    assert runs[0][0] >= 1 and runs[0][1] and runs[1] == [0, True], runs
