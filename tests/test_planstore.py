@@ -200,22 +200,32 @@ def test_a_second_process_takes_the_plan_the_first_kept(store, tmp_path):
     assert runs[0][1] == 1 and runs[1][1] == 0  # searched once, then taken
 
 
-@pytest.mark.gpu
-def test_on_a_gpu_a_later_process_plans_a_file_job_from_the_store(store, tmp_path):
-    # every figure the planner takes is kept by the first process (measured afresh and
-    # kept), so a second one asks the same and takes the schedule without searching
+#: A script's opening that counts the planner's searches in ``calls``.
+SEARCHES_COUNTED = (
+    "import json, sys\n"
+    "import bigmm\n"
+    "from bigmm.planner import search\n"
+    "calls = []\n"
+    "real = search._fastest\n"
+    "search._fastest = lambda *a, **k: calls.append(1) or real(*a, **k)\n")
+
+
+def _gpu_job_files(tmp_path) -> tuple[str, str]:
+    """A and B of a small chunked HDF5 job."""
     from bigmm.io.generate import generate
 
     a, b = str(tmp_path / "a.h5") + ":/A", str(tmp_path / "b.h5") + ":/B"
     generate(a, (3000, 2500), layout="chunked", chunks=(512, 512), seed=1)
     generate(b, (2500, 2700), layout="chunked", chunks=(512, 512), seed=2)
-    script = (
-        "import json, sys\n"
-        "import bigmm\n"
-        "from bigmm.planner import search\n"
-        "calls = []\n"
-        "real = search._fastest\n"
-        "search._fastest = lambda *a, **k: calls.append(1) or real(*a, **k)\n"
+    return a, b
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_later_process_plans_a_file_job_from_the_store(store, tmp_path):
+    # every figure the planner takes is kept by the first process (measured afresh and
+    # kept), so a second one asks the same and takes the schedule without searching
+    a, b = _gpu_job_files(tmp_path)
+    script = SEARCHES_COUNTED + (
         "p = bigmm.plan(sys.argv[1], sys.argv[2], sys.argv[3], memory='64MiB',\n"
         "               host_memory='256MiB', backend='cupy')\n"
         "print(json.dumps([p.order, p.bm, p.bn, p.bk, p.tail, p.a_span, len(calls)]))\n")
@@ -233,19 +243,9 @@ def test_on_a_gpu_a_later_process_plans_a_file_job_from_the_store(store, tmp_pat
 def test_on_a_gpu_a_second_call_in_a_process_plans_without_searching(store, tmp_path):
     # the second call holds the staging blocks the first kept, which its rates spell: it
     # takes the first call's schedule instead of searching again, and its C is as right
-    from bigmm.io.generate import generate
-
-    a, b = str(tmp_path / "a.h5") + ":/A", str(tmp_path / "b.h5") + ":/B"
-    generate(a, (3000, 2500), layout="chunked", chunks=(512, 512), seed=1)
-    generate(b, (2500, 2700), layout="chunked", chunks=(512, 512), seed=2)
-    script = (
-        "import json, sys\n"
+    a, b = _gpu_job_files(tmp_path)
+    script = SEARCHES_COUNTED + (
         "import h5py, numpy as np\n"
-        "import bigmm\n"
-        "from bigmm.planner import search\n"
-        "calls = []\n"
-        "real = search._fastest\n"
-        "search._fastest = lambda *a, **k: calls.append(1) or real(*a, **k)\n"
         "def load(spec):\n"
         "    path, name = spec.split(':')\n"
         "    with h5py.File(path) as f:\n"
