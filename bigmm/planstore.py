@@ -41,19 +41,14 @@ def plan(m: int, n: int, k: int, dtype: str, **kw) -> Plan:
         return make_plan(m, n, k, dtype, **kw)
     key = digest(m, n, k, dtype, kw)
     kept = calibration.recall(KIND, key, note=False)
+    if kept is None and kw["rates"].kept_pinned:  # a later call: as without the blocks
+        kept = calibration.recall(KIND, digest(m, n, k, dtype, dict(
+            kw, rates=replace(kw["rates"], kept_pinned=()))), note=False)
     if kept is not None:
         try:
             return make_plan(m, n, k, dtype, **kw, **schedule(kept))
         except (BigmmError, KeyError, TypeError, ValueError):  # of another form: searched
             pass
-    elif kw["rates"].kept_pinned:  # a later call in the process: as without the blocks
-        first = calibration.recall(KIND, digest(m, n, k, dtype, dict(
-            kw, rates=replace(kw["rates"], kept_pinned=()))), note=False)
-        if first is not None:
-            try:
-                return make_plan(m, n, k, dtype, **kw, **schedule(first))
-            except (BigmmError, KeyError, TypeError, ValueError):  # searched
-                pass
     p = make_plan(m, n, k, dtype, **kw)
     calibration.keep(KIND, key, choice(p), limit=LIMIT)
     return p

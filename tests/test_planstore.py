@@ -220,6 +220,15 @@ def _gpu_job_files(tmp_path) -> tuple[str, str]:
     return a, b
 
 
+def _run(script: str, a: str, b: str, tmp_path, mode: str):
+    """What a process running ``script`` on A, B and C into the test's folder printed last
+    (JSON), with calibrations in ``mode``."""
+    env = dict(os.environ, **{calibration.MODE_ENV: mode})
+    out = subprocess.run([sys.executable, "-c", script, a, b, str(tmp_path / "c.h5:/C")],
+                         capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_a_later_process_plans_a_file_job_from_the_store(store, tmp_path):
     # every figure the planner takes is kept by the first process (measured afresh and
@@ -229,12 +238,7 @@ def test_on_a_gpu_a_later_process_plans_a_file_job_from_the_store(store, tmp_pat
         "p = bigmm.plan(sys.argv[1], sys.argv[2], sys.argv[3], memory='64MiB',\n"
         "               host_memory='256MiB', backend='cupy')\n"
         "print(json.dumps([p.order, p.bm, p.bn, p.bk, p.tail, p.a_span, len(calls)]))\n")
-    runs = []
-    for mode in ("fresh", ""):
-        env = dict(os.environ, **{calibration.MODE_ENV: mode})
-        out = subprocess.run([sys.executable, "-c", script, a, b, str(tmp_path / "c.h5:/C")],
-                             capture_output=True, text=True, check=True, env=env)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    runs = [_run(script, a, b, tmp_path, mode) for mode in ("fresh", "")]
     assert runs[0][:6] == runs[1][:6]
     assert runs[0][6] >= 1 and runs[1][6] == 0, runs
 
@@ -259,8 +263,5 @@ def test_on_a_gpu_a_second_call_in_a_process_plans_without_searching(store, tmp_
         "    err = np.linalg.norm(load(sys.argv[3]) - ref) / np.linalg.norm(ref)\n"
         "    out.append([len(calls) - n0, bool(err < 1e-5)])\n"
         "print(json.dumps(out))\n")
-    env = dict(os.environ, **{calibration.MODE_ENV: "fresh"})
-    got = subprocess.run([sys.executable, "-c", script, a, b, str(tmp_path / "c.h5:/C")],
-                         capture_output=True, text=True, check=True, env=env)
-    runs = json.loads(got.stdout.strip().splitlines()[-1])
+    runs = _run(script, a, b, tmp_path, "fresh")
     assert runs[0][0] >= 1 and runs[0][1] and runs[1] == [0, True], runs
