@@ -13,7 +13,7 @@ from . import filerates, io, planstore
 from .backends import (Backend, Calibrates, Checksums, HostHints, Registers, SplitsPanels,
                        get_backend)
 from .backends.numpy import memory_available as host_memory_available
-from .errors import DtypeError, OptionError, ResumeError, ShapeError
+from .errors import BudgetError, DtypeError, OptionError, ResumeError, ShapeError
 from .executor import RunStats, in_place
 from .executor import calibrate as costs
 from .executor.loads import eligible, operand_dtype
@@ -175,7 +175,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
         args["step_bytes"] = cpu_step_bytes(threads)
     paths = (_host_paths(be, A, B, None if symmetric else out, dtype, verify, rates)
              if rates is not None else [None])  # a Gram plan's C: mirrored by the writer
-    best = None
+    best, refused = None, None
     for path in paths:  # the first of equally fast paths: fewer host copies, or none locked
         path_rates = rates and _io_rates(rates, A, B, out, path[0] if path else "", readers,
                                          copies_within)
@@ -189,7 +189,13 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             kw["a_span"] = 1
         if be.staging:
             kw["rates"] = path_rates
-        q = planstore.plan(m, n, k, dtype, **kw, **fixed)  # kept for later processes
+        try:
+            q = planstore.plan(m, n, k, dtype, **kw, **fixed)  # kept for later processes
+        except BudgetError as e:  # a resumed schedule may fit only the path it ran on
+            if not fixed:
+                raise
+            refused = refused or e
+            continue
         if checked is not None or q.rates is None:
             # for the predicted time only; where the gemm does the checks' updates, the tiles
             # are those of an unchecked run (the checks' near-constant cost would only tip
@@ -197,6 +203,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
             q = replace(q, rates=_checked(path_rates, checked))
         if best is None or (q.predicted_seconds or 0) < (best.predicted_seconds or 0):
             best = q
+    if best is None:
+        raise refused
     if best.rates is not None:  # the time predicted with what the files are now
         files = files if files is not None else filerates.look(A, B, out)
         if files.inputs or files.output:
