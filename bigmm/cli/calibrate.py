@@ -97,13 +97,16 @@ def measure(args, dtype: str) -> dict:
                  io_threads=args.io_threads)
     if p.rates is None:
         return {}
-    return {k: v for k, v in vars(p.rates).items() if v is not None}
+    copies = p.rates.h2d_bytes is not None  # no copies: nothing runs both ways
+    return {k: v for k, v in vars(p.rates).items()
+            if v is not None and (copies or k != "duplex")}
 
 
 #: The figures printed: field, label, scale and unit (seconds are formatted).
 _FIELDS = (("flops", "gemm", 1e12, "TFLOP/s"),
            ("unsplit_flops", "gemm, panels not split ahead", 1e12, "TFLOP/s"),
            ("h2d_bytes", "copies to the GPU", 1e9, "GB/s"),
+           ("duplex", "copies both ways at once, each", 1e-2, "% of one way"),
            ("memory_bytes", "device memory", 1e9, "GB/s"),
            ("read_bytes", "host copies out of arrays", 1e9, "GB/s"),
            ("write_bytes", "host copies into arrays", 1e9, "GB/s"),

@@ -34,6 +34,9 @@ SIM_STEPS = 1024
 #: the same plan where two plans' predicted times are close (tiles, and so the order in which
 #: C's sums are added, do not change from run to run).
 RATE_STEPS = 16
+#: The least share of the one-way rate the model lets copies keep while the link runs both
+#: ways (below it, copies both ways would be slower than one after the other).
+MIN_DUPLEX = 0.5
 
 
 def snap_rate(x: float | None) -> float | None:
@@ -115,6 +118,9 @@ class Rates:
     #: (0.0: not decoded, or not known): a compressed panel comes in no faster than its
     #: decoding readers decode it (:func:`read_rates`).
     decode_bytes: tuple[float, float] = (0.0, 0.0)
+    #: The share of its one-way rate a copy keeps while copies run the other way at once
+    #: (1.0: the link carries both directions at full speed; at least MIN_DUPLEX).
+    duplex: float = 1.0
 
     def for_plan(self, p: Plan) -> "Rates":
         """These rates for ``p``'s products: ``flops`` is ``unsplit_flops`` where p's gemm
@@ -150,7 +156,8 @@ class Rates:
                        pin_bytes=snap_rate(self.pin_bytes),
                        thread_bytes=snap_rate(self.thread_bytes),
                        unsplit_flops=snap_rate(self.unsplit_flops),
-                       decode_bytes=tuple(snap_rate(x) or 0.0 for x in self.decode_bytes))
+                       decode_bytes=tuple(snap_rate(x) or 0.0 for x in self.decode_bytes),
+                       duplex=snap_rate(self.duplex))
 
     def gemm_seconds(self, flops: float, steps: int, depth: int, added: float) -> float:
         """Seconds of ``steps`` gemm steps doing ``flops`` over ``depth`` (their depths
@@ -487,7 +494,8 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     Each stage is one server taking its work in schedule order: reads (:func:`read_rates`
     and ``r.per_load`` a read; with staging they fill the host slots), copies in
     (``r.h2d_bytes``, and ``r.per_row`` a row of a pitched copy in place), gemms
-    (``r.flops`` plus ``r.per_step``), copies out (at the host-to-device rate) and writes
+    (``r.flops`` plus ``r.per_step``), copies out (at the host-to-device rate; a copy's
+    seconds that overlap the other direction's copies at ``r.duplex`` of it) and writes
     of finished C tiles (``r.write_bytes``); a gemm adding into its tile also moves the tile
     through the compute memory (``r.memory_bytes``). Operands copied in place
     (``p.in_place``) are not read or written by the host and use no host slot; the run starts
@@ -507,6 +515,7 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     rates_in, wr, load_s, hr = read_rates(p, r), r.write_bytes, r.per_load, r.per_host_row
     h2d = r.h2d_bytes if staging and r.h2d_bytes else math.inf  # no copies: free
     row_s = r.per_row if staging and r.h2d_bytes else 0.0
+    slow = 1.0 / max(MIN_DUPLEX, min(1.0, r.duplex)) - 1.0  # per second beside the other way
     direct = direct_operands(p)
     pitched = pitched_rows(p)
     depths = [k1 - k0 for k0, k1 in p.k_panels()]
@@ -590,8 +599,11 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
             ready = start
             for op, slot, nbytes, pitch_rows, _ in loads:
                 free = c_copied[slot] if op == 2 else gemms[dev_user[op][slot] + 1]
+                begin = max(cin_end, start, free)
                 seconds = nbytes / h2d + pitch_rows * row_s
-                cin_end = ready = max(cin_end, start, free) + seconds
+                if slow and cout_end > begin:
+                    seconds += slow * min(seconds, cout_end - begin)
+                cin_end = ready = begin + seconds
                 busy[1] += seconds
                 if not direct[op]:
                     h = host_next[op]
@@ -611,8 +623,11 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
             if staging:
                 if c_written[ck] > issue:
                     issue = c_written[ck]
+                begin = max(cout_end, gemm_end, issue)
                 seconds = nbytes / h2d + pitched[2](rows, cols, depth) * row_s
-                c_copied[cs] = cout_end = done = max(cout_end, gemm_end, issue) + seconds
+                if slow and cin_end > begin:
+                    seconds += slow * min(seconds, cin_end - begin)
+                c_copied[cs] = cout_end = done = begin + seconds
                 busy[3] += seconds
             if direct[2]:  # copied out into the user's array: nothing to write
                 c_written[ck] = done

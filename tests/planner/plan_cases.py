@@ -90,7 +90,8 @@ def rates(draw):
                  per_issue=draw(fixed), per_handoff=draw(fixed), per_run=draw(fixed),
                  register_bytes=draw(st.one_of(st.none(), rate)),
                  pin_bytes=draw(st.one_of(st.none(), rate)),
-                 thread_bytes=draw(st.one_of(st.none(), rate)))
+                 thread_bytes=draw(st.one_of(st.none(), rate)),
+                 duplex=draw(st.sampled_from([1.0, 0.8, 0.5])))
 
 
 @st.composite

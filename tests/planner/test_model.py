@@ -257,6 +257,23 @@ def test_pitched_copies_in_place_cost_their_rows():
         staged.bytes_h2d / TF32_PINNED.h2d_bytes)  # staged panels are contiguous
 
 
+@pytest.mark.parametrize("tile, overlap", [
+    ((4096, 4096, 2048), True),    # 16 tiles: each goes out while the next ones' panels come in
+    ((8192, 8192, 2048), False),   # one tile: it goes out after the last panel came in
+])
+def test_copies_both_ways_at_once_keep_the_duplex_share_of_the_rate(tile, overlap):
+    args = dict(device_budget=8 * GiB, host_budget=32 * GiB, tile=tile, order="stream",
+                in_place="ABC")
+    full = make_plan(8192, 8192, 8192, **args, rates=TF32_PINNED)
+    shared = make_plan(8192, 8192, 8192, **args, rates=replace(TF32_PINNED, duplex=0.8))
+    t_full, t_shared = simulate(full, full.rates).end, simulate(shared, shared.rates).end
+    link = stage_times(full, full.rates)
+    if overlap:  # slower, by at most the copies' seconds at the shared rate
+        assert t_full < t_shared <= t_full + 0.25 * (link.copy_in + link.copy_out)
+    else:
+        assert t_shared == t_full
+
+
 def test_fixed_costs_of_steps_and_reads_count_per_step_and_per_read():
     base = replace(H100_ARRAYS, per_step=0.0, per_load=0.0)
     args = dict(device_budget=GiB, host_budget=GiB, tile=(512, 512, 512), order="stream",
