@@ -3,11 +3,10 @@ process, device, kernel, precision and size (or kept from an earlier process on 
 machine: :mod:`bigmm.calibration`).
 
 A backend's gemm (its kernel and precision: TF32 tensor cores run several times faster than
-IEEE float32 on the CUDA cores; timed over a train long enough to lower the GPU's clocks, as a
-run's gemms do), pinned host-to-device copies (whole, both ways at once, and pitched beside the
-gemms, as a run's copies are: the cost of a row), device memory (a copy within it),
-allocating pinned memory and page-locking a host array in place are each timed with CUDA
-events and the host clock.
+IEEE float32 on the CUDA cores), pinned host-to-device copies (whole, both ways at once, and
+pitched beside the gemms, as a run's copies are: the cost of a row), device memory (a copy
+within it), allocating pinned memory and page-locking a host array in place are each timed
+with CUDA events and the host clock.
 
 This module imports cupy at its top: only the cupy backend imports it.
 """
@@ -33,12 +32,9 @@ _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
 #: Bytes per row of the pitched copies timed (a 4096-wide float32 panel) and bytes of the host
 #: array page-locked and released.
 ROW_BYTES, LOCK_BYTES = 16 << 10, 64 << 20
-#: Seconds of back-to-back gemms the gemm rate is timed over: a run's gemms keep the GPU busy
-#: long enough to lower its clocks, which one short product does not show.
-SUSTAIN_SECONDS = 0.2
-#: What the rates kept by an earlier process must have been measured as (the gemm over
-#: SUSTAIN_SECONDS, the copies both ways at once).
-MEASURED_AS = "sustained-duplex"
+#: What the rates kept by an earlier process must have been measured as (with the copies
+#: both ways at once).
+MEASURED_AS = "duplex"
 #: Device memory other processes may hold while the GPU still counts as quiet for a kept
 #: calibration (the driver's own context takes a few hundred MiB).
 OTHERS_BYTES = 1 << 30
@@ -53,10 +49,9 @@ on_measuring(_RATES.clear)  # bigmm calibrate measures them again
 
 def rates(be, dtype: str, limit: int | None = None) -> Rates:
     """Rates of the cupy backend ``be`` for ``dtype`` operands: its gemm (its kernel and
-    precision, over a train of SUSTAIN_SECONDS, and the waves of its thread blocks), pinned
-    host-to-device copies (whole, both ways at once, and pitched in rows of 16 KiB beside its
-    gemms: the cost of a row), device memory (a copy
-    within it), allocating pinned memory and page-locking a host array in place (and releasing them),
+    precision, and the waves of its thread blocks), pinned host-to-device copies (whole, both
+    ways at once, and pitched in rows of 16 KiB beside its gemms: the cost of a row), device
+    memory (a copy within it), allocating pinned memory and page-locking a host array in place (and releasing them),
     measured once per process and size (a 4096^3 product, 4096 x 4096 x 16384 for
     half-precision operands, a 256 MiB copy in, a 128 MiB copy
     on the device, 64 MiB pinned and a 64 MiB array locked, timed with events and the host
@@ -116,7 +111,6 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         depth = n * deep_factor(dtype, host.size, n)
         xa, xb = dev[: n * depth].reshape(n, depth), dev[-depth * n:].reshape(depth, n)
         t_gemm = time_events(lambda: be.gemm(xa, xb, c, 1.0, 0.0, False, False, s), s)
-        t_held = sustained(lambda: be.gemm(xa, xb, c, 1.0, 0.0, False, False, s), s, t_gemm)
         duplex = _duplex(host, dev, nbytes, s)
         rows = nbytes // (PITCH * ROW_BYTES)  # one row in PITCH of the buffer's
         # a copy's own start cost apart: the slope between copies of all and half the rows
@@ -124,10 +118,8 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         # a gemm that splits large products ahead: also a product too small for it (plain
         # TF32 reads both operands of this one and of the product above as stored)
         narrow = n // 4 if isinstance(be, SplitsPanels) and be.split_parts else 0
-        def unsplit() -> None:
-            be.gemm(x[:narrow], x, c[:narrow], 1.0, 0.0, False, False, s)
-
-        t_unsplit = sustained(unsplit, s, time_events(unsplit, s)) if narrow else 0.0
+        t_unsplit = time_events(lambda: be.gemm(x[:narrow], x, c[:narrow], 1.0, 0.0, False,
+                                                False, s), s) if narrow else 0.0
         pin = choose(min(nbytes, LOCK_BYTES))  # the faster way: later blocks are made so
         lock = lock_rate(min(nbytes, LOCK_BYTES))
     # a product smaller than 4096^3 (a budget under 64 MiB) is too short to tell what
@@ -136,7 +128,7 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
     h2d = nbytes / t_copy
     more = rows - rows // 2
     per_row = max(0.0, t_rows - more * ROW_BYTES / h2d) / more if rows >= 2 else 0.0
-    return Rates(flops=2 * n * n * depth / t_held, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
+    return Rates(flops=2 * n * n * depth / t_gemm, read_bytes=READ_RATE, write_bytes=WRITE_RATE,
                  h2d_bytes=h2d, duplex=duplex,
                  memory_bytes=2 * half / t_move if full else None,
                  wave_flops=(wave_flops(be, dtype)
@@ -170,20 +162,6 @@ def _pitched_slope(be, host: np.ndarray, rows: int, t_gemm: float, gemm_args, s)
                 - time_events(lambda: beside(rows // 2), s))
     finally:
         other.synchronize()
-
-
-def sustained(fn, stream, once: float) -> float:
-    """Seconds a call of ``fn`` takes in a train of calls lasting about SUSTAIN_SECONDS
-    (``once``: one call's time), timed with events: the rate the GPU keeps at the clocks a
-    long run lowers it to."""
-    count = max(2, math.ceil(SUSTAIN_SECONDS / once))
-    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-    e0.record(stream)
-    for _ in range(count):
-        fn()
-    e1.record(stream)
-    e1.synchronize()
-    return max(once, cupy.cuda.get_elapsed_time(e0, e1) / 1e3 / count)
 
 
 def _duplex(host: np.ndarray, dev: cupy.ndarray, nbytes: int, s) -> float:
