@@ -32,8 +32,8 @@ M, K, N = 130, 120, 110  # multiples of nothing
 BUDGET = "60000"          # 9 tiles of 44 x 37, 5 K panels each
 ALPHA, BETA = 1.5, -0.5
 
-#: ``python -m bigmm ARGS`` with two hooks: SIGKILL itself once the journal holds KILL_AT tiles
-#: records (0: never), and sleep PAUSE seconds after each tile write (to overlap two runs).
+#: ``python -m bigmm ARGS`` with two hooks: SIGKILL itself once this run has journaled KILL_AT
+#: tiles (0: never), and sleep PAUSE seconds after each tile write (to overlap two runs).
 CLI = textwrap.dedent("""
     import os, signal, sys, time
     import bigmm.executor.tuning as tuning
@@ -45,9 +45,9 @@ CLI = textwrap.dedent("""
     append, seen = journal.Journal.append, [0]
     def counted(self, record):
         append(self, record)
-        if "tiles" in record:
-            seen[0] += 1
-            if seen[0] == kill_at:
+        if "tiles" in record:  # one record may hold several tiles on a loaded machine
+            seen[0] += len(record["tiles"])
+            if kill_at and seen[0] >= kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
     journal.Journal.append = counted
     write = filesink.FileSink.write
