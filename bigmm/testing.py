@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import OptionError
+from .errors import Interrupted, OptionError
 from .planner import Plan, Step
 from .units import HALF_DTYPES, accumulate_dtype, dtype_name
 
@@ -174,6 +174,28 @@ class Faults:
     def corrupt_tile(self, st: Step, c) -> None:
         if self._due("C", st):
             self.fired.append(("C", st.tile.index) + flip_exponent(c, self.element))
+
+
+def run_stopped(call, stops, *, resumed: dict, seen=None) -> None:
+    """A job run in tries stopped by their progress callbacks: ``call(progress=..., **extra)``
+    runs it (``bigmm.matmul`` with its arguments bound), try i stopped (KeyboardInterrupt)
+    once ``stops[i]`` tiles of its own are done, each later try with ``resumed`` as extra
+    keywords, and a last try without a stop where every try was stopped. ``seen(p)`` is called
+    with every Progress first."""
+    again: dict = {}
+    for stop in stops:
+        def progress(p, stop=stop):
+            if seen is not None:
+                seen(p)
+            if p.tiles_done - p.tiles_skipped >= stop:
+                raise KeyboardInterrupt
+        try:
+            call(progress=progress, **again)
+        except Interrupted:
+            again = resumed
+            continue
+        return
+    call(**again)
 
 
 def flip_exponent(x, element: tuple[int, int]) -> tuple[float, float]:

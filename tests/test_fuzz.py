@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bigmm
-from bigmm.errors import BudgetError, Interrupted
+from bigmm.errors import BudgetError
 from bigmm.io import open_input
 from bigmm.io.generate import generate
 from bigmm.job import decoding
 from bigmm.planner import make_plan
-from bigmm.testing import magnitude, random_matrix, reference_gemm, tolerance
+from bigmm.testing import magnitude, random_matrix, reference_gemm, run_stopped, tolerance
 
 FUZZ = settings(max_examples=50, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -201,17 +201,6 @@ def test_interrupted_and_resumed_jobs_are_the_uninterrupted_run(job):
             bigmm.matmul(a, b, specs[0], **kw)
         except BudgetError:  # compressed chunks larger than the budget: refused, as stated
             return
-        again = {}
-        for stop in job["stops"]:
-            def progress(p, stop=stop):
-                if p.tiles_done - p.tiles_skipped >= stop:
-                    raise KeyboardInterrupt
-            try:
-                bigmm.matmul(a, b, specs[1], progress=progress, **dict(kw, **again))
-            except Interrupted:
-                again = dict(resume=True, overwrite=False)
-                continue
-            break
-        else:
-            bigmm.matmul(a, b, specs[1], **dict(kw, **again))
+        run_stopped(lambda **x: bigmm.matmul(a, b, specs[1], **dict(kw, **x)), job["stops"],
+                    resumed=dict(resume=True, overwrite=False))
         assert np.array_equal(_read(specs[1]), _read(specs[0]), equal_nan=True)

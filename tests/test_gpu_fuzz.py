@@ -20,9 +20,9 @@ os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS SGEMM in plain float32 (before
 
 import bigmm  # noqa: E402
 from bigmm import io  # noqa: E402
-from bigmm.errors import BudgetError, Interrupted  # noqa: E402
+from bigmm.errors import BudgetError  # noqa: E402
 from bigmm.testing import (pinned_array, random_matrix, reference_gemm,  # noqa: E402
-                           relative_error, tolerance)
+                           relative_error, run_stopped, tolerance)
 from bigmm.units import numpy_dtype  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -177,20 +177,8 @@ def test_interrupted_gpu_jobs_resume_to_the_uninterrupted_run(job, data):
             bigmm.matmul(A, B, outs[0], progress=lambda p: record(p, outs[0]), **kw)
         except BudgetError:  # chunks larger than the budget: refused, as stated
             return
-        again: dict = {}
-        for stop in job["stops"]:
-            def progress(p, stop=stop):
-                record(p, outs[1])
-                if p.tiles_done - p.tiles_skipped >= stop:
-                    raise KeyboardInterrupt
-            try:
-                bigmm.matmul(A, B, outs[1], progress=progress, **kw, **again)
-            except Interrupted:
-                again = dict(resume=True)
-                continue
-            break
-        else:
-            bigmm.matmul(A, B, outs[1], **kw, **again)
+        run_stopped(lambda **x: bigmm.matmul(A, B, outs[1], **kw, **x), job["stops"],
+                    resumed=dict(resume=True), seen=lambda p: record(p, outs[1]))
         got = [_load(spec) for spec in outs]
         ref = reference_gemm(a, b, alpha=job["alpha"], beta=job["beta"], c=c0,
                              trans_a=job["ta"], trans_b=job["tb"])

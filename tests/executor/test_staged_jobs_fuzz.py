@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 
 import bigmm
 from bigmm import api, io
-from bigmm.errors import BudgetError, Interrupted
+from bigmm.errors import BudgetError
 from bigmm.planner import Rates
-from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+from bigmm.testing import (random_matrix, reference_gemm, relative_error, run_stopped,
+                           tolerance)
 
 #: A GPU's rates (an H100's gemm and link; page-locking at the rate each job draws).
 GPU = dict(flops=50e12, read_bytes=2e9, write_bytes=1e9, h2d_bytes=50e9, duplex=0.85)
@@ -161,19 +162,10 @@ def _run(job, A, B, outs):
             job["schedules"][0] = (io.read_journal(outs[0]) or {}).get("plan")
 
     bigmm.matmul(A, B, outs[0], progress=first, **kw)
-    again: dict = {}
-    for stop in job["stops"]:
-        def progress(p, stop=stop):
-            if len(job["schedules"]) < 2:
-                job["schedules"].append((io.read_journal(outs[1]) or {}).get("plan"))
-            if p.tiles_done - p.tiles_skipped >= stop:
-                raise KeyboardInterrupt
-        try:
-            bigmm.matmul(A, B, outs[1], progress=progress, **kw, **again)
-        except Interrupted:
-            again = dict(resume=True)
-            continue
-        break
-    else:
-        bigmm.matmul(A, B, outs[1], **kw, **again)
+    def second(p):
+        if len(job["schedules"]) < 2:
+            job["schedules"].append((io.read_journal(outs[1]) or {}).get("plan"))
+
+    run_stopped(lambda **x: bigmm.matmul(A, B, outs[1], **kw, **x), job["stops"],
+                resumed=dict(resume=True), seen=second)
     return True
