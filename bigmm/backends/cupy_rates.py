@@ -51,8 +51,8 @@ def rates(be, dtype: str, limit: int | None = None) -> Rates:
     """Rates of the cupy backend ``be`` for ``dtype`` operands: its gemm (its kernel and
     precision, and the waves of its thread blocks), pinned host-to-device copies (whole, both
     ways at once, and pitched in rows of 16 KiB beside its gemms: the cost of a row), device
-    memory (a copy within it), allocating pinned memory and page-locking a host array in place (and releasing them),
-    measured once per process and size (a 4096^3 product, 4096 x 4096 x 16384 for
+    memory (a copy within it), allocating pinned memory and page-locking a host array in place
+    (and releasing them), measured once per process and size (a 4096^3 product, 4096 x 4096 x 16384 for
     half-precision operands, a 256 MiB copy in, a 128 MiB copy
     on the device, 64 MiB pinned and a 64 MiB array locked, timed with events and the host
     clock; smaller when ``limit``, the bytes the run may hold on the device and in pinned
