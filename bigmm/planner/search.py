@@ -8,7 +8,7 @@ ties go to fewer tiles, then larger K panels.
 With :class:`~bigmm.planner.model.Rates` it picks the shortest predicted time (ties: the byte
 order above), the makespan of the pipeline model. Candidates are simulated in order of a
 quick estimate, at most SIM_PLANS of them, skipping any whose lower bound
-(:class:`~bigmm.planner.model.StageTimes`) exceeds the best time found. The byte objective cannot
+(:class:`~bigmm.planner.stages.StageTimes`) exceeds the best time found. The byte objective cannot
 see that a plan reading all of A before its first tile can compute waits for it; the time
 does. The plan chosen holds its rates, and its predicted time was computed while choosing.
 """
@@ -22,8 +22,9 @@ from dataclasses import replace
 from ..errors import BudgetError, DtypeError, PlanError, ShapeError
 from ..units import DTYPES, accumulate_dtype, format_bytes
 from . import decode
-from .model import SIM_STEPS, Rates, StageTimes, stage_times
+from .model import SIM_STEPS, Rates, stage_times
 from .schedule import OPERANDS, ORDERS, WHOLE_ORDERS, Plan
+from .stages import StageTimes
 
 #: Fixed cost of one gemm step (launch, events, the executor's bookkeeping), counted as bytes
 #: moved when comparing schedules: about 40 us at 25 GB/s. Stops the planner from trading a few
