@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import BigmmError, SpecError
 from ..units import numpy_dtype
-from . import h5atomic, zarrsource
+from . import h5atomic, zarrmeta, zarrsource
 from ._h5 import H5LOCK, stored_dtype
 from .filesink import PARTIAL_SUFFIX
 from .identity import array_footprint, refuse_alias
@@ -46,7 +46,7 @@ def existing_dtype(x, *, resume: bool = False, reads_c: bool = False) -> np.dtyp
         except BigmmError:
             return None
     if spec.zarr:
-        if zarrsource.node_type(zarrsource.array_dir(spec.path, spec.dataset)) != "array":
+        if zarrmeta.node_type(zarrsource.array_dir(spec.path, spec.dataset)) != "array":
             return None
         return np.dtype(zarrsource.open_array(spec, "C").dtype)
     if not os.path.isfile(spec.path) or not h5py.is_hdf5(spec.path):

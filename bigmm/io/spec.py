@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import SpecError
+from .zarrmeta import readable_type
 
 HDF5, ZARR = "hdf5", "zarr"
 
@@ -107,6 +108,4 @@ def _outermost(store: str, array: str) -> tuple[str, str]:
 
 def _is_group(folder: str) -> bool:
     """Whether ``folder`` holds a Zarr group (v3 ``zarr.json``, v2 ``.zgroup``)."""
-    from .zarrsource import readable_type  # (which parses specs itself)
-
     return readable_type(folder) == "group"

@@ -18,7 +18,8 @@ from .durable import fsync_dir, fsync_path
 from .layout import chunk_cells
 from .mapped import NO_FALLOCATE, reserve, start_writeback
 from .rawio import write_block
-from .zarrsource import META, TMP_SUFFIX, read_meta
+from .zarrmeta import META, read_meta
+from .zarrsource import TMP_SUFFIX
 
 #: Suffix of the original array's directory while a partial array replaces it.
 OLD_SUFFIX = ".bigmm-old"

@@ -12,7 +12,8 @@ from ..errors import OutputExistsError, OutputNotWritable
 from ._h5 import COMPLETE_ATTR
 from .spec import Spec
 from .zarrsink import remove_tree
-from .zarrsource import array_dir, enclosing_array, node_type, zarr_module
+from .zarrmeta import node_type
+from .zarrsource import array_dir, enclosing_array, zarr_module
 
 
 def _compressors(codec: str | None):

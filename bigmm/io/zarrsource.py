@@ -58,10 +58,10 @@ from .mapped import STEP_BYTES, FileMaps
 from .rawio import read_block
 from .inputs import DEFAULT_THREADS, TASK_BYTES, Source, caller_splits, incomplete_message
 from .spec import ZARR, Spec
+from .zarrmeta import META, node_type, readable_type
 from ..units import dtype_name
 
 #: The array's metadata document in its directory (Zarr v3).
-META = "zarr.json"
 #: Suffix of a chunk file being written (:mod:`.zarrsink`); never read as a chunk.
 TMP_SUFFIX = ".bigmm-tmp"
 #: Compressors read on the direct path, by their Zarr v3 name.
@@ -106,38 +106,6 @@ def spec_of(arr) -> Spec | None:
     if not isinstance(arr.store, zarr.storage.LocalStore):
         return None
     return Spec(os.path.abspath(str(arr.store.root)), "/" + arr.path.strip("/"), ZARR)
-
-
-def read_meta(folder: str) -> dict | None:
-    """The parsed ``zarr.json`` in ``folder``; None where there is none; ReadError where it is
-    not readable JSON."""
-    path = os.path.join(folder, META)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise ReadError(f"Expected Zarr metadata in '{path}'. Got unreadable JSON: {exc}.") \
-            from None
-    if not isinstance(value, dict):
-        raise ReadError(f"Expected Zarr metadata in '{path}'. Got {type(value).__name__}.")
-    return value
-
-
-def node_type(folder: str) -> str | None:
-    """"array" or "group" for the Zarr node in ``folder`` (v3 ``zarr.json``; v2 ``.zarray`` /
-    ``.zgroup``), None where there is none."""
-    meta = read_meta(folder)
-    if meta is not None:
-        return str(meta.get("node_type"))
-    if os.path.isfile(os.path.join(folder, ".zarray")):
-        return "array"
-    if os.path.isfile(os.path.join(folder, ".zgroup")):
-        return "group"
-    return None
 
 
 def enclosing_array(store: str, path: str) -> str | None:
@@ -186,15 +154,6 @@ def _list_arrays(store: str, limit: int = 8) -> str:
         if len(found) >= limit:
             break
     return ", ".join(found) if found else "no arrays"
-
-
-def readable_type(folder: str) -> str | None:
-    """node_type, or None where the metadata cannot be read (a listing in a message, or a spec
-    looking for the groups above it, skips such a node rather than failing on it)."""
-    try:
-        return node_type(folder)
-    except ReadError:
-        return None
 
 
 def is_incomplete(arr) -> bool:
