@@ -106,7 +106,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
               io_threads: int | None = None, out_dtype=None, kernel: str | None = None,
               precision: str | None = None, symmetric: bool = False,
               upper: bool = False, measure_within: int | None = None,
-              files: filerates.Files | None = None) -> tuple[Plan, dict]:
+              files: filerates.Files | None = None,
+              timed: dict | None = None) -> tuple[Plan, dict]:
     """The Plan and journal job for these operands. With ``calibrate`` the backend's rates
     (and the operands' read and write speeds, the host's fixed costs per step and per read,
     and with ``verify`` its checksum costs) give the predicted time, and on a staging (GPU)
@@ -124,7 +125,9 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     decode buffers count in the host budget (:func:`decoding`): a budget below one decoded
     chunk is refused before anything is timed, and the timing decodes one chunk at a time.
     ``files``: what the files are now (:func:`bigmm.filerates.look`), where the caller has
-    looked already."""
+    looked already. ``timed``: rates an earlier call of the same caller timed, by what they
+    were timed within (taken from it and added to it), so that its plans compare under one
+    timing."""
     m, k, n, dtype = check_operands(A, B, trans_a, trans_b)
     precision = job_precision(kernel, precision, dtype)
     if symmetric and verify is not None:
@@ -159,8 +162,12 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     # budget is the RAM for panels and tiles), the host's copies within the host's
     within = measure_within or (min(device, host) if be.staging else device)
     copies_within = measure_within or (host if be.staging else device)
-    rates = (_host_costs(_rates(be, dtype, within), A, B, be, dtype, readers, copies_within)
-             if calibrate else None)
+    key = (dtype, within, copies_within, readers)
+    rates = timed.get(key) if timed is not None and calibrate else None
+    if rates is None and calibrate:
+        rates = _host_costs(_rates(be, dtype, within), A, B, be, dtype, readers, copies_within)
+        if timed is not None:
+            timed[key] = rates
     checked = None
     if rates is not None and verify is not None:
         fused = isinstance(be, Checksums) and bool(be.fuses_checks)
@@ -286,21 +293,22 @@ def budget_note(A, B, out, be, p: Plan, *, memory, host_memory, **kw) -> str | N
     if (memory is None and host_memory is None) or kw.get("resume") or not p.predicted_seconds:
         return None
     within = min(p.device_budget, p.host_budget)  # the note measures within the budgets given
-    kw = dict(kw, measure_within=within)
+    kw = dict(kw, measure_within=within, timed={})  # and its plans under one timing
     default = plan_job(A, B, out, be, memory=None, host_memory=None, **kw)[0]
     t, best = p.predicted_seconds, default.predicted_seconds
     if not best or t < NOTE_SLOWER * best or t - best < NOTE_SECONDS:
         return None
     factor, budgets, q = NOTE_STEP, {}, default
+    tops = {"memory": default.device_budget, "host_memory": default.host_budget}
     while True:
-        budgets = {name: min(given * factor, top) for name, asked, given, top in (
-            ("memory", memory, p.device_budget, default.device_budget),
-            ("host_memory", host_memory, p.host_budget, default.host_budget))
+        budgets = {name: min(given * factor, tops[name]) for name, asked, given in (
+            ("memory", memory, p.device_budget), ("host_memory", host_memory, p.host_budget))
             if asked is not None}
+        if all(v >= tops[name] for name, v in budgets.items()):
+            q = default  # the default budgets: their plan, as predicted above
+            break
         q = plan_job(A, B, out, be, **{"memory": None, "host_memory": None, **budgets}, **kw)[0]
-        at_top = all(v >= top for v, top in zip(
-            budgets.values(), (default.device_budget, default.host_budget)))
-        if q.predicted_seconds <= NOTE_NEAR * best or at_top:
+        if q.predicted_seconds <= NOTE_NEAR * best:
             break
         factor *= NOTE_STEP
     given = " and ".join(f"{name}={size_arg(v)}" for name, v in (

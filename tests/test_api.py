@@ -1005,6 +1005,40 @@ def test_a_budget_that_slows_the_plan_down_is_noted_with_one_that_helps(tmp_path
     assert api.budget_note(spec_a, spec_b, memory=helps, **kw) is None
 
 
+
+class _NoisyStagingBackend(_StagingBackend):
+    """Rates that come out 40% apart from one timing to the next, as a loaded machine's."""
+
+    def __init__(self):
+        super().__init__()
+        self.timings = 0
+
+    def rates(self, dtype, limit):
+        self.timings += 1
+        return replace(_GPU_RATES, flops=_GPU_RATES.flops * (1.4 if self.timings % 2 else 1.0))
+
+
+def test_a_host_budget_alone_is_noted_under_one_timing(monkeypatch):
+    """A note for ``host_memory`` alone names a host budget that helps, and compares its plans
+    under the rates of one timing: with rates that move between timings it still ends."""
+    monkeypatch.setattr(job, "NOTE_SECONDS", 0.0)
+    a, b = random_matrix((2000, 1500), np.float32), random_matrix((1500, 1800), np.float32, 1)
+    closing, be = [], _NoisyStagingBackend()
+    A, B = job.open_inputs(a, b, closing)
+    try:
+        kw = dict(alpha=1.0, beta=0.0, trans_a=False, trans_b=False, resume=False,
+                  calibrate=True)
+        p, _ = job.plan_job(A, B, None, be, memory=None, host_memory="256KiB", **kw)
+        before = be.timings
+        note = job.budget_note(A, B, None, be, p, memory=None, host_memory="256KiB", **kw)
+    finally:
+        for x in closing:
+            x.close()
+    assert note is not None and note.startswith("note: host_memory=256KiB")
+    assert re.search(r"; host_memory=\d+[KMG]iB is predicted", note), note
+    assert be.timings - before == 1  # the note's plans, timed once
+
+
 @pytest.mark.parametrize("mode", ["a", "r"])  # the user's file open to write; open to read
 def test_c_into_the_file_the_user_holds_open_with_the_inputs(tmp_path, mode):
     path = tmp_path / "data.h5"
