@@ -198,6 +198,26 @@ def run_stopped(call, stops, *, resumed: dict, seen=None) -> None:
     call(**again)
 
 
+def kill_at(owner, name: str, when, before: bool, wrap=lambda f: f) -> None:
+    """Make the process SIGKILL itself at a call of ``owner.name`` (a function of the output
+    layer, of h5py, of os) for which ``when(*args)`` holds: before the call, or after it
+    returned. ``wrap``: how the replacement is set on ``owner`` (``staticmethod`` for a static
+    method). For the kill tests' child processes."""
+    import signal
+
+    orig = getattr(owner, name)
+
+    def f(*args, **kwargs):
+        if before and when(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        result = orig(*args, **kwargs)
+        if not before and when(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    setattr(owner, name, wrap(f))
+
+
 def flip_exponent(x, element: tuple[int, int]) -> tuple[float, float]:
     """Flip the highest clear exponent bit of one element of the 2-D array ``x`` (NumPy or a
     device array); returns (old, new). For values of ordinary size this multiplies them by

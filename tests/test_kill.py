@@ -72,20 +72,10 @@ CLI = textwrap.dedent("""
     from bigmm.cli import main
     from bigmm.executor import calibrate
     from bigmm.io import direct, filesink, h5atomic, journal, output
+    from bigmm.testing import kill_at
 
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
-
-    def hook(owner, name, when, before, wrap=lambda f: f):
-        orig = getattr(owner, name)
-        def f(*args, **kwargs):
-            if before and when(*args, **kwargs):
-                die()
-            result = orig(*args, **kwargs)
-            if not before and when(*args, **kwargs):
-                die()
-            return result
-        setattr(owner, name, wrap(f))
 
     always = lambda *a, **k: True
     J = journal.Journal
@@ -128,7 +118,7 @@ CLI = textwrap.dedent("""
                 os.pwrite, os.unlink = real
         h5atomic.H5Atomic._commit, h5atomic._recover_locked = counted_commit, counted_recover
     elif points[sys.argv[1]] is not None:
-        hook(*points[sys.argv[1]])
+        kill_at(*points[sys.argv[1]])
     pause, write = float(sys.argv[2]), filesink.FileSink.write
     if pause > 0:
         def slow_write(self, *args):

@@ -42,23 +42,10 @@ RUN_TIMEOUT = 300.0
 TILE_SLEEP = 0.03  # seconds after each tile write in the random-kill runs
 
 CLI = textwrap.dedent("""
-    import os, signal, sys, time
+    import os, sys, time
     from bigmm.cli import main
     from bigmm.io import direct, journal, zarrsink
-
-    def die():
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    def hook(owner, name, when, before, wrap=lambda f: f):
-        orig = getattr(owner, name)
-        def f(*args, **kwargs):
-            if before and when(*args, **kwargs):
-                die()
-            result = orig(*args, **kwargs)
-            if not before and when(*args, **kwargs):
-                die()
-            return result
-        setattr(owner, name, wrap(f))
+    from bigmm.testing import kill_at
 
     always = lambda *a, **k: True
     J, F = journal.Journal, zarrsink.ChunkFiles
@@ -77,7 +64,7 @@ CLI = textwrap.dedent("""
         "journal-not-removed": (J, "remove", always, True),
     }
     if points[sys.argv[1]] is not None:
-        hook(*points[sys.argv[1]])
+        kill_at(*points[sys.argv[1]])
     pause, write = float(sys.argv[2]), zarrsink.ZarrSink.write
     if pause > 0:
         def slow_write(self, *args):
