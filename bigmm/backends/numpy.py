@@ -46,6 +46,8 @@ _SYMBOLS = ("scipy_cblas_{p}gemm64_", "cblas_{p}gemm64_", "cblas_{p}gemm")
 BLAS_MODES = ("auto", "cblas", "scipy")
 #: Elements of an operand converted to float64 at a time by ``weighted_sums``.
 SUMS_BLOCK = 1 << 20
+#: The gemm rates :meth:`NumpyBackend.rates` timed in this process.
+_TIMED: dict[tuple, Rates] = {}
 #: Elements of float32 that the gemm of half-precision operands converts them into at a time
 #: (both operands' K block: 16 MiB), and the least depth of a block.
 HALF_SCRATCH, HALF_DEPTH = 1 << 22, 256
@@ -170,10 +172,19 @@ class NumpyBackend:
     def rates(self, dtype: str, limit: int | None = None) -> Rates:
         """Rates for the predicted time: the gemm's flops from the best of three n x n
         products (n at most 1024, and the two operands within ``limit`` bytes; the first
-        call also wakes the BLAS threads), nominal disk speeds, no copies."""
+        call also wakes the BLAS threads), nominal disk speeds, no copies. Timed once per
+        process for each backend class, BLAS, dtype, size and count of BLAS threads
+        (``_TIMED``): the plans of one process compare under one timing, as a GPU's kept
+        rates let them."""
         dt, ct = numpy_dtype(str(dtype)), numpy_dtype(accumulate_dtype(str(dtype)))
         n = 1024 if limit is None else max(16, min(1024, math.isqrt(
             limit // (dt.itemsize + ct.itemsize))))
+        key = (type(self), self.blas, str(dtype), n, self.gemm_threads())
+        if key not in _TIMED:
+            _TIMED[key] = self._time_rates(dt, ct, n)
+        return _TIMED[key]
+
+    def _time_rates(self, dt: np.dtype, ct: np.dtype, n: int) -> Rates:
         a = self.view(self.host_buffer(n * n, dt), (n, n))
         c = self.view(self.host_buffer(n * n, ct), (n, n))
         a[...] = 1.0

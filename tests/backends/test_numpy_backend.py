@@ -264,7 +264,8 @@ def test_an_ability_is_absent_unless_all_of_it_is_there(ability):
     ("float64", 1 << 20, 256),   # two 256^2 float64 operands fill 1 MiB
     ("float32", 100, 16),        # a tiny limit still times 16^2
 ])
-def test_rates_time_a_gemm_within_the_limit(monkeypatch, dtype, limit, n):
+def test_rates_time_a_gemm_within_the_limit_once_a_process(monkeypatch, dtype, limit, n):
+    monkeypatch.setattr(numpy_backend, "_TIMED", {})  # nothing timed yet in this process
     be = NumpyBackend()
     sizes, gemm = [], be.gemm
 
@@ -277,3 +278,8 @@ def test_rates_time_a_gemm_within_the_limit(monkeypatch, dtype, limit, n):
     assert sizes == [(n, n)] * 3  # the best of three
     assert r.flops > 0 and (r.read_bytes, r.write_bytes) == (READ_RATE, WRITE_RATE)
     assert r.h2d_bytes is None  # host memory is the compute memory
+    # later calls, of this backend or another, take the same timing; other threads time anew
+    assert be.rates(dtype, limit) is r and NumpyBackend().rates(dtype, limit) is r
+    assert len(sizes) == 3
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", str(be.gemm_threads() + 1))
+    assert be.rates(dtype, limit) is not r and len(sizes) == 6
