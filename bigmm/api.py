@@ -22,7 +22,7 @@ from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import OptionError, OutputTooLarge
 from .executor import STAGES, Progress, RunStats, execute
-from .job import budget_note as job_budget_note
+from .advice import budget_note as job_budget_note
 from .job import (check_symmetric_c, complete_stats, open_inputs, open_output, output_dtype,
                   parse_io_threads, parse_scalar, plan_job, resolve_backend)
 from .planner import Plan
@@ -216,7 +216,7 @@ def budget_note(a: Operand, b: Operand, out: Operand | None = None, *, alpha: fl
                 io_threads: int | None = None) -> str | None:
     """One line when the budgets given make the plan (``plan``, or the one :func:`plan`
     would return) predicted much slower than the default budgets would, with the budget that
-    would help; None otherwise (see :func:`bigmm.job.budget_note`)."""
+    would help; None otherwise (see :func:`bigmm.advice.budget_note`)."""
     verify = parse_verify(verify)
     with _opened(a, b, backend, kernel, precision) as (be, A, B, _):
         kw = dict(alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, resume=False,

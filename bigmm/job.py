@@ -22,7 +22,7 @@ from .planner import READ_RATE, WRITE_RATE, Plan, Rates, cpu_step_bytes, make_pl
 from .planner.decode import offered
 from .planner.model import lock_seconds, snap_rate
 from .precision import check_dtype, describe, kernel_precision, parse_precision
-from .units import (DTYPES, HALF_DTYPES, common_dtype, dtype_name, format_seconds, numpy_dtype,
+from .units import (DTYPES, HALF_DTYPES, common_dtype, dtype_name, numpy_dtype,
                     parse_out_dtype, parse_size)
 
 #: Without a budget, the compute side may use this share of the memory the backend reports.
@@ -48,10 +48,6 @@ ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9
 COPY_SHARE = 0.6
 #: Bytes the calibration of a host gemm may hold at least (two 1024^2 float32 operands).
 HOST_CALIBRATION = 8 << 20
-#: A plan predicted this many times slower than the default budgets', and by at least
-#: NOTE_SECONDS, gets a note (:func:`budget_note`), which names the smallest budget within
-#: NOTE_NEAR of the default's time, trying budgets NOTE_STEP times apart.
-NOTE_SLOWER, NOTE_SECONDS, NOTE_NEAR, NOTE_STEP = 2.0, 1.0, 1.25, 4
 #: Keys of the journal's job that must match for a resume.
 _JOB_KEYS = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c")
 #: The precision a job record without one stands for (the default is not recorded).
@@ -280,52 +276,6 @@ def _host_paths(be, A, B, out, dtype: str, verify, rates: Rates) -> list:
     if pinned != usable and isinstance(be, Registers) and rates.register_bytes:
         paths.append((usable, "".join(op for op in usable if op not in pinned)))
     return paths
-
-
-def budget_note(A, B, out, be, p: Plan, *, memory, host_memory, **kw) -> str | None:
-    """One line when the budgets given (``memory``, ``host_memory``: those not None) make
-    ``p`` predicted NOTE_SLOWER times as slow as the default budgets' plan or slower (and
-    NOTE_SECONDS slower at least): the
-    two predicted times, and the smallest of the given budgets times NOTE_STEP, NOTE_STEP^2,
-    ... (at most the defaults) whose plan comes within NOTE_NEAR of the default's time.
-    None where no budget was given, a plan has no predicted time, or it is not that slow.
-    ``kw``: the other arguments of :func:`plan_job` (a resumed schedule is not advised on)."""
-    if (memory is None and host_memory is None) or kw.get("resume") or not p.predicted_seconds:
-        return None
-    within = min(p.device_budget, p.host_budget)  # the note measures within the budgets given
-    kw = dict(kw, measure_within=within, timed={})  # and its plans under one timing
-    default = plan_job(A, B, out, be, memory=None, host_memory=None, **kw)[0]
-    t, best = p.predicted_seconds, default.predicted_seconds
-    if not best or t < NOTE_SLOWER * best or t - best < NOTE_SECONDS:
-        return None
-    factor, budgets, q = NOTE_STEP, {}, default
-    tops = {"memory": default.device_budget, "host_memory": default.host_budget}
-    while True:
-        budgets = {name: min(given * factor, tops[name]) for name, asked, given in (
-            ("memory", memory, p.device_budget), ("host_memory", host_memory, p.host_budget))
-            if asked is not None}
-        if all(v >= tops[name] for name, v in budgets.items()):
-            q = default  # the default budgets: their plan, as predicted above
-            break
-        q = plan_job(A, B, out, be, **{"memory": None, "host_memory": None, **budgets}, **kw)[0]
-        if q.predicted_seconds <= NOTE_NEAR * best:
-            break
-        factor *= NOTE_STEP
-    given = " and ".join(f"{name}={size_arg(v)}" for name, v in (
-        ("memory", p.device_budget), ("host_memory", p.host_budget))
-        if (memory if name == "memory" else host_memory) is not None)
-    helps = " ".join(f"{name}={size_arg(v)}" for name, v in budgets.items())
-    return (f"note: {given} makes this plan about {t / best:.0f}x slower than the default "
-            f"budgets would ({format_seconds(t)} predicted against {format_seconds(best)}); "
-            f"{helps} is predicted to take {format_seconds(q.predicted_seconds)}")
-
-
-def size_arg(nbytes: int) -> str:
-    """A budget as ``memory=`` takes it, in the largest unit that writes it whole."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes % size == 0:
-            return f"{nbytes // size}{unit}"
-    return str(nbytes)
 
 
 def job_record(p: Plan, alpha: float, beta: float, precision: str = "float32") -> dict:

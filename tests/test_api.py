@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import bigmm
-from bigmm import api, errors, filerates, job, planstore
+from bigmm import advice, api, errors, filerates, job, planstore
 from bigmm.backends.numpy import NumpyBackend
 from bigmm.executor import RunStats, calibrate
 from bigmm.planner import Plan, Rates, make_plan
@@ -981,7 +981,7 @@ def test_tiny_budgets_predict_the_time_of_their_many_small_steps(tmp_path):
 
 def test_a_budget_that_slows_the_plan_down_is_noted_with_one_that_helps(tmp_path,
                                                                        monkeypatch):
-    monkeypatch.setattr(job, "NOTE_SECONDS", 0.1)  # a small job: a tenth of a second matters
+    monkeypatch.setattr(advice, "NOTE_SECONDS", 0.1)  # a small job: a tenth of a second matters
     spec_a, spec_b, _, _ = _small_steps(tmp_path)
     kw = dict(backend="numpy")
     p = bigmm.plan(spec_a, spec_b, memory="128KiB", **kw)
@@ -990,15 +990,15 @@ def test_a_budget_that_slows_the_plan_down_is_noted_with_one_that_helps(tmp_path
     helps = re.search(r"; memory=(\d+[KMG]iB) is predicted", note).group(1)
     default = bigmm.plan(spec_a, spec_b, **kw)
     better = bigmm.plan(spec_a, spec_b, memory=helps, **kw)
-    assert p.predicted_seconds >= job.NOTE_SLOWER * default.predicted_seconds
+    assert p.predicted_seconds >= advice.NOTE_SLOWER * default.predicted_seconds
     # each call times the host's costs afresh (the gemm's rate moves between calls on a busy
     # machine): the budget named is within NOTE_NEAR of the default as the note predicted
     # both (to the note's rounding)
     unit = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
     (t, tu), (best, bu), (q, qu) = re.findall(r"([\d.]+) (us|ms|s)\b(?: predicted|\);|$)",
                                               note)
-    assert float(q) * unit[qu] <= job.NOTE_NEAR * float(best) * unit[bu] * 1.01, note
-    assert float(t) * unit[tu] >= job.NOTE_SLOWER * float(best) * unit[bu] * 0.99, note
+    assert float(q) * unit[qu] <= advice.NOTE_NEAR * float(best) * unit[bu] * 1.01, note
+    assert float(t) * unit[tu] >= advice.NOTE_SLOWER * float(best) * unit[bu] * 0.99, note
     assert better.device_budget < default.device_budget  # the smallest that helps, not all
     # no budget given, or one that costs nothing: no note
     assert api.budget_note(spec_a, spec_b, **kw) is None
@@ -1021,7 +1021,7 @@ class _NoisyStagingBackend(_StagingBackend):
 def test_a_host_budget_alone_is_noted_under_one_timing(monkeypatch):
     """A note for ``host_memory`` alone names a host budget that helps, and compares its plans
     under the rates of one timing: with rates that move between timings it still ends."""
-    monkeypatch.setattr(job, "NOTE_SECONDS", 0.0)
+    monkeypatch.setattr(advice, "NOTE_SECONDS", 0.0)
     a, b = random_matrix((2000, 1500), np.float32), random_matrix((1500, 1800), np.float32, 1)
     closing, be = [], _NoisyStagingBackend()
     A, B = job.open_inputs(a, b, closing)
@@ -1030,7 +1030,7 @@ def test_a_host_budget_alone_is_noted_under_one_timing(monkeypatch):
                   calibrate=True)
         p, _ = job.plan_job(A, B, None, be, memory=None, host_memory="256KiB", **kw)
         before = be.timings
-        note = job.budget_note(A, B, None, be, p, memory=None, host_memory="256KiB", **kw)
+        note = advice.budget_note(A, B, None, be, p, memory=None, host_memory="256KiB", **kw)
     finally:
         for x in closing:
             x.close()

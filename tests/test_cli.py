@@ -371,9 +371,9 @@ def test_a_second_ctrl_c_still_exits_130(tmp_path):
 
 def test_plan_and_multiply_note_a_budget_that_slows_the_plan_down(tmp_path, capsys,
                                                                   monkeypatch):
-    from bigmm import job
+    from bigmm import advice
 
-    monkeypatch.setattr(job, "NOTE_SECONDS", 0.1)  # a small job: a tenth of a second matters
+    monkeypatch.setattr(advice, "NOTE_SECONDS", 0.1)  # a small job: a tenth of a second matters
     a, b = f"{tmp_path / 'ab.h5'}:/A", f"{tmp_path / 'ab.h5'}:/B"
     for spec, shape, seed in ((a, (1000, 1200), 1), (b, (1200, 900), 2)):
         assert run(capsys, "generate", spec, "--shape", *shape, "--chunks", 128, 128,
