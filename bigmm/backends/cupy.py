@@ -66,7 +66,8 @@ from .base import flat_view, rows_contiguous
 from .cupy_arrays import (_check_gemm, _extent, _ld, _page_locked, _pitch, _scalars_by_pointer,
                           device_dtype)
 from .cupy_handles import HandlePool
-from .cupy_pinned import PinnedCache, as_array, lock_range
+from .cupy_pinned import KEPT, as_array, lock_range
+from .cupy_pinned import pinned_bytes_held, release_pinned  # noqa: F401 (this module's API)
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
@@ -87,18 +88,7 @@ ANCHOR_TRIES, ANCHOR_WINDOW = 8, 50e-6
 BLOCK_ALIGN = 256
 
 
-_PINNED = PinnedCache()
 _HANDLES = HandlePool()
-
-
-def release_pinned() -> None:
-    """Free the pinned host blocks kept for the next run."""
-    _PINNED.release()
-
-
-def pinned_bytes_held() -> int:
-    """Bytes of pinned host memory kept for the next run."""
-    return _PINNED.held_bytes()
 
 
 class CupyBackend:
@@ -168,7 +158,7 @@ class CupyBackend:
         dtype = np.dtype(dtype)
         nbytes = int(size) * dtype.itemsize
         with self._device:
-            mem = _PINNED.take(nbytes)
+            mem = KEPT.take(nbytes)
         self._pinned.append((mem.ptr, mem.ptr + nbytes, mem))
         self.host_bytes += nbytes
         return as_array(mem, int(size), dtype)
@@ -564,7 +554,7 @@ class CupyBackend:
         (:func:`.cupy_rates.rates`), with the pinned blocks an earlier run kept."""
         from . import cupy_rates
 
-        return replace(cupy_rates.rates(self, dtype, limit), kept_pinned=_PINNED.sizes())
+        return replace(cupy_rates.rates(self, dtype, limit), kept_pinned=KEPT.sizes())
 
     def close(self) -> None:
         """Wait for this backend's streams, then free its device buffers (now, not when the
@@ -583,7 +573,7 @@ class CupyBackend:
                 self.unregister(ptr)
         blocks = [mem for _, _, mem in self._pinned]
         if self.keep_pinned and blocks:
-            _PINNED.keep(blocks)
+            KEPT.keep(blocks)
         self._pinned, self._device_ptrs, self._streams = [], [], []
         self._user_pinned, self._split_work = [], None
         self.device_bytes = self.host_bytes = 0

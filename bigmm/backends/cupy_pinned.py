@@ -189,3 +189,17 @@ class PinnedCache:
     def release(self) -> None:
         with self._lock:
             self._free.clear()
+
+
+#: The blocks this process keeps for its next run.
+KEPT = PinnedCache()
+
+
+def release_pinned() -> None:
+    """Free the pinned host blocks kept for the next run."""
+    KEPT.release()
+
+
+def pinned_bytes_held() -> int:
+    """Bytes of pinned host memory kept for the next run."""
+    return KEPT.held_bytes()
