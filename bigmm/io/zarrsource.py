@@ -61,7 +61,6 @@ from .spec import ZARR, Spec
 from .zarrmeta import META, node_type, readable_type
 from ..units import dtype_name
 
-#: The array's metadata document in its directory (Zarr v3).
 #: Suffix of a chunk file being written (:mod:`.zarrsink`); never read as a chunk.
 TMP_SUFFIX = ".bigmm-tmp"
 #: Compressors read on the direct path, by their Zarr v3 name.
