@@ -30,7 +30,7 @@ def budget_note(A, B, out, be, p: Plan, *, memory, host_memory, **kw) -> str | N
     t, best = p.predicted_seconds, default.predicted_seconds
     if not best or t < NOTE_SLOWER * best or t - best < NOTE_SECONDS:
         return None
-    factor, budgets, q = NOTE_STEP, {}, default
+    factor = NOTE_STEP
     tops = {"memory": default.device_budget, "host_memory": default.host_budget}
     while True:
         budgets = {name: min(given * factor, tops[name]) for name, asked, given in (
