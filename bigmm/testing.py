@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -203,8 +204,6 @@ def kill_at(owner, name: str, when, before: bool, wrap=lambda f: f) -> None:
     layer, of h5py, of os) for which ``when(*args)`` holds: before the call, or after it
     returned. ``wrap``: how the replacement is set on ``owner`` (``staticmethod`` for a static
     method). For the kill tests' child processes."""
-    import signal
-
     orig = getattr(owner, name)
 
     def f(*args, **kwargs):
