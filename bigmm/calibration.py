@@ -49,7 +49,7 @@ MAX_AGE = 7 * 24 * 3600
 #: The host counts as busy from this one-minute load per core.
 BUSY_LOAD = 0.25
 #: Files of the package whose sizes and times identify its code.
-_CODE_SUFFIXES = (".py", ".cu", ".cuh")
+_CODE_SUFFIXES = (".py", ".c", ".cu", ".cuh")
 
 
 @dataclass(frozen=True)
@@ -237,12 +237,17 @@ def _fresh(entry, now: float) -> bool:
     return whole and 0 <= now - at < MAX_AGE
 
 
-def store_path() -> str:
-    """The file holding this machine's figures (for this boot, code and Python)."""
-    folder = os.environ.get(DIR_ENV) or os.path.join(
+def cache_dir() -> str:
+    """bigmm's directory for what it keeps on this machine (``BIGMM_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/bigmm``, else ``~/.cache/bigmm``)."""
+    return os.environ.get(DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "bigmm")
-    return os.path.join(folder, f"calibration-{_machine()}.json")
+
+
+def store_path() -> str:
+    """The file holding this machine's figures (for this boot, code and Python)."""
+    return os.path.join(cache_dir(), f"calibration-{_machine()}.json")
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,6 +14,7 @@ import pytest
 
 from bigmm import calibration
 from bigmm.executor import calibrate
+from bigmm.io import hostcopy
 
 
 @pytest.fixture
@@ -174,10 +175,10 @@ def test_forget_drops_the_kept_figures(store):
 
 def test_the_hosts_copy_rate_is_kept_and_reused(store, monkeypatch):
     monkeypatch.setattr(calibration, "host_quiet", lambda: True)
-    calibrate.copy_rate.cache_clear()
+    calibrate._kept_copy_rate.cache_clear()
     try:
         measured = calibrate.copy_rate(2, 1 << 20)
-        calibrate.copy_rate.cache_clear()  # as a new process would start
+        calibrate._kept_copy_rate.cache_clear()  # as a new process would start
 
         def no_measuring(*args):
             raise AssertionError("measured again")
@@ -185,7 +186,7 @@ def test_the_hosts_copy_rate_is_kept_and_reused(store, monkeypatch):
         monkeypatch.setattr(calibrate, "_copy_rate", no_measuring)
         assert calibrate.copy_rate(2, 1 << 20) == measured
     finally:
-        calibrate.copy_rate.cache_clear()
+        calibrate._kept_copy_rate.cache_clear()
 
 
 def test_a_second_process_reuses_the_first_ones_figures(store):
@@ -280,7 +281,9 @@ def test_calibrate_measures_again_keeps_and_prints_the_figures(store, capsys, mo
     out = cli(capsys, "--backend", "numpy", "--host-memory", "256MiB", "--io-threads", "2")
     assert "host copies out of arrays" in out and "GB/s" in out, out
     assert "kept 3 of 3 figures in " + calibration.store_path() in out, out
-    assert "  host copies (threads, bytes, piece) [2, " in cli(capsys, "--show")  # in words
+    assert ("host copies: non-temporal stores" if hostcopy.kind() == "stream"
+            else "host copies: NumPy's (") in out, out
+    assert "  host copies (threads, bytes, piece, how) [2, " in cli(capsys, "--show")
     before = calibration.kept()
     assert sorted(name.split(":")[0] for name in before) == [
         "copy-rate", "copy-rate", "copy-row-seconds"]
@@ -290,6 +293,7 @@ def test_calibrate_measures_again_keeps_and_prints_the_figures(store, capsys, mo
     assert after.keys() == before.keys()  # the same figures, each measured again
     assert all(after[name][0] > before[name][0] for name in before)
     assert summary["kept"] == 3 and set(summary["figures"]) == {"float32", "float64"}
+    assert summary["host_copies"] == hostcopy.kind()
     assert all(f["read_bytes"] > 0 for f in summary["figures"].values())
 
 

@@ -66,9 +66,14 @@ def cmd_calibrate(args) -> int:
     seconds = time.perf_counter() - t0
     name, where = backend_info(args.backend, kernel=args.kernel, precision=args.precision)
     stored = sum(f.stored for f in use)
+    from ..io import hostcopy
+
+    copies = hostcopy.kind()
     summary = {"backend": name, "device": where, "store": path, "kept": stored,
-               "seconds": seconds, "figures": figures}
-    lines = [f"calibrated {name} on {where} in {format_seconds(seconds)}"]
+               "seconds": seconds, "figures": figures, "host_copies": copies}
+    lines = [f"calibrated {name} on {where} in {format_seconds(seconds)}",
+             "host copies: " + ("non-temporal stores" if copies == "stream" else
+                                f"NumPy's ({hostcopy.why_numpy()})")]
     for dtype, rows in figures.items():
         lines.append(f"{dtype}:")
         lines += [f"  {label:<34} {text}" for label, text in _rows(rows)]
@@ -134,8 +139,8 @@ def _rows(figures: dict) -> list[tuple[str, str]]:
 
 #: What each kind of kept figure is, for --show (its key follows it).
 _KINDS = {"cupy-rates": "the GPU's gemm and copies (device, kernel, precision, dtype, bytes)",
-          "copy-rate": "host copies (threads, bytes, piece)",
-          "copy-row-seconds": "host copies' cost per row (threads, bytes)",
+          "copy-rate": "host copies (threads, bytes, piece, how)",
+          "copy-row-seconds": "host copies' cost per row (threads, bytes, how)",
           "issue-seconds": "the issuing thread's costs (backend, threads)",
           "disk-read": "file reads a run showed (disk, or the page cache)",
           "disk-write": "file writes a run showed (disk)",

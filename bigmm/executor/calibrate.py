@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from ..calibration import on_measuring, remembered
+from ..io import hostcopy
 from ..io.sink import ArraySink
 from ..io.source import ArraySource, Source
 from ..planner import make_plan
@@ -40,14 +41,18 @@ ISSUE_EDGE, ISSUE_TILE, ISSUE_ROUNDS = 128, 64, 3
 ISSUE_DEPTHS = {True: (256, 2048), False: (256, 1024)}
 
 
-@functools.lru_cache(maxsize=16)
 def copy_rate(threads: int, nbytes: int = COPY_BYTES, piece: int | None = None) -> float:
     """Bytes per second that ``threads`` threads copy between two ordinary (pageable) arrays
     of ``nbytes`` each, in one piece a thread (``piece``: in calls of that many bytes each),
     as the readers copy panels of the user's arrays into staging and the writer copies tiles
-    back (the best of three; both arrays' pages touched first; kept between processes:
-    :mod:`bigmm.calibration`)."""
-    return remembered("copy-rate", [threads, int(nbytes), piece],
+    back (:func:`bigmm.io.hostcopy.copy`; the best of three; both arrays' pages touched
+    first; kept between processes: :mod:`bigmm.calibration`)."""
+    return _kept_copy_rate(threads, int(nbytes), piece, hostcopy.kind())
+
+
+@functools.lru_cache(maxsize=16)
+def _kept_copy_rate(threads: int, nbytes: int, piece: int | None, kind: str) -> float:
+    return remembered("copy-rate", [threads, nbytes, piece, kind],
                       lambda: _copy_rate(threads, nbytes, piece))
 
 
@@ -58,7 +63,7 @@ def _copy_rate(threads: int, nbytes: int, piece: int | None) -> float:
 
     def copy(a: int, b: int) -> None:
         for i in range(a, b, step):
-            dst[i:min(b, i + step)] = src[i:min(b, i + step)]
+            hostcopy.copy(dst[i:min(b, i + step)], src[i:min(b, i + step)])
 
     return src.nbytes / max(_fastest(copy, n, threads), 1e-9)
 
@@ -68,18 +73,22 @@ def piece_rate(nbytes: int = COPY_BYTES, threads: int = 1) -> float:
     once, in pieces of PIECE_BYTES, a call each, as the readers copy a panel's pieces into
     staging (:func:`copy_rate`): they share the host's memory. On an H100 host 16 threads
     copied 3.4 GB/s each, one alone 6.9, and a run's reads came in at 2.7-4.3 GB/s a
-    thread. One large copy runs faster: the C library makes it with non-temporal stores."""
+    thread (NumPy's copies, before :mod:`bigmm.io.hostcopy` streamed them)."""
     return copy_rate(threads, nbytes, PIECE_BYTES) / threads
 
 
-@functools.lru_cache(maxsize=16)
 def copy_row_seconds(threads: int, nbytes: int = COPY_BYTES) -> float:
     """Seconds per row that ``threads`` threads add, beyond the bytes at :func:`copy_rate`,
     copying a region of narrow rows (ROW_BYTES of each PITCH_BYTES row of an ordinary
     array, as a panel of a wider matrix is copied into staging, row by row), counted over
     all the rows copied (the threads run together). Measured on the H100 host: 150 ns a row
     against 49 GB/s, which the staged reads of its runs bore out (kept between processes)."""
-    return remembered("copy-row-seconds", [threads, int(nbytes)],
+    return _kept_row_seconds(threads, int(nbytes), hostcopy.kind())
+
+
+@functools.lru_cache(maxsize=16)
+def _kept_row_seconds(threads: int, nbytes: int, kind: str) -> float:
+    return remembered("copy-row-seconds", [threads, nbytes, kind],
                       lambda: _copy_row_seconds(threads, nbytes))
 
 
@@ -89,7 +98,7 @@ def _copy_row_seconds(threads: int, nbytes: int) -> float:
     dst = np.zeros((rows, ROW_BYTES // 4), np.float32)
 
     def copy(a: int, b: int) -> None:
-        dst[a:b] = src[a:b, : ROW_BYTES // 4]
+        hostcopy.copy(dst[a:b], src[a:b, : ROW_BYTES // 4])
 
     best = _fastest(copy, rows, threads)
     return max(0.0, best - dst.nbytes / copy_rate(threads, nbytes)) / rows
@@ -269,8 +278,8 @@ _ISSUE: dict[tuple, tuple[float, float, float]] = {}
 
 def _drop_kept() -> None:
     """Forget this process's kept figures (``bigmm calibrate`` measures them again)."""
-    copy_rate.cache_clear()
-    copy_row_seconds.cache_clear()
+    _kept_copy_rate.cache_clear()
+    _kept_row_seconds.cache_clear()
     _load_seconds.cache_clear()
     _decode_rate.cache_clear()
     _ISSUE.clear()

@@ -56,6 +56,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from . import hostcopy
+
 PAGE = mmap.ALLOCATIONGRANULARITY
 _MS_SYNC = getattr(mmap, "MS_SYNC", 4)
 _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
@@ -251,7 +253,7 @@ class FileMap:
                 b = min(a + rows, m)
                 for c in range(0, n, cols):
                     d = min(c + cols, n)
-                    dest[a:b, c:d] = src[a:b, c:d]
+                    hostcopy.copy(dest[a:b, c:d], src[a:b, c:d])
                     end = lo + (b - 1) * s0 + (d - 1) * s1 + view.itemsize  # past this block
                     end -= end % FAULT_GRAIN
                     if end > done:

@@ -12,6 +12,7 @@ import errno
 import numpy as np
 
 from ..errors import DiskFullError, ShapeError, WriteError
+from . import hostcopy
 from .base import Matrix
 
 _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
@@ -124,11 +125,11 @@ class ArraySink(Sink):
 
     def read(self, r0, r1, c0, c1, out) -> None:
         self._check(r0, r1, c0, c1, out)
-        out[...] = self.array[r0:r1, c0:c1]
+        hostcopy.copy(out, self.array[r0:r1, c0:c1])
 
     def write(self, r0, r1, c0, c1, src) -> None:
         self._check(r0, r1, c0, c1, src)
-        self.array[r0:r1, c0:c1] = src
+        hostcopy.copy(self.array[r0:r1, c0:c1], src)
 
 
 class CompleteSink(Sink):

@@ -32,6 +32,7 @@ from h5py import h5d, h5o
 
 from ..errors import (BigmmError, IncompleteOutputError, OptionError, ReadError,
                       SpecError)
+from . import hostcopy
 from ._h5 import H5LOCK, REOPENABLE, check_matrix, is_incomplete, read_region, stored_dtype
 from .decode import (DecodePool, decode_into, give_back, read_stored, stored_bound,
                      unshuffle_into)
@@ -78,7 +79,7 @@ class ArraySource(Source):
 
     def read(self, r0, r1, c0, c1, out) -> None:
         self._check_out(r0, r1, c0, c1, out)
-        out[...] = self.array[r0:r1, c0:c1]
+        hostcopy.copy(out, self.array[r0:r1, c0:c1])
 
     def footprint(self) -> Footprint:
         return array_footprint(self.array)
@@ -452,7 +453,7 @@ class H5Source(Source):
                 unshuffle_into(data, dest, (cr, cc), (ca, cb), lay.swap)
             else:
                 chunk = data.view(self._stored()).reshape(cr, cc)
-                dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
+                hostcopy.copy(dest, chunk[ca:ca + a1 - a0, cb:cb + b1 - b0])
 
     def decode_chunk(self, ci, cj, stored, data) -> bool:
         lay = self._layout

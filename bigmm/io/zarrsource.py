@@ -51,6 +51,7 @@ import numpy as np
 from ..errors import (BackendUnavailable, BigmmError, DtypeError, IncompleteOutputError,
                       OperandNotFound, ReadError, SpecError)
 from ._h5 import COMPLETE_ATTR, check_matrix
+from . import hostcopy
 from .decode import DecodePool, decode_into, read_stored, stored_bound
 from .identity import Footprint, ancestors
 from .layout import MAX_INDEX_CELLS, chunk_cells
@@ -360,7 +361,7 @@ class ZarrSource(Source):
                 with self._decoded.chunk((ci, cj), lambda stored, data: self._decode_file(
                         path, stored, data)) as data:
                     chunk = data.view(self._stored).reshape(cr, cc)
-                    dest[...] = chunk[ca:ca + a1 - a0, cb:cb + b1 - b0]
+                    hostcopy.copy(dest, chunk[ca:ca + a1 - a0, cb:cb + b1 - b0])
             except FileNotFoundError:
                 dest[...] = self._fill
             return
