@@ -111,16 +111,24 @@ def _load():
     cc = os.environ.get("CC") or "cc"
     text = _SOURCE.read_bytes()
     key = hashlib.sha256(text + cc.encode() + sys.version.encode()).hexdigest()[:16]
+    own = None  # a directory of this process's own, where the cache cannot be written
     try:
         try:
             path = _built(Path(cache_dir()), key, cc)
-        except OSError:  # the cache directory cannot be written: this process's own copy
-            path = _built(Path(tempfile.mkdtemp(prefix="bigmm-")), key, cc)
+        except OSError:
+            own = Path(tempfile.mkdtemp(prefix="bigmm-"))
+            path = _built(own, key, cc)
     except (OSError, _CompileError) as exc:
         _WHY.append(f"could not compile {_SOURCE.name}: {exc}")
         return None
+    finally:
+        if own is not None and not any(own.iterdir()):
+            own.rmdir()
     try:
         lib = ctypes.CDLL(str(path))
+        if own is not None:  # loaded: the file is not needed any more
+            path.unlink()
+            own.rmdir()
         lib.bigmm_copy_rows.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p,
                                         ctypes.c_ssize_t, ctypes.c_size_t, ctypes.c_size_t]
         lib.bigmm_copy_rows.restype = None

@@ -595,4 +595,5 @@ def test_a_second_process_plans_with_the_first_ones_kept_calibration(tmp_path, f
     assert (second["flops"], second["h2d"]) == (before["flops"], before["h2d"])
     if first == "plan":
         assert second["key"] == before["key"] and second["rates"] == before["rates"]
-    assert len(os.listdir(tmp_path)) == 1  # one store for this machine
+    # one store for this machine (beside it the host copies' compiled library)
+    assert len([f for f in os.listdir(tmp_path) if f.startswith("calibration-")]) == 1

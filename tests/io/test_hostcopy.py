@@ -1,5 +1,6 @@
 import platform
 import shutil
+import tempfile
 
 import ml_dtypes
 import numpy as np
@@ -102,8 +103,15 @@ def test_a_cache_directory_that_cannot_be_made_builds_in_a_temporary_one(monkeyp
                                                                         tmp_path):
     (tmp_path / "file").write_text("not a directory")
     monkeypatch.setenv("BIGMM_CACHE_DIR", str(tmp_path / "file" / "cache"))
-    lib = hostcopy._load()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    tempfile.tempdir = None  # TMPDIR read again
+    try:
+        lib = hostcopy._load()
+    finally:
+        tempfile.tempdir = None
     assert lib is not None and lib.bigmm_streams() == 1
+    assert not list((tmp_path / "tmp").iterdir())  # the process's own copy removed once loaded
     # a second process finds the library built by the first
     monkeypatch.setenv("BIGMM_CACHE_DIR", str(tmp_path / "cache"))
     assert hostcopy._load() is not None
