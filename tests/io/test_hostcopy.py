@@ -5,6 +5,8 @@ import tempfile
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bigmm
 from bigmm.io import hostcopy
@@ -127,3 +129,45 @@ def test_a_run_from_arrays_into_an_array_is_right_with_streamed_copies():
     c = np.full((700, 650), np.nan)
     bigmm.matmul(a, b, c, backend="numpy", memory="8MiB")
     np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-10)
+
+
+@given(rows=st.integers(1, 9), cols=st.integers(1, 700), item=st.sampled_from([1, 2, 4, 8]),
+       offsets=st.tuples(st.integers(0, 70), st.integers(0, 70)),
+       pitches=st.tuples(st.integers(0, 90), st.integers(0, 90)))
+@settings(max_examples=300, deadline=None)
+def test_rows_of_any_length_and_alignment_copy_exactly(rows, cols, item, offsets, pitches):
+    """Every row length and both starts off any alignment, with the streamed path taken
+    for copies of any size (each row's head, whole lines and tail)."""
+    dtype = np.dtype(f"u{item}")
+    rng = np.random.default_rng(rows * 1000 + cols)
+    views = []
+    for off, pitch in zip(offsets, pitches):
+        width = cols + pitch
+        start = off * item + (off % 3)  # also starts off the element grid of the buffer
+        flat = rng.integers(0, 255, start + rows * width * item, np.uint8)
+        views.append(flat[start:start + rows * width * item].view(dtype).reshape(
+            rows, width)[:, :cols])
+    src, dest = views
+    before_dest = dest.copy()
+    assert not np.array_equal(before_dest, src) or cols * rows < 4
+    saved = hostcopy.MIN_BYTES
+    hostcopy.MIN_BYTES = 0
+    try:
+        plain = hostcopy._rows(dest, src) is not None
+        hostcopy.copy(dest, src)
+    finally:
+        hostcopy.MIN_BYTES = saved
+    assert plain or not (X86 and CC)
+    assert np.array_equal(dest, src)
+
+
+@pytest.mark.parametrize("step", [
+    1,  # a contiguous vector: one row
+    2,  # every other element: NumPy
+])
+def test_vectors(step):
+    src = np.arange(300000, dtype=np.float64)[::step]
+    dest = np.full(src.shape, np.nan)
+    assert (hostcopy._rows(dest, src) is not None) == (step == 1 and hostcopy.kind() == "stream")
+    hostcopy.copy(dest, src)
+    assert np.array_equal(dest, src)
