@@ -79,14 +79,20 @@ def _rows(dest: np.ndarray, src: np.ndarray) -> tuple[int, int, int, int] | None
             or dest.ndim not in (1, 2) or dest.nbytes < MIN_BYTES or dest.dtype.hasobject
             or not dest.flags.writeable or os.environ.get(MODE_ENV) == "numpy"):
         return None
-    if dest.ndim == 1:  # one row
-        dest, src = dest[None], src[None]
-    w, (rows, cols) = dest.itemsize, dest.shape
-    if cols > 1 and (dest.strides[1] != w or src.strides[1] != w):
-        return None
+    w = dest.itemsize
+    if dest.ndim == 1:
+        if dest.strides[0] != w or src.strides[0] != w:
+            return None
+        rows, row_bytes, ds, ss = 1, dest.nbytes, 0, 0
+    else:
+        if (dest.shape[1] > 1 and (dest.strides[1] != w or src.strides[1] != w)) or \
+                dest.strides[0] == 0:
+            return None
+        rows, row_bytes, ds, ss = dest.shape[0], dest.shape[1] * w, *dest.strides[:1], \
+            src.strides[0]
     if np.may_share_memory(dest, src):
         return None
-    return rows, cols * w, dest.strides[0], src.strides[0]
+    return rows, row_bytes, ds, ss
 
 
 def _library():
