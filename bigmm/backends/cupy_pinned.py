@@ -3,10 +3,9 @@ the blocks kept between the runs of a process. Imported by :mod:`.cupy` only (it
 cupy).
 
 A block is made one of two ways, whichever :func:`choose` timed faster on this machine:
-``cudaHostAlloc`` (cupy's ``PinnedMemory``), or an ordinary array whose pages are touched on
-several threads and then locked where they lie (``cudaHostRegister``, :class:`LockedBlock`).
-Measured on the H100 host: cudaHostAlloc took 0.46 s for 1 GiB, locking a touched 1 GiB array
-27 ms (and 1.0 s for 12 GiB), so that a run's first staging costs a fraction of what it did.
+``cudaHostAlloc`` (cupy's ``PinnedMemory``), or an ordinary array whose pages are faulted in
+on several threads (one byte written a page) and then locked where they lie
+(``cudaHostRegister``, :class:`LockedBlock`).
 """
 
 from __future__ import annotations
@@ -27,19 +26,23 @@ PAGE = mmap.PAGESIZE
 _HOST_ALLOC_PORTABLE = getattr(cupy.cuda.runtime, "hostAllocPortable", 1)
 _REGISTER_PORTABLE, _REGISTER_READ_ONLY = 1, 8  # cudaHostRegisterPortable, ...ReadOnly
 #: Threads that touch a new block's pages, and the bytes below which one thread does.
-TOUCH_THREADS, TOUCH_ALONE = 8, 16 << 20
+TOUCH_THREADS, TOUCH_ALONE = 16, 16 << 20
 
 
 def touch(x: np.ndarray) -> None:
-    """Write every page of the flat byte array ``x`` (the kernel gives it memory now), on
-    TOUCH_THREADS threads for large arrays."""
+    """Fault in every page of the flat byte array ``x`` (the kernel gives it zeroed memory
+    now) by writing one byte a page, on TOUCH_THREADS threads for large arrays."""
     if x.nbytes < TOUCH_ALONE:
-        x.fill(0)
+        x[::PAGE] = 0
         return
     edges = np.linspace(0, x.size, TOUCH_THREADS + 1).astype(int) // PAGE * PAGE
     edges[-1] = x.size
+
+    def one(ab):
+        x[ab[0]:ab[1]:PAGE] = 0
+
     with cf.ThreadPoolExecutor(TOUCH_THREADS) as pool:
-        list(pool.map(lambda ab: x[ab[0]:ab[1]].fill(0), zip(edges, edges[1:])))
+        list(pool.map(one, zip(edges, edges[1:])))
 
 
 class LockedBlock:
