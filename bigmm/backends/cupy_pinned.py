@@ -109,6 +109,9 @@ def as_array(block, size: int, dtype: np.dtype) -> np.ndarray:
     return np.ndarray((size,), dtype, buffer=cupy.cuda.PinnedMemoryPointer(block, 0))
 
 
+#: Bytes of the cudaHostAlloc block :func:`choose` times (the slow way at any size, and
+#: its time grows with the bytes).
+ALLOC_TIMED = 64 << 20
 #: How blocks are made: "lock" (LockedBlock) or "alloc" (cudaHostAlloc); set by choose().
 _how = {"method": "lock"}
 
@@ -135,22 +138,24 @@ def use(how: str) -> None:
 
 
 def choose(nbytes: int) -> float | None:
-    """Time making and dropping a block of ``nbytes`` both ways (the best of three each),
-    make later blocks the faster way, and return its bytes per second."""
+    """Time making and dropping a block both ways (the best of three each: a locked block of
+    ``nbytes``, a cudaHostAlloc one of at most ALLOC_TIMED bytes), make later blocks the
+    faster way, and return its bytes per second."""
     rates = {}
     for method in ("alloc", "lock"):
         _how["method"] = method
+        size = min(nbytes, ALLOC_TIMED) if method == "alloc" else nbytes
         best = math.inf
         try:
             for _ in range(3):
                 t0 = time.perf_counter()
-                block = make(nbytes)
+                block = make(size)
                 del block
                 best = min(best, time.perf_counter() - t0)
         except cupy.cuda.runtime.CUDARuntimeError:
             continue
         if _how["method"] == method:  # locking did not fall back
-            rates[method] = nbytes / max(best, 1e-9)
+            rates[method] = size / max(best, 1e-9)
     if not rates:
         _how["method"] = "alloc"
         return None

@@ -52,10 +52,10 @@ def rates(be, dtype: str, limit: int | None = None) -> Rates:
     precision, and the waves of its thread blocks), pinned host-to-device copies (whole, both
     ways at once, and pitched in rows of 16 KiB beside its gemms: the cost of a row), device
     memory (a copy within it), allocating pinned memory and page-locking a host array in place
-    (and releasing them), measured once per process and size (a 4096^3 product, 4096 x 4096 x 16384 for
-    half-precision operands, a 256 MiB copy in, a 128 MiB copy
-    on the device, 64 MiB pinned and a 64 MiB array locked, timed with events and the host
-    clock; smaller when ``limit``, the bytes the run may hold on the device and in pinned
+    (and releasing them), measured once per process and size (a 4096^3 product, 4096 x 4096 x
+    16384 for half-precision operands, a 256 MiB copy in, a 128 MiB copy on the device, 256
+    MiB pinned (64 MiB by cudaHostAlloc) and a 64 MiB array locked, timed with events and the
+    host clock; smaller when ``limit``, the bytes the run may hold on the device and in pinned
     memory, is less, so that planning stays within the run's budgets)."""
     item = numpy_dtype(str(dtype)).itemsize
     nbytes = 256 << 20 if limit is None else max(1 << 20, min(256 << 20, int(limit) // 2))
@@ -120,7 +120,9 @@ def _calibrate(be, dtype: np.dtype, nbytes: int, n: int) -> Rates:
         narrow = n // 4 if isinstance(be, SplitsPanels) and be.split_parts else 0
         t_unsplit = time_events(lambda: be.gemm(x[:narrow], x, c[:narrow], 1.0, 0.0, False,
                                                 False, s), s) if narrow else 0.0
-        pin = choose(min(nbytes, LOCK_BYTES))  # the faster way: later blocks are made so
+        # the faster way (later blocks are made so), at the copy's size: a run's blocks are
+        # larger, and a small block's fixed costs would read as a slower rate
+        pin = choose(nbytes)
         lock = lock_rate(min(nbytes, LOCK_BYTES))
     # a product smaller than 4096^3 (a budget under 64 MiB) is too short to tell what
     # a step's C traffic and last wave cost: those terms are left out
