@@ -47,16 +47,16 @@ class _CompileError(Exception):
 def kind() -> str:
     """How :func:`copy` copies large rows in this process: "stream" (non-temporal stores)
     or "numpy"."""
-    if os.environ.get(MODE_ENV) == "numpy":
-        return "numpy"
-    return "stream" if _library() is not None else "numpy"
+    return "numpy" if _streamer() is None else "stream"
 
 
 def why_numpy() -> str:
     """Why :func:`copy` copies with NumPy ('' where it streams)."""
+    if _streamer() is not None:
+        return ""
     if os.environ.get(MODE_ENV) == "numpy":
         return f"{MODE_ENV}=numpy"
-    return "" if _library() is not None else (_WHY[0] if _WHY else "")
+    return _WHY[0] if _WHY else ""
 
 
 def copy(dest: np.ndarray, src: np.ndarray) -> None:
@@ -64,7 +64,7 @@ def copy(dest: np.ndarray, src: np.ndarray) -> None:
     least MIN_BYTES in all, not overlapping) streamed where :func:`kind` is "stream", else
     by NumPy (which also converts and broadcasts as ``dest[...] = src`` does)."""
     rows = _rows(dest, src)
-    lib = _library() if rows is not None else None
+    lib = _streamer() if rows is not None else None
     if lib is None:
         dest[...] = src
         return
@@ -72,12 +72,18 @@ def copy(dest: np.ndarray, src: np.ndarray) -> None:
     lib.bigmm_copy_rows(dest.ctypes.data, ds, src.ctypes.data, ss, n, row_bytes)
 
 
+def _streamer():
+    """The compiled copy, or None where copies go through NumPy (asked for, or it could
+    not be built)."""
+    return None if os.environ.get(MODE_ENV) == "numpy" else _library()
+
+
 def _rows(dest: np.ndarray, src: np.ndarray) -> tuple[int, int, int, int] | None:
     """(rows, bytes a row, destination's and source's row strides) where the copy is plain
     rows of bytes, else None."""
     if (not isinstance(src, np.ndarray) or dest.dtype != src.dtype or dest.shape != src.shape
             or dest.ndim not in (1, 2) or dest.nbytes < MIN_BYTES or dest.dtype.hasobject
-            or not dest.flags.writeable or os.environ.get(MODE_ENV) == "numpy"):
+            or not dest.flags.writeable):
         return None
     w = dest.itemsize
     if dest.ndim == 1:
