@@ -41,6 +41,7 @@ import threading
 
 import numpy as np
 
+from . import hostcopy
 from .mapped import MappedWrites, libc_function, start_writeback  # noqa: F401
 
 #: File offsets, lengths and buffer addresses of direct writes are multiples of this (the
@@ -222,7 +223,7 @@ class DirectWrites:
         buf = np.frombuffer(bounce, np.uint8)
         for k in range(0, len(body), len(buf)):
             part = body[k:k + len(buf)]
-            buf[:len(part)] = part
+            hostcopy.copy(buf[:len(part)], part)
             _write_direct(self.dfd, memoryview(bounce)[:len(part)], offset + k)
         del buf
         self._count("bounced", len(body))
