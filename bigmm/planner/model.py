@@ -38,6 +38,10 @@ RATE_STEPS = 16
 #: The least share of the one-way rate the model lets copies keep while the link runs both
 #: ways (below it, copies both ways would be slower than one after the other).
 MIN_DUPLEX = 0.5
+#: The share of a staging block's pinning that holds the run up when the block is pinned
+#: while the run goes: its locking, during which the driver makes the issuing thread's CUDA
+#: calls wait (faulting its pages in first takes about as long).
+LOCK_SHARE = 0.5
 
 
 def snap_rate(x: float | None) -> float | None:
@@ -200,13 +204,15 @@ class Rates:
 def setup_seconds(p: Plan, r: Rates) -> float:
     """Seconds before the run's first copy and after its last: pinning the staging buffers
     its first step uses that no earlier run kept (``r.pin_bytes``, ``r.kept_pinned``;
-    :meth:`Plan.host_slots`), page-locking the
-    operands ``p.registered`` and releasing them (``r.register_bytes``), the run's own start
-    and end (``r.per_run``); 0 for what has no known rate, and without staging."""
+    :meth:`Plan.host_slots`) and the locking of the others (LOCK_SHARE of their pinning,
+    which holds the run up while they are pinned beside it), page-locking the operands
+    ``p.registered`` and releasing them (``r.register_bytes``), the run's own start and end
+    (``r.per_run``); 0 for what has no known rate, and without staging."""
     if not p.staging:
         return 0.0
-    pin = (sum(nbytes for _, _, nbytes, first, new in _pins(p, r) if first and new)
-           / r.pin_bytes if r.pin_bytes else 0.0)
+    pinned = sum(nbytes * (1.0 if first else LOCK_SHARE)
+                 for _, _, nbytes, first, new in _pins(p, r) if new)
+    pin = pinned / r.pin_bytes if r.pin_bytes else 0.0
     return (pin + lock_seconds(p.registered, p.m, p.n, p.k, p.itemsize, p.c_itemsize, r)
             + r.per_run)
 

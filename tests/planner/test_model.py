@@ -13,7 +13,7 @@ from plan_cases import (GiB, H100_ARRAYS, H100_PINNED, N32, in_place, plan_or_no
                         rates, resident_c)
 
 from bigmm.planner import ORDERS, Rates, make_plan
-from bigmm.planner.model import (RATE_STEPS, SIM_STEPS, STEP_SECONDS, pinned_at,
+from bigmm.planner.model import (LOCK_SHARE, RATE_STEPS, SIM_STEPS, STEP_SECONDS, pinned_at,
                                  predict_seconds, simulate, snap_rate, stage_times)
 
 
@@ -172,12 +172,15 @@ def test_staging_past_the_first_step_is_pinned_while_the_run_goes(reads_c):
     pinned = make_plan(16384, 16384, 16384, **args, rates=pin)
     slots = pinned.host_slots()
     first = sum(b for *_, b, f in slots if f)
+    rest = sum(b for *_, b, f in slots if not f)
     assert first == 4 * 4096 * (4096 + 8192 + (8192 if reads_c else 0))
     st_ = stage_times(pinned, pin)
-    assert st_.setup == pytest.approx(first / 2e9)
-    assert st_.pinning == pytest.approx(sum(b for *_, b, f in slots if not f) / 2e9)
-    # the first step waits for its own buffers only; later steps wait for theirs as needed
-    assert free.predicted_seconds + first / 2e9 <= pinned.predicted_seconds
+    # the first step's buffers before the start, and the locking of the others, which
+    # holds the run up while they are pinned beside it
+    assert st_.setup == pytest.approx((first + LOCK_SHARE * rest) / 2e9)
+    assert st_.pinning == pytest.approx(rest / 2e9)
+    # the first step waits for its own buffers; later steps wait for theirs as needed
+    assert free.predicted_seconds + st_.setup <= pinned.predicted_seconds
     assert pinned.predicted_seconds <= free.predicted_seconds + st_.setup + st_.pinning + 1e-9
     slow = replace(TF32_PINNED, pin_bytes=1e8)  # pinning the rest outlasts the whole run
     late = make_plan(16384, 16384, 16384, **args, rates=slow)
@@ -207,7 +210,8 @@ def test_blocks_kept_by_an_earlier_run_are_not_pinned_again(kept):
         assert st_.pinning == pytest.approx(before.pinning)
     else:
         first = sum(b for *_, b, f in slots if f)  # kept either way: no longer pinned first
-        assert st_.setup == pytest.approx(before.setup - first / 2e9)
+        rest = sum(b for *_, b, f in slots if not f) if kept == "all" else 0  # nor locked
+        assert st_.setup == pytest.approx(before.setup - (first + LOCK_SHARE * rest) / 2e9)
         assert st_.pinning == pytest.approx(0.0 if kept == "all" else before.pinning)
         assert (max(ready.values()) == 0.0) == (kept == "all")
     assert again.predicted_seconds < fresh.predicted_seconds
