@@ -19,6 +19,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -120,21 +121,25 @@ def _load():
     own = None  # a directory of this process's own, where the cache cannot be written
     try:
         try:
-            path = _built(Path(cache_dir()), key, cc)
-        except OSError:
-            own = Path(tempfile.mkdtemp(prefix="bigmm-"))
-            path = _built(own, key, cc)
-    except (OSError, _CompileError) as exc:
-        _WHY.append(f"could not compile {_SOURCE.name}: {exc}")
-        return None
+            try:
+                path = _built(Path(cache_dir()), key, cc)
+            except OSError:
+                own = Path(tempfile.mkdtemp(prefix="bigmm-"))
+                path = _built(own, key, cc)
+        except (OSError, _CompileError) as exc:
+            _WHY.append(f"could not compile {_SOURCE.name}: {exc}")
+            return None
+        return _opened(path)
     finally:
-        if own is not None and not any(own.iterdir()):
-            own.rmdir()
+        if own is not None:  # loaded or not, this process's own build is not needed again
+            shutil.rmtree(own, ignore_errors=True)
+
+
+def _opened(path: Path):
+    """The compiled copy at ``path``, loaded; None (the reason in _WHY) where it cannot be
+    loaded or does not stream here."""
     try:
         lib = ctypes.CDLL(str(path))
-        if own is not None:  # loaded: the file is not needed any more
-            path.unlink()
-            own.rmdir()
         lib.bigmm_copy_rows.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p,
                                         ctypes.c_ssize_t, ctypes.c_size_t, ctypes.c_size_t]
         lib.bigmm_copy_rows.restype = None

@@ -122,6 +122,27 @@ def test_a_cache_directory_that_cannot_be_made_builds_in_a_temporary_one(monkeyp
     assert [p.suffix for p in built] == [".so"]
 
 
+
+@pytest.mark.skipif(not X86, reason="the library is built on x86-64 only")
+def test_a_build_that_does_not_load_leaves_no_temporary_directory(monkeypatch, tmp_path):
+    cc = tmp_path / "cc"  # a "compiler" whose output is not a shared library
+    cc.write_text('#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\necho garbage > "$2"\n')
+    cc.chmod(0o755)
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("BIGMM_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    why = len(hostcopy._WHY)
+    tempfile.tempdir = None  # TMPDIR read again
+    try:
+        assert hostcopy._load() is None
+    finally:
+        tempfile.tempdir = None
+    assert "could not load" in hostcopy._WHY[why]
+    del hostcopy._WHY[why:]
+    assert not list((tmp_path / "tmp").iterdir())
+
 def test_a_run_from_arrays_into_an_array_is_right_with_streamed_copies():
     rng = np.random.default_rng(3)
     a = rng.standard_normal((700, 900))
