@@ -104,6 +104,11 @@ class OptionError(BigmmError, ValueError):
     """An option has a value bigmm does not take (layout, compression, seed, sample count, ...)."""
 
 
+class OutputOverflowError(BigmmError, OverflowError):
+    """The product has finite values beyond the largest finite value of C's dtype (float32
+    sums asked for as float16, say): written, they would become infinite."""
+
+
 class OutputTooLarge(BigmmError, MemoryError):
     """The result was asked for as an in-memory array (out=None) and does not fit in memory."""
 

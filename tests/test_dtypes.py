@@ -6,6 +6,8 @@ paths through the whole pipeline."""
 
 from __future__ import annotations
 
+import warnings
+
 import h5py
 import ml_dtypes
 import numpy as np
@@ -17,7 +19,8 @@ import bigmm
 from bigmm import io
 from bigmm.cli import main
 from bigmm.backends.numpy import NumpyBackend
-from bigmm.errors import BudgetError, DtypeError, OptionError, ResumeError
+from bigmm.errors import (BudgetError, DtypeError, OptionError, OutputOverflowError,
+                          ResumeError)
 from bigmm.executor.loads import Slots
 from bigmm.io._h5 import BF16_BE, BF16_LE
 from bigmm.io.generate import block, generate
@@ -283,6 +286,53 @@ def test_verify_checksum_is_refused_for_half_precision():
     a, b = operands(10, 10, 10, "float16")
     with pytest.raises(OptionError, match="verify=None for float16"):
         bigmm.matmul(a, b, backend="numpy", verify="checksum")
+
+
+# ----- products beyond C's dtype ---------------------------------------------------------------
+
+def test_a_float16_output_too_narrow_for_the_product_is_an_error_not_infinities(tmp_path):
+    a = np.full((50, 900), 200, np.float16)  # every element of A @ B is 3.6e7
+    b = np.full((900, 40), 200, np.float16)
+    out = f"{tmp_path / 'c.h5'}:/C"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no NumPy overflow warning either
+        with pytest.raises(OutputOverflowError, match=r"float16 \(largest finite value 65504\)"
+                           r".*2000 values.*3\.6e\+07.*out_dtype=float32"):
+            bigmm.matmul(a, b, out, backend="numpy", out_dtype="float16")
+    with h5py.File(tmp_path / "c.h5", "r") as f:  # marked incomplete, not finished
+        assert not f["C"].attrs["bigmm_complete"]
+    # as float32 it fits and is right
+    bigmm.matmul(a, b, out, backend="numpy", overwrite=True)
+    assert verify(a, b, out).passed
+
+
+def test_a_float64_product_beyond_a_float32_array_is_an_error(tmp_path):
+    a, c = np.full((20, 30), 1e30), np.zeros((20, 10), np.float32)
+    with pytest.raises(OutputOverflowError, match="float32.*200 values.*3e\\+61"):
+        bigmm.matmul(a, np.full((30, 10), 1e30), out=c, backend="numpy")
+
+
+def test_infinities_of_the_product_itself_are_written_as_they_are():
+    a = random_matrix((40, 30), np.float16, 1)
+    a[3, 4], a[7, 0] = np.inf, np.nan
+    b = random_matrix((30, 20), np.float16, 2)
+    c = bigmm.matmul(a, b, backend="numpy", out_dtype="float16")
+    with np.errstate(invalid="ignore"):
+        ref = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
+    assert np.array_equal(np.isfinite(c), np.isfinite(ref))
+    assert not np.isfinite(c[3]).any() and not np.isfinite(c[7]).any()
+
+
+def test_cli_refuses_a_float16_output_too_narrow(tmp_path, capsys):
+    with h5py.File(tmp_path / "ab.h5", "w") as f:
+        f["A"] = np.full((50, 900), 200, np.float16)
+        f["B"] = np.full((900, 40), 200, np.float16)
+    ab = str(tmp_path / "ab.h5")
+    rc = main(["multiply", f"{ab}:/A", f"{ab}:/B", "-o", f"{tmp_path / 'c.h5'}:/C",
+               "--out-dtype", "float16", "-q"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "bigmm: error: Expected the product to fit C's dtype float16" in err
+    assert "--out-dtype float32" in err and "Traceback" not in err
 
 
 # ----- resume ---------------------------------------------------------------------------------

@@ -18,9 +18,10 @@ import time
 
 import numpy as np
 
-from ..errors import BigmmError, WriteError
+from ..errors import BigmmError, OutputOverflowError, WriteError
 from ..planner import Tile
 from ..runstats import Tally
+from ..units import dtype_name
 from . import tuning
 from .mirror import fill_lower, transposed
 from .tuning import io_pieces
@@ -171,7 +172,8 @@ class Writer(threading.Thread):
     def _put(self, r0: int, r1: int, c0: int, c1: int, src) -> None:
         """One write, ``src`` converted to the output's dtype first where it differs."""
         if src.dtype != self.out.dtype:
-            src = src.astype(self.out.dtype)
+            src = converted(src, self.out.dtype,
+                            f"rows {r0}:{r1}, columns {c0}:{c1} of {self.out.label}")
         self.out.write(r0, r1, c0, c1, src)
 
     def _commit(self, pending: list) -> None:
@@ -196,3 +198,22 @@ class Writer(threading.Thread):
         exc = fut.exception()
         if exc is not None and self.error is None:
             self.error = exc
+
+
+def converted(src: np.ndarray, dtype, where: str) -> np.ndarray:
+    """``src`` in ``dtype``; OutputOverflowError where a finite value of ``src`` is not finite
+    in it (beyond its largest finite value), rather than C written with infinities."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = src.astype(dtype)
+    finite = np.isfinite(out)
+    if finite.all():
+        return out
+    lost = np.isfinite(src) & ~finite
+    if not lost.any():  # infinities and NaN of the product itself, kept
+        return out
+    name, wide = dtype_name(dtype), dtype_name(src.dtype)
+    largest = float(np.finfo(dtype).max)
+    raise OutputOverflowError(
+        f"Expected the product to fit C's dtype {name} (largest finite value {largest:.6g}). "
+        f"Got {int(lost.sum())} values beyond it in {where} (largest magnitude "
+        f"{float(np.abs(src[lost]).max()):.4g}): write C as {wide} (out_dtype={wide}).")
