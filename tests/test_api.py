@@ -6,8 +6,8 @@ import glob
 import hashlib
 import json
 import os
-import shutil
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -268,6 +268,24 @@ def test_plan_refuses_an_out_that_is_an_input_as_matmul_does(files, out):
             bigmm.plan(a, b, a, backend="numpy")
         with pytest.raises(errors.OutputIsInputError) as run:
             bigmm.matmul(a, b, a, backend="numpy", overwrite=True)
+    assert str(planned.value) == str(run.value)
+
+
+@pytest.mark.parametrize("place,words", [
+    ("text", "which is not HDF5"),  # a text file where C's HDF5 file would be
+    ("folder", "(a directory)"),    # a directory there
+])
+def test_plan_refuses_an_out_that_cannot_hold_c_as_matmul_does(files, place, words):
+    tmp, spec_a, spec_b, _ = files
+    path = tmp / "c-place.h5"
+    if place == "text":
+        path.write_text("not HDF5")
+    else:
+        path.mkdir()
+    with pytest.raises(errors.OutputNotWritable, match=re.escape(words)) as planned:
+        bigmm.plan(spec_a, spec_b, f"{path}:/C", backend="numpy")
+    with pytest.raises(errors.OutputNotWritable) as run:
+        bigmm.matmul(spec_a, spec_b, f"{path}:/C", backend="numpy")
     assert str(planned.value) == str(run.value)
 
 

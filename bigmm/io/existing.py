@@ -92,5 +92,7 @@ def refuse_output_alias(x, inputs) -> None:
         return
     if not spec.zarr and os.path.exists(h5atomic.redo_path(spec.path)):
         return  # a killed run's change to finish first: the run does, then refuses it
-    info = _storage(spec).inspect(spec, spec.dataset + PARTIAL_SUFFIX, label)
+    store = _storage(spec)
+    store.check(spec)  # a place that cannot hold the output, as open_output says it
+    info = store.inspect(spec, spec.dataset + PARTIAL_SUFFIX, label)
     refuse_alias(info["footprint"], inputs, label)
