@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import OutputExistsError, OutputNotWritable
 from ._h5 import COMPLETE_ATTR
 from .spec import Spec
-from .zarrsink import remove_tree
+from .zarrsink import refuse_v2_group, remove_tree
 from .zarrmeta import node_type
 from .zarrsource import array_dir, enclosing_array, zarr_module
 
@@ -41,14 +41,15 @@ def generate_zarr(spec: Spec, shape: tuple[int, int], dtype: str, lay, seed: int
     if inside is not None:
         raise OutputNotWritable(f"Expected a place for {spec} in a group. Got one inside the "
                                 f"array '{inside}' of '{store}'.")
+    refuse_v2_group(spec)
     folder = array_dir(store, path)
     kind = node_type(folder) if os.path.isdir(folder) else None
     if kind == "group":
         raise OutputNotWritable(f"Expected an array path for {spec}. Got a group.")
     if kind == "array":
         if not overwrite:
-            raise OutputExistsError(f"Expected {spec} not to exist (pass overwrite to replace "
-                                    f"it). Got an existing array.")
+            raise OutputExistsError(f"Expected {spec} not to exist (pass overwrite=True to "
+                                    f"replace it). Got an existing array.")
         remove_tree(folder)
     m, n = shape
     try:

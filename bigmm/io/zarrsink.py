@@ -47,7 +47,7 @@ from .inputs import DEFAULT_THREADS
 from .spec import ZARR, Spec
 from .zarrfiles import (AHEAD, OLD_SUFFIX, ChunkFiles, drop_stale, remove_tree, swap,
                         write_attributes)
-from .zarrmeta import META, node_type, read_meta
+from .zarrmeta import META, node_type, read_meta, v2_group_above
 from .zarrsource import (ZarrSource, array_dir, direct_codec, enclosing_array, open_array,
                          zarr_module)
 
@@ -356,6 +356,7 @@ def check(spec: Spec) -> None:
     if inside is not None:
         raise OutputNotWritable(f"Expected a place for the output array in a group. Got "
                                 f"{spec}, inside the array '{inside}' of '{spec.path}'.")
+    refuse_v2_group(spec)
     folder = array_dir(spec.path, spec.dataset)
     if not os.path.isdir(folder):
         return
@@ -372,6 +373,16 @@ def check(spec: Spec) -> None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputNotWritable(f"Expected a writable Zarr array for the output. Got "
                                 f"'{folder}' (permission denied).")
+
+
+def refuse_v2_group(spec: Spec) -> None:
+    """OutputNotWritable where the array ``spec`` would be made inside a Zarr v2 group: the
+    v3 metadata written beside it would hide the group's v2 arrays from zarr-python."""
+    old = v2_group_above(spec.path, spec.dataset)
+    if old is not None:
+        raise OutputNotWritable(f"Expected a Zarr v3 store for {spec}. Got a Zarr v2 group at "
+                                f"'{old}' (.zgroup), whose arrays a v3 array beside them would "
+                                f"hide: write it to another store.")
 
 
 def exists(spec: Spec) -> bool:

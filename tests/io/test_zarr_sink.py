@@ -22,6 +22,7 @@ zarr = pytest.importorskip("zarr")
 import bigmm  # noqa: E402
 from bigmm import cli, errors  # noqa: E402
 from bigmm.io import direct, open_input, open_output, read_journal  # noqa: E402
+from bigmm.io.generate import generate  # noqa: E402
 from bigmm.io.journal import journal_path, lock_path  # noqa: E402
 from bigmm.io.spec import parse_spec  # noqa: E402
 from bigmm.io.zarrsink import OLD_SUFFIX, PARTIAL_SUFFIX, ZarrRegionSink, swap  # noqa: E402
@@ -539,6 +540,20 @@ def test_output_places_refused(tmp_path, ab, made, suffix, error, words):
         bigmm.matmul(sa, sb, f"{store}{suffix}", **KW)
     if made != "file":
         assert (store / "d" / "keep.txt").read_text() == "x"  # nothing of the user's removed
+
+
+def test_a_new_array_in_a_zarr_v2_group_is_refused_and_the_group_kept(tmp_path, ab):
+    sa, sb, a, _ = ab
+    store = tmp_path / "v2.zarr"
+    zarr.open_group(str(store), mode="w", zarr_format=2).create_array("A", data=a,
+                                                                      chunks=(16, 16))
+    for call in (lambda: bigmm.matmul(sa, sb, f"{store}:/C", **KW),
+                 lambda: bigmm.plan(sa, sb, f"{store}:/C", backend="numpy"),
+                 lambda: generate(f"{store}:/X", (4, 4))):
+        with pytest.raises(errors.OutputNotWritable, match="Zarr v2 group at"):
+            call()
+    assert not (store / "zarr.json").exists()  # no v3 metadata hiding the v2 arrays
+    assert list(zarr.open_group(str(store), mode="r").keys()) == ["A"]
 
 
 def test_an_array_written_in_place(tmp_path, ab):
