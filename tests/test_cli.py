@@ -269,9 +269,10 @@ def test_ctrl_c_leaves_a_resumable_output(tmp_path, sig, status):
     assert _bigmm("verify", a, b, c).returncode == 0
 
 
-def test_bench_reports_both_timings(tmp_path, capsys):
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])  # half: in-core C float32
+def test_bench_reports_both_timings(tmp_path, capsys, dtype):
     rc, out, err = run(capsys, "bench", "--size", 97, "--backend", "numpy", "--dir", tmp_path,
-                       "--json")
+                       "--dtype", dtype, "--json")
     assert rc == 0, err
     r = json.loads(out)
     assert r["verified"] is True and r["backend"] == "numpy" and r["n"] == 97

@@ -119,6 +119,7 @@ def in_core_seconds(a: str, b: str, backend: str, kernel: str | None = None,
     with the same kernel and precision."""
     from ..io import open_input
     from ..job import resolve_backend
+    from ..units import accumulate_dtype, dtype_name, numpy_dtype
 
     be = resolve_backend(backend, kernel, precision)
     try:
@@ -126,7 +127,8 @@ def in_core_seconds(a: str, b: str, backend: str, kernel: str | None = None,
         for spec in (a, b, None):
             src = open_input(spec) if spec else None
             shape = src.shape if src else (views[0][1].shape[0], views[1][1].shape[1])
-            dtype = src.dtype if src else views[0][1].dtype
+            dtype = src.dtype if src else numpy_dtype(  # C in the dtype the products sum in
+                accumulate_dtype(dtype_name(views[0][1].dtype)))
             host = be.view(be.host_buffer(shape[0] * shape[1], dtype), shape)
             dev = be.view(be.device_buffer(shape[0] * shape[1], dtype), shape)
             if src:
