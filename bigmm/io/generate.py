@@ -86,7 +86,7 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
         if name in f:
             if not overwrite:
                 raise OutputExistsError(
-                    f"Expected {path}:{name} not to exist (pass overwrite to replace it). "
+                    f"Expected {path}:{name} not to exist (pass overwrite=True to replace it). "
                     f"Got an existing dataset.")
             del f[name]
         dset = f.create_dataset(name, shape=(m, n), dtype=h5py.Datatype(h5_type(dtype)),
