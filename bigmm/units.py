@@ -54,7 +54,7 @@ def parse_out_dtype(out_dtype, operands: str) -> str:
     name = dtype_name(out_dtype)
     if name not in allowed:
         raise OptionError(f"Expected {' or '.join(f'out_dtype={d}' for d in allowed)} for "
-                          f"{operands} operands. Got {out_dtype!r}.")
+                          f"operands multiplied in {operands}. Got {out_dtype!r}.")
     return name
 
 

@@ -82,7 +82,8 @@ OUT_DTYPES = [
 @pytest.mark.parametrize("operands_dtype, asked, result", OUT_DTYPES)
 def test_out_dtype_rule(operands_dtype, asked, result):
     if isinstance(result, type):
-        with pytest.raises(result, match="Expected out_dtype="):
+        with pytest.raises(result, match=f"Expected out_dtype=.* for operands multiplied in "
+                                         f"{operands_dtype}"):
             parse_out_dtype(asked, operands_dtype)
     else:
         assert parse_out_dtype(asked, operands_dtype) == result
