@@ -643,6 +643,18 @@ def test_cli_errors(tmp_path, capsys, extra, message):
     assert time.perf_counter() - t0 < 20  # no cluster was started
 
 
+def test_a_scheduler_that_does_not_answer_is_one_error():
+    from bigmm.dask.cluster import connect
+
+    t0 = time.perf_counter()
+    with pytest.raises(bigmm.errors.BackendUnavailable,
+                       match=r"Expected a dask scheduler answering at tcp://127\.0\.0\.1:1 "
+                             r"within 1s\. Got none"):
+        with connect("tcp://127.0.0.1:1", timeout="1s"):
+            pass
+    assert time.perf_counter() - t0 < 15
+
+
 @pytest.mark.skipif(not gpu_available(), reason="needs a usable CUDA GPU and cupy")
 @pytest.mark.gpu
 def test_local_cluster_one_worker_per_gpu():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 
 from ..backends import probe_cuda
 from ..errors import BackendUnavailable, OptionError
@@ -50,11 +51,21 @@ def local_cluster(n_workers: int, *, backend: str = "auto", **kwargs):
 @contextlib.contextmanager
 def connect(address: str, timeout: str = "30s"):
     """A Client of the running cluster whose scheduler is at ``address``, closed on exit
-    (OptionError for an address dask cannot parse, such as one without a port)."""
+    (OptionError for an address dask cannot parse, such as one without a port;
+    BackendUnavailable where no scheduler answers there within ``timeout``)."""
+    error = None
     try:
         client = _distributed().Client(address, timeout=timeout)
     except (ValueError, TypeError) as exc:
-        raise OptionError(f"Expected a scheduler address such as tcp://host:8786. Got "
-                          f"{address!r}: {exc}.") from exc
+        error = OptionError(f"Expected a scheduler address such as tcp://host:8786. Got "
+                            f"{address!r}: {exc}.")
+    except OSError as exc:  # nothing answering there (TimeoutError, refused)
+        error = BackendUnavailable(f"Expected a dask scheduler answering at {address} within "
+                                   f"{timeout}. Got none: {exc}.")
+    if error is not None:
+        # the half-made Client, no longer held by the exception's frames, finalised now: its
+        # finaliser run later, while another Client starts, can hang that one
+        gc.collect()
+        raise error
     with client:
         yield client
