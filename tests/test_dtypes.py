@@ -313,6 +313,15 @@ def test_a_float64_product_beyond_a_float32_array_is_an_error(tmp_path):
         bigmm.matmul(a, np.full((30, 10), 1e30), out=c, backend="numpy")
 
 
+def test_a_bfloat16_output_beyond_its_largest_value_is_an_error():
+    one = np.ones((2, 3), ml_dtypes.bfloat16)
+    c = bigmm.matmul(one, one.T, alpha=1.1e38, backend="numpy", out_dtype="bfloat16")
+    assert np.isfinite(c).all()  # 3.3e38: within bfloat16
+    with pytest.raises(OutputOverflowError, match=r"bfloat16 \(largest finite value "
+                                                  r"3\.38953e\+38\).*4 values"):
+        bigmm.matmul(one, one.T, alpha=1.134e38, backend="numpy", out_dtype="bfloat16")
+
+
 def test_infinities_of_the_product_itself_are_written_as_they_are():
     a = random_matrix((40, 30), np.float16, 1)
     a[3, 4], a[7, 0] = np.inf, np.nan

@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import BigmmError, OutputOverflowError, WriteError
@@ -205,14 +206,13 @@ def converted(src: np.ndarray, dtype, where: str) -> np.ndarray:
     in it (beyond its largest finite value), rather than C written with infinities."""
     with np.errstate(over="ignore", invalid="ignore"):
         out = src.astype(dtype)
-    finite = np.isfinite(out)
-    if finite.all():
+    largest = float(ml_dtypes.finfo(dtype).max)
+    if src.size == 0 or (-largest <= src.min() and src.max() <= largest):  # NaN: looked into
         return out
-    lost = np.isfinite(src) & ~finite
+    lost = np.isfinite(src) & ~np.isfinite(out)
     if not lost.any():  # infinities and NaN of the product itself, kept
         return out
     name, wide = dtype_name(dtype), dtype_name(src.dtype)
-    largest = float(np.finfo(dtype).max)
     raise OutputOverflowError(
         f"Expected the product to fit C's dtype {name} (largest finite value {largest:.6g}). "
         f"Got {int(lost.sum())} values beyond it in {where} (largest magnitude "
