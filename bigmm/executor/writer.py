@@ -207,7 +207,9 @@ def converted(src: np.ndarray, dtype, where: str) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         out = src.astype(dtype)
     largest = float(ml_dtypes.finfo(dtype).max)
-    if src.size == 0 or (-largest <= src.min() and src.max() <= largest):  # NaN: looked into
+    if largest >= float(ml_dtypes.finfo(src.dtype).max) or src.size == 0:
+        return out  # as wide or wider: every finite value fits
+    if -largest <= src.min() and src.max() <= largest:  # NaN: looked into
         return out
     lost = np.isfinite(src) & ~np.isfinite(out)
     if not lost.any():  # infinities and NaN of the product itself, kept
