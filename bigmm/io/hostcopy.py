@@ -121,15 +121,14 @@ def _load():
     own = None  # a directory of this process's own, where the cache cannot be written
     try:
         try:
-            try:
-                path = _built(Path(cache_dir()), key, cc)
-            except OSError:
-                own = Path(tempfile.mkdtemp(prefix="bigmm-"))
-                path = _built(own, key, cc)
-        except (OSError, _CompileError) as exc:
-            _WHY.append(f"could not compile {_SOURCE.name}: {exc}")
-            return None
-        return _opened(path)
+            path = _built(Path(cache_dir()), key, cc)
+        except OSError:
+            own = Path(tempfile.mkdtemp(prefix="bigmm-"))
+            path = _built(own, key, cc)
+        return _opened(path)  # which reports its own failures
+    except (OSError, _CompileError) as exc:
+        _WHY.append(f"could not compile {_SOURCE.name}: {exc}")
+        return None
     finally:
         if own is not None:  # loaded or not, this process's own build is not needed again
             shutil.rmtree(own, ignore_errors=True)
