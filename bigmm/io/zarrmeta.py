@@ -52,18 +52,3 @@ def readable_type(folder: str) -> str | None:
     except ReadError:
         return None
 
-
-def v2_group_above(store: str, path: str) -> str | None:
-    """The first folder, from the ``store`` down to the parent of the node at ``path``, that
-    holds a Zarr v2 group (``.zgroup``, no ``zarr.json``); None where there is none."""
-    parts = [p for p in path.strip("/").split("/") if p]
-    folder = store
-    for part in [None] + parts[:-1]:
-        if part is not None:
-            folder = os.path.join(folder, part)
-        if not os.path.isdir(folder):
-            return None
-        if not os.path.isfile(os.path.join(folder, META)) and \
-                os.path.isfile(os.path.join(folder, ".zgroup")):
-            return folder
-    return None

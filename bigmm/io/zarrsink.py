@@ -47,9 +47,9 @@ from .inputs import DEFAULT_THREADS
 from .spec import ZARR, Spec
 from .zarrfiles import (AHEAD, OLD_SUFFIX, ChunkFiles, drop_stale, remove_tree, swap,
                         write_attributes)
-from .zarrmeta import META, node_type, read_meta, v2_group_above
+from .zarrmeta import META, node_type, read_meta
 from .zarrsource import (ZarrSource, array_dir, direct_codec, enclosing_array, open_array,
-                         zarr_module)
+                         v2_group_above, zarr_module)
 
 PARTIAL_SUFFIX = ".bigmm-partial"
 #: Chunk edge of an output created without a tile shape.

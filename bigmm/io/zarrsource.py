@@ -118,6 +118,18 @@ def enclosing_array(store: str, path: str) -> str | None:
     return None
 
 
+def v2_group_above(store: str, path: str) -> str | None:
+    """The first folder, from ``store`` down to the group holding the place ``path`` (the
+    store itself for the root), that holds a Zarr v2 group (``.zgroup``, no ``zarr.json``),
+    or None."""
+    parts = [p for p in path.strip("/").split("/") if p]
+    for k in range(max(1, len(parts))):
+        folder = array_dir(store, "/".join(parts[:k]))
+        if not os.path.isfile(os.path.join(folder, META)) and node_type(folder) == "group":
+            return folder
+    return None
+
+
 def open_array(spec: Spec, name: str, mode: str = "r"):
     """The ``zarr.Array`` named by ``spec``; OperandNotFound for a missing store or array (or a
     group in its place), ReadError where zarr cannot open it."""
