@@ -11,9 +11,9 @@ import numpy as np
 from ..errors import OutputExistsError, OutputNotWritable
 from ._h5 import COMPLETE_ATTR
 from .spec import Spec
-from .zarrsink import refuse_v2_group, remove_tree
+from .zarrsink import check, remove_tree
 from .zarrmeta import node_type
-from .zarrsource import array_dir, enclosing_array, zarr_module
+from .zarrsource import array_dir, zarr_module
 
 
 def _compressors(codec: str | None):
@@ -35,18 +35,9 @@ def generate_zarr(spec: Spec, shape: tuple[int, int], dtype: str, lay, seed: int
     if not os.path.isdir(parent):
         raise OutputNotWritable(f"Expected an existing directory for {store}. Got none at "
                                 f"{parent}.")
-    if os.path.exists(store) and not os.path.isdir(store):
-        raise OutputNotWritable(f"Expected a Zarr store (a directory) at {store}. Got a file.")
-    inside = enclosing_array(store, path)
-    if inside is not None:
-        raise OutputNotWritable(f"Expected a place for {spec} in a group. Got one inside the "
-                                f"array '{inside}' of '{store}'.")
-    refuse_v2_group(spec)
+    check(spec)  # the places an output may not go: a file, inside an array, a group, ...
     folder = array_dir(store, path)
-    kind = node_type(folder) if os.path.isdir(folder) else None
-    if kind == "group":
-        raise OutputNotWritable(f"Expected an array path for {spec}. Got a group.")
-    if kind == "array":
+    if node_type(folder) == "array":
         if not overwrite:
             raise OutputExistsError(f"Expected {spec} not to exist (pass overwrite=True to "
                                     f"replace it). Got an existing array.")
