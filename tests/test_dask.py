@@ -28,7 +28,8 @@ from bigmm.dask import files as dask_files  # noqa: E402
 from bigmm.dask.array import _k_pieces, _operand, _rechunk_to_budget  # noqa: E402
 from bigmm.io import filesink as sink_mod  # noqa: E402
 from bigmm.errors import (BackendUnavailable, BudgetError, DtypeError, Interrupted,  # noqa: E402
-                          OptionError, OutputExistsError, ShapeError, SizeParseError)
+                          OptionError, OutputExistsError, OutputOverflowError, ShapeError,
+                          SizeParseError)
 from bigmm.io.journal import journal_path, parse_journal  # noqa: E402
 from bigmm.io.spec import parse_spec  # noqa: E402
 from bigmm.planner import make_plan  # noqa: E402
@@ -207,6 +208,23 @@ def test_matmul_cupy_chunks_keep_their_type():
     got = C.compute(scheduler="sync")
     assert isinstance(got, cupy.ndarray)
     assert relative_error(cupy.asnumpy(got), reference_gemm(a, b)) <= tolerance(np.float32, 500)
+
+
+def test_matmul_narrowed_past_the_output_dtype_raises():
+    a, b = np.full((4, 4096), 200, np.float16), np.full((4096, 4), 200, np.float16)
+    C = bd.matmul(da.from_array(a, chunks=(4, 1024)), da.from_array(b, chunks=(1024, 4)),
+                  out_dtype="float16")
+    with pytest.raises(OutputOverflowError, match="largest finite value 65504"):
+        C.compute(scheduler="sync")
+
+
+def test_matmul_alpha_zero_reads_neither_operand():
+    a = random_matrix((40, 30), np.float32)
+    a[3, 4] = np.nan
+    C = bd.matmul(da.from_array(a, chunks=(16, 8)),
+                  da.from_array(random_matrix((30, 20), np.float32, 1), chunks=(8, 16)),
+                  alpha=0.0)
+    assert np.array_equal(C.compute(scheduler="sync"), np.zeros((40, 20), np.float32))
 
 
 # ----- HDF5 jobs on the cluster ---------------------------------------------------------------

@@ -111,6 +111,15 @@ class Backend(Protocol):
         stream issues it (again and again, on the same views, as the steps of a run that
         reuse their slots do)."""
 
+    def scale(self, c: Any, beta: float, stream: Any) -> None:
+        """c = beta * c on ``stream``; beta == 0 never reads c (zeros). What a gemm with
+        alpha == 0 is (BLAS's convention: A and B are not read)."""
+
+    def nonfinite(self, c: Any, stream: Any) -> Callable[[], int]:
+        """Count c's NaN and infinite elements after the work issued so far on ``stream``:
+        the callable returned gives the count once an event recorded on ``stream`` after
+        this call has completed."""
+
     def record(self, stream: Any) -> Any:
         """An event that completes when the work issued so far on ``stream`` is done."""
 

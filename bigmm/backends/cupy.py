@@ -64,7 +64,7 @@ from ..precision import DEFAULT, ROUNDING, Rounding, kernel_precision
 from ..units import HALF_DTYPES
 from .base import flat_view, rows_contiguous
 from .cupy_arrays import (_check_gemm, _extent, _ld, _page_locked, _pitch, _scalars_by_pointer,
-                          device_dtype)
+                          count_nonfinite, device_dtype, scale)
 from .cupy_handles import HandlePool
 from .cupy_pinned import KEPT, as_array, lock_range
 from .cupy_pinned import pinned_bytes_held, release_pinned  # noqa: F401 (this module's API)
@@ -281,6 +281,14 @@ class CupyBackend:
         if host.size and not self.host_pinned(host):
             raise ShapeError(f"Expected a pinned host array for {what} (pageable copies are "
                              f"synchronous). Got an ordinary array.")
+
+    def scale(self, c, beta: float, stream) -> None:
+        with self._device, stream:
+            scale(c, beta)
+
+    def nonfinite(self, c, stream):
+        with self._device:
+            return count_nonfinite(c, stream)
 
     def record(self, stream) -> cupy.cuda.Event:
         ev = cupy.cuda.Event(block=True, disable_timing=True)

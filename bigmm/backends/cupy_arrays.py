@@ -8,6 +8,7 @@ This module imports cupy at its top: only the cupy backend imports it.
 from __future__ import annotations
 
 import cupy
+import cupyx
 import numpy as np
 
 from ..errors import KernelError, ShapeError
@@ -83,3 +84,30 @@ def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[str, tuple[int, 
                              f"Got shape {x.shape}, strides {x.strides}.")
     name = check_gemm_dtypes(_logical(a.dtype), _logical(b.dtype), c.dtype)
     return name, gemm_shape(a, b, c, trans_a, trans_b)
+
+
+#: The elements of a device array that are not finite (NaN, infinities), summed in one pass.
+_NONFINITE = cupy.ReductionKernel("T x", "uint64 y", "isfinite(x) ? 0 : 1", "a + b", "y = a",
+                                  "0", "bigmm_nonfinite")
+
+
+def count_nonfinite(c: cupy.ndarray, stream):
+    """Count ``c``'s non-finite elements on ``stream`` (the current device's) into page-locked
+    host memory; the callable returned reads the count once an event recorded on ``stream``
+    after this call has completed."""
+    host = cupyx.empty_pinned((), np.uint64)
+    with stream:
+        count = _NONFINITE(c)
+        cupy.asnumpy(count, stream=stream, out=host, blocking=False)
+
+    def read(held=count) -> int:  # the device count kept until it has been copied
+        return int(host[()])
+    return read
+
+
+def scale(c: cupy.ndarray, beta: float) -> None:
+    """c = beta * c on the current stream; beta == 0: zeros, c not read."""
+    if beta == 0:
+        c.fill(0)
+    elif beta != 1:
+        cupy.multiply(c, c.dtype.type(beta), out=c)

@@ -162,6 +162,16 @@ class NumpyBackend:
                                                   trans_b)
         return lambda stream=None: run(a, b, c, m, n, k, alpha, beta, trans_a, trans_b)
 
+    def scale(self, c: np.ndarray, beta: float, stream: Any = None) -> None:
+        if beta == 0:
+            c[...] = 0
+        elif beta != 1:
+            np.multiply(c, c.dtype.type(beta), out=c)
+
+    def nonfinite(self, c: np.ndarray, stream: Any = None) -> Callable[[], int]:
+        count = nonfinite_count(c)
+        return lambda: count
+
     def syrk(self, a: np.ndarray, c: np.ndarray, alpha: float, beta: float, trans: bool,
              stream: Any = None) -> None:
         """See :meth:`bigmm.backends.base.Syrk.syrk`: BLAS ``ssyrk``/``dsyrk`` through
@@ -286,6 +296,14 @@ def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[str, tuple[int, 
     if not c.flags.writeable:
         raise ShapeError("Expected c to be writeable. Got a read-only array.")
     return dtype, gemm_shape(a, b, c, trans_a, trans_b)
+
+
+def nonfinite_count(x: np.ndarray) -> int:
+    """The NaN and infinite elements of ``x``: none where its least and largest are finite
+    (NaN carries through both), else counted."""
+    if x.size == 0 or (np.isfinite(x.min()) and np.isfinite(x.max())):
+        return 0
+    return int(x.size - np.count_nonzero(np.isfinite(x)))
 
 
 def _syrk(a: np.ndarray, c: np.ndarray, alpha: float, beta: float, trans: bool) -> None:

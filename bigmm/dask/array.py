@@ -8,6 +8,7 @@ import numpy as np
 
 from ..job import parse_scalar
 from ..backends import BACKENDS
+from ..executor.writer import converted
 from ..errors import BackendUnavailable, DtypeError, ShapeError
 from ..planner import make_plan
 from ..precision import DEFAULT, check_dtype, parse_precision
@@ -211,9 +212,13 @@ def _accumulate(prev, a_blk, b_blk, step: _Step):
     if prev is not None:
         c[...] = prev
         beta = 1.0
-    if m and n:
+    if m and n and step.alpha != 0:
         be.gemm(a, b, c, step.alpha, beta, ta, tb, None)  # stream None: the current stream
-    return c if step.out is None else c.astype(numpy_dtype(step.out))
+    elif prev is None:  # alpha == 0: A and B not read (BLAS's convention)
+        c[...] = 0
+    if step.out is None:
+        return c
+    return converted(c, numpy_dtype(step.out), f"a {m} x {n} block of bigmm.dask.matmul")
 
 
 def _zeros(meta, shape):

@@ -38,6 +38,7 @@ from ..units import HALF_DTYPES, common_dtype, dtype_name
 from ..planner import Plan, Step
 from ..runstats import STAGES, Progress, RunStats, StageClock, Tally
 from .hooks import Checks, Hook
+from .overflow import Origins
 from .loads import Entry, Loader, Slots, direct_arrays, k_axis, k_slice, to_lock
 from .register import lock, release
 from .tuning import DRAIN, split_range, writer_threads
@@ -69,7 +70,9 @@ def execute(plan: Plan, a, b, out, backend, *, alpha: float = 1.0, beta: float =
     if verify is not None and not isinstance(backend, Checksums):
         raise OptionError(f"Expected a backend with checksum support for verify={verify!r}. "
                           f"Got {backend.name!r}.")
-    hooks = [h for h in (Checks(out.label) if verify else None, faults) if h is not None]
+    # alpha == 0: C = beta * C, A and B not read (BLAS's convention): no product to check
+    checked = verify and float(alpha) != 0
+    hooks = [h for h in (Checks(out.label) if checked else None, faults) if h is not None]
     return Run(plan, a, b, out, backend, float(alpha), float(beta), progress,
                max(1, int(io_threads)), stop or threading.Event(), profile, hooks).run()
 
@@ -173,7 +176,10 @@ class Run:
                              writer_threads(self.io_threads, self.out.writes),
                              np.dtype(self.out.dtype).itemsize,
                              symmetric=(("upper" if self.plan.upper else "mirror")
-                                        if self.plan.symmetric else None))
+                                        if self.plan.symmetric else None),
+                             origins=Origins(self.plan, self.a, self.b, self.out.label,
+                                             self.alpha, self.beta))
+        self.old_c: dict[int, Callable[[], int]] = {}  # C slot -> its old C's non-finite
         self.writer.start()
         try:
             self.issued = 0
@@ -253,6 +259,8 @@ class Run:
             elif st.first and not p.reads_c and slots.c_key(st.c_slot) in slots.c_written:
                 self._wait(slots.c_written[slots.c_key(st.c_slot)])
             beta = (self.beta if st.first else 1.0) if i == 0 else 1.0
+            if i == 0 and st.first and beta != 0:  # the old C tile, as loaded
+                self.old_c[st.c_slot] = be.nonfinite(c, self.s_compute)
             last = i == len(entry.pieces) - 1
             with self.clocks["compute"]:
                 if whole:
@@ -282,6 +290,8 @@ class Run:
         fused = self.checks.gemm_checks(st, a, b, c, s) if self.checks is not None else None
         if self.plan.diagonal(st.tile):
             self._rank_k(a, c, beta, s)
+        elif self.alpha == 0:
+            self.be.scale(c, beta, s)
         else:
             self._gemm(st, a, b, c, beta, fused)(s)
         if st.last:
@@ -295,7 +305,10 @@ class Run:
         be, p, s, marks = self.be, self.plan, self.s_compute, []
         for r0, r1 in rows:
             ar = a[:, r0:r1] if p.trans_a else a[r0:r1]
-            be.gemm(ar, b, c[r0:r1], self.alpha, beta, p.trans_a, p.trans_b, s)
+            if self.alpha == 0:
+                be.scale(c[r0:r1], beta, s)
+            else:
+                be.gemm(ar, b, c[r0:r1], self.alpha, beta, p.trans_a, p.trans_b, s)
             marks.append((r0, r1, be.record(s)))
         return marks
 
@@ -304,7 +317,9 @@ class Run:
         triangle by the backend's syrk (:class:`~bigmm.backends.base.Syrk`), else the whole
         tile by gemm; returns the event after it."""
         p = self.plan
-        if isinstance(self.be, Syrk):
+        if self.alpha == 0:
+            self.be.scale(c, beta, s)
+        elif isinstance(self.be, Syrk):
             self.be.syrk(a, c, self.alpha, beta, p.trans_a, s)
         else:
             self.be.gemm(a, a, c, self.alpha, beta, p.trans_a, not p.trans_a, s)
@@ -369,8 +384,15 @@ class Run:
                     copied.append((r0, r1, be.record(self.s_out)))
             marks = copied
             slots.events[("C", cs)] = marks[-1][2]
+        # its NaN and infinities counted (a diagonal tile's by the writer, once mirrored)
+        counted = None
+        if not self.plan.diagonal(t):
+            counted = be.nonfinite(c, self.s_out)
+            if be.staging:
+                slots.events[("C", cs)] = be.record(self.s_out)
+        counts = (slots.events.get(("C", cs)), counted, self.old_c.pop(cs, None))
         check = self.checks.verdict(cs, t) if self.checks is not None else None
-        slots.c_written[key] = self.writer.submit(t, src, marks, check)
+        slots.c_written[key] = self.writer.submit(t, src, marks, check, counts)
 
     # ----- tiles that failed their checks ---------------------------------------------------
     def _recompute(self) -> None:

@@ -1,6 +1,8 @@
 """The writer: one thread that writes finished C tiles in order and commits them to the
 output's journal in batches. A tile computed in another dtype than the output's (float32 C of
 half-precision operands written as bfloat16, say) is converted piece by piece as it is written.
+A tile holding NaN or infinities that its operands do not explain (:mod:`.overflow`) fails
+the run before it is journaled.
 
 A commit makes the batch's bytes durable (``fsync``, ``fdatasync`` or ``msync`` of the output)
 and then journals the batch; it runs on a thread of its own while the writer goes on writing
@@ -23,8 +25,10 @@ from ..errors import BigmmError, OutputOverflowError, WriteError
 from ..planner import Tile
 from ..runstats import Tally
 from ..units import dtype_name
+from ..backends.numpy import nonfinite_count
 from . import tuning
 from .mirror import fill_lower, transposed
+from .overflow import Origins
 from .tuning import io_pieces
 
 
@@ -36,7 +40,7 @@ class Writer(threading.Thread):
     on ``threads`` threads."""
 
     def __init__(self, be, out, clock, tally: Tally, threads: int, itemsize: int,
-                 symmetric: str | None = None):
+                 symmetric: str | None = None, origins: Origins | None = None):
         super().__init__(name="bigmm-write", daemon=True)
         self.be, self.out, self.clock, self.tally = be, out, clock, tally
         self.threads, self.itemsize = threads, itemsize
@@ -44,6 +48,7 @@ class Writer(threading.Thread):
         #: from its upper, an off-diagonal tile written transposed at (j, i) too) or "upper"
         #: (C's strictly lower triangle written as zeros); None: neither.
         self.symmetric = symmetric
+        self.origins = origins
         self.q: queue.Queue = queue.Queue()
         #: Tiles written, in order, for the run's progress reports.
         self.finished: queue.Queue = queue.Queue()
@@ -53,13 +58,15 @@ class Writer(threading.Thread):
         self._committer: cf.ThreadPoolExecutor | None = None  # runs one commit at a time
         self._committing: cf.Future | None = None  # the commit in flight
 
-    def submit(self, tile: Tile, src, marks, check=None) -> cf.Future:
+    def submit(self, tile: Tile, src, marks, check=None, counts=None) -> cf.Future:
         """Queue a tile for writing: ``marks`` lists its row ranges (tile-relative) with the
         event after which each is in ``src``, written range by range. ``check()`` (when given)
         says, once the last event completed, whether to write the tile at all. ``src`` None:
-        the tile is copied into the output directly, and done once the last event completed."""
+        the tile is copied into the output directly, and done once the last event completed.
+        ``counts``: (event, count of its non-finite values, count of its old C's), each count
+        a callable to call once the event completed (None: counted here from ``src``)."""
         fut: cf.Future = cf.Future()
-        self.q.put((tile, src, marks, fut, check))
+        self.q.put((tile, src, marks, fut, check, counts))
         return fut
 
     def barrier(self) -> cf.Future:
@@ -85,7 +92,7 @@ class Writer(threading.Thread):
             item = self.q.get()
             if item is None:
                 break
-            tile, src, marks, fut, check = item
+            tile, src, marks, fut, check, counts = item
             self._reap()
             if self.error is not None:
                 fut.set_exception(self.error)
@@ -97,6 +104,7 @@ class Writer(threading.Thread):
                 if not self._write(tile, src, marks, check):
                     fut.set_result(None)
                     continue
+                self._finite(tile, src, counts)
                 pending.append(tile.index)
                 fut.set_result(None)
                 self.finished.put(tile)
@@ -148,6 +156,21 @@ class Writer(threading.Thread):
                              f"Got {type(e).__name__}: {e}") from e
         self.tally.add(bytes_written=src.size * self.itemsize)
         return True
+
+    def _finite(self, tile: Tile, src, counts) -> None:
+        """OutputOverflowError (before the tile is journaled) where the tile's NaN and
+        infinities have no non-finite operand behind them."""
+        if counts is None or self.origins is None:
+            return
+        event, counted, old = counts
+        if event is not None:
+            self.be.synchronize(event)
+        if counted is None:  # a diagonal tile of a Gram plan, its lower triangle now filled
+            n = nonfinite_count(src) if src is not None else 0
+        else:
+            n = counted()
+        if n:
+            self.origins.check(tile, n, old() if old is not None else 0)
 
     def _write_rows(self, tile: Tile, r0: int, r1: int, src) -> None:
         """Write ``src`` to rows [r0, r1) of ``tile``, in row pieces on this writer's threads

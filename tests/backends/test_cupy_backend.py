@@ -597,3 +597,27 @@ def test_a_second_process_plans_with_the_first_ones_kept_calibration(tmp_path, f
         assert second["key"] == before["key"] and second["rates"] == before["rates"]
     # one store for this machine (beside it the host copies' compiled library)
     assert len([f for f in os.listdir(tmp_path) if f.startswith("calibration-")]) == 1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])  # the tiles' dtypes
+def test_nonfinite_counts_on_the_stream_and_scale(dtype):
+    be = _backend()
+    c = cupy.asarray(random_matrix((301, 257), dtype))
+    c[3, 4], c[100, 200], c[300, 0] = np.nan, np.inf, -np.inf
+    s = be.stream()
+    counted = be.nonfinite(c, s)
+    be.synchronize(be.record(s))
+    assert counted() == 3
+    clean = be.nonfinite(cupy.ones((5, 7), dtype), s)
+    be.synchronize(be.record(s))
+    assert clean() == 0
+    x = cupy.asarray(random_matrix((33, 17), dtype, 2))
+    want = cupy.asnumpy(x) * dtype(-0.5)
+    be.scale(x, -0.5, s)
+    be.synchronize(be.record(s))
+    assert np.array_equal(cupy.asnumpy(x), want)
+    x[0, 0] = np.nan
+    be.scale(x, 0.0, s)  # beta == 0 never reads c
+    be.synchronize(be.record(s))
+    assert not cupy.asnumpy(x).any()
+    be.close()

@@ -97,6 +97,14 @@ class AsyncBackend:
                                            np.ascontiguousarray(b.arr), c.arr, alpha, beta,
                                            trans_a, trans_b, None))
 
+    def scale(self, c, beta, stream):
+        stream.q.put(lambda: self.cpu.scale(c.arr, beta))
+
+    def nonfinite(self, c, stream):
+        counted = []
+        stream.q.put(lambda: counted.append(self.cpu.nonfinite(c.arr)()))
+        return lambda: counted[0]
+
     def record(self, stream):
         ev = threading.Event()
         stream.q.put(ev.set)
