@@ -352,6 +352,11 @@ def check(spec: Spec) -> None:
     if os.path.exists(spec.path) and not os.path.isdir(spec.path):
         raise OutputNotWritable(f"Expected a Zarr store (a directory) or a new path for the "
                                 f"output. Got '{spec.path}', a file.")
+    link = _link_on_the_way(spec)
+    if link is not None:  # replacing it would remove the array it names, elsewhere
+        raise OutputNotWritable(f"Expected the output array's own path. Got {spec}, through "
+                                f"the symbolic link '{link}' (to "
+                                f"'{os.path.realpath(link)}'): name the array where it lies.")
     inside = enclosing_array(spec.path, spec.dataset)
     if inside is not None:
         raise OutputNotWritable(f"Expected a place for the output array in a group. Got "
@@ -373,6 +378,20 @@ def check(spec: Spec) -> None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputNotWritable(f"Expected a writable Zarr array for the output. Got "
                                 f"'{folder}' (permission denied).")
+
+
+def _link_on_the_way(spec: Spec) -> str | None:
+    """The first symbolic link among the directories from the store to the output array
+    (the store itself only where the array is its root), or None."""
+    parts = [p for p in spec.dataset.strip("/").split("/") if p]
+    here = spec.path
+    if not parts and os.path.islink(here):
+        return here
+    for part in parts:
+        here = os.path.join(here, part)
+        if os.path.islink(here):
+            return here
+    return None
 
 
 def refuse_v2_group(spec: Spec) -> None:

@@ -544,6 +544,26 @@ def test_output_places_refused(tmp_path, ab, made, suffix, error, words):
         assert (store / "d" / "keep.txt").read_text() == "x"  # nothing of the user's removed
 
 
+@pytest.mark.parametrize("overwrite", [False, True])  # an existing array or replacing it
+def test_output_through_a_symbolic_link_refused_and_its_target_kept(tmp_path, ab, overwrite):
+    sa, sb, a, b = ab
+    keep = zarr_array(tmp_path / "keep.zarr", np.full((M, N), 7.0), chunks=(16, 16))
+    store = tmp_path / "s.zarr"
+    zarr.open_group(str(store), mode="w")
+    os.symlink(tmp_path / "keep.zarr", store / "C")  # an array directory that is a link
+    os.symlink(tmp_path / "keep.zarr", tmp_path / "lnk.zarr")  # a root store that is one
+    for spec in (f"{store}:/C", str(tmp_path / "lnk.zarr")):
+        with pytest.raises(errors.OutputNotWritable, match="symbolic link"):
+            bigmm.matmul(sa, sb, spec, overwrite=overwrite, **KW)
+    assert np.array_equal(keep[...], np.full((M, N), 7.0))  # the linked array untouched
+    # an array inside a store reached through a link is its own path: written
+    zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    os.symlink(tmp_path / "g.zarr", tmp_path / "lg.zarr")
+    bigmm.matmul(sa, sb, f"{tmp_path / 'lg.zarr'}:/C2", **KW)
+    assert relative_error(_read(f"{tmp_path / 'g.zarr'}:/C2")[0], a @ b) <= tolerance(
+        np.float64, K)
+
+
 def test_a_new_array_in_a_zarr_v2_group_is_refused_and_the_group_kept(tmp_path, ab):
     sa, sb, a, _ = ab
     store = tmp_path / "v2.zarr"
