@@ -203,7 +203,7 @@ def overlaps(a: Footprint, b: Footprint) -> str:
     that complete "C ... A"."""
     if set(a.objects) & set(b.objects):
         return "which is the same HDF5 object (by another name or link) as"
-    if a.array is not None and b.array is not None and np.may_share_memory(a.array, b.array):
+    if a.array is not None and b.array is not None and _share_memory(a.array, b.array):
         return "sharing memory with"
     if a.tree is not None and a.tree == b.tree:
         return "which is the same Zarr array (by another name or link) as"
@@ -214,6 +214,19 @@ def overlaps(a: Footprint, b: Footprint) -> str:
     if (a.tree is not None and a.tree in b.within) or (b.tree is not None and b.tree in a.within):
         return "nested with (in, or holding, the directory of)"
     return ""
+
+
+#: The most work NumPy may spend proving two strided views disjoint (see :func:`_share_memory`).
+SHARE_WORK = 1 << 16
+
+
+def _share_memory(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two arrays share an element's byte (interleaved or side-by-side views of one
+    buffer do not); True where NumPy finds that too hard to tell within SHARE_WORK."""
+    try:
+        return bool(np.shares_memory(x, y, max_work=SHARE_WORK))
+    except np.exceptions.TooHardError:
+        return True
 
 
 def array_footprint(x: np.ndarray) -> Footprint:

@@ -282,3 +282,37 @@ def test_views_of_one_array_share_memory():
     assert len(array_footprint(x).ranges) == 1
     del x
     buf.close()
+
+
+@pytest.mark.parametrize("a, c, shared", [
+    ((slice(None), slice(0, 200)), (slice(None), slice(200, None)), False),  # side by side
+    ((slice(None), slice(0, None, 2)), (slice(None), slice(1, None, 2)), False),  # interleaved
+    ((slice(0, None, 2), slice(None)), (slice(1, None, 2), slice(None)), False),  # alternate rows
+    ((slice(None), slice(0, 201)), (slice(None), slice(200, None)), True),  # one column shared
+    ((slice(None), slice(0, None, 2)), (slice(None), slice(0, None, 4)), True),  # every 4th
+])
+def test_views_of_one_buffer_overlap_only_where_they_share_an_element(a, c, shared):
+    work = random_matrix((200, 400), np.float32, seed=3)
+    assert bool(overlaps(array_footprint(work[a]), array_footprint(work[c]))) == shared
+
+
+def test_views_too_hard_to_tell_apart_are_refused(monkeypatch):
+    work = np.zeros((200, 400), np.float32)
+    monkeypatch.setattr(identity, "SHARE_WORK", 0)  # NumPy gives up at once: counted as shared
+    assert overlaps(array_footprint(work[:, 0::2]), array_footprint(work[:, 1::2]))
+
+
+@pytest.mark.parametrize("cols_a, cols_c", [
+    (slice(0, 200), slice(200, None)),          # C beside A in one buffer
+    (slice(0, None, 2), slice(1, None, 2)),     # C's columns between A's
+])
+def test_matmul_into_a_disjoint_view_of_the_inputs_buffer(cols_a, cols_c):
+    work = random_matrix((200, 400), np.float32, seed=4)
+    a, b = work[:, cols_a].copy(), random_matrix((200, 200), np.float32, seed=5)
+    out = bigmm.matmul(work[:, cols_a], b, out=work[:, cols_c], memory="256KiB",
+                       backend="numpy")
+    assert np.shares_memory(out, work)  # written in place
+    assert relative_error(work[:, cols_c], a.astype(np.float64) @ b) <= tolerance(np.float32, 200)
+    np.testing.assert_array_equal(work[:, cols_a], a)  # A untouched
+    with pytest.raises(OutputIsInputError, match="sharing memory"):  # a real overlap
+        bigmm.matmul(work[:, :200], b, out=work[:, 199:399], backend="numpy")
