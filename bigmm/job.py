@@ -4,6 +4,7 @@ for it (created, resumed or found complete), the job record. Shared by the API a
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import replace
 
@@ -559,6 +560,6 @@ def parse_io_threads(n: int | None) -> int:
     unless ``n`` is a positive integer."""
     if n is None:
         return min(16, max(2, os.cpu_count() or 1))
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise OptionError(f"Expected io_threads as a positive integer. Got {n!r}.")
-    return n
+    return int(n)

@@ -107,7 +107,7 @@ def parse_size(value: int | float | str | None, *, name: str = "size") -> int | 
         return None
     if isinstance(value, bool):
         raise SizeParseError(f"Expected {name} as bytes or a string like '8GiB'. Got {value!r}.")
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):  # NumPy's integers and floats too
         return _checked(value, value, name)
     if isinstance(value, str):
         text = value.strip()
@@ -134,6 +134,8 @@ def _checked(number, value, name: str) -> int:
     if number > MAX_SIZE:
         raise SizeParseError(f"Expected {name} of at most {MAX_SIZE} bytes (4 EiB). "
                              f"Got {value!r}.")
+    if number < 1:  # a fraction of a byte: 0 once whole
+        raise SizeParseError(f"Expected {name} of at least 1 byte. Got {value!r}.")
     return int(number)
 
 

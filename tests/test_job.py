@@ -497,6 +497,45 @@ def test_budgets_that_are_not_finite(job, memory):
         bigmm.plan(a, b, host_memory=memory, backend="numpy")
 
 
+@pytest.mark.parametrize("memory", [
+    0.5,                # a fraction of a byte: not 0 bytes
+    "0.5",              # the same as a string
+    "0.9B",             # with a unit
+    np.float32(0.25),   # a NumPy float
+])
+def test_budgets_below_one_byte_are_named_as_given(job, memory):
+    a, b = job
+    with pytest.raises(errors.SizeParseError, match="at least 1 byte") as err:
+        bigmm.plan(a, b, memory=memory, backend="numpy")
+    assert str(err.value).endswith(f"Got {memory!r}."), str(err.value)
+
+
+@pytest.mark.parametrize("memory, threads", [
+    (np.int64(64 << 20), np.int64(2)),     # NumPy's default integer
+    (np.uint32(64 << 20), np.uint8(3)),    # unsigned
+    (np.float64(64e6), 2),                 # a NumPy float budget
+])
+def test_numpy_numbers_as_budgets_and_threads(job, memory, threads):
+    a, b = job
+    p = bigmm.plan(a, b, memory=memory, host_memory=memory, io_threads=threads,
+                   backend="numpy")
+    assert p.n_tiles >= 1
+    c = bigmm.matmul(a, b, memory=memory, io_threads=threads, backend="numpy")
+    assert relative_error(c, read(a) @ read(b)) < tolerance(np.float64, K)
+
+
+@pytest.mark.parametrize("threads", [
+    True,              # a bool is not a count
+    np.bool_(True),    # nor NumPy's
+    2.0,               # a float
+    np.int64(0),       # no threads
+])
+def test_io_threads_that_are_not_counts(job, threads):
+    a, b = job
+    with pytest.raises(errors.OptionError, match="io_threads"):
+        bigmm.plan(a, b, io_threads=threads, backend="numpy")
+
+
 def test_plan_refuses_unknown_keywords(job):
     a, b = job
     with pytest.raises(TypeError, match="memroy"):
