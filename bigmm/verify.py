@@ -30,6 +30,12 @@ product computed on TF32 tensor cores (``precision``: :mod:`bigmm.precision`) ro
 inputs first, each product off by up to ``p`` of itself (TF32: about 2^-9; 3xTF32: 2^-18),
 which adds at most ``p * |a_i| |b_j|`` (Cauchy-Schwarz): the tolerance gains ``SAFETY * p``.
 
+Non-finite values. Where the float64 reference is Inf or NaN (Inf or NaN in the operands), C
+must hold the same value (NaN, or the same signed infinity; for a Freivalds probe, a
+non-finite value), and the position counts in no relative error; where the reference is
+finite, Inf or NaN in C fails. As in BLAS, alpha == 0 reads neither A nor B (the reference is
+beta * C0, NaN in A or B ignored) and beta == 0 does not read C0.
+
 This checks a finished product after the fact; ``bigmm.matmul(..., verify="checksum")``
 checks each C tile while it is computed (:mod:`bigmm.checksum`).
 """
@@ -43,6 +49,7 @@ import numpy as np
 
 from .errors import OptionError, ShapeError
 from .io import Source, open_input
+from .job import parse_scalar
 from .precision import DEFAULT, ROUNDING, check_dtype, parse_precision
 from .units import accumulate_dtype, common_dtype, dtype_name, parse_seed
 
@@ -124,6 +131,7 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
     """
     _check_counts(samples, probes, exact_limit)
     parse_seed(seed)
+    alpha, beta = parse_scalar(alpha, "alpha"), parse_scalar(beta, "beta")
     if beta != 0 and c0 is None:
         raise OptionError(f"Expected c0 (the C before the run) when beta != 0. Got beta={beta}.")
     sources, owned = [], []
@@ -138,14 +146,16 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
         m, k, n = _check_shapes(opa, opb, opc, opc0)
         tol = tolerance(sources[0].dtype, sources[1].dtype, sources[2].dtype, k, precision)
         floor = underflow(sources[0].dtype, sources[1].dtype, sources[2].dtype, k)
-        job = _Job(opa, opb, opc, opc0, float(alpha), float(beta), block_elements, floor / tol)
+        job = _Job(opa, opb, opc, opc0, alpha, beta, block_elements, floor / tol)
         if m * n * k <= exact_limit:
-            err, worst = job.exact()
+            with np.errstate(invalid="ignore", over="ignore"):  # Inf or NaN in the operands
+                err, worst = job.exact()
             return _result(err, worst, tol, "exact", m * n)
         rng = np.random.default_rng(seed)
         rows = np.sort(rng.choice(m, size=min(samples, m), replace=False))
         x = rng.standard_normal((n, probes))
-        err, worst = job.sampled(rows, x)
+        with np.errstate(invalid="ignore", over="ignore"):
+            err, worst = job.sampled(rows, x)
         return _result(err, worst, tol, f"sampled ({len(rows)} rows, {probes} Freivalds probes)",
                        len(rows) * n)
     finally:
@@ -227,23 +237,46 @@ class _Job:
         worst = (0.0, None)
         for j0 in range(0, n, cols):
             j1 = min(n, j0 + cols)
-            bblk = self.opb.read(0, k, j0, j1)
-            bnorm = np.linalg.norm(bblk, axis=0)
+            if self.alpha != 0:  # alpha == 0: A and B are not read (BLAS)
+                bblk = self.opb.read(0, k, j0, j1)
+                bnorm = np.linalg.norm(bblk, axis=0)
             for i0 in range(0, m, rows):
                 i1 = min(m, i0 + rows)
-                ablk = self.opa.read(i0, i1, 0, k)
-                ref = self.alpha * (ablk @ bblk)
-                scale = abs(self.alpha) * np.outer(np.linalg.norm(ablk, axis=1), bnorm)
+                ref, scale = np.zeros((i1 - i0, j1 - j0)), np.zeros((i1 - i0, j1 - j0))
+                if self.alpha != 0:
+                    ablk = self.opa.read(i0, i1, 0, k)
+                    ref = self.alpha * (ablk @ bblk)
+                    scale = abs(self.alpha) * np.outer(np.linalg.norm(ablk, axis=1), bnorm)
                 if self.opc0 is not None:
                     old = self.opc0.read(i0, i1, j0, j1)
                     ref += self.beta * old
                     scale += abs(self.beta) * np.abs(old)
-                err = _rel(self.opc.read(i0, i1, j0, j1) - ref, scale + self.pad)
+                err = _rel(self.opc.read(i0, i1, j0, j1), ref, scale + self.pad)
                 worst = _worse(worst, err, i0, j0)
         return worst
 
     def sampled(self, rows: np.ndarray, x: np.ndarray) -> tuple[float, tuple | None]:
         """Freivalds' probes over all of C and whole ``rows`` of C, one pass per operand."""
+        (m, k), n = self.opa.shape, self.opc.shape[1]
+        if self.alpha == 0:  # A and B are not read (BLAS): C is beta * C0
+            ref, spread = np.zeros((m, x.shape[1])), np.zeros((m, x.shape[1]))
+            ref_rows, scale_rows = np.zeros((len(rows), n)), np.zeros((len(rows), n))
+        else:
+            ref, spread, ref_rows, scale_rows = self._product(rows, x)
+        if self.opc0 is not None:
+            c0x, c0spread, c0rows = self._stream_c(self.opc0, rows, x)
+            ref += self.beta * c0x
+            spread += abs(self.beta) * c0spread
+            ref_rows += self.beta * c0rows
+            scale_rows += abs(self.beta) * np.abs(c0rows)
+        cx, _, crows = self._stream_c(self.opc, rows, x)
+        spread += self.pad * np.linalg.norm(x, axis=0)
+        worst = _worse((0.0, None), _rel(cx, ref, spread, probe=True), 0, None)
+        return _worse(worst, _rel(crows, ref_rows, scale_rows + self.pad), 0, 0, rows)
+
+    def _product(self, rows: np.ndarray, x: np.ndarray):
+        """alpha * op(A) @ (op(B) @ x) and alpha * op(A)[rows] @ op(B), with their scales, in
+        one pass over each operand."""
         (m, k), n = self.opa.shape, self.opc.shape[1]
         arows = np.stack([self.opa.read(int(i), int(i) + 1, 0, k)[0] for i in rows]) \
             if len(rows) else np.zeros((0, k))
@@ -264,16 +297,7 @@ class _Job:
         spread = abs(self.alpha) * np.outer(anorm, np.sqrt(bnorm2 @ (x * x)))
         ref_rows = self.alpha * prod_rows
         scale_rows = abs(self.alpha) * np.outer(anorm[rows], np.sqrt(bnorm2))
-        if self.opc0 is not None:
-            c0x, c0spread, c0rows = self._stream_c(self.opc0, rows, x)
-            ref += self.beta * c0x
-            spread += abs(self.beta) * c0spread
-            ref_rows += self.beta * c0rows
-            scale_rows += abs(self.beta) * np.abs(c0rows)
-        cx, _, crows = self._stream_c(self.opc, rows, x)
-        spread += self.pad * np.linalg.norm(x, axis=0)
-        worst = _worse((0.0, None), _rel(cx - ref, spread), 0, None)
-        return _worse(worst, _rel(crows - ref_rows, scale_rows + self.pad), 0, 0, rows)
+        return ref, spread, ref_rows, scale_rows
 
     def _stream_c(self, op: _Op, rows: np.ndarray, x: np.ndarray):
         """(C @ x, sqrt(C^2 @ x^2), C[rows]) in one pass over C."""
@@ -289,12 +313,22 @@ class _Job:
         return cx, spread, picked
 
 
-def _rel(diff: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """|diff| / scale, with NaN or Inf anywhere counting as infinitely wrong."""
+def _rel(c: np.ndarray, ref: np.ndarray, scale: np.ndarray, probe: bool = False) -> np.ndarray:
+    """|c - ref| / scale where the reference is finite, a C that is not counting as infinitely
+    wrong. Where the reference is not (Inf or NaN in the operands), C must hold the same value
+    (NaN for NaN, the same signed infinity), or for a Freivalds ``probe`` be non-finite too."""
     with np.errstate(divide="ignore", invalid="ignore"):
+        diff = c - ref
         err = np.abs(diff) / scale
     err[np.isnan(err) & (diff == 0)] = 0.0  # 0/0: an exact zero where the scale is zero
     err[~np.isfinite(err)] = np.inf
+    off = ~np.isfinite(ref)
+    if off.any():
+        if probe:
+            same = ~np.isfinite(c[off])
+        else:
+            same = (c[off] == ref[off]) | (np.isnan(c[off]) & np.isnan(ref[off]))
+        err[off] = np.where(same, 0.0, np.inf)
     return err
 
 

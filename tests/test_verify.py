@@ -6,6 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
+import bigmm
 from bigmm.errors import IncompleteOutputError, OptionError, ShapeError
 from bigmm.io.generate import block, generate
 from bigmm.testing import reference_gemm
@@ -114,6 +115,9 @@ def test_incomplete_output_is_an_error(tmp_path):
     (dict(beta=1.0), OptionError),            # beta without the old C
     (dict(samples=-1), OptionError),          # negative sample count
     (dict(trans_a=True), ShapeError),         # op(A) no longer matches op(B)
+    (dict(alpha="x"), OptionError),           # alpha not a number
+    (dict(alpha=float("inf")), OptionError),  # alpha not finite
+    (dict(beta=float("nan"), c0=np.zeros((9, 7))), OptionError),  # beta NaN, with C0
 ])
 def test_bad_arguments(tmp_path, kwargs, error):
     a, b, xa, xb = _operands(tmp_path, 9, 8, 7, "float64")
@@ -137,3 +141,73 @@ def test_arrays_and_datasets(tmp_path):
         assert verify(f["A"], f["B"], c, exact_limit=0).passed  # h5py datasets, sampled
     c[3, 4] *= 1.01
     assert not verify(xa, xb, c).passed
+
+
+def _with_non_finite():
+    """A and B holding Inf and NaN, and their product as float64 gives it (in float32)."""
+    rng = np.random.default_rng(23)
+    a = rng.standard_normal((50, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 30)).astype(np.float32)
+    a[0, 0], a[3, 2], b[5, 7] = np.inf, np.nan, -np.inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        return a, b, (a.astype(np.float64) @ b).astype(np.float32)
+
+
+@pytest.mark.parametrize("damage, passed", [
+    (None, True),                # Inf and NaN where the reference has them
+    ("sign of an Inf", False),   # -Inf for +Inf
+    ("finite for NaN", False),   # a number where the reference is NaN
+    ("Inf for finite", False),   # Inf where the reference is finite
+    ("NaN for finite", False),   # NaN where the reference is finite
+])
+@pytest.mark.parametrize("exact_limit", [None, 0])  # element by element; sampled
+def test_non_finite_operands(damage, passed, exact_limit):
+    a, b, c = _with_non_finite()
+    assert np.isposinf(c[0, 1]) and np.isnan(c[3, 1]) and np.isfinite(c[10, 1])
+    rows = np.sort(np.random.default_rng(0).choice(50, size=16, replace=False))
+    assert {0, 3, 10} <= set(rows.tolist())  # the damaged rows are among those sampled
+    r = 10
+    if damage == "sign of an Inf":
+        c[0, 1] = -np.inf
+    elif damage == "finite for NaN":
+        c[3, 1] = 1.0
+    elif damage == "Inf for finite":
+        c[r, 1] = np.inf
+    elif damage == "NaN for finite":
+        c[r, 1] = np.nan
+    kw = {} if exact_limit is None else {"exact_limit": exact_limit}
+    result = verify(a, b, c, **kw)
+    assert result.passed == passed, result
+    if not passed and damage in ("Inf for finite", "NaN for finite"):
+        assert result.worst == (r, 1)
+
+
+@pytest.mark.parametrize("beta, kw", [
+    (0.0, {}),                                # C = 0: A, B (NaN) not read
+    (2.0, {}),                                # C = beta * C0
+    (0.0, {"verify": "checksum"}),            # checked tile by tile as it runs
+    (2.0, {"verify": "checksum"}),            # the same with C0
+    (0.0, {"memory": "64KiB"}),               # many tiles and K panels
+])
+def test_alpha_zero_reads_neither_a_nor_b(beta, kw):
+    # BLAS's convention, in bigmm.matmul (numpy backend) and in verify's reference
+    a = np.ones((40, 30), np.float32)
+    a[0, 0], a[5, 5] = np.nan, np.inf
+    b = np.ones((30, 20), np.float32)
+    b[2, 3] = np.nan
+    old = np.arange(800, dtype=np.float32).reshape(40, 20)
+    old[1, 1] = np.nan
+    c = old.copy()
+    bigmm.matmul(a, b, c, alpha=0.0, beta=beta, backend="numpy", **kw)
+    np.testing.assert_array_equal(c, beta * old if beta else np.zeros_like(old))
+    for limit in (10**9, 0):  # element by element; sampled
+        assert verify(a, b, c, alpha=0.0, beta=beta, c0=old, exact_limit=limit).passed
+    with np.errstate(invalid="ignore"):
+        assert not verify(a, b, 0 * (a @ b) + beta * old, alpha=0.0, beta=beta, c0=old).passed
+    c[7, 7] += 1.0
+    assert not verify(a, b, c, alpha=0.0, beta=beta, c0=old).passed
+
+
+def test_beta_zero_does_not_read_c0():
+    a, b = np.ones((4, 3)), np.ones((3, 2))
+    assert verify(a, b, a @ b, beta=0.0, c0="/nonexistent/c0.h5:/C").passed
