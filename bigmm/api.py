@@ -23,8 +23,9 @@ from .checksum import parse_verify
 from .errors import OptionError, OutputTooLarge
 from .executor import STAGES, Progress, RunStats, execute
 from .advice import budget_note as job_budget_note
-from .job import (check_symmetric_c, complete_stats, open_inputs, open_output, output_dtype,
-                  parse_io_threads, parse_scalar, plan_job, resolve_backend)
+from .io.existing import check_output
+from .job import (check_operands, check_symmetric_c, complete_stats, open_inputs, open_output,
+                  output_dtype, parse_io_threads, parse_scalar, plan_job, resolve_backend)
 from .planner import Plan
 from .profile import Profile
 from .units import format_bytes
@@ -177,11 +178,14 @@ def plan(a: Operand, b: Operand, out: Operand | None = None, *, alpha: float = 1
     nothing; ``out_dtype`` is checked as ``matmul`` checks it); with ``gram=True`` (or the
     same data with opposite transposes, detected) and ``upper``, the Plan of :func:`gram`.
     ``io_threads`` as ``matmul``'s: on a GPU the host's copy rates, and so the plan, depend
-    on it. An ``out`` that is one of the inputs is refused as ``matmul`` refuses it."""
+    on it. An ``out`` that is one of the inputs, that cannot be written, or (beta != 0) that
+    holds no old C of C's shape is refused as ``matmul`` refuses it."""
     verify = parse_verify(verify)
     with _opened(a, b, backend, kernel, precision) as (be, A, B, _):
         io.refuse_output_alias(out, [A, B])
         symmetric = _symmetric(A, B, trans_a, trans_b, gram, verify, beta)
+        m, _, n, _ = check_operands(A, A if symmetric else B, trans_a, trans_b)
+        check_output(out, (m, n), reads_c=parse_scalar(beta, "beta") != 0, resume=resume)
         p, _ = plan_job(A, A if symmetric else B, out, be, alpha=alpha, beta=beta,
                         trans_a=trans_a, trans_b=trans_b, memory=memory,
                         host_memory=host_memory, resume=resume, calibrate=True,

@@ -254,6 +254,32 @@ def test_plan_refuses_an_out_of_the_wrong_shape(files):
         bigmm.matmul(spec_a, spec_b, np.zeros((5, 5)), backend="numpy")
 
 
+@pytest.mark.parametrize("out, beta, err, words", [
+    ("{dir}/new.h5:/C", 1.0, errors.OperandNotFound, ["beta != 0", "new.h5"]),  # no file
+    ("{dir}/c.h5:/missing", 1.0, errors.OperandNotFound, ["/missing"]),  # no dataset
+    ("{dir}/in.h5:/Bwide", 1.0, errors.ShapeError, ["(30, 10)", "(21, 10)"]),  # old C's shape
+    ("{dir}/null.h5:/C", 1.0, errors.ShapeError, ["no dataspace"]),  # old C with no dataspace
+    ("dataset", 0.0, errors.ShapeError, ["no dataspace"]),  # an h5py.Dataset, no dataspace
+    ("{dir}/no/such/dir/c.h5:/C", 0.0, errors.OutputNotWritable, ["no/such/dir"]),  # no folder
+    ("{dir}/afile/c.h5:/C", 0.0, errors.OutputNotWritable, ["afile"]),  # folder is a file
+    ("{dir}/afile:/C", 0.0, errors.OutputNotWritable, ["not HDF5"]),  # a file not HDF5
+])
+def test_plan_refuses_an_output_matmul_refuses(files, out, beta, err, words):
+    tmp, spec_a, spec_b, _ = files
+    with h5py.File(tmp / "null.h5", "w") as f:
+        f.create_dataset("C", data=h5py.Empty("f8"))
+    before = _digest([tmp / "in.h5", tmp / "c.h5", tmp / "null.h5"])
+    with h5py.File(tmp / "null.h5", "r+") as f:
+        target = f["C"] if out == "dataset" else out.format(dir=tmp)
+        for call in (bigmm.plan, bigmm.matmul):
+            with pytest.raises(err) as e:
+                call(spec_a, spec_b, target, beta=beta, backend="numpy")
+            msg = str(e.value)
+            assert msg.startswith("Expected") and all(w in msg for w in words), msg
+    assert _digest([tmp / "in.h5", tmp / "c.h5", tmp / "null.h5"]) == before
+    assert not glob.glob(str(tmp / "new.h5*"))
+
+
 @pytest.mark.parametrize("out", [
     "spec",     # A's file and dataset, named again
     "dataset",  # A's dataset, open in h5py

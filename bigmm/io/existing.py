@@ -1,7 +1,8 @@
 """What an output already is, looked at read-only before a run opens it (nothing created,
-locked or recovered): the dtype of one that is kept (:func:`existing_dtype`), and whether it
+locked or recovered): the dtype of one that is kept (:func:`existing_dtype`), whether it
 is one of the inputs (:func:`refuse_output_alias`, as :func:`.output.open_output` refuses
-it), and where it is stored (:func:`output_spec`)."""
+it), whether it can be written and holds the old C asked for (:func:`check_output`), and
+where it is stored (:func:`output_spec`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .filesink import PARTIAL_SUFFIX
 from .identity import array_footprint, refuse_alias
 from .journal import journal_path, parse_journal
 from .lock import h5_open_retry
-from .output import _check_open, _storage
+from .output import _check_folder, _check_old_c, _check_open, _check_shape, _storage
 from .spec import Spec, parse_spec
 
 
@@ -96,3 +97,26 @@ def refuse_output_alias(x, inputs) -> None:
     store.check(spec)  # a place that cannot hold the output, as open_output says it
     info = store.inspect(spec, spec.dataset + PARTIAL_SUFFIX, label)
     refuse_alias(info["footprint"], inputs, label)
+
+
+def check_output(x, shape, *, reads_c: bool, resume: bool = False) -> None:
+    """Refuse, read-only and as :func:`.output.open_output` refuses it, an output ``x`` that
+    cannot be written (OutputNotWritable: its directory missing or not writable, a file that
+    is not HDF5) or, for beta != 0 (``reads_c``), that holds no old C (OperandNotFound) or
+    one not of ``shape`` (ShapeError); an h5py.Dataset with no dataspace (ShapeError). A
+    resumed output with a journal is left to the run (it may be mid-swap)."""
+    if isinstance(x, h5py.Dataset):
+        spec, label = output_spec(x)
+        _check_shape(x.shape, shape, label)
+        return
+    if not isinstance(x, (str, os.PathLike, Spec)):
+        return  # None or an array: checked where the plan is made
+    spec, label = output_spec(x)
+    _check_folder(spec.path)
+    if not spec.zarr and os.path.exists(h5atomic.redo_path(spec.path)):
+        return  # a killed run's change to finish first (see refuse_output_alias)
+    store = _storage(spec)
+    store.check(spec)
+    if not reads_c or (resume and os.path.exists(journal_path(spec))):
+        return
+    _check_old_c(spec, store.inspect(spec, spec.dataset + PARTIAL_SUFFIX, label), shape, label)

@@ -129,12 +129,28 @@ def _check_open(x: h5py.Dataset) -> None:
 
 
 def _check_like(have_shape, have_dtype, shape, dtype, label) -> None:
-    if tuple(have_shape) != shape:
-        raise ShapeError(f"Expected shape {shape} for {label}. Got {tuple(have_shape)}.")
+    _check_shape(have_shape, shape, label)
     have = np.dtype(have_dtype)
     if have != dtype:
         order = (" in this machine's byte order" if have.newbyteorder("=") == dtype else "")
         raise DtypeError(f"Expected {dtype}{order} for {label}. Got {dtype_name(have)}.")
+
+
+def _check_shape(have_shape, shape, label) -> None:
+    if have_shape is None:  # an HDF5 dataset with a null dataspace
+        raise ShapeError(f"Expected shape {shape} for {label}. Got an empty dataset (no "
+                         f"dataspace).")
+    if tuple(have_shape) != shape:
+        raise ShapeError(f"Expected shape {shape} for {label}. Got {tuple(have_shape)}.")
+
+
+def _check_old_c(spec: Spec, info: dict, shape, label) -> None:
+    """OperandNotFound unless the old C (beta != 0) that ``info`` (:func:`_inspect`) describes
+    exists, ShapeError unless of ``shape``."""
+    if not info["exists"]:
+        raise OperandNotFound(f"Expected an existing output {spec} holding C for beta != 0. "
+                              f"Got no such dataset.")
+    _check_shape(info["shape"], shape, label)
 
 
 @dataclass(frozen=True)
@@ -208,12 +224,16 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
             obj = f.get(spec.dataset)
             if obj is not None and not isinstance(obj, h5py.Dataset):
                 raise OutputNotWritable(f"Expected a dataset path for the output. Got "
-                                        f"'{spec.dataset}' in '{spec.path}', which is a group.")
+                                        f"'{spec.dataset}' in '{spec.path}', which is "
+                                        f"{_h5_kind(obj)}.")
+            if obj is None:
+                _check_parents(f, spec)
             objects = ()
             if obj is not None:
                 objects = (_h5_object(obj),)
                 raw = obj.attrs.get(JOB_ATTR)
-                info.update(exists=True, shape=tuple(obj.shape), dtype=stored_dtype(obj),
+                shape = None if obj.shape is None else tuple(obj.shape)  # None: no dataspace
+                info.update(exists=True, shape=shape, dtype=stored_dtype(obj),
                             complete=bool(obj.attrs.get(COMPLETE_ATTR, True)),
                             flagged=COMPLETE_ATTR in obj.attrs,
                             record=_loads(raw))
@@ -222,6 +242,29 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
                                   within=ancestors(spec.path))
     info["file"] = (st.st_dev, st.st_ino)
     return info
+
+
+def _h5_kind(obj) -> str:
+    """What an HDF5 object is, in words."""
+    if isinstance(obj, h5py.Group):
+        return "a group"
+    if isinstance(obj, h5py.Datatype):
+        return "a committed datatype"
+    return "a dataset" if isinstance(obj, h5py.Dataset) else f"a {type(obj).__name__}"
+
+
+def _check_parents(f: h5py.File, spec: Spec) -> None:
+    """OutputNotWritable where a parent of the missing output dataset is not a group (HDF5
+    cannot create the dataset below it)."""
+    parts = spec.dataset.strip("/").split("/")
+    for i in range(1, len(parts)):
+        parent = "/" + "/".join(parts[:i])
+        obj = f.get(parent)
+        if obj is None:
+            return  # created with the dataset
+        if not isinstance(obj, h5py.Group):
+            raise OutputNotWritable(f"Expected a group at '{parent}' in '{spec.path}' to hold "
+                                    f"the output '{spec.dataset}'. Got {_h5_kind(obj)}.")
 
 
 def _loads(raw) -> dict | None:
@@ -346,9 +389,7 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
                           f"{spec}. Got an output left incomplete without one; start over "
                           f"with overwrite=True.")
     if reads_c:
-        if not info["exists"]:
-            raise OperandNotFound(f"Expected an existing output {spec} holding C for beta != 0. "
-                                  f"Got no such dataset.")
+        _check_old_c(spec, info, shape, label)
         _check_like(info["shape"], info["dtype"], shape, dtype, label)
         job["inputs"]["C"] = _old_c_identity(spec, label, threads)
     fresh = not in_place and info["exists"] and not reads_c and not resume

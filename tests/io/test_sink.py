@@ -268,6 +268,55 @@ def test_unwritable_locations(tmp_path, inputs):
     assert plain.read_text() == "x"
 
 
+@pytest.mark.parametrize("dataset, word", [
+    ("/A/C", "Expected a group at '/A'"),      # below a dataset
+    ("/A/x/C", "Expected a group at '/A'"),    # below a dataset, through a missing group
+    ("/T/C", "a committed datatype"),          # below a committed datatype
+    ("/T", "which is a committed datatype"),   # a committed datatype itself
+    ("/G", "which is a group"),                # a group itself
+])
+def test_output_path_through_a_non_group(tmp_path, inputs, dataset, word):
+    _, srcs = inputs
+    path = str(tmp_path / "c.h5")
+    with h5py.File(path, "w") as f:
+        f["A"] = random_matrix((2, 2), np.float32)
+        f["T"] = np.dtype("f4")
+        f.create_group("G")
+    before = sha(path)
+    with pytest.raises(OutputNotWritable, match="Expected") as err:
+        new_sink(f"{path}:{dataset}", srcs, overwrite=True)
+    assert word in str(err.value) and ". Got " in str(err.value), str(err.value)
+    assert sha(path) == before
+
+
+@pytest.mark.parametrize("kw, error, word", [
+    ({"overwrite": True}, None, None),                            # replaced as any other
+    ({}, OutputExistsError, "overwrite"),                         # kept without overwrite
+    ({"reads_c": True}, ShapeError, "empty dataset (no dataspace)"),  # old C for beta != 0
+    ({"resume": True}, ResumeError, "not written by bigmm"),      # nothing to resume
+    ({"dataset": True}, ShapeError, "empty dataset (no dataspace)"),  # an h5py.Dataset as out
+])
+def test_output_with_a_null_dataspace(tmp_path, inputs, kw, error, word):
+    _, srcs = inputs
+    path = str(tmp_path / "c.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("C", data=h5py.Empty("f4"))
+    if kw.pop("dataset", False):
+        with h5py.File(path, "a") as f, pytest.raises(error, match="Expected") as err:
+            new_sink(f["C"], srcs)
+        assert word in str(err.value)
+        return
+    if error is not None:
+        with pytest.raises(error, match="Expected") as err:
+            new_sink(f"{path}:/C", srcs, **kw)
+        assert word in str(err.value)
+        return
+    data = random_matrix(SHAPE, np.float32, seed=19)
+    with new_sink(f"{path}:/C", srcs, **kw) as sink:
+        finish_all(sink, data)
+    np.testing.assert_array_equal(read_back(f"{path}:/C"), data)
+
+
 def test_an_empty_file_at_the_output_is_written_as_a_new_one(tmp_path, inputs):
     _, srcs = inputs  # what a kill leaves before HDF5 first writes a new file
     path = tmp_path / "c.h5"
