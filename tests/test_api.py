@@ -458,6 +458,35 @@ def test_an_output_replaced_after_the_interruption_refuses_the_resume(tmp_path, 
     bigmm.matmul(a, b, one, overwrite=True, **kw)
 
 
+@pytest.mark.parametrize("fmt", ["h5", "zarr"])  # a dataset in the same file, an array directory
+def test_an_output_made_anew_at_its_place_refuses_the_resume(tmp_path, fmt):
+    # made anew where the interrupted run's was: the file, the directory's inode or the
+    # dataset's address may come back the same; the token bigmm drew for its output does not
+    zarr = pytest.importorskip("zarr") if fmt == "zarr" else None
+    a, b = random_matrix((300, 200), np.float64, 1), random_matrix((200, 250), np.float64, 2)
+    out = str(tmp_path / "c.zarr") if fmt == "zarr" else f"{tmp_path / 'c.h5'}:/C"
+    kw = dict(memory="64KiB", backend="numpy")
+
+    def stop(p):
+        if p.tiles_done >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(errors.Interrupted):
+        bigmm.matmul(a, b, out, progress=stop, **kw)
+    if fmt == "zarr":
+        old = zarr.open_array(out, mode="r")
+        zarr.create_array(store=out, shape=old.shape, chunks=old.chunks, dtype=old.dtype,
+                          fill_value=np.nan, attributes={"bigmm_complete": False},
+                          overwrite=True)
+    else:
+        with h5py.File(tmp_path / "c.h5", "r+") as f:
+            chunks = f["C"].chunks
+            del f["C"]
+            f.create_dataset("C", (300, 250), "f8", chunks=chunks).attrs["bigmm_complete"] = False
+    with pytest.raises(errors.ResumeError, match="replaced"):
+        bigmm.matmul(a, b, out, resume=True, **kw)
+
+
 # ----- kill, interrupt, resume ----------------------------------------------------------------
 
 M, N, K = 96, 80, 70

@@ -37,6 +37,9 @@ COMPLETE_ATTR = "bigmm_complete"
 #: Attribute on a finished output: its job, the identities of its inputs and its fingerprint
 #: (JSON), so that resuming it again knows it is complete.
 JOB_ATTR = "bigmm_job"
+#: A token drawn when bigmm creates an output, journaled: a resume refuses an output
+#: replaced since, even where the file system reuses the old one's inode.
+RUN_ATTR = "bigmm_run"
 
 #: Bytes reserved for the job record beyond its size when the output is created (room for the
 #: fingerprint and for rounding).

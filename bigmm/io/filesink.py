@@ -56,7 +56,7 @@ from h5py import h5d, h5p, h5s
 
 from ..errors import BigmmError, DiskFullError, WriteError
 from ..units import format_bytes
-from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, h5_type, read_region, release_h5_handles,
+from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, RUN_ATTR, h5_type, read_region, release_h5_handles,
                   reserve_job_record, write_job_record, write_region)
 from .durable import fsync_path
 from .h5atomic import opener
@@ -120,6 +120,7 @@ def create_dataset(f: h5py.File, name: str, shape, dtype, chunks=None,
                       h5s.create_simple(tuple(shape)), dcpl=dcpl, lcpl=lcpl)
     dset = h5py.Dataset(dsid)
     dset.attrs[COMPLETE_ATTR] = False
+    dset.attrs[RUN_ATTR] = os.urandom(8).hex()
     if record_bytes:
         reserve_job_record(dset.attrs, record_bytes)
     return dset

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, OptionError,
                       OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
                       ShapeError, SpecError)
-from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles,
+from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, RUN_ATTR, dtype_name, release_h5_handles,
                   reserve_job_record, stored_dtype)
 from .identity import (Footprint, ancestors, array_footprint, describe, differences,
                        fingerprint, mappings_once, overlaps_itself, refuse_alias)
@@ -34,6 +34,7 @@ from .sink import _FULL, ArraySink, CompleteSink, Sink
 from .source import DEFAULT_THREADS, Source, open_input
 from .spec import Spec, parse_spec
 from . import h5atomic, zarrsink, zarrsource
+from .zarrmeta import read_meta
 from ..units import format_bytes
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
@@ -304,15 +305,29 @@ def _header(spec, shape, dtype, job, partial) -> dict:
 
 def _target_identity(spec: Spec, target: str, dataset=None) -> list:
     """Where the run's tiles go: (device, inode) of the Zarr array's directory, or of the
-    HDF5 file with the dataset's address. A resume refuses an output replaced since."""
+    HDF5 file with the dataset's address, and the token bigmm drew when it created it (None
+    for outputs written in place). A resume refuses an output replaced since."""
     if spec.zarr:
-        st = os.stat(zarrsink.target_dir(spec, target))
-        return [st.st_dev, st.st_ino]
+        folder = zarrsink.target_dir(spec, target)
+        st = os.stat(folder)
+        attrs = (read_meta(folder) or {}).get("attributes") or {}
+        return [st.st_dev, st.st_ino, attrs.get(RUN_ATTR)]
     with H5LOCK:
         if dataset is not None:  # written in place: the caller holds its file open
-            return list(_h5_object(dataset))
+            return [*_h5_object(dataset), _token(dataset)]
         with h5py.File(spec.path, "r") as f:
-            return list(_h5_object(f[target]))
+            return [*_h5_object(f[target]), _token(f[target])]
+
+
+def _token(dset) -> str | None:
+    token = dset.attrs.get(RUN_ATTR)
+    return token.decode() if isinstance(token, bytes) else (None if token is None
+                                                             else str(token))
+
+
+def _same_target(recorded: list | None, now: list) -> bool:
+    """Whether the journaled target is ``now`` (journals without the token: the rest)."""
+    return recorded is None or list(recorded) == now[:len(recorded)]
 
 
 def _h5_object(obj) -> tuple[int, int, int]:
@@ -560,8 +575,11 @@ def _resume(spec, label, journal, job, info, shape, dtype, reads_c, threads, chu
             diff = differences(rin.get("C") or {}, now, volatile=True)
             if diff:
                 raise ResumeError(_changed("old C", now["label"], diff, spec))
-        if present and recorded.get("target") not in (
-                None, _target_identity(spec, target, dataset)):
+        now = _target_identity(spec, target, dataset) if present else None
+        if present and not _same_target(recorded.get("target"), now):
+            if not journal.tiles:  # nothing written to mix with: the run goes on in it
+                journal.append({"target": now})
+        if present and not _same_target(journal.header.get("target"), now):
             raise ResumeError(f"Expected the {'array' if spec.zarr else 'dataset'} "
                               f"'{target}' the interrupted run wrote, to resume {spec}. Got "
                               f"another at that name (replaced after the interruption?). "

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import BigmmError, OutputNotWritable, ReadError, WriteError
-from ._h5 import COMPLETE_ATTR, JOB_ATTR
+from ._h5 import COMPLETE_ATTR, JOB_ATTR, RUN_ATTR
 from .identity import Footprint, ancestors
 from .journal import Journal, finished_job
 from .layout import chunk_cells
@@ -466,7 +466,8 @@ def create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old: 
             store=zarr.storage.LocalStore(store), name=path or None, shape=tuple(shape),
             chunks=tuple(int(c) for c in chunks), dtype=np.dtype(dtype), compressors=None,
             filters=None, serializer=zarr.codecs.BytesCodec(endian="little"),
-            fill_value=float("nan"), attributes=dict(attrs, **{COMPLETE_ATTR: False}),
+            fill_value=float("nan"),
+            attributes=dict(attrs, **{COMPLETE_ATTR: False, RUN_ATTR: os.urandom(8).hex()}),
             zarr_format=3)
         del arr
         folder = array_dir(store, path)
