@@ -78,6 +78,7 @@ def parse_spec(text) -> Spec:
         cut = text.rfind(":")
     path, dataset = (text[:cut], text[cut + 1:]) if cut >= 0 else ("", "")
     path = path.strip()
+    dataset = _without_dots(dataset)
     if path and is_zarr_path(path):
         array = "/" + dataset.strip().strip("/")
         if "//" in array:
@@ -87,6 +88,14 @@ def parse_spec(text) -> Spec:
     if not path or dataset == "/" or "//" in dataset or dataset.endswith("/"):
         raise SpecError(f"Expected 'file.h5:/dataset' or 'store.zarr[:/array]'. Got {text!r}.")
     return Spec(path, dataset)
+
+
+def _without_dots(name: str) -> str:
+    """``name`` without its "." components ("/./C" is "/C", as HDF5 and Zarr resolve it), so
+    that every spelling of one output names one lock and one journal."""
+    parts = name.split("/")
+    kept = [p for p in parts if p.strip() != "."]
+    return name if len(kept) == len(parts) else "/".join(kept)
 
 
 def _store(path: str) -> str:

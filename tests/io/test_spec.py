@@ -10,6 +10,7 @@ GOOD = [
     ("C:/data/a.h5:/A", "C", "/data/a.h5:/A"),      # first ":/" ends the path (documented)
     ("x.hdf5:weird:name", "x.hdf5:weird", "/name"),  # no ":/": the last ":" splits
     ("/abs/a.h5:/A1", "/abs/a.h5", "/A1"),          # absolute path
+    ("o.h5:/./g/./C", "o.h5", "/g/C"),              # "." components: one name, one lock
 ]
 
 
@@ -62,3 +63,14 @@ def test_paths_are_specs(tmp_path):
     assert verify(a, b, c).passed
     assert bigmm.plan(a, b, backend="numpy").m == 7
     assert np.isfinite(bigmm.matmul(a, b, backend="numpy")).all()
+
+
+def test_one_output_spelled_with_dots_has_one_lock(tmp_path):
+    from bigmm.errors import OutputBusyError
+    from bigmm.io.journal import lock_path
+    from bigmm.io.lock import OutputLock
+
+    held = OutputLock(lock_path(parse_spec(f"{tmp_path / 'o.h5'}:/C")), "C")
+    with pytest.raises(OutputBusyError):  # a second writer spelling it "/./C"
+        OutputLock(lock_path(parse_spec(f"{tmp_path / 'o.h5'}:/./C")), "C")
+    held.release()
