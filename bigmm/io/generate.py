@@ -29,6 +29,7 @@ from ..units import dtype_name as _dtype_name
 from ._h5 import COMPLETE_ATTR, h5_type, stored_dtype, write_region
 from .durable import free_bytes
 from .spec import parse_spec
+from .output import check_parents
 
 #: Elements per random unit (fixed: changing it changes every generated matrix).
 UNIT = 1 << 16
@@ -83,6 +84,7 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
     path, name = _split_spec(spec)
     f = _open_file(path)
     try:
+        check_parents(f, parse_spec(f"{path}:{name}"))
         if name in f:
             if not overwrite:
                 raise OutputExistsError(

@@ -228,7 +228,7 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
                                         f"'{spec.dataset}' in '{spec.path}', which is "
                                         f"{_h5_kind(obj)}.")
             if obj is None:
-                _check_parents(f, spec)
+                check_parents(f, spec)
             objects = ()
             if obj is not None:
                 objects = (_h5_object(obj),)
@@ -254,7 +254,7 @@ def _h5_kind(obj) -> str:
     return "a dataset" if isinstance(obj, h5py.Dataset) else f"a {type(obj).__name__}"
 
 
-def _check_parents(f: h5py.File, spec: Spec) -> None:
+def check_parents(f: h5py.File, spec: Spec) -> None:
     """OutputNotWritable where a parent of the missing output dataset is not a group (HDF5
     cannot create the dataset below it)."""
     parts = spec.dataset.strip("/").split("/")

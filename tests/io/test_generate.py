@@ -125,9 +125,11 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path):
     ("{tmp}/missing/dir/o.h5:/x", OutputNotWritable),   # directory does not exist
     ("{tmp}/o.h5", SpecError),                          # no dataset part
     ("{tmp}/not_hdf5.h5:/x", OutputNotWritable),        # existing file that is not HDF5
+    ("{tmp}/d.h5:/D/x", OutputNotWritable),             # below a dataset, not a group
 ])
 def test_bad_outputs(tmp_path, spec, error):
     (tmp_path / "not_hdf5.h5").write_text("plain text, not HDF5")
+    generate(f"{tmp_path / 'd.h5'}:/D", (2, 2))
     with pytest.raises(error, match="Expected"):
         generate(spec.format(tmp=tmp_path), (3, 4))
     assert (tmp_path / "not_hdf5.h5").read_text() == "plain text, not HDF5"
