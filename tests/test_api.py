@@ -458,6 +458,21 @@ def test_an_output_replaced_after_the_interruption_refuses_the_resume(tmp_path, 
     bigmm.matmul(a, b, one, overwrite=True, **kw)
 
 
+def test_an_output_file_with_another_hard_link_is_refused(tmp_path):
+    # its lock is named after its path: a second run through the other name would not wait
+    a, b = random_matrix((30, 20), np.float64, 1), random_matrix((20, 25), np.float64, 2)
+    with h5py.File(tmp_path / "o.h5", "w") as f:
+        f["keep"] = np.arange(3.0)
+    os.link(tmp_path / "o.h5", tmp_path / "hl.h5")
+    for name in ("o.h5", "hl.h5"):
+        with pytest.raises(errors.OutputNotWritable, match="2 hard links"):
+            bigmm.matmul(a, b, f"{tmp_path / name}:/C", backend="numpy")
+    with h5py.File(tmp_path / "o.h5", "r") as f:
+        assert list(f) == ["keep"]  # nothing written
+    os.unlink(tmp_path / "hl.h5")
+    bigmm.matmul(a, b, f"{tmp_path / 'o.h5'}:/C", backend="numpy")
+
+
 @pytest.mark.parametrize("fmt", ["h5", "zarr"])  # a dataset in the same file, an array directory
 def test_an_output_made_anew_at_its_place_refuses_the_resume(tmp_path, fmt):
     # made anew where the interrupted run's was: the file, the directory's inode or the

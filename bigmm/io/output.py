@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from typing import Callable
 
@@ -349,6 +350,22 @@ def _identities(inputs, out_file) -> dict:
     return out
 
 
+def _check_one_name(spec: Spec) -> None:
+    """OutputNotWritable for an HDF5 output file with other hard links: the lock and the
+    journal are named after the file's path, so a run through another name would write it
+    at the same time."""
+    try:
+        st = None if spec.zarr else os.stat(spec.path)
+    except OSError:
+        return
+    links = st.st_nlink if st is not None and stat.S_ISREG(st.st_mode) else 1
+    if links > 1:
+        raise OutputNotWritable(f"Expected an output file with one name. Got '{spec.path}' "
+                                f"with {links} hard links, through which another run could "
+                                f"write it at the same time: write to a copy of it, or remove "
+                                f"the other links.")
+
+
 def _old_c_identity(spec: Spec, label: str, threads: int) -> dict:
     src = open_input(spec, name="old " + label, threads=threads)
     try:
@@ -364,6 +381,7 @@ def _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, th
     _check_folder(spec.path)
     label = (f"C ({spec})" if dataset is None or spec.zarr
              else f"C ({dataset.file.filename}:{dataset.name})")
+    _check_one_name(spec)
     lock = OutputLock(lock_path(spec), label)
     try:
         sink = _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_c,
