@@ -458,6 +458,23 @@ def test_an_output_replaced_after_the_interruption_refuses_the_resume(tmp_path, 
     bigmm.matmul(a, b, one, overwrite=True, **kw)
 
 
+@pytest.mark.parametrize("link", [
+    h5py.SoftLink("/nowhere"),                 # a soft link to nothing
+    h5py.ExternalLink("missing.h5", "/X"),     # an external link to a missing file
+])
+def test_a_link_to_nothing_at_the_output_is_replaced_only_with_overwrite(tmp_path, link):
+    a, b = random_matrix((30, 20), np.float64, 1), random_matrix((20, 25), np.float64, 2)
+    with h5py.File(tmp_path / "o.h5", "w") as f:
+        f["C"] = link
+    with pytest.raises(errors.OutputExistsError, match="overwrite"):
+        bigmm.matmul(a, b, f"{tmp_path / 'o.h5'}:/C", backend="numpy")
+    with h5py.File(tmp_path / "o.h5", "r") as f:
+        assert f.get("C", getlink=True) is not None  # the link kept
+    bigmm.matmul(a, b, f"{tmp_path / 'o.h5'}:/C", backend="numpy", overwrite=True)
+    with h5py.File(tmp_path / "o.h5", "r") as f:
+        assert relative_error(f["C"][...], a @ b) <= tolerance(np.float64, 20)
+
+
 def test_an_output_file_with_another_hard_link_is_refused(tmp_path):
     # its lock is named after its path: a second run through the other name would not wait
     a, b = random_matrix((30, 20), np.float64, 1), random_matrix((20, 25), np.float64, 2)

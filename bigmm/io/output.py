@@ -224,6 +224,8 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
     with H5LOCK:
         with h5_open_retry(lambda: h5py.File(spec.path, "r"), spec.path, label) as f:
             obj = f.get(spec.dataset)
+            # a soft or external link to nothing: replaced only with overwrite
+            info["dangling"] = obj is None and f.get(spec.dataset, getlink=True) is not None
             if obj is not None and not isinstance(obj, h5py.Dataset):
                 raise OutputNotWritable(f"Expected a dataset path for the output. Got "
                                         f"'{spec.dataset}' in '{spec.path}', which is "
@@ -367,7 +369,7 @@ def _check_one_name(spec: Spec) -> None:
 
 
 def _old_c_identity(spec: Spec, label: str, threads: int) -> dict:
-    src = open_input(spec, name="old " + label, threads=threads)
+    src = open_input(spec, name="old C", threads=threads)  # labelled "old C (<spec>)"
     try:
         return describe(src, volatile=True)
     finally:
@@ -425,7 +427,8 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
         _check_old_c(spec, info, shape, label)
         _check_like(info["shape"], info["dtype"], shape, dtype, label)
         job["inputs"]["C"] = _old_c_identity(spec, label, threads)
-    fresh = not in_place and info["exists"] and not reads_c and not resume
+    fresh = not in_place and (info["exists"] or info.get("dangling")) and not reads_c
+    fresh = fresh and not resume
     if not overwrite and (journal is not None or fresh):
         why = ("an interrupted run's journal exists; pass resume=True to continue it"
                if journal is not None else "pass overwrite=True to replace it")
