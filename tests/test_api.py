@@ -420,8 +420,9 @@ def test_one_element_changed_in_the_outputs_file_refuses_the_resume(tmp_path, ed
     with h5py.File(path, "r+") as f:
         was = f[name][351, 299]
         f[name][351, 299] = was + 1.0  # one element, far from the samples' rows
-    with pytest.raises(errors.ResumeError, match="hash of all its data"):
+    with pytest.raises(errors.ResumeError, match="hash of all its data") as refused:
         bigmm.matmul(f"{path}:/A", b, out, resume=True, **kw)
+    assert str(refused.value).startswith(f"Expected {edit} ({path}:/{name}) as")  # named once
     with h5py.File(path, "r+") as f:  # restored: the resume goes on
         f[name][351, 299] = was
     bigmm.matmul(f"{path}:/A", b, out, resume=True, **kw)
