@@ -175,6 +175,14 @@ def test_demo_runs(tmp_path, capsys):
     assert (tmp_path / "demo.h5").exists()
 
 
+@pytest.mark.parametrize("command", ["demo", "bench"])  # both work in --dir
+def test_a_work_dir_that_is_a_file_is_one_error(tmp_path, capsys, command):
+    (tmp_path / "f").write_text("x")
+    rc, _, err = run(capsys, command, "--size", 64, "--dir", tmp_path / "f", "--backend",
+                     "numpy")
+    assert rc == 2 and err.startswith("bigmm: error: Expected a directory to work in")
+
+
 def _bigmm(*argv, **kw):
     return subprocess.run([sys.executable, "-m", "bigmm", *map(str, argv)], capture_output=True,
                           text=True, timeout=120, **kw)

@@ -7,6 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..errors import OptionError, OutputNotWritable
 from ..units import DTYPES, format_bytes, format_seconds, parse_size
 from ._common import EXIT_FAIL
 from .report import format_summary, progress_reporter, run_summary
@@ -150,8 +151,6 @@ def in_core_seconds(a: str, b: str, backend: str, kernel: str | None = None,
 
 
 def _positive(v: int, name: str) -> int:
-    from ..errors import OptionError
-
     if v < 1:
         raise OptionError(f"Expected {name} to be a positive integer. Got {v}.")
     return v
@@ -167,7 +166,11 @@ class _workdir:
     def __enter__(self) -> Path:
         if self.path is not None:
             p = Path(self.path)
-            p.mkdir(parents=True, exist_ok=True)
+            try:
+                p.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # a file there, a place nobody may write
+                raise OutputNotWritable(f"Expected a directory to work in at '{p}'. Got "
+                                        f"{exc.strerror or exc}.") from None
             return p
         self._tmp = tempfile.TemporaryDirectory(prefix="bigmm-")
         return Path(self._tmp.name)
