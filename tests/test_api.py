@@ -399,6 +399,12 @@ def test_resume_of_a_finished_output(files):
         bigmm.matmul(spec_a, spec_b, spec_c, backend="numpy", resume=True, alpha=2.0)
 
 
+def _stop_after_two(p):
+    """A progress callback interrupting a run once two tiles are written."""
+    if p.tiles_done >= 2:
+        raise KeyboardInterrupt
+
+
 @pytest.mark.parametrize("edit", ["A", "old C"])  # an input in C's file; the old C (beta)
 def test_one_element_changed_in_the_outputs_file_refuses_the_resume(tmp_path, edit):
     # the run writes that file, so only the contents tell: they are hashed whole
@@ -410,12 +416,8 @@ def test_one_element_changed_in_the_outputs_file_refuses_the_resume(tmp_path, ed
     kw = dict(beta=0.5 if edit == "old C" else 0.0, memory="256KiB", backend="numpy")
     out = f"{path}:/C" if edit == "old C" else f"{path}:/D"
 
-    def stop(p):
-        if p.tiles_done >= 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(errors.Interrupted):
-        bigmm.matmul(f"{path}:/A", b, out, progress=stop, **kw)
+        bigmm.matmul(f"{path}:/A", b, out, progress=_stop_after_two, **kw)
     name = "A" if edit == "A" else "C"
     with h5py.File(path, "r+") as f:
         was = f[name][351, 299]
@@ -443,12 +445,8 @@ def test_an_output_replaced_after_the_interruption_refuses_the_resume(tmp_path, 
     one, other = (name.format(tmp_path / x) for x in ("one", "other"))
     kw = dict(memory="64KiB", backend="numpy")
 
-    def stop(p):
-        if p.tiles_done >= 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(errors.Interrupted):
-        bigmm.matmul(a, b, one, progress=stop, **kw)
+        bigmm.matmul(a, b, one, progress=_stop_after_two, **kw)
     bigmm.matmul(a, b, other, alpha=2.0, **kw)
     path = one.split(":")[0]
     if fmt == "zarr":
@@ -500,12 +498,8 @@ def test_an_output_made_anew_at_its_place_refuses_the_resume(tmp_path, fmt):
     out = str(tmp_path / "c.zarr") if fmt == "zarr" else f"{tmp_path / 'c.h5'}:/C"
     kw = dict(memory="64KiB", backend="numpy")
 
-    def stop(p):
-        if p.tiles_done >= 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(errors.Interrupted):
-        bigmm.matmul(a, b, out, progress=stop, **kw)
+        bigmm.matmul(a, b, out, progress=_stop_after_two, **kw)
     if fmt == "zarr":
         old = zarr.open_array(out, mode="r")
         zarr.create_array(store=out, shape=old.shape, chunks=old.chunks, dtype=old.dtype,
