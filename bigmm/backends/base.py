@@ -116,9 +116,9 @@ class Backend(Protocol):
         alpha == 0 is (BLAS's convention: A and B are not read)."""
 
     def nonfinite(self, c: Any, stream: Any) -> Callable[[], int]:
-        """Count c's NaN and infinite elements after the work issued so far on ``stream``:
-        the callable returned gives the count once an event recorded on ``stream`` after
-        this call has completed."""
+        """Look for NaN and infinities in c after the work issued so far on ``stream``: the
+        callable returned gives, once an event recorded on ``stream`` after this call has
+        completed, their count, or 1 where the backend only flags them (0: none)."""
 
     def record(self, stream: Any) -> Any:
         """An event that completes when the work issued so far on ``stream`` is done."""

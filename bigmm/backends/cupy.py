@@ -64,7 +64,7 @@ from ..precision import DEFAULT, ROUNDING, Rounding, kernel_precision
 from ..units import HALF_DTYPES
 from .base import flat_view, rows_contiguous
 from .cupy_arrays import (_check_gemm, _extent, _ld, _page_locked, _pitch, _scalars_by_pointer,
-                          count_nonfinite, device_dtype, scale)
+                          FiniteFlags, device_dtype, scale)
 from .cupy_handles import HandlePool
 from .cupy_pinned import KEPT, as_array, lock_range
 from .cupy_pinned import pinned_bytes_held, release_pinned  # noqa: F401 (this module's API)
@@ -133,6 +133,7 @@ class CupyBackend:
         self.device_bytes = 0  # bytes of device buffers held
         self.host_bytes = 0  # bytes of pinned host buffers held
         self._split_work = None  # (pointer, array) of the split panels' workspace
+        self._flags: FiniteFlags | None = None  # for nonfinite, made at its first call
         if self.kernel == "bigmm":
             from . import cuda_kernels
 
@@ -287,8 +288,12 @@ class CupyBackend:
             scale(c, beta)
 
     def nonfinite(self, c, stream):
+        """1 where ``c`` holds a NaN or an infinity, else 0 (not a count: see
+        :class:`.cupy_arrays.FiniteFlags`)."""
         with self._device:
-            return count_nonfinite(c, stream)
+            if self._flags is None:
+                self._flags = FiniteFlags(self.device_buffer(FiniteFlags.SLOTS, np.uint64))
+            return self._flags.flag(c, stream)
 
     def record(self, stream) -> cupy.cuda.Event:
         ev = cupy.cuda.Event(block=True, disable_timing=True)
@@ -583,7 +588,7 @@ class CupyBackend:
         if self.keep_pinned and blocks:
             KEPT.keep(blocks)
         self._pinned, self._device_ptrs, self._streams = [], [], []
-        self._user_pinned, self._split_work = [], None
+        self._user_pinned, self._split_work, self._flags = [], None, None
         self.device_bytes = self.host_bytes = 0
 
 

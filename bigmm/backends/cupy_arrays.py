@@ -86,23 +86,32 @@ def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[str, tuple[int, 
     return name, gemm_shape(a, b, c, trans_a, trans_b)
 
 
-#: The elements of a device array that are not finite (NaN, infinities), summed in one pass.
-_NONFINITE = cupy.ReductionKernel("T x", "uint64 y", "isfinite(x) ? 0 : 1", "a + b", "y = a",
-                                  "0", "bigmm_nonfinite")
+#: Sets its flag where an element of x is NaN or infinite (one pass, no temporaries: nothing
+#: from cupy's memory pool; the flag is the caller's).
+_NONFINITE = cupy.ElementwiseKernel("T x", "raw uint64 flag", "if (!isfinite(x)) flag[0] = 1;",
+                                    "bigmm_nonfinite_flag")
 
 
-def count_nonfinite(c: cupy.ndarray, stream):
-    """Count ``c``'s non-finite elements on ``stream`` (the current device's) into page-locked
-    host memory; the callable returned reads the count once an event recorded on ``stream``
-    after this call has completed."""
-    host = cupyx.empty_pinned((), np.uint64)
-    with stream:
-        count = _NONFINITE(c)
-        cupy.asnumpy(count, stream=stream, out=host, blocking=False)
+class FiniteFlags:
+    """Device flags for :meth:`CupyBackend.nonfinite`, used round robin, each copied into
+    page-locked host memory on its stream: ``SLOTS`` flags, far more than tiles in flight."""
 
-    def read(held=count) -> int:  # the device count kept until it has been copied
-        return int(host[()])
-    return read
+    SLOTS = 256
+
+    def __init__(self, dev: cupy.ndarray):
+        self.dev, self.host, self.next = dev, cupyx.empty_pinned((self.SLOTS,), np.uint64), 0
+
+    def flag(self, c: cupy.ndarray, stream):
+        """Whether ``c`` holds a NaN or an infinity, found on ``stream``: the callable returned
+        reads 1 or 0 once an event recorded on ``stream`` after this call has completed."""
+        i, self.next = self.next, (self.next + 1) % self.SLOTS
+        slot, host = self.dev[i:i + 1], self.host[i:i + 1]
+        with stream:
+            slot.fill(0)
+            if c.size:
+                _NONFINITE(c, slot)
+            cupy.asnumpy(slot, stream=stream, out=host, blocking=False)
+        return lambda: int(host[0])
 
 
 def scale(c: cupy.ndarray, beta: float) -> None:

@@ -1,7 +1,7 @@
 """Non-finite C tiles of finite operands: the arithmetic overflowed, and the run says so.
 
-A tile's NaN and infinities are counted on the device as it is finished (``Backend.nonfinite``:
-one pass over the tile, beside the copies). A tile with any is traced back to its operands
+A tile's NaN and infinities are looked for on the device as it is finished
+(``Backend.nonfinite``: one pass over the tile, beside the copies). A tile with any is traced back to its operands
 (:class:`Origins`): the old C tile where beta != 0 (its non-finite values counted on the device
 as it was loaded), then A's rows of the tile and B's columns over all of K, read again in
 blocks. Where one of them holds a NaN or an infinity, the
@@ -53,7 +53,7 @@ class Origins:
 
     def check(self, tile: Tile, count: int, old: int = 0) -> None:
         """OutputOverflowError where ``count`` (> 0) non-finite values of ``tile`` have no
-        non-finite operand behind them (``old``: those of its old C)."""
+        non-finite operand behind them (``old`` > 0: its old C had some)."""
         if count and not old and not self.explained(tile):
             acc = dtype_name(accumulate_dtype(self.plan.dtype))
             largest = float(ml_dtypes.finfo(acc).max)

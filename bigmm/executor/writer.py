@@ -169,7 +169,8 @@ class Writer(threading.Thread):
             n = nonfinite_count(src) if src is not None else 0
         else:
             n = counted()
-        if n:
+        if n:  # counted exactly here where the tile is (a device may only flag them)
+            n = nonfinite_count(src) if src is not None and counted is not None else n
             self.origins.check(tile, n, old() if old is not None else 0)
 
     def _write_rows(self, tile: Tile, r0: int, r1: int, src) -> None:
