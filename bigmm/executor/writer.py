@@ -169,9 +169,8 @@ class Writer(threading.Thread):
             n = nonfinite_count(src) if src is not None else 0
         else:
             n = counted()
-        if n:  # counted exactly here where the tile is (a device may only flag them)
-            n = nonfinite_count(src) if src is not None and counted is not None else n
-            self.origins.check(tile, n, old() if old is not None else 0)
+        if n:  # traced element by element where the tile is here
+            self.origins.check(tile, n, old() if old is not None else 0, src)
 
     def _write_rows(self, tile: Tile, r0: int, r1: int, src) -> None:
         """Write ``src`` to rows [r0, r1) of ``tile``, in row pieces on this writer's threads
