@@ -292,7 +292,7 @@ class CupyBackend:
         :class:`.cupy_arrays.FiniteFlags`)."""
         with self._device:
             if self._flags is None:
-                self._flags = FiniteFlags(self.device_buffer(FiniteFlags.SLOTS, np.uint64))
+                self._flags = FiniteFlags(lambda n: self.device_buffer(n, np.uint64))
             return self._flags.flag(c, stream)
 
     def record(self, stream) -> cupy.cuda.Event:

@@ -93,25 +93,32 @@ _NONFINITE = cupy.ElementwiseKernel("T x", "raw uint64 flag", "if (!isfinite(x))
 
 
 class FiniteFlags:
-    """Device flags for :meth:`CupyBackend.nonfinite`, used round robin, each copied into
-    page-locked host memory on its stream: ``SLOTS`` flags, far more than tiles in flight."""
+    """Device flags for :meth:`CupyBackend.nonfinite`, one per call (never reused while the
+    backend lives: a flag may wait long to be read, as resident-c's old C strips do), made
+    ``BLOCK`` at a time by ``allocate`` (flat uint64 device arrays), each copied into
+    page-locked host memory on its stream."""
 
-    SLOTS = 256
+    BLOCK = 4096
 
-    def __init__(self, dev: cupy.ndarray):
-        self.dev, self.host, self.next = dev, cupyx.empty_pinned((self.SLOTS,), np.uint64), 0
+    def __init__(self, allocate):
+        self.allocate, self.blocks, self.used = allocate, [], 0
 
     def flag(self, c: cupy.ndarray, stream):
         """Whether ``c`` holds a NaN or an infinity, found on ``stream``: the callable returned
         reads 1 or 0 once an event recorded on ``stream`` after this call has completed."""
-        i, self.next = self.next, (self.next + 1) % self.SLOTS
-        slot, host = self.dev[i:i + 1], self.host[i:i + 1]
+        i = self.used % self.BLOCK
+        if i == 0:
+            self.blocks.append((self.allocate(self.BLOCK),
+                                cupyx.empty_pinned((self.BLOCK,), np.uint64)))
+        self.used += 1
+        dev, host = self.blocks[-1]
+        slot, out = dev[i:i + 1], host[i:i + 1]
         with stream:
             slot.fill(0)
             if c.size:
                 _NONFINITE(c, slot)
-            cupy.asnumpy(slot, stream=stream, out=host, blocking=False)
-        return lambda: int(host[0])
+            cupy.asnumpy(slot, stream=stream, out=out, blocking=False)
+        return lambda: int(out[0])
 
 
 def scale(c: cupy.ndarray, beta: float) -> None:
