@@ -81,8 +81,12 @@ class RunStats:
     #: locking and releasing took (part of ``seconds``).
     bytes_locked: int = 0
     lock_seconds: float = 0.0
-    #: What the run did otherwise than its plan said (an array it could not lock, staged).
+    #: What the run did otherwise than its plan said (an array it could not lock, staged;
+    #: journaled tiles computed again).
     notes: tuple[str, ...] = ()
+    #: Tiles an earlier run journaled whose samples the output no longer held as written
+    #: (resumed runs): computed again, counted in ``tiles_done``, not ``tiles_skipped``.
+    tiles_redone: int = 0
 
     @property
     def busy(self) -> dict[str, float]:

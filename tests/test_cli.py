@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
+from bigmm import errors
 from bigmm.cli import main
 from bigmm.io.generate import block
 from bigmm.testing import reference_gemm, relative_error, tolerance
@@ -63,6 +64,7 @@ def test_multiply_json_summary(tmp_path, capsys, operands):
                        "numpy", "--alpha", "0.5", "--json")
     assert rc == 0, err
     s = json.loads(out)
+    assert s["ok"] is True and s["tiles_redone"] == 0 and s["notes"] == []
     assert s["shape_a"] == [M, K] and s["shape_b"] == [K, N] and s["shape_c"] == [M, N]
     assert s["dtype"] == "float32" and s["out"].endswith("c.h5:/C")
     assert s["tiles_total"] > 4 and s["tiles_done"] + s["tiles_skipped"] == s["tiles_total"]
@@ -162,6 +164,30 @@ def test_errors_are_one_line(tmp_path, capsys, operands, argv, word):
         assert not glob.glob(str(tmp_path / "c.h5*")) and not (tmp_path / "g.h5").exists()
 
 
+# a missing input, inner dimensions that differ, an existing output, a bad budget, verify's C
+JSON_ERRORS = [
+    (["multiply", "{t}/nope.h5:/A", "{b}", "-o", "{t}/c.h5:/C"], "OperandNotFound", "nope.h5"),
+    (["multiply", "{b}", "{b}", "-o", "{t}/c.h5:/C"], "ShapeError", "Expected"),
+    (["multiply", "{a}", "{b}", "-o", "{a}"], "Error", "other than the inputs"),
+    (["plan", "{a}", "{b}", "--memory", "100"], "Error", "budget"),
+    (["verify", "{a}", "{b}", "{t}/nope.h5:/C"], "OperandNotFound", "nope.h5"),
+]
+
+
+@pytest.mark.parametrize("argv, kind, word", JSON_ERRORS)
+def test_json_commands_answer_on_stdout_when_they_fail(tmp_path, capsys, operands, argv, kind,
+                                                       word):
+    a, b, _, _ = operands
+    argv = [w.format(a=a, b=b, t=tmp_path) for w in argv] + ["--json"]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2, (out, err)
+    s = json.loads(out)
+    assert s["ok"] is False and s["exit_code"] == 2, s
+    assert issubclass(getattr(errors, s["error_type"]), errors.BigmmError), s
+    assert kind in s["error_type"], s
+    assert word in s["error"] and err.strip() == f"bigmm: error: {s['error']}"
+
+
 def test_debug_shows_the_traceback(tmp_path, capsys):
     rc, _, err = run(capsys, "--debug", "verify", f"{tmp_path}/x.h5:/A", f"{tmp_path}/x.h5:/B",
                      f"{tmp_path}/x.h5:/C")
@@ -249,6 +275,8 @@ def test_ctrl_c_leaves_a_resumable_output(tmp_path, sig, status):
     for spec, seed in ((a, 1), (b, 2)):
         assert _bigmm("generate", spec, "--shape", n, n, "--seed", seed).returncode == 0
     argv = ["multiply", a, b, "-o", c, "--memory", "150KB", "--backend", "numpy"]
+    if sig == signal.SIGTERM:  # and a script reading --json gets the interruption on stdout
+        argv.append("--json")
     proc = subprocess.Popen([sys.executable, "-m", "bigmm", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
@@ -265,6 +293,10 @@ def test_ctrl_c_leaves_a_resumable_output(tmp_path, sig, status):
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == status, err
+    if sig == signal.SIGTERM:
+        s = json.loads(out)
+        assert s["ok"] is False and s["exit_code"] == status and s["resumable"] is True
+        assert s["output"] == c and s["error"].startswith("interrupted")
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith("bigmm: ") or
              "error" in ln]  # progress lines aside (stderr is not a terminal)
     assert len(lines) == 1 and "resumable" in lines[0] and "Traceback" not in err

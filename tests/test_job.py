@@ -183,6 +183,105 @@ def test_resume_from_another_directory_and_through_a_symlink(tmp_path, job):
     assert read(c).tobytes() == read(ref).tobytes()
 
 
+# ----- 1b. a resume trusts only the tiles the output still holds as written ------------------
+
+def _journaled(c):
+    from bigmm.io.journal import journal_path, parse_journal
+    return parse_journal(journal_path(parse_spec(c)))
+
+
+def _overwrite(c, value):
+    """Every element of C's dataset set to ``value`` (an older copy of the file restored, or
+    another program writing into it)."""
+    s = parse_spec(c)
+    with h5py.File(s.path, "r+") as f:
+        f[s.dataset][...] = value
+
+
+def test_resume_computes_again_the_tiles_the_output_lost(tmp_path, job):
+    a, b = job
+    c = killed(a, b, f"{tmp_path / 'c.h5'}:/C", kill_at=2)
+    samples = _journaled(c)[4]
+    assert len(samples) >= 2  # each journaled tile has its sample
+    _overwrite(c, 7.0)
+    rc, out, err = cli("multiply", a, b, "-o", c, "--memory", BUDGET, "--backend", "numpy",
+                       "--resume", "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert summary["tiles_redone"] == len(samples)
+    assert summary["tiles_skipped"] == 0 and summary["tiles_done"] == summary["tiles_total"]
+    assert "computed again" in err and "bigmm: note:" in err
+    assert relative_error(read(c), read(a) @ read(b)) < tolerance(np.float64, K)
+
+
+def test_an_untouched_resume_redoes_nothing_and_ends_bit_identical(tmp_path, job):
+    a, b = job
+    whole = f"{tmp_path / 'whole.h5'}:/C"
+    rc, _, err = cli("multiply", a, b, "-o", whole, "--memory", BUDGET, "--backend", "numpy")
+    assert rc == 0, err
+    c = killed(a, b, f"{tmp_path / 'c.h5'}:/C", kill_at=3)
+    rc, out, err = cli("multiply", a, b, "-o", c, "--memory", BUDGET, "--backend", "numpy",
+                       "--resume", "--json")
+    summary = json.loads(out)
+    assert rc == 0 and summary["tiles_redone"] == 0 and summary["tiles_skipped"] >= 3, err
+    assert "bigmm: note:" not in err
+    assert read(c).tobytes() == read(whole).tobytes()
+
+
+def test_a_journal_without_samples_still_resumes(tmp_path, job):
+    a, b = job
+    c = killed(a, b, f"{tmp_path / 'c.h5'}:/C", kill_at=2)
+    from bigmm.io.journal import journal_path
+    path = journal_path(parse_spec(c))
+    with open(path) as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    assert any("samples" in r for r in records)
+    with open(path, "w") as fh:  # as an earlier bigmm wrote it: tiles alone
+        fh.writelines(json.dumps({k: v for k, v in r.items() if k != "samples"}) + "\n"
+                      for r in records)
+    assert not _journaled(c)[4]
+    rc, out, err = cli("multiply", a, b, "-o", c, "--memory", BUDGET, "--backend", "numpy",
+                       "--resume", "--json")
+    summary = json.loads(out)
+    assert rc == 0 and summary["tiles_redone"] == 0 and summary["tiles_skipped"] >= 2, err
+    assert relative_error(read(c), read(a) @ read(b)) < tolerance(np.float64, K)
+
+
+def test_a_zarr_output_that_lost_tiles_is_computed_again(tmp_path, job):
+    zarr = pytest.importorskip("zarr")
+    a, b = job
+    c = str(tmp_path / "c.zarr")
+    with pytest.raises(errors.Interrupted, match="resumable"):
+        bigmm.matmul(a, b, out=c, memory=BUDGET, backend="numpy", progress=stop_after(3))
+    arr = zarr.open_array(c, mode="r+")
+    arr[...] = np.float64(-3.0)
+    got, stats = bigmm.matmul(a, b, out=c, memory=BUDGET, backend="numpy", resume=True,
+                              stats=True)
+    assert stats.tiles_redone >= 3 and stats.tiles_skipped == 0
+    assert any("computed again" in n for n in stats.notes)
+    ref = read(a) @ read(b)
+    assert relative_error(zarr.open_array(c, mode="r")[...], ref) < tolerance(np.float64, K)
+
+
+def test_a_gram_output_whose_mirror_changed_is_computed_again(tmp_path):
+    a = h5(tmp_path / "a.h5", "A", random_matrix((150, 70), np.float64, seed=4))
+    c = f"{tmp_path / 'c.h5'}:/C"
+    with pytest.raises(errors.Interrupted):
+        bigmm.gram(a, c, memory="40000", backend="numpy", progress=stop_after(2))
+    done = _journaled(c)[1]
+    (i, j) = next(t for t in sorted(done) if t[0] != t[1])  # an off-diagonal tile
+    spans = _journaled(c)[4][(i, j)][0]
+    r, col, n = spans[-1]  # the last span lies in the tile's mirror, below the diagonal
+    s = parse_spec(c)
+    with h5py.File(s.path, "r+") as f:
+        assert r > col  # below the diagonal
+        f[s.dataset][r, col:col + n] += 1.0
+    got, stats = bigmm.gram(a, c, memory="40000", backend="numpy", resume=True, stats=True)
+    assert stats.tiles_redone == 1
+    x = read(a)
+    assert relative_error(read(c), x.T @ x) < tolerance(np.float64, 150)
+
+
 # ----- 2. an output that is an input, by any route ----------------------------------------------
 
 def hard_link(tmp):

@@ -13,7 +13,7 @@ import traceback
 
 from ..errors import BigmmError
 from ._common import (EXIT_ERROR, EXIT_FAIL, EXIT_INTERNAL, EXIT_INTERRUPTED, SIGNALS, err,
-                      interrupted_status, one_line, quiet_stdout)
+                      fail_json, interrupted_status, one_line, quiet_stdout)
 from .parser import build_parser
 
 __all__ = ["EXIT_ERROR", "EXIT_FAIL", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "build_parser",
@@ -48,21 +48,25 @@ def _main(argv) -> int:
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
-        err("interrupted")
-        return interrupted_status()
+        return _failed(args, interrupted_status(), "interrupted", "KeyboardInterrupt")
     except (BigmmError, OSError, MemoryError) as e:
         if debug:
             traceback.print_exc()
-        err(one_line(e))
-        return EXIT_ERROR
+        return _failed(args, EXIT_ERROR, one_line(e), type(e).__name__)
     except Exception as e:  # a bug: still one line unless --debug
         if debug:
             traceback.print_exc()
         if SIGNALS:  # Ctrl-C inside an extension's import, which turned it into an ImportError
-            err("interrupted")
-            return interrupted_status()
-        err(f"internal error: {type(e).__name__}: {one_line(e)} (run with --debug for details)")
-        return EXIT_INTERNAL
+            return _failed(args, interrupted_status(), "interrupted", "KeyboardInterrupt")
+        return _failed(args, EXIT_INTERNAL, f"internal error: {type(e).__name__}: "
+                       f"{one_line(e)} (run with --debug for details)", type(e).__name__)
+
+
+def _failed(args, status: int, message: str, error_type: str) -> int:
+    """The failure on stderr (one line), and as JSON on stdout under ``--json``."""
+    err(message)
+    fail_json(args, status, message, error_type)
+    return status
 
 
 def _watch_signals():

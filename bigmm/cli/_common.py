@@ -24,6 +24,22 @@ def err(message: str) -> None:
     print(f"bigmm: error: {message}", file=sys.stderr)
 
 
+def fail_json(args, status: int, message: str, error_type: str, **extra) -> None:
+    """Where the command was given ``--json``, the failure as one JSON object on stdout
+    (``ok`` false, the message as on stderr, the error's class and the exit status), so that
+    a script parsing stdout gets an answer whatever happened."""
+    if not getattr(args, "json", False):
+        return
+    import json
+
+    record = {"ok": False, "error": message, "error_type": error_type, "exit_code": status}
+    record.update(extra)
+    try:
+        print(json.dumps(record, indent=2), flush=True)
+    except (BrokenPipeError, ValueError):  # stdout closed by its reader
+        quiet_stdout()
+
+
 def quiet_stdout() -> None:
     """Point stdout at /dev/null, so that flushing it at exit raises nothing more."""
     try:

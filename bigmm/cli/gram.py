@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from ..precision import PRECISIONS
-from ._common import err, interrupted_status
-from .report import format_summary, progress_reporter, run_summary
+from ._common import err, fail_json, interrupted_status
+from .report import format_summary, print_notes, progress_reporter, run_summary
 from .run import backend_name, resume_command
 
 
@@ -69,10 +69,14 @@ def cmd_gram(args) -> int:
                                   overwrite=args.overwrite, stats=True, **kwargs)
         except KeyboardInterrupt:
             progress.stop()
-            err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
+            message = f"interrupted; {args.out} is resumable: {resume_command(args.argv)}"
+            err(message)
+            fail_json(args, interrupted_status(), message, "KeyboardInterrupt",
+                      output=str(args.out), resumable=True)
             return interrupted_status()
     summary = run_summary(plan, stats, out, args.a, args.a, backend_name(args.backend))
     summary["gram"] = {"form": "A^T A" if trans else "A A^T", "upper": bool(args.upper)}
+    print_notes(summary, args.quiet)
     if args.json:
         print(json.dumps(summary, indent=2))
     elif not args.quiet:

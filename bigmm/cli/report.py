@@ -24,7 +24,7 @@ def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
     a_shape = (plan.k, plan.m) if plan.trans_a else (plan.m, plan.k)
     b_shape = (plan.n, plan.k) if plan.trans_b else (plan.k, plan.n)
     return {
-        "a": str(a), "b": str(b), "out": str(out),
+        "ok": True, "a": str(a), "b": str(b), "out": str(out),
         "shape_a": list(a_shape), "shape_b": list(b_shape), "shape_c": [plan.m, plan.n],
         "dtype": plan.dtype, "c_dtype": plan.written_dtype,
         "backend": getattr(stats, "backend", None) or backend,
@@ -32,6 +32,8 @@ def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
         "tflops": stats.flops / seconds / 1e12, "gbps": moved / seconds / 1e9,
         "bytes_read": int(stats.bytes_read), "bytes_written": int(stats.bytes_written),
         "tiles_done": int(stats.tiles_done), "tiles_skipped": int(stats.tiles_skipped),
+        "tiles_redone": int(getattr(stats, "tiles_redone", 0)),
+        "notes": list(getattr(stats, "notes", ())),
         "tiles_total": plan.n_tiles, "tile": [plan.bm, plan.bn, plan.bk], "order": plan.order,
         "predicted_seconds": plan.predicted_seconds,
         "calibration": calibration.describe_use(calibration.used()),
@@ -49,6 +51,13 @@ def checksum_summary(stats) -> dict:
                          "mismatches": int(stats.checksum_mismatches),
                          "tiles_recomputed": int(stats.tiles_recomputed),
                          "details": [str(m) for m in getattr(stats, "mismatches", ())]}}
+
+
+def print_notes(s: dict, quiet: bool) -> None:
+    """The run's notes (journaled tiles computed again, an array not locked) on stderr."""
+    if not quiet:
+        for note in s.get("notes", ()):
+            print(f"bigmm: note: {note}", file=sys.stderr)
 
 
 def format_summary(s: dict) -> str:

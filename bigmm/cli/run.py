@@ -8,8 +8,8 @@ import os
 import shlex
 import sys
 
-from ._common import as_flags, err, interrupted_status
-from .report import format_summary, progress_reporter, run_summary
+from ._common import as_flags, err, fail_json, interrupted_status
+from .report import format_summary, print_notes, progress_reporter, run_summary
 
 
 def _job_kwargs(args) -> dict:
@@ -48,7 +48,10 @@ def cmd_multiply(args) -> int:
                                     stats=True, profile=prof)
         except KeyboardInterrupt:
             progress.stop()
-            err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
+            message = f"interrupted; {args.out} is resumable: {resume_command(args.argv)}"
+            err(message)
+            fail_json(args, interrupted_status(), message, "KeyboardInterrupt",
+                      output=str(args.out), resumable=True)
             return interrupted_status()
     summary = run_summary(plan, stats, out, args.a, args.b, backend_name(args.backend))
     if prof is not None:
@@ -57,6 +60,7 @@ def cmd_multiply(args) -> int:
             print(f"bigmm: no timeline PNG written: matplotlib is not installed (pip install "
                   f"'bigmm[plot]'); the trace is {files['trace']}", file=sys.stderr)
         summary["profile"] = {"stages": prof.summary(), "device": prof.device, "files": files}
+    print_notes(summary, args.quiet)
     if args.json:
         print(json.dumps(summary, indent=2))
     elif not args.quiet:
@@ -84,12 +88,16 @@ def _multiply_on_cluster(args) -> int:
                     resume=args.resume, overwrite=args.overwrite)
             except KeyboardInterrupt:
                 progress.stop()
-                err(f"interrupted; {args.out} is resumable: {resume_command(args.argv)}")
+                message = f"interrupted; {args.out} is resumable: {resume_command(args.argv)}"
+                err(message)
+                fail_json(args, interrupted_status(), message, "KeyboardInterrupt",
+                          output=str(args.out), resumable=True)
                 return interrupted_status()
         workers = len(client.scheduler_info(n_workers=-1)["workers"])
     summary = run_summary(plan, stats, out, args.a, args.b, backend)
     summary["workers"] = workers
     summary["predicted_seconds"] = None  # the plan's time is one process's
+    print_notes(summary, args.quiet)
     if args.json:
         print(json.dumps(summary, indent=2))
     elif not args.quiet:

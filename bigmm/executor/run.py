@@ -34,6 +34,7 @@ import numpy as np
 from ..backends.base import Checksums, Syrk
 from ..checksum import parse_verify
 from ..errors import DtypeError, Interrupted, OptionError, ShapeError
+from ..io import tilesums
 from ..units import HALF_DTYPES, common_dtype, dtype_name
 from ..planner import Plan, Step
 from ..runstats import STAGES, Progress, RunStats, StageClock, Tally
@@ -178,7 +179,8 @@ class Run:
                              symmetric=(("upper" if self.plan.upper else "mirror")
                                         if self.plan.symmetric else None),
                              origins=Origins(self.plan, self.a, self.b, self.out.label,
-                                             self.alpha, self.beta))
+                                             self.alpha, self.beta),
+                             spans=tilesums.per_tile(self.tiles_total))
         self.old_c: dict[int, Callable[[], int]] = {}  # C slot -> its old C's non-finite
         self.writer.start()
         try:
@@ -429,4 +431,14 @@ class Run:
         return RunStats(time.perf_counter() - self.t0, t.flops, t.bytes_read, t.bytes_written,
                         self.written, self.skipped, self.tiles_total, **busy,
                         bytes_staged=t.bytes_staged, bytes_locked=locked.nbytes,
-                        lock_seconds=locked.seconds, notes=locked.notes(), **checks)
+                        lock_seconds=locked.seconds, notes=locked.notes() + self._redone(),
+                        tiles_redone=len(self.out.redone), **checks)
+
+    def _redone(self) -> tuple[str, ...]:
+        """The note on journaled tiles the output no longer held as written, if any."""
+        bad = self.out.redone
+        if not bad:
+            return ()
+        return (f"{len(bad)} tile{'s' if len(bad) > 1 else ''} an earlier run journaled "
+                f"(first: tile {tuple(bad[0])}) no longer held what was written in "
+                f"{self.out.label}: computed again",)

@@ -2,7 +2,8 @@
 output's journal in batches. A tile computed in another dtype than the output's (float32 C of
 half-precision operands written as bfloat16, say) is converted piece by piece as it is written.
 A tile holding NaN or infinities that its operands do not explain (:mod:`.overflow`) fails
-the run before it is journaled.
+the run before it is journaled. Each written tile's sample (:mod:`..io.tilesums`) is journaled
+with it, where the output takes them.
 
 A commit makes the batch's bytes durable (``fsync``, ``fdatasync`` or ``msync`` of the output)
 and then journals the batch; it runs on a thread of its own while the writer goes on writing
@@ -22,6 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import BigmmError, OutputOverflowError, WriteError
+from ..io import tilesums
 from ..planner import Tile
 from ..runstats import Tally
 from ..units import dtype_name
@@ -40,9 +42,12 @@ class Writer(threading.Thread):
     on ``threads`` threads."""
 
     def __init__(self, be, out, clock, tally: Tally, threads: int, itemsize: int,
-                 symmetric: str | None = None, origins: Origins | None = None):
+                 symmetric: str | None = None, origins: Origins | None = None,
+                 spans: int = 0):
         super().__init__(name="bigmm-write", daemon=True)
         self.be, self.out, self.clock, self.tally = be, out, clock, tally
+        #: Spans of each tile's sample (0: none taken).
+        self.spans = spans if out.takes_samples else 0
         self.threads, self.itemsize = threads, itemsize
         #: A Gram plan's tiles (i <= j): "mirror" (the lower triangle of a diagonal tile filled
         #: from its upper, an off-diagonal tile written transposed at (j, i) too) or "upper"
@@ -87,6 +92,7 @@ class Writer(threading.Thread):
 
     def run(self) -> None:
         pending: list[tuple[int, int]] = []
+        samples: list = []
         last = time.perf_counter()
         while True:
             item = self.q.get()
@@ -106,12 +112,13 @@ class Writer(threading.Thread):
                     continue
                 self._finite(tile, src, counts)
                 pending.append(tile.index)
+                samples.append(self._sample(tile, src))
                 fut.set_result(None)
                 self.finished.put(tile)
                 if (time.perf_counter() - last >= tuning.COMMIT_INTERVAL
                         and self._committing is None):
-                    self._commit_later(pending)
-                    pending = []
+                    self._commit_later(pending, samples)
+                    pending, samples = [], []
                     last = time.perf_counter()
             except BaseException as e:
                 self.error = e
@@ -120,7 +127,7 @@ class Writer(threading.Thread):
         self._reap(wait=True)
         if self.error is None:
             try:
-                self._commit(pending)
+                self._commit(pending, samples)
             except BaseException as e:
                 self.error = e
 
@@ -172,6 +179,14 @@ class Writer(threading.Thread):
         if n:  # traced element by element where the tile is here
             self.origins.check(tile, n, old() if old is not None else 0, src)
 
+    def _sample(self, tile: Tile, src) -> list | None:
+        """The tile's sample as written (None: none taken, or copied out directly)."""
+        if not self.spans or src is None:
+            return None
+        mirror = self.symmetric if self.symmetric is not None and tile.i != tile.j else None
+        return tilesums.take((tile.r0, tile.r1, tile.c0, tile.c1), src, self.out.dtype,
+                             self.spans, mirror)
+
     def _write_rows(self, tile: Tile, r0: int, r1: int, src) -> None:
         """Write ``src`` to rows [r0, r1) of ``tile``, in row pieces on this writer's threads
         where the sink takes them at once (a NumPy array: one thread copies at a few GB/s, and
@@ -200,17 +215,18 @@ class Writer(threading.Thread):
                             f"rows {r0}:{r1}, columns {c0}:{c1} of {self.out.label}")
         self.out.write(r0, r1, c0, c1, src)
 
-    def _commit(self, pending: list) -> None:
+    def _commit(self, pending: list, samples: list) -> None:
         if pending:
             with self.clock:
-                self.out.commit(list(pending))
+                self.out.commit(list(pending), list(samples))
             pending.clear()
+            samples.clear()
 
-    def _commit_later(self, tiles: list) -> None:
+    def _commit_later(self, tiles: list, samples: list) -> None:
         """Commit ``tiles`` (all written) on the committer's thread."""
         if self._committer is None:
             self._committer = cf.ThreadPoolExecutor(1, thread_name_prefix="bigmm-commit")
-        self._committing = self._committer.submit(self._commit, tiles)
+        self._committing = self._committer.submit(self._commit, tiles, samples)
 
     def _reap(self, wait: bool = False) -> None:
         """Collect the commit in flight once it is done (``wait``: wait for it); a failed

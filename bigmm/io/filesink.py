@@ -47,6 +47,7 @@ until :meth:`Sink.finish`. When old C must be read (beta != 0) the new values go
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -157,6 +158,8 @@ class FileSink(JournaledSink):
             f = self._h5("r")
             try:
                 lay = probe_layout(f[self.target])
+                self.done = self._trusted(self.journal, functools.partial(
+                    _read_spans, f[self.target], self.dtype))
             finally:
                 f.close()
             raw = lay.kind == "contiguous" or (lay.kind == "chunked"
@@ -375,6 +378,16 @@ class FileSink(JournaledSink):
             self.journal.close()
         finally:
             self._release()
+
+
+def _read_spans(dset, dtype, found) -> list:
+    """The spans [row, column, length] of ``dset`` (call holding H5LOCK), in ``dtype``."""
+    out = []
+    for r, c, n in found:
+        x = np.empty((1, n), dtype)
+        read_region(dset, np.s_[r:r + 1, c:c + n], x)
+        out.append(x)
+    return out
 
 
 def _old_source(path: str, dataset: str, label: str, threads: int):

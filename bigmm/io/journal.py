@@ -2,8 +2,9 @@
 
 Line 1 is the header (the job, the output dataset, its shape and dtype, the name of the
 partial dataset when old C must survive). Each later line records one durable event:
-``{"tiles": [[i, j], ...]}`` after those tiles' bytes were fsynced, and ``{"swap": true}``
-before the partial dataset replaces the original. Every line is appended and fsynced; a torn
+``{"tiles": [[i, j], ...]}`` after those tiles' bytes were fsynced (with ``"samples"``, one
+per tile, where the writer took them: :mod:`.tilesums`), and ``{"swap": true}`` before the
+partial dataset replaces the original. Every line is appended and fsynced; a torn
 last line (a crash mid-append) is ignored and cut off before the next append.
 """
 
@@ -65,10 +66,13 @@ def finished_job(job: dict) -> dict:
 
 
 class Journal:
-    """An open journal: ``header``, the committed ``tiles`` and whether a ``swap`` began."""
+    """An open journal: ``header``, the committed ``tiles`` (``samples``: per tile, the
+    sample its last record holds, where it has one) and whether a ``swap`` began."""
 
-    def __init__(self, path: str, header: dict, tiles: set, swap: bool, valid_bytes: int):
+    def __init__(self, path: str, header: dict, tiles: set, swap: bool, valid_bytes: int,
+                 samples: dict | None = None):
         self.path, self.header, self.tiles, self.swap = path, header, tiles, swap
+        self.samples = {} if samples is None else samples
         self._lock = threading.Lock()
         self._fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
         self._size = valid_bytes
@@ -89,7 +93,7 @@ class Journal:
             os.close(fd)
         os.replace(tmp, path)
         fsync_dir(path)
-        return cls(path, normalise(header), set(), False, len(line))
+        return cls(path, normalise(header), set(), False, len(line), {})
 
     @classmethod
     def load(cls, path: str) -> "Journal | None":
@@ -115,7 +119,7 @@ class Journal:
                 raise
             self._size += len(line)
             if "tiles" in record:
-                self.tiles.update(tuple(t) for t in record["tiles"])
+                _add_tiles(record, self.tiles, self.samples)
             if record.get("swap"):
                 self.swap = True
             if "target" in record:
@@ -134,13 +138,14 @@ class Journal:
 
 
 def parse_journal(path: str):
-    """(header, tiles, swap, valid_bytes) of the journal at ``path``, or None if there is none."""
+    """(header, tiles, swap, valid_bytes, samples) of the journal at ``path``, or None if
+    there is none."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except FileNotFoundError:
         return None
-    header, tiles, swap, valid = None, set(), False, 0
+    header, tiles, swap, valid, samples = None, set(), False, 0, {}
     lines = data.split(b"\n")
     for k, raw in enumerate(lines):
         last = k == len(lines) - 1  # text after the final newline: torn (or empty)
@@ -157,14 +162,27 @@ def parse_journal(path: str):
         if header is None:
             header = record
         elif "tiles" in record:
-            tiles.update(tuple(t) for t in record["tiles"])
+            _add_tiles(record, tiles, samples)
         elif record.get("swap"):
             swap = True
         elif "target" in record:  # what the tiles are written into (see io.output)
             header["target"] = record["target"]
     if header is None:
         return None
-    return header, tiles, swap, valid
+    return header, tiles, swap, valid, samples
+
+
+def _add_tiles(record: dict, tiles: set, samples: dict) -> None:
+    """Add a record's tiles, and their samples where it has them (a tile journaled again
+    without one keeps none)."""
+    found = record.get("samples")
+    for k, t in enumerate(record["tiles"]):
+        t = tuple(t)
+        tiles.add(t)
+        if found is not None and found[k] is not None:
+            samples[t] = found[k]
+        else:
+            samples.pop(t, None)
 
 
 def read_journal(x) -> dict | None:

@@ -12,7 +12,7 @@ import errno
 import numpy as np
 
 from ..errors import DiskFullError, ShapeError, WriteError
-from . import hostcopy
+from . import hostcopy, tilesums
 from .base import Matrix
 
 _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
@@ -22,6 +22,11 @@ class Sink(Matrix):
     """The output matrix C. Tiles are written from any thread; see :func:`open_output`."""
 
     done: frozenset = frozenset()
+    #: Tiles an earlier run journaled whose samples read back otherwise from the output
+    #: (:mod:`.tilesums`): not in ``done``, so computed again.
+    redone: tuple = ()
+    #: The writer takes a sample of each tile for :meth:`commit` (journaled outputs).
+    takes_samples: bool = False
     result = None
     layout: str = "array"
     mapped: bool = False  # the sink holds a shared writable map of the output
@@ -62,7 +67,7 @@ class Sink(Matrix):
     def write(self, r0, r1, c0, c1, src) -> None:
         raise NotImplementedError
 
-    def commit(self, tiles) -> None:
+    def commit(self, tiles, samples=None) -> None:
         pass
 
     def finish(self) -> None:
@@ -98,18 +103,32 @@ def _write_error(label: str, r0, r1, c0, c1, exc) -> WriteError:
 
 class JournaledSink(Sink):
     """A sink whose finished tiles are recorded in its ``journal``: :meth:`commit` makes their
-    bytes durable first (``_sync``), so that a crash loses no journaled tile."""
+    bytes durable first (``_sync``), so that a crash loses no journaled tile, and a tile's
+    sample with it; a resumed sink trusts a journaled tile only where its sample reads back
+    (:meth:`_trusted`)."""
+
+    takes_samples = True
+
+    def _trusted(self, journal, read) -> frozenset:
+        """The journal's tiles, less those whose samples ``read`` (see
+        :func:`.tilesums.changed`) gives back otherwise (kept in ``redone``)."""
+        self.redone = tuple(tilesums.changed(journal.samples, read)) if journal.samples else ()
+        return frozenset(journal.tiles) - set(self.redone)
 
     def _sync(self) -> None:
         raise NotImplementedError
 
-    def commit(self, tiles) -> None:
-        """Make the tiles' bytes durable, then journal them."""
+    def commit(self, tiles, samples=None) -> None:
+        """Make the tiles' bytes durable, then journal them (``samples``: one per tile, or
+        None, see :mod:`.tilesums`)."""
         tiles = [[int(i), int(j)] for i, j in tiles]
         self._sync()
         if tiles:
+            record: dict = {"tiles": tiles}
+            if samples is not None and any(x is not None for x in samples):
+                record["samples"] = list(samples)
             try:
-                self.journal.append({"tiles": tiles})
+                self.journal.append(record)
             except OSError as exc:
                 raise self._write_error(0, self.shape[0], 0, self.shape[1], exc) from exc
 

@@ -108,6 +108,7 @@ class ZarrSink(JournaledSink):
             return
         store, path = target_location(spec, target)
         arr = open_array(Spec(store, "/" + path, ZARR), self.label, mode="r+")
+        self.done = self._trusted(journal, lambda found: _read_spans(arr, self.dtype, found))
         codec, _ = direct_codec(arr)
         drop_stale(self.dir)
         if codec == "" and result is None and tiles_hold_chunks(arr, chunks):
@@ -487,6 +488,25 @@ def create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old: 
         raise OutputNotWritable(f"Expected to create the Zarr array {label}. Got "
                                 f"{type(exc).__name__}: {exc}.") from exc
     return target
+
+
+def _read_spans(arr, dtype, found) -> list:
+    """The spans [row, column, length] of ``arr`` in ``dtype``: one orthogonal selection per
+    chunk a span starts in (each chunk decoded once)."""
+    cr, cc = arr.chunks
+    groups: dict[tuple, list] = {}
+    for k, (r, c, n) in enumerate(found):
+        groups.setdefault((r // cr, c // cc), []).append(k)
+    out: list = [None] * len(found)
+    for ks in groups.values():
+        rows = sorted({found[k][0] for k in ks})
+        cols = sorted({c for k in ks for c in range(found[k][1], found[k][1] + found[k][2])})
+        block = np.asarray(arr.get_orthogonal_selection((rows, cols))).astype(dtype)
+        at = {c: i for i, c in enumerate(cols)}
+        for k in ks:
+            r, c, n = found[k]
+            out[k] = block[rows.index(r), [at[x] for x in range(c, c + n)]]
+    return out
 
 
 def drop_begun(spec: Spec, journal) -> None:

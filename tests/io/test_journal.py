@@ -27,7 +27,7 @@ def test_torn_last_line_is_ignored_and_cut(tmp_path, tail):
     j.close()
     with open(path, "ab") as fh:
         fh.write(tail)
-    header, tiles, swap, _ = parse_journal(path)
+    header, tiles, swap, _, _ = parse_journal(path)
     assert header == HEADER and tiles == {(0, 0), (0, 1), (1, 0)} and not swap
     j = Journal.load(path)
     j.append({"tiles": [[1, 1]]})
