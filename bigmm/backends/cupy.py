@@ -63,20 +63,16 @@ from ..planner.model import Rates
 from ..precision import DEFAULT, ROUNDING, Rounding, kernel_precision
 from ..units import HALF_DTYPES
 from .base import flat_view, rows_contiguous
-from .cupy_arrays import (_check_gemm, _extent, _ld, _page_locked, _pitch, _scalars_by_pointer,
-                          FiniteFlags, device_dtype, scale)
-from .cupy_handles import HandlePool
+from .cupy_arrays import (_check_gemm, _extent, _page_locked, _pitch, FiniteFlags, device_dtype,
+                          scale)
+from .cupy_handles import HandlePool, cublas_gemm, cublas_gemm_ex
 from .cupy_pinned import KEPT, as_array, lock_range
 from .cupy_pinned import pinned_bytes_held, release_pinned  # noqa: F401 (this module's API)
 
 #: Names ``kernel=`` accepts.
 KERNELS = ("bigmm", "cublas", "cublas-tf32")
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, DeviceToHost
-_OP_N, _OP_T = 0, 1  # cublasOperation_t
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
-#: cudaDataType_t of GemmEx's operands, CUBLAS_COMPUTE_32F and CUBLAS_GEMM_DEFAULT.
-_CUDA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0}
-_COMPUTE_32F, _GEMM_DEFAULT = 68, -1
 _LANES = {"copy_in": "GPU copy-in stream", "compute": "GPU compute stream",
           "copy_out": "GPU copy-out stream"}
 #: The profile's anchor (the host time of one event): host clock readings around its record
@@ -363,7 +359,8 @@ class CupyBackend:
         alpha, beta, trans_a, trans_b = float(alpha), float(beta), bool(trans_a), bool(trans_b)
         if half:
             def launch(stream) -> None:
-                self._gemm_ex(name, a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream)
+                cublas_gemm_ex(self._cublas_handle(), name, a, b, c, m, n, k, alpha, beta,
+                               trans_a, trans_b, stream)
         elif self.kernel == "bigmm":
             with self._device:
                 launch = self._kernels.prepare_gemm(
@@ -372,45 +369,9 @@ class CupyBackend:
                     workspace=self._split_workspace)
         else:
             def launch(stream) -> None:
-                self._cublas(a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream)
+                cublas_gemm(self._cublas_handle(), a, b, c, m, n, k, alpha, beta, trans_a,
+                            trans_b, stream)
         return self._launcher(launch, f"gemm {m}x{n}x{k}", flops=2 * m * n * k)
-
-    def _cublas(self, a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream) -> None:
-        """Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T."""
-        from cupy_backends.cuda.libs import cublas
-
-        if m == 0 or n == 0:
-            return
-        h = self._cublas_handle()
-        fn = cublas.sgemm if c.dtype == np.float32 else cublas.dgemm
-        # cupy 14 takes alpha and beta by address (host pointer mode: read during the call)
-        scalars = np.array([alpha, beta], dtype=c.dtype)
-        if _scalars_by_pointer(fn):
-            al, be = scalars.ctypes.data, scalars.ctypes.data + scalars.itemsize
-        else:
-            al, be = alpha, beta
-        cublas.setStream(h, stream.ptr)
-        with stream:  # cupy's wrappers re-set the handle's stream to the current one
-            fn(h, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k, al,
-               b.data.ptr, _ld(b), a.data.ptr, _ld(a), be, c.data.ptr, _ld(c))
-
-    def _gemm_ex(self, name, a, b, c, m, n, k, alpha, beta, trans_a, trans_b, stream) -> None:
-        """``cublasGemmEx``: row-major C (float32) = op(A) op(B) of half-precision A and B
-        (``name``) on tensor cores, accumulated in float32, as column-major C^T = op(B)^T
-        op(A)^T."""
-        from cupy_backends.cuda.libs import cublas
-
-        if m == 0 or n == 0:
-            return
-        h = self._cublas_handle()
-        scalars = np.array([alpha, beta], dtype=np.float32)  # read during the call (host mode)
-        ab, c32 = _CUDA_TYPES[name], _CUDA_TYPES["float32"]
-        cublas.setStream(h, stream.ptr)
-        with stream:  # cupy's wrappers re-set the handle's stream to the current one
-            cublas.gemmEx(h, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k,
-                          scalars.ctypes.data, b.data.ptr, ab, _ld(b), a.data.ptr, ab, _ld(a),
-                          scalars.ctypes.data + scalars.itemsize, c.data.ptr, c32, _ld(c),
-                          _COMPUTE_32F, _GEMM_DEFAULT)
 
     #: How the diagonal tiles of Gram plans are updated (:mod:`.cupy_syrk`'s MODES); None:
     #: "triangle" (bigmm's kernel on the tiles on and above the diagonal) with kernel "bigmm",
