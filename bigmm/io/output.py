@@ -23,19 +23,20 @@ import numpy as np
 from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, OptionError,
                       OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
                       ShapeError, SpecError)
-from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, RUN_ATTR, dtype_name, release_h5_handles,
+from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles,
                   reserve_job_record, stored_dtype)
-from .identity import (Footprint, ancestors, array_footprint, describe, differences,
-                       fingerprint, mappings_once, overlaps_itself, refuse_alias)
-from .journal import Journal, finished_job, journal_path, lock_path, normalise, parse_journal
+from .identity import (Footprint, ancestors, array_footprint, describe, mappings_once,
+                       overlaps_itself, refuse_alias)
+from .journal import Journal, journal_path, lock_path, parse_journal
+from .recorded import (completed, h5_object, journal_header, old_c_identity, record_bytes,
+                       resume_output, target_identity)
 from .durable import free_bytes, fsync_path
 from .lock import OutputLock, h5_open_retry
 from .filesink import H5_ALIGNMENT, PARTIAL_SUFFIX, FileSink, create_dataset, tile_chunks
-from .sink import _FULL, ArraySink, CompleteSink, Sink
-from .source import DEFAULT_THREADS, Source, open_input
+from .sink import _FULL, ArraySink, Sink
+from .source import DEFAULT_THREADS, Source
 from .spec import Spec, parse_spec
 from . import h5atomic, zarrsink, zarrsource
-from .zarrmeta import read_meta
 from ..units import format_bytes
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
@@ -234,7 +235,7 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
                 check_parents(f, spec)
             objects = ()
             if obj is not None:
-                objects = (_h5_object(obj),)
+                objects = (h5_object(obj),)
                 raw = obj.attrs.get(JOB_ATTR)
                 shape = None if obj.shape is None else tuple(obj.shape)  # None: no dataspace
                 info.update(exists=True, shape=shape, dtype=stored_dtype(obj),
@@ -301,45 +302,6 @@ def _drop_begun_file(spec: Spec, journal) -> None:
         os.remove(spec.path)
 
 
-def _header(spec, shape, dtype, job, partial) -> dict:
-    return normalise({"bigmm_journal": 2, "dataset": spec.dataset, "shape": list(shape),
-                      "dtype": dtype.name, "partial": partial, "job": job})
-
-
-def _target_identity(spec: Spec, target: str, dataset=None) -> list:
-    """Where the run's tiles go: (device, inode) of the Zarr array's directory, or of the
-    HDF5 file with the dataset's address, and the token bigmm drew when it created it (None
-    for outputs written in place). A resume refuses an output replaced since."""
-    if spec.zarr:
-        folder = zarrsink.target_dir(spec, target)
-        st = os.stat(folder)
-        attrs = (read_meta(folder) or {}).get("attributes") or {}
-        return [st.st_dev, st.st_ino, attrs.get(RUN_ATTR)]
-    with H5LOCK:
-        if dataset is not None:  # written in place: the caller holds its file open
-            return [*_h5_object(dataset), _token(dataset)]
-        with h5py.File(spec.path, "r") as f:
-            return [*_h5_object(f[target]), _token(f[target])]
-
-
-def _token(dset) -> str | None:
-    token = dset.attrs.get(RUN_ATTR)
-    return token.decode() if isinstance(token, bytes) else (None if token is None
-                                                             else str(token))
-
-
-def _same_target(recorded: list | None, now: list) -> bool:
-    """Whether the journaled target is ``now`` (journals without the token: the rest)."""
-    return recorded is None or list(recorded) == now[:len(recorded)]
-
-
-def _h5_object(obj) -> tuple[int, int, int]:
-    """(device, inode) of the file an HDF5 object lives in (an external link's target file)
-    and its address there (call holding H5LOCK)."""
-    home = os.stat(obj.file.filename)
-    return home.st_dev, home.st_ino, int(h5py.h5o.get_info(obj.id).addr)
-
-
 def _identities(inputs, out_file) -> dict:
     """The identity record of each input ("A", "B"), its file's times not compared where the
     run writes that file too (the output's)."""
@@ -366,14 +328,6 @@ def _check_one_name(spec: Spec) -> None:
                                 f"with {links} hard links, through which another run could "
                                 f"write it at the same time: write to a copy of it, or remove "
                                 f"the other links.")
-
-
-def _old_c_identity(spec: Spec, label: str, threads: int) -> dict:
-    src = open_input(spec, name="old C", threads=threads)  # labelled "old C (<spec>)"
-    try:
-        return describe(src, volatile=True)
-    finally:
-        src.close()
 
 
 def _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, threads, chunks,
@@ -409,14 +363,14 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
     journal = Journal.load(jpath)
     job = dict(job, inputs=_identities(inputs, info.get("file")))
     if resume and journal is not None:
-        return _resume(spec, label, journal, job, info, shape, dtype, reads_c, threads, chunks,
-                       dataset)
+        return resume_output(_storage(spec), spec, label, journal, job, info, shape, dtype,
+                             reads_c, threads, chunks, dataset)
     in_place = dataset is not None
     if resume and info["exists"] and info.get("complete"):
-        done = _completed(spec, label, info, job, threads,
-                          strict=not (reads_c or overwrite
-                                      or (in_place and info.get("record") is None)),
-                          result=dataset if in_place else str(spec))
+        done = completed(spec, label, info, job, threads,
+                         strict=not (reads_c or overwrite
+                                     or (in_place and info.get("record") is None)),
+                         result=dataset if in_place else str(spec))
         if done is not None:
             return done
     elif resume and info["exists"] and not (reads_c or overwrite or in_place):
@@ -426,7 +380,7 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
     if reads_c:
         _check_old_c(spec, info, shape, label)
         _check_like(info["shape"], info["dtype"], shape, dtype, label)
-        job["inputs"]["C"] = _old_c_identity(spec, label, threads)
+        job["inputs"]["C"] = old_c_identity(spec, label, threads)
     fresh = not in_place and (info["exists"] or info.get("dangling")) and not reads_c
     fresh = fresh and not resume
     if not overwrite and (journal is not None or fresh):
@@ -435,16 +389,16 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
         raise OutputExistsError(f"Expected no existing output at {spec}. Got one: {why}.")
     if journal is not None:
         journal.remove()
-    header = _header(spec, shape, dtype, job, partial)
+    header = journal_header(spec, shape, dtype, job, partial)
     journal = Journal.create(jpath, dict(header, new_file=not store.exists(spec)))
     try:
         if in_place:
-            store.mark_incomplete(dataset, _record_bytes(header["job"]))
+            store.mark_incomplete(dataset, record_bytes(header["job"]))
             target = spec.dataset
         else:
             target = store.create(spec, label, shape, dtype, partial, drop_old=not reads_c,
-                                  chunks=chunks, record_bytes=_record_bytes(header["job"]))
-        journal.append({"target": _target_identity(spec, target, dataset)})
+                                  chunks=chunks, record_bytes=record_bytes(header["job"]))
+        journal.append({"target": target_identity(spec, target, dataset)})
         return store.sink(spec, shape, dtype, journal, target, reads_c, threads, dataset,
                           chunks)
     except (DiskFullError, KeyboardInterrupt):  # keep the journal for --resume, as a kill would
@@ -453,48 +407,6 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
     except BaseException:
         journal.remove()
         raise
-
-
-def _completed(spec, label, info, job, threads, strict: bool, result) -> Sink | None:
-    """A CompleteSink when the finished output at ``spec`` is this job's (same inputs by
-    identity, same options, its contents as the job left them). Otherwise None where the run
-    may start (old C for beta != 0, or overwrite), else ResumeError naming what differs."""
-    record = info.get("record")
-    why = _job_differences(record, job)
-    if not why:
-        src = open_input(spec, name=label, threads=threads)
-        try:
-            if fingerprint(src) != record.get("result"):
-                why = ["the output's contents changed after the run finished"]
-        finally:
-            src.close()
-    if not why:
-        return CompleteSink(label, info["shape"], info["dtype"], result)
-    if not strict:
-        return None
-    raise ResumeError(f"Expected an interrupted run, or a finished one of the same job, to "
-                      f"resume {spec}. Got a finished output of another job: {'; '.join(why)}. "
-                      f"Start over with overwrite=True.")
-
-
-def _job_differences(record: dict | None, job: dict) -> list[str]:
-    if record is None:
-        return ["it was not written by bigmm (no job recorded)"]
-    out = []
-    old, now = record.get("job") or {}, finished_job(job)["job"]
-    out += [f"{key} {now.get(key)!r} (the output's {old.get(key)!r})"
-            for key in sorted(set(now) | set(old)) if old.get(key) != now.get(key)]
-    for name in job["inputs"]:
-        rec, cur = (record.get("inputs") or {}).get(name), job["inputs"][name]
-        diff = ["no record"] if rec is None else differences(rec, cur)
-        out += [f"{name} ({cur['label']}): {d}" for d in diff]
-    return out
-
-
-def _record_bytes(job: dict | None) -> int:
-    """The size of the job record a finished output of ``job`` carries, less its fingerprint
-    (within the reservation's slack)."""
-    return len(json.dumps(finished_job(job or {}), sort_keys=True).encode())
 
 
 def _mark_incomplete(dset: h5py.Dataset, record_bytes: int) -> None:
@@ -555,72 +467,6 @@ def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old:
             raise OutputNotWritable(f"Expected to create dataset '{target}' in '{spec.path}'. "
                                     f"Got {type(exc).__name__}: {exc}.") from exc
     return target
-
-
-def _resume(spec, label, journal, job, info, shape, dtype, reads_c, threads, chunks,
-            dataset) -> Sink:
-    recorded = journal.header
-    header = _header(spec, shape, dtype, job, journal.header.get("partial"))
-    diffs = [f"{key}: recorded {recorded.get(key)!r}, given {header.get(key)!r}"
-             for key in ("dataset", "shape", "dtype")
-             if recorded.get(key) != header.get(key)]
-    if bool(recorded.get("partial")) != bool(reads_c):
-        diffs.append(f"beta != 0: recorded {bool(recorded.get('partial'))}, given {reads_c}")
-    rjob, njob = recorded.get("job") or {}, header["job"] or {}
-    diffs += [f"{key}: recorded {rjob.get(key)!r}, given {njob.get(key)!r}"
-              for key in sorted((set(rjob) | set(njob)) - {"inputs"})
-              if rjob.get(key) != njob.get(key)]
-    if diffs:
-        raise ResumeError(f"Expected the job recorded in '{journal.path}' to resume {spec}. "
-                          f"Got a different one: {'; '.join(diffs)}.")
-    rin = rjob.get("inputs") or {}
-    if set(rin) < set(job["inputs"]):
-        raise ResumeError(f"Expected a journal recording the identity of the inputs to resume "
-                          f"{spec}. Got '{journal.path}' without them (written by an older "
-                          f"bigmm); start over with overwrite=True.")
-    for name in job["inputs"]:
-        diff = differences(rin[name], job["inputs"][name])
-        if diff:
-            raise ResumeError(_changed(name, job["inputs"][name]["label"], diff, spec))
-    target = recorded.get("partial") or spec.dataset
-    if not journal.swap:
-        present = info["partial"] if reads_c else info["exists"]
-        if not present and journal.tiles:
-            raise ResumeError(f"Expected dataset '{target}' in '{spec.path}' to resume {spec}. "
-                              f"Got none, though the journal lists finished tiles.")
-        if reads_c and not info["exists"]:
-            raise ResumeError(f"Expected the original {spec} (old C for beta != 0) to resume. "
-                              f"Got no such dataset.")
-        if reads_c:
-            now = _old_c_identity(spec, label, threads)
-            diff = differences(rin.get("C") or {}, now, volatile=True)
-            if diff:
-                raise ResumeError(_changed("old C", now["label"], diff, spec))
-        now = _target_identity(spec, target, dataset) if present else None
-        if present and not _same_target(recorded.get("target"), now):
-            if not journal.tiles:  # nothing written to mix with: the run goes on in it
-                journal.append({"target": now})
-        if present and not _same_target(journal.header.get("target"), now):
-            raise ResumeError(f"Expected the {'array' if spec.zarr else 'dataset'} "
-                              f"'{target}' the interrupted run wrote, to resume {spec}. Got "
-                              f"another at that name (replaced after the interruption?). "
-                              f"Nothing was mixed: start over with overwrite=True.")
-        if not present:
-            _storage(spec).create(spec, label, shape, dtype, recorded.get("partial"),
-                                  drop_old=not reads_c, chunks=chunks,
-                                  record_bytes=_record_bytes(rjob))
-            journal.append({"target": _target_identity(spec, target, dataset)})
-    elif not (info["exists"] or info["partial"]):
-        raise ResumeError(f"Expected {spec} or its partial dataset to finish resuming. "
-                          f"Got neither.")
-    return _storage(spec).sink(spec, shape, dtype, journal, target, reads_c, threads, dataset,
-                               chunks)
-
-
-def _changed(name: str, label: str, diff: list[str], spec) -> str:
-    return (f"Expected {name} ({label.split(' (', 1)[-1].rstrip(')')}) as the interrupted run "
-            f"read it, to resume {spec}. Got {'; '.join(diff)}. Nothing was mixed: restore "
-            f"{name}, or start over with overwrite=True.")
 
 
 # Late-bound (each name looked up at the call), so that a patched function of this module or
