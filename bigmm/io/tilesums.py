@@ -10,7 +10,8 @@ its plan. Tiles whose spans read back differently are computed again.
 
 A sample is not a checksum of the whole tile: an element changed outside the spans goes
 unseen (a tile restored whole, zeroed, or never written is seen). The number of spans a tile
-gets falls with the run's tile count, so that a resume reads at most about READ_SPANS spans.
+gets falls with the run's tile count, so that a resume reads at most READ_SPANS spans (one a
+tile beyond READ_SPANS tiles).
 """
 
 from __future__ import annotations
