@@ -160,7 +160,7 @@ class RegionSink(Sink):
         except Exception as exc:
             raise self._write_error(r0, r1, c0, c1, exc) from exc
 
-    def commit(self, tiles) -> None:
+    def commit(self, tiles, samples=None) -> None:
         """Make every write so far durable (``msync`` of the map, else ``fdatasync``); safe
         beside writes in flight (they are made durable by the next commit)."""
         if not self._dirty:

@@ -305,7 +305,7 @@ class ZarrRegionSink(Sink):
         except Exception as exc:
             raise self._write_error(r0, r1, c0, c1, exc) from exc
 
-    def commit(self, tiles) -> None:
+    def commit(self, tiles, samples=None) -> None:
         try:
             self._files.publish()
         except OSError as exc:

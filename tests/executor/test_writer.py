@@ -22,6 +22,7 @@ class _FailingSink:
     """A real sink whose third write fails with a disk error."""
 
     parallel_writes = False
+    takes_samples = False
 
     def __init__(self, sink):
         self.sink, self.writes = sink, 0
@@ -33,8 +34,8 @@ class _FailingSink:
             raise OSError(28, "No space left on device")
         self.sink.write(r0, r1, c0, c1, src)
 
-    def commit(self, tiles):
-        self.sink.commit(tiles)
+    def commit(self, tiles, samples=None):
+        self.sink.commit(tiles, samples)
 
     def finish(self):
         self.sink.finish()
@@ -179,7 +180,7 @@ class _SlowCommits(ArraySink):
         with self.lock:
             self.written.append((r0, c0))
 
-    def commit(self, tiles):
+    def commit(self, tiles, samples=None):
         import time as _time
 
         with self.lock:
