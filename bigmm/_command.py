@@ -27,6 +27,7 @@ def run() -> int:
     except KeyboardInterrupt:  # while loading, or between main's own handlers
         try:
             print("bigmm: error: interrupted", file=sys.stderr)
+            _interrupted_json()
         except KeyboardInterrupt:
             pass
     # ending: a Ctrl-C while threads are joined exits at once; after that, Python restores the
@@ -39,6 +40,18 @@ def run() -> int:
         # has cleaned up already, so end now with the status
         _end(code)
     return code
+
+
+def _interrupted_json() -> None:
+    """Under ``--json``, the interruption as the command's one JSON answer on stdout, unless
+    the command printed its own already."""
+    words = sys.argv[1:]
+    words = words[:words.index("--")] if "--" in words else words
+    common = sys.modules.get("bigmm.cli._common")  # loaded: it knows what was printed
+    if "--json" not in words or (common is not None and common.ANSWERED):
+        return
+    print('{"ok": false, "error": "interrupted", "error_type": "KeyboardInterrupt", '
+          '"exit_code": 130}')
 
 
 def _end(code: int) -> None:

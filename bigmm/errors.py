@@ -104,6 +104,15 @@ class OptionError(BigmmError, ValueError):
     """An option has a value bigmm does not take (layout, compression, seed, sample count, ...)."""
 
 
+class UsageError(BigmmError, SystemExit):
+    """The ``bigmm`` command line does not parse: an unknown option, a missing operand, a value
+    outside an option's choices. A SystemExit of status 2, as argparse's own usage errors."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.code = 2
+
+
 class OutputOverflowError(BigmmError, OverflowError):
     """The product has finite values beyond the largest finite value of C's dtype (float32
     sums asked for as float16, say): written, they would become infinite."""

@@ -96,7 +96,7 @@ def test_plan_writes_nothing(tmp_path, capsys, operands):
     rc, out, err = run(capsys, "plan", a, b, "--memory", BUDGET, "--backend", "numpy", "--json")
     assert rc == 0, err
     d = json.loads(out)
-    assert (d["m"], d["n"], d["k"]) == (M, N, K) and d["n_tiles"] > 4
+    assert d["ok"] is True and (d["m"], d["n"], d["k"]) == (M, N, K) and d["n_tiles"] > 4
     assert sorted(os.listdir(tmp_path)) == before
 
 
@@ -110,6 +110,9 @@ def test_verify_fails_on_a_changed_element(tmp_path, capsys, operands):
     assert rc == 1, err
     r = json.loads(out)
     assert r["passed"] is False and r["worst"] == [M // 2, N - 1]
+    # a product that fails is the command's error: ok false, exit status 1
+    assert r["ok"] is False and r["exit_code"] == 1 and r["error_type"] == "VerificationError"
+    assert r["error"].startswith("FAILED") and err == ""
 
 
 # Each case: argv (with {a}, {b}, {t} for the operands and tmp_path) and a word the error names.
@@ -164,13 +167,19 @@ def test_errors_are_one_line(tmp_path, capsys, operands, argv, word):
         assert not glob.glob(str(tmp_path / "c.h5*")) and not (tmp_path / "g.h5").exists()
 
 
-# a missing input, inner dimensions that differ, an existing output, a bad budget, verify's C
+# Each case: argv, the error's class (or part of its name) and a word of its message.
 JSON_ERRORS = [
-    (["multiply", "{t}/nope.h5:/A", "{b}", "-o", "{t}/c.h5:/C"], "OperandNotFound", "nope.h5"),
-    (["multiply", "{b}", "{b}", "-o", "{t}/c.h5:/C"], "ShapeError", "Expected"),
-    (["multiply", "{a}", "{b}", "-o", "{a}"], "Error", "other than the inputs"),
-    (["plan", "{a}", "{b}", "--memory", "100"], "Error", "budget"),
-    (["verify", "{a}", "{b}", "{t}/nope.h5:/C"], "OperandNotFound", "nope.h5"),
+    (["multiply", "{t}/nope.h5:/A", "{b}", "-o", "{t}/c.h5:/C"],             # missing input
+     "OperandNotFound", "nope.h5"),
+    (["multiply", "{b}", "{b}", "-o", "{t}/c.h5:/C"], "ShapeError", "Expected"),  # inner dims
+    (["multiply", "{a}", "{b}", "-o", "{a}"], "Error", "other than the inputs"),  # C is A
+    (["plan", "{a}", "{b}", "--memory", "100"], "Error", "budget"),          # budget too small
+    (["verify", "{a}", "{b}", "{t}/nope.h5:/C"], "OperandNotFound", "nope.h5"),  # verify's C
+    (["gram", "{a}", "-o", "{t}/g.h5:/G", "--memory", "lots"], "SizeParseError", "lots"),  # size
+    (["calibrate", "--backend", "numpy", "--kernel", "cublas"], "OptionError", "--kernel"),
+    (["bench", "--size", "0", "--backend", "numpy"], "OptionError", "--size"),  # bench's size
+    (["multiply", "{a}", "{b}"], "UsageError", "-o/--out"),                   # missing option
+    (["plan", "{a}", "{b}", "--memroy", "4MiB"], "UsageError", "--memroy"),   # misspelt option
 ]
 
 
@@ -181,11 +190,55 @@ def test_json_commands_answer_on_stdout_when_they_fail(tmp_path, capsys, operand
     argv = [w.format(a=a, b=b, t=tmp_path) for w in argv] + ["--json"]
     rc, out, err = run(capsys, *argv)
     assert rc == 2, (out, err)
-    s = json.loads(out)
+    s = json.loads(out)  # one object: nothing else on stdout
     assert s["ok"] is False and s["exit_code"] == 2, s
     assert issubclass(getattr(errors, s["error_type"]), errors.BigmmError), s
     assert kind in s["error_type"], s
-    assert word in s["error"] and err.strip() == f"bigmm: error: {s['error']}"
+    # the line on stderr, as without --json ("bigmm COMMAND: error: ..." for usage errors)
+    assert word in s["error"] and err.startswith("bigmm") and err.count("\n") == 1, err
+    assert err.strip().endswith(f": error: {s['error']}"), err
+    assert "resumable" not in s and "output" not in s  # failed before any run: nothing left
+    assert not glob.glob(str(tmp_path / "c.h5*")) and not (tmp_path / "g.h5").exists()
+
+
+def test_a_failed_run_and_a_refused_resume_answer_in_json(tmp_path, capsys):
+    """A run that fails after it journaled its output names the output, resumable; a resume
+    it then refuses, and a fresh run over its journal, do not."""
+    h = tmp_path / "h.h5"
+    with h5py.File(h, "w") as f:  # products of 3.6e7: beyond float16
+        f["A"], f["B"] = np.full((64, 48), 3000, np.float16), np.full((48, 40), 3000, np.float16)
+    c = f"{tmp_path / 'c.h5'}:/C"
+    argv = ["multiply", f"{h}:/A", f"{h}:/B", "-o", c, "--out-dtype", "float16", "--memory",
+            "20KB", "--backend", "numpy", "--json"]
+    rc, out, err = run(capsys, *argv)
+    s = json.loads(out)
+    assert rc == 2 and s["exit_code"] == 2 and s["error_type"] == "OutputOverflowError", s
+    assert s["output"] == c and s["resumable"] is True
+    assert err.strip() == f"bigmm: error: {s['error']}"
+    assert glob.glob(str(tmp_path / "c.h5*.bigmm-journal"))  # what makes it resumable
+    # the same output resumed as another job: refused, the journal untouched
+    rc, out, err = run(capsys, *argv, "--resume", "--alpha", "0.5")
+    s = json.loads(out)
+    assert rc == 2 and s["error_type"] == "ResumeError" and "alpha" in s["error"], s
+    assert "resumable" not in s and "output" not in s
+    # and run again without --resume: refused before it starts
+    rc, out, err = run(capsys, *argv)
+    s = json.loads(out)
+    assert rc == 2 and s["error_type"] == "OutputExistsError" and "--resume" in s["error"], s
+    assert "resumable" not in s
+
+
+def test_json_successes_say_ok(tmp_path, capsys, operands):
+    # gram's plan, a gram run and the verify of its C: each one JSON object, ok true
+    a, _, _, _ = operands
+    g = f"{tmp_path / 'g.h5'}:/G"
+    for argv in (["gram", a, "-o", g, "--plan", "--backend", "numpy"],
+                 ["gram", a, "-o", g, "--memory", BUDGET, "--backend", "numpy"],
+                 ["verify", a, a, g, "--trans-a"]):
+        rc, out, err = run(capsys, *argv, "--json")
+        s = json.loads(out)
+        assert rc == 0 and s["ok"] is True, (argv, err)
+    assert s["passed"] is True
 
 
 def test_debug_shows_the_traceback(tmp_path, capsys):
@@ -265,6 +318,36 @@ def test_subprocess_roundtrip_and_error(tmp_path):
     assert p.returncode == 0 and "PASSED" in p.stdout
 
 
+#: A Ctrl-C that lands while the command line is still being loaded (the import of bigmm.cli).
+CTRL_C_WHILE_LOADING = """
+import sys
+
+class Stop:
+    def find_spec(self, name, path=None, target=None):
+        if name == "bigmm.cli":
+            raise KeyboardInterrupt
+
+sys.meta_path.insert(0, Stop())
+sys.argv = ["bigmm", *sys.argv[1:]]
+from bigmm._command import run
+sys.exit(run())
+"""
+
+
+@pytest.mark.parametrize("json_flag", [["--json"], []])  # with and without its JSON answer
+def test_ctrl_c_while_loading(tmp_path, json_flag):
+    p = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_LOADING, "plan", "a.h5:/A", "b.h5:/B",
+                        *json_flag], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert p.returncode == 130 and p.stderr == "bigmm: error: interrupted\n", p.stderr
+    if json_flag:
+        s = json.loads(p.stdout)
+        assert s == {"ok": False, "error": "interrupted", "error_type": "KeyboardInterrupt",
+                     "exit_code": 130}
+    else:
+        assert p.stdout == ""
+
+
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130),   # Ctrl-C
                                          (signal.SIGTERM, 143)])  # a scheduler's stop
 def test_ctrl_c_leaves_a_resumable_output(tmp_path, sig, status):
@@ -297,6 +380,7 @@ def test_ctrl_c_leaves_a_resumable_output(tmp_path, sig, status):
         s = json.loads(out)
         assert s["ok"] is False and s["exit_code"] == status and s["resumable"] is True
         assert s["output"] == c and s["error"].startswith("interrupted")
+        assert s["error_type"] == "Interrupted"  # bigmm.errors.Interrupted: the run's
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith("bigmm: ") or
              "error" in ln]  # progress lines aside (stderr is not a terminal)
     assert len(lines) == 1 and "resumable" in lines[0] and "Traceback" not in err
@@ -315,7 +399,7 @@ def test_bench_reports_both_timings(tmp_path, capsys, dtype):
                        "--dtype", dtype, "--json")
     assert rc == 0, err
     r = json.loads(out)
-    assert r["verified"] is True and r["backend"] == "numpy" and r["n"] == 97
+    assert r["ok"] is True and r["verified"] is True and r["backend"] == "numpy" and r["n"] == 97
     assert r["bigmm_seconds"] > 0 and r["in_core_seconds"] > 0 and r["ratio_to_in_core"] > 0
 
 

@@ -3,7 +3,8 @@
 Every error a user can cause ends in one line on stderr (``bigmm: error: ...``) and exit status 2;
 ``--debug`` shows the traceback instead. ``verify`` exits 0 on pass and 1 on fail. An interrupted
 ``multiply`` prints the command that resumes it and exits 130 (Ctrl-C) or 143 (SIGTERM, as a
-batch scheduler sends before it kills a job).
+batch scheduler sends before it kills a job). Under ``--json`` a command prints one JSON object
+on stdout whatever happens: its summary with ``ok`` true, or ``ok`` false with the error.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import sys
 import traceback
 
-from ..errors import BigmmError
-from ._common import (EXIT_ERROR, EXIT_FAIL, EXIT_INTERNAL, EXIT_INTERRUPTED, SIGNALS, err,
-                      fail_json, interrupted_status, one_line, quiet_stdout)
+from ..errors import BigmmError, UsageError
+from ._common import (ANSWERED, EXIT_ERROR, EXIT_FAIL, EXIT_INTERNAL, EXIT_INTERRUPTED, SIGNALS,
+                      err, fail_json, interrupted_status, one_line, quiet_stdout)
 from .parser import build_parser
 
 __all__ = ["EXIT_ERROR", "EXIT_FAIL", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "build_parser",
@@ -22,23 +23,27 @@ __all__ = ["EXIT_ERROR", "EXIT_FAIL", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "buil
 
 def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ANSWERED.clear()
     restore = _watch_signals()
     try:
         return _main(argv)
     except KeyboardInterrupt:  # outside a command's own handling (parsing), or a second one
-        err("interrupted")
-        return interrupted_status()
+        return _failed(argv, interrupted_status(), "interrupted", "KeyboardInterrupt")
     finally:
         restore()
 
 
-def _main(argv) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _main(argv: list) -> int:
     try:
         args = build_parser().parse_args(argv)
-    except SystemExit as e:  # --help, --version and usage errors
+    except UsageError as e:  # on stderr already, as argparse writes it
+        fail_json(argv, EXIT_ERROR, str(e), type(e).__name__)
+        return EXIT_ERROR
+    except SystemExit as e:  # --help and --version
         return int(e.code or 0) if isinstance(e.code, int) else EXIT_ERROR
     args.argv = argv
+    args.failure = {}  # what a command adds to its --json answer when it fails
     debug = getattr(args, "debug", False)
     try:
         return int(args.func(args) or 0)
@@ -63,9 +68,10 @@ def _main(argv) -> int:
 
 
 def _failed(args, status: int, message: str, error_type: str) -> int:
-    """The failure on stderr (one line), and as JSON on stdout under ``--json``."""
+    """The failure on stderr (one line), and as JSON on stdout under ``--json`` (``args``
+    parsed, with what the command added, or the command line's words)."""
     err(message)
-    fail_json(args, status, message, error_type)
+    fail_json(args, status, message, error_type, **getattr(args, "failure", {}))
     return status
 
 

@@ -1,4 +1,5 @@
-"""What every command shares: exit codes and one-line errors on stderr."""
+"""What every command shares: exit codes, one-line errors on stderr and, under ``--json``,
+one JSON answer on stdout."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ EXIT_FAIL, EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 #: The signals (SIGINT, SIGTERM) that interrupted the running command, in order.
 SIGNALS: list = []
 
+#: Not empty once the running command printed its JSON answer (``--json``).
+ANSWERED: list = []
+
 
 def interrupted_status() -> int:
     """The exit status of an interrupted command: 128 + the signal (130 for Ctrl-C, 143 for
@@ -24,20 +28,41 @@ def err(message: str) -> None:
     print(f"bigmm: error: {message}", file=sys.stderr)
 
 
-def fail_json(args, status: int, message: str, error_type: str, **extra) -> None:
-    """Where the command was given ``--json``, the failure as one JSON object on stdout
-    (``ok`` false, the message as on stderr, the error's class and the exit status), so that
-    a script parsing stdout gets an answer whatever happened."""
-    if not getattr(args, "json", False):
+def json_asked(args) -> bool:
+    """Whether the command was given ``--json``: ``args`` parsed, or the words of a command
+    line that did not parse (``--json`` before any ``--``)."""
+    if isinstance(args, list):
+        words = args[:args.index("--")] if "--" in args else args
+        return "--json" in words
+    return bool(getattr(args, "json", False))
+
+
+def print_json(record: dict) -> None:
+    """``record`` on stdout as the command's one JSON object: a second (a failure after the
+    summary was printed) is dropped."""
+    if ANSWERED:
         return
+    ANSWERED.append(True)
     import json
 
-    record = {"ok": False, "error": message, "error_type": error_type, "exit_code": status}
-    record.update(extra)
     try:
-        print(json.dumps(record, indent=2), flush=True)
+        print(json.dumps(record, indent=2, default=str), flush=True)
     except (BrokenPipeError, ValueError):  # stdout closed by its reader
         quiet_stdout()
+
+
+def ok_json(summary: dict) -> None:
+    """A command's summary as its JSON answer, ``ok`` true first."""
+    print_json({"ok": True, **summary})
+
+
+def fail_json(args, status: int, message: str, error_type: str, **extra) -> None:
+    """Where the command was given ``--json``, the failure as one JSON object on stdout
+    (``ok`` false, the message as on stderr, the error's class and the exit status, then
+    ``extra``), so that a script parsing stdout gets an answer whatever happened."""
+    if json_asked(args):
+        print_json({"ok": False, "error": message, "error_type": error_type,
+                    "exit_code": status, **extra})
 
 
 def quiet_stdout() -> None:

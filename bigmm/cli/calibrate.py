@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from ..precision import PRECISIONS
 from ..units import format_seconds
+from ._common import ok_json
 
 #: Rows and columns of the small operands a calibration plans for: what the plan times
 #: depends on the budgets, threads, kernel and dtype, not on the operands' size.
@@ -166,4 +166,7 @@ def _show(args, calibration, path: str) -> int:
 
 
 def _print(args, summary: dict, text: str) -> None:
-    print(json.dumps(summary, indent=2, default=str) if args.json else text)
+    if args.json:
+        ok_json(summary)
+    else:
+        print(text)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from ..precision import PRECISIONS
-from ._common import err, fail_json, interrupted_status
+from ._common import ok_json
 from .report import format_summary, print_notes, progress_reporter, run_summary
-from .run import backend_name, resume_command
+from .run import backend_name, interrupted, journal_state, note_resumable
 
 
 def add_parser(sub, common, backends, dtypes) -> None:
@@ -60,25 +58,27 @@ def cmd_gram(args) -> int:
     plan = api.plan(args.a, args.a, args.out, trans_a=trans, trans_b=not trans, gram=True,
                     upper=args.upper, resume=args.resume, **kwargs)
     if args.plan:
-        print(json.dumps(plan.to_dict(), indent=2, default=str) if args.json else plan)
+        if args.json:
+            ok_json(plan.to_dict())
+        else:
+            print(plan)
         return 0
+    journal = journal_state(args.out)
     with progress_reporter(args.quiet, plan.flops) as progress:
         try:
             out, stats = api.gram(args.a, args.out, trans=trans, upper=args.upper,
                                   progress=progress, resume=args.resume,
                                   overwrite=args.overwrite, stats=True, **kwargs)
-        except KeyboardInterrupt:
-            progress.stop()
-            message = f"interrupted; {args.out} is resumable: {resume_command(args.argv)}"
-            err(message)
-            fail_json(args, interrupted_status(), message, "KeyboardInterrupt",
-                      output=str(args.out), resumable=True)
-            return interrupted_status()
+        except KeyboardInterrupt as e:
+            return interrupted(args, progress, e)
+        except Exception as e:
+            note_resumable(args, journal, e)
+            raise
     summary = run_summary(plan, stats, out, args.a, args.a, backend_name(args.backend))
     summary["gram"] = {"form": "A^T A" if trans else "A A^T", "upper": bool(args.upper)}
     print_notes(summary, args.quiet)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        ok_json(summary)
     elif not args.quiet:
         print(format_summary(summary))
     return 0

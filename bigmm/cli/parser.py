@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .. import __version__
+from ..errors import UsageError
 from ..precision import PRECISIONS
 from ..units import DTYPES
-from ._common import EXIT_ERROR
 
 BACKENDS = ("auto", "numpy", "cupy")
 from . import calibrate, gram
@@ -16,10 +17,13 @@ from .tools import cmd_bench, cmd_demo, cmd_generate, cmd_verify
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line, like every other error."""
+    """argparse that reports a usage error in one line, like every other error, and raises
+    it as a UsageError (for the ``--json`` answer)."""
 
     def error(self, message):
-        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        message = f"{message} (see {self.prog} --help)"
+        self._print_message(f"{self.prog}: error: {message}\n", sys.stderr)
+        raise UsageError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,9 +11,9 @@ from ..units import format_bytes, format_seconds
 
 
 def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
-    """Machine-readable summary of a finished run (what ``--json`` prints): with the plan's
-    predicted time of the whole job in this process, and how old the figures it was planned
-    with are."""
+    """Machine-readable summary of a finished run (what ``--json`` prints, after ``ok``):
+    with the plan's predicted time of the whole job in this process, and how old the figures
+    it was planned with are."""
     seconds = max(float(stats.seconds), 1e-12)
     moved = stats.bytes_read + stats.bytes_written
     stages = {}
@@ -24,7 +24,7 @@ def run_summary(plan, stats, out, a, b, backend: str | None = None) -> dict:
     a_shape = (plan.k, plan.m) if plan.trans_a else (plan.m, plan.k)
     b_shape = (plan.n, plan.k) if plan.trans_b else (plan.k, plan.n)
     return {
-        "ok": True, "a": str(a), "b": str(b), "out": str(out),
+        "a": str(a), "b": str(b), "out": str(out),
         "shape_a": list(a_shape), "shape_b": list(b_shape), "shape_c": [plan.m, plan.n],
         "dtype": plan.dtype, "c_dtype": plan.written_dtype,
         "backend": getattr(stats, "backend", None) or backend,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import sys
 
-from ._common import as_flags, err, fail_json, interrupted_status
+from ..errors import BigmmError, ResumeError
+from ._common import as_flags, err, fail_json, interrupted_status, ok_json
 from .report import format_summary, print_notes, progress_reporter, run_summary
 
 
@@ -41,18 +41,17 @@ def cmd_multiply(args) -> int:
     if not args.quiet and not args.resume:
         _note_budget(api, args, kwargs, plan)
     prof = _new_profile() if args.profile is not None else None
+    journal = journal_state(args.out)
     with progress_reporter(args.quiet, plan.flops) as progress:
         try:
             out, stats = api.matmul(args.a, args.b, args.out, **kwargs, progress=progress,
                                     resume=args.resume, overwrite=args.overwrite,
                                     stats=True, profile=prof)
-        except KeyboardInterrupt:
-            progress.stop()
-            message = f"interrupted; {args.out} is resumable: {resume_command(args.argv)}"
-            err(message)
-            fail_json(args, interrupted_status(), message, "KeyboardInterrupt",
-                      output=str(args.out), resumable=True)
-            return interrupted_status()
+        except KeyboardInterrupt as e:
+            return interrupted(args, progress, e)
+        except Exception as e:
+            note_resumable(args, journal, e)
+            raise
     summary = run_summary(plan, stats, out, args.a, args.b, backend_name(args.backend))
     if prof is not None:
         files = prof.save(api.profile_prefix(args.profile, args.out))
@@ -62,7 +61,7 @@ def cmd_multiply(args) -> int:
         summary["profile"] = {"stages": prof.summary(), "device": prof.device, "files": files}
     print_notes(summary, args.quiet)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        ok_json(summary)
     elif not args.quiet:
         print(format_summary(summary))
         if prof is not None:
@@ -81,25 +80,24 @@ def _multiply_on_cluster(args) -> int:
             print(f"bigmm: dask dashboard at {client.dashboard_link}", file=sys.stderr,
                   flush=True)
         total = 0 if args.quiet else _flops(args.a, args.b, args.trans_a, args.trans_b)
+        journal = journal_state(args.out)
         with progress_reporter(args.quiet, total) as progress:
             try:
                 out, plan, stats, backend = run_files(
                     args.a, args.b, args.out, client=client, **kwargs, progress=progress,
                     resume=args.resume, overwrite=args.overwrite)
-            except KeyboardInterrupt:
-                progress.stop()
-                message = f"interrupted; {args.out} is resumable: {resume_command(args.argv)}"
-                err(message)
-                fail_json(args, interrupted_status(), message, "KeyboardInterrupt",
-                          output=str(args.out), resumable=True)
-                return interrupted_status()
+            except KeyboardInterrupt as e:
+                return interrupted(args, progress, e)
+            except Exception as e:
+                note_resumable(args, journal, e)
+                raise
         workers = len(client.scheduler_info(n_workers=-1)["workers"])
     summary = run_summary(plan, stats, out, args.a, args.b, backend)
     summary["workers"] = workers
     summary["predicted_seconds"] = None  # the plan's time is one process's
     print_notes(summary, args.quiet)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        ok_json(summary)
     elif not args.quiet:
         print(format_summary(summary) + f"\nworkers {workers}")
     return 0
@@ -147,30 +145,78 @@ def resume_command(argv: list[str]) -> str:
     return "bigmm " + shlex.join(words + ["--resume"])
 
 
+def interrupted(args, progress, e: KeyboardInterrupt) -> int:
+    """A run into ``args.out`` interrupted: the progress stopped, one line with the command
+    that resumes it (and the --json answer); returns the exit status."""
+    progress.stop()
+    status = interrupted_status()
+    message = f"interrupted; {args.out} is resumable: {resume_command(args.argv)}"
+    err(message)
+    fail_json(args, status, message, type(e).__name__, output=str(args.out), resumable=True)
+    return status
+
+
+def journal_state(out: str):
+    """(inode, size, modification time) of the journal of the output spec ``out``; None where
+    there is none."""
+    from ..io.journal import journal_path
+    from ..io.spec import parse_spec
+
+    try:
+        st = os.stat(journal_path(parse_spec(out)))
+    except (BigmmError, OSError, ValueError):
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def note_resumable(args, before, e: BaseException) -> None:
+    """After a run into ``args.out`` failed with ``e``: where the run wrote the output's journal
+    (created it, or journaled tiles: ``before`` is the journal as the run found it) and no other
+    run holds the output, the --json answer names the output as resumable. A refused resume
+    (ResumeError) adds nothing: its journal is another job's or inputs' since."""
+    from ..io.journal import lock_path
+    from ..io.spec import parse_spec
+
+    after = journal_state(args.out)
+    if isinstance(e, ResumeError) or after is None or after == before:
+        return
+    if not os.path.exists(lock_path(parse_spec(args.out))):
+        args.failure.update(output=str(args.out), resumable=True)
+
+
 def cmd_plan(args) -> int:
     from .. import api, calibration
 
     kwargs = _job_kwargs(args)
     plan = api.plan(args.a, args.b, args.out, **kwargs)
     timed = calibration.describe_use(calibration.used())
+    note = _budget_note(api, args, kwargs, plan)  # before the answer: it may fail
     if args.json:
-        print(json.dumps(dict(plan.to_dict(), calibration=timed), indent=2, default=str))
+        ok_json(dict(plan.to_dict(), calibration=timed))
     else:
         print(plan)
         if plan.predicted_seconds is None:
             print("predicted time  n/a (no rates for this backend)")
         if timed:
             print(f"calibration     {timed}")
-    _note_budget(api, args, kwargs, plan)
+    if note:
+        print(note, file=sys.stderr)
     return 0
 
 
 def _note_budget(api, args, kwargs: dict, plan) -> None:
-    """The one line, on stderr, when the budgets given make the plan much slower than the
-    defaults would (:func:`bigmm.api.budget_note`), with the budget that would help."""
-    note = api.budget_note(args.a, args.b, args.out, **kwargs, plan=plan)
+    """The note of :func:`_budget_note` on stderr, where there is one."""
+    note = _budget_note(api, args, kwargs, plan)
     if note:
-        print(f"bigmm: {as_flags(note)}", file=sys.stderr)
+        print(note, file=sys.stderr)
+
+
+def _budget_note(api, args, kwargs: dict, plan) -> str:
+    """The one line for stderr when the budgets given make the plan much slower than the
+    defaults would (:func:`bigmm.api.budget_note`), with the budget that would help; ""
+    where they do not."""
+    note = api.budget_note(args.a, args.b, args.out, **kwargs, plan=plan)
+    return f"bigmm: {as_flags(note)}" if note else ""
 
 
 def backend_name(requested: str) -> str:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from ..errors import OptionError, OutputNotWritable
 from ..units import DTYPES, format_bytes, format_seconds, parse_size
-from ._common import EXIT_FAIL
+from ._common import EXIT_FAIL, fail_json, ok_json
 from .report import format_summary, progress_reporter, run_summary
 from .run import backend_info, backend_name
 
@@ -42,8 +41,20 @@ def cmd_verify(args) -> int:
     result = verify(args.a, args.b, args.c, alpha=args.alpha, beta=args.beta, c0=args.c0,
                     trans_a=args.trans_a, trans_b=args.trans_b, seed=args.seed,
                     precision=args.precision, **kwargs)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else str(result))
+    if args.json:
+        _answer(args, result, result.to_dict())
+    else:
+        print(result)
     return 0 if result.passed else EXIT_FAIL
+
+
+def _answer(args, check, summary: dict) -> None:
+    """The --json answer of a command that verified a product (``check``): ``ok`` as it
+    passed; a product that failed is the error (a VerificationError), exit status 1."""
+    if check.passed:
+        ok_json(summary)
+    else:
+        fail_json(args, EXIT_FAIL, str(check), "VerificationError", **summary)
 
 
 def cmd_demo(args) -> int:
@@ -101,7 +112,7 @@ def cmd_bench(args) -> int:
               "bigmm_tflops": flops / stats.seconds / 1e12, "in_core_seconds": t_core,
               "in_core_tflops": flops / t_core / 1e12, "ratio_to_in_core": t_core / stats.seconds}
     if args.json:
-        print(json.dumps(result, indent=2))
+        _answer(args, check, result)
     else:
         arith = f", precision {args.precision}" if args.precision else ""
         print(f"n={n} {args.dtype}, budget {format_bytes(memory)}, backend {name}{arith}, "
