@@ -176,7 +176,8 @@ JSON_ERRORS = [
     (["plan", "{a}", "{b}", "--memory", "100"], "Error", "budget"),          # budget too small
     (["verify", "{a}", "{b}", "{t}/nope.h5:/C"], "OperandNotFound", "nope.h5"),  # verify's C
     (["gram", "{a}", "-o", "{t}/g.h5:/G", "--memory", "lots"], "SizeParseError", "lots"),  # size
-    (["calibrate", "--backend", "numpy", "--kernel", "cublas"], "OptionError", "--kernel"),
+    (["calibrate", "--backend", "numpy", "--kernel", "cublas"],               # GPU kernel, CPU
+     "OptionError", "--kernel"),
     (["bench", "--size", "0", "--backend", "numpy"], "OptionError", "--size"),  # bench's size
     (["multiply", "{a}", "{b}"], "UsageError", "-o/--out"),                   # missing option
     (["plan", "{a}", "{b}", "--memroy", "4MiB"], "UsageError", "--memroy"),   # misspelt option
