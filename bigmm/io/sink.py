@@ -112,7 +112,7 @@ class JournaledSink(Sink):
     def _trusted(self, journal, read) -> frozenset:
         """The journal's tiles, less those whose samples ``read`` (see
         :func:`.tilesums.changed`) gives back otherwise (kept in ``redone``)."""
-        self.redone = tuple(tilesums.changed(journal.samples, read)) if journal.samples else ()
+        self.redone = tuple(tilesums.changed(journal.samples, read))
         return frozenset(journal.tiles) - set(self.redone)
 
     def _sync(self) -> None:

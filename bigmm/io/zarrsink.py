@@ -502,10 +502,10 @@ def _read_spans(arr, dtype, found) -> list:
         rows = sorted({found[k][0] for k in ks})
         cols = sorted({c for k in ks for c in range(found[k][1], found[k][1] + found[k][2])})
         block = np.asarray(arr.get_orthogonal_selection((rows, cols))).astype(dtype)
-        at = {c: i for i, c in enumerate(cols)}
-        for k in ks:
+        for k in ks:  # a span's columns are consecutive in the sorted ``cols``
             r, c, n = found[k]
-            out[k] = block[rows.index(r), [at[x] for x in range(c, c + n)]]
+            at = cols.index(c)
+            out[k] = block[rows.index(r), at:at + n]
     return out
 
 
