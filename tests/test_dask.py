@@ -249,14 +249,15 @@ def landed(monkeypatch):
     """What came back to this process per finished tile (None: the worker wrote it into C's
     file), the sub-tiles of each tile's task, and how many regions this process wrote into C
     itself."""
-    seen = {"data": [], "sub_tiles": [], "caller_writes": 0}
+    seen = {"data": [], "sub_tiles": [], "caller_writes": 0, "samples": []}
     real_landed, real_write = dask_files._Tiles._landed, sink_mod.FileSink.write
 
-    def spy_landed(self, t, c, st):
+    def spy_landed(self, t, c, st, sample=None):
         seen["data"].append(c)
+        seen["samples"].append(sample)
         assert st.tiles_done == st.tiles_total  # the task wrote every sub-tile
         seen["sub_tiles"].append(st.tiles_total)
-        real_landed(self, t, c, st)
+        real_landed(self, t, c, st, sample)
 
     def spy_write(self, *args):
         seen["caller_writes"] += 1
@@ -584,6 +585,65 @@ def test_resume_across_workers(client, tmp_path, monkeypatch, landed, first, sec
     assert all(c is None for c in landed["data"])  # cluster tiles were written by the workers
 
 
+SAMPLED_CASES = [
+    # (C's kind)
+    # an HDF5 C the workers write raw, contiguous
+    "contiguous",
+    # an HDF5 C chunked by the tiles
+    "tile-chunked",
+    # a Zarr C whose chunk files the workers write
+    "zarr",
+    # an HDF5 C only h5py can write (put in place after a first run): tiles come back here
+    "h5py",
+]
+
+
+@pytest.mark.parametrize("kind", SAMPLED_CASES)
+def test_cluster_tiles_are_journaled_with_samples_a_resume_checks(client, tmp_path,
+                                                                 monkeypatch, landed, kind):
+    """Each tile a cluster writes is journaled with its sample as written; a resume after one
+    journaled tile was changed in C computes that tile again, and C is right."""
+    import zarr
+
+    if kind == "tile-chunked":
+        monkeypatch.setattr(sink_mod, "MIN_CHUNK_BYTES", 0)
+    m, k, n = 96, 70, 88
+    a, b = random_matrix((m, k), np.float64, seed=81), random_matrix((k, n), np.float64, seed=82)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    sc = str(tmp_path / "c.zarr") if kind == "zarr" else f"{tmp_path / 'c.h5'}:/C"
+    kw = dict(client=client, memory="40KiB", backend="numpy", stats=True)
+    with pytest.raises(Interrupted, match="resumable"):
+        bd.matmul_files(sa, sb, sc, progress=_stop_after(3), **kw)
+    before = set()
+    if kind == "h5py":  # the same values stored compressed; the next tiles come back here
+        with h5py.File(tmp_path / "c.h5", "r+") as f:
+            data, token = f["C"][...], f["C"].attrs["bigmm_run"]
+            del f["C"]
+            d = f.create_dataset("C", data=data, chunks=(8, 8), compression="gzip")
+            d.attrs["bigmm_complete"], d.attrs["bigmm_run"] = False, token
+        before = set(parse_journal(journal_path(parse_spec(sc)))[1])
+        landed["samples"].clear()
+        with pytest.raises(Interrupted, match="resumable"):
+            bd.matmul_files(sa, sb, sc, resume=True, progress=_stop_after(2), **kw)
+    _, tiles, _, _, samples = parse_journal(journal_path(parse_spec(sc)))
+    assert len(tiles) >= 3 and set(samples) == set(tiles)
+    assert len(landed["samples"]) == len(tiles) - len(before)
+    assert all((s is None) == (kind == "h5py") for s in landed["samples"])  # worker's or ours
+    tile = min(set(tiles) - before)  # one this last run journaled
+    r, col, length = samples[tile][0][0]
+    if kind == "zarr":
+        zc = zarr.open_array(sc, mode="r+")
+        zc[r, col:col + length] = zc[r, col:col + length] + 1.0
+    else:
+        with h5py.File(tmp_path / "c.h5", "r+") as f:
+            f["C"][r, col:col + length] += 1.0
+    _, stats = bd.matmul_files(sa, sb, sc, resume=True, **kw)
+    assert stats.tiles_redone == 1 and "computed again" in stats.notes[0]
+    assert stats.tiles_skipped == len(tiles) - 1
+    got = zarr.open_array(sc)[...] if kind == "zarr" else _read(sc)[0]
+    assert relative_error(got, a @ b) <= tolerance(np.float64, k)
+
+
 def test_worker_killed_mid_job(tmp_path):
     """One of two worker processes dies with tasks in flight; its nanny restarts it, dask
     reruns the lost tiles, and C is right."""
@@ -736,9 +796,9 @@ def test_zarr_files_on_cluster(client, tmp_path, monkeypatch, out, beta, ta, tb)
     back = []
     real = dask_files._Tiles._landed
 
-    def spy(self, t, c, st):
+    def spy(self, t, c, st, sample=None):
         back.append(c)
-        real(self, t, c, st)
+        real(self, t, c, st, sample)
 
     monkeypatch.setattr(dask_files._Tiles, "_landed", spy)
     result, stats = bd.matmul_files(sa, sb, sc, client=client, alpha=1.5, beta=beta,

@@ -5,7 +5,8 @@ sub-tiles (:func:`_sub_plan`). The calling process creates C (its storage reserv
 tile has fixed byte offsets) and hands each task where its tile lies in the file
 (:meth:`bigmm.io.Sink.raw_region`); the worker's executor writes each sub-tile there while it
 computes the next (:class:`bigmm.io.region.RegionSink`), the task returns only its statistics once
-they are durable, and the caller journals the tile. The caller alone touches HDF5 metadata and the journal. Where C can only be
+they are durable, with the tile's sample as written (:mod:`bigmm.io.tilesums`), and the caller
+journals the tile with its sample. The caller alone touches HDF5 metadata and the journal. Where C can only be
 written through h5py (an existing filtered dataset), tiles come back to the caller, which
 writes them. A Zarr C bigmm creates is chunked by the tiles: a task writes its tile's chunk
 files itself (:class:`bigmm.io.zarrsink.ZarrRegion`: each chunk into a temporary file, made
@@ -31,6 +32,7 @@ from ..backends import get_backend
 from ..checksum import parse_verify
 from ..errors import BudgetError, Interrupted, OptionError
 from ..executor import COMMIT_INTERVAL, STAGES, Progress, RunStats, execute
+from ..io import tilesums
 from ..io.region import RawRegion, RegionSink
 from ..io.zarrsink import ZarrRegion, ZarrRegionSink
 from ..planner import Plan, Tile, even_edge, make_plan
@@ -80,6 +82,7 @@ class _TileJob:
     verify: str | None = None  # "checksum": each task checks its tile (bigmm.checksum)
     out_dtype: str | None = None  # C's dtype (None: the operands')
     precision: str | None = None  # of float32 products (None: the default)
+    spans: int = 0  # of each tile's sample for the journal (tilesums; 0: none taken)
 
 
 class _Region(io.Source):
@@ -172,15 +175,16 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | ZarrRegion | None = No
     """On a worker: C[t] from A's row panel and B's column panel, read from the files here.
 
     With ``where`` (C[t]'s place in C's file), the executor writes C[t]'s sub-tiles there as
-    they finish (a RegionSink), and this returns (t, None, stats) once they are all durable.
-    Without, it computes C[t] into an array and returns (t, C[t], stats) for the caller to
-    write. Old C (beta != 0) is read per sub-tile from ``job.old_c`` here, or from ``old``
+    they finish (a RegionSink), and this returns (t, None, stats, sample) once they are all
+    durable, ``sample`` C[t]'s as written (:class:`.tilesums.Sampler`; None where
+    ``job.spans`` is 0). Without, it computes C[t] into an array and returns
+    (t, C[t], stats, None) for the caller to write and sample. Old C (beta != 0) is read per sub-tile from ``job.old_c`` here, or from ``old``
     where the caller holds C's file open in h5py and sends it.
     """
     be = resolve_backend(job.backend, job.kernel, job.precision)  # buffers live until close()
     k, dt = job.k, numpy_dtype(job.out_dtype or job.dtype)
     opened: list = []
-    c = None
+    c = sampler = None
     try:
         A, B = open_inputs(job.a, job.b, opened, be)
         a = _Region(A, 0, k, t.r0, t.r1) if job.trans_a else _Region(A, t.r0, t.r1, 0, k)
@@ -195,8 +199,10 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | ZarrRegion | None = No
             opened.append(C)
             prior = _Region(C, t.r0, t.r1, t.c0, t.c1)
         if where is not None:
-            sink = (ZarrRegionSink if isinstance(where, ZarrRegion) else RegionSink)(where,
-                                                                                      prior)
+            if job.spans:
+                sampler = tilesums.Sampler((t.r0, t.r1, t.c0, t.c1), dt, job.spans)
+            sink = (ZarrRegionSink if isinstance(where, ZarrRegion) else RegionSink)(
+                where, prior, sampler)
             opened.append(sink)
         else:
             c = np.empty(t.shape, dt)
@@ -209,7 +215,7 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | ZarrRegion | None = No
         for x in reversed(opened):
             x.close()
         be.close()
-    return t, c, stats
+    return t, c, stats, sampler.sample() if sampler is not None else None
 
 
 @dataclass(frozen=True)
@@ -412,7 +418,8 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
         tj = _TileJob(a_path, b_path, old_c, k, dtype, plan.trans_a, plan.trans_b,
                       (plan.bm, plan.bn, plan.bk), alpha, beta, backend, kernel,
                       budgets.device, budgets.host, io_threads, parse_verify(verify),
-                      sink.dtype.name, parse_precision(precision))
+                      sink.dtype.name, parse_precision(precision),
+                      tilesums.per_tile(plan.n_tiles) if sink.takes_samples else 0)
         run = _Tiles(client, tj, plan, sink, progress, slots, tagged).run()
         sink.finish()
         result = sink.result
@@ -439,6 +446,7 @@ class _Tiles:
         self.skipped = plan.n_tiles - len(self.todo)
         self.written: list[tuple[int, int]] = []
         self.pending: list[tuple[int, int]] = []
+        self.samples: list = []  # beside pending: each tile's sample as written, or None
         self.totals = dict.fromkeys(("flops", "bytes_read", "bytes_written", *_CHECKS), 0)
         self.busy = dict.fromkeys(STAGES, 0.0)
         self.tag = uuid.uuid4().hex[:12]
@@ -468,9 +476,9 @@ class _Tiles:
         last = time.perf_counter()
         try:
             for fut in ac:
-                t, c, st = fut.result()
+                t, c, st, sample = fut.result()
                 fut.release()
-                self._landed(t, c, st)
+                self._landed(t, c, st, sample)
                 if time.perf_counter() - last >= COMMIT_INTERVAL:
                     self._commit()
                     last = time.perf_counter()
@@ -503,14 +511,19 @@ class _Tiles:
         with contextlib.suppress(Exception):
             self._commit()
 
-    def _landed(self, t: Tile, c, st: RunStats) -> None:
-        """A finished task: its tile is in C's file, or it is ``c`` for this process to write."""
+    def _landed(self, t: Tile, c, st: RunStats, sample=None) -> None:
+        """A finished task: its tile is in C's file (``sample`` its sample as the worker wrote
+        it), or it is ``c`` for this process to write (and sample)."""
         if c is not None:
             t0 = time.perf_counter()
             self.sink.write(t.r0, t.r1, t.c0, t.c1, c)
             self.busy["write"] += time.perf_counter() - t0
+            if self.job.spans:
+                sample = tilesums.take((t.r0, t.r1, t.c0, t.c1), c, self.sink.dtype,
+                                       self.job.spans)
         self.written.append(t.index)
         self.pending.append(t.index)
+        self.samples.append(sample)
         self.totals["flops"] += st.flops
         for key in _CHECKS:
             self.totals[key] += getattr(st, key)
@@ -522,9 +535,10 @@ class _Tiles:
     def _commit(self) -> None:
         if self.pending:
             t0 = time.perf_counter()
-            self.sink.commit(list(self.pending))
+            self.sink.commit(list(self.pending), list(self.samples))
             self.busy["write"] += time.perf_counter() - t0
             self.pending.clear()
+            self.samples.clear()
 
     def _report(self) -> None:
         if self.progress is not None:
@@ -538,4 +552,5 @@ class _Tiles:
                         self.totals["bytes_read"], self.totals["bytes_written"],
                         len(self.written), self.skipped, self.plan.n_tiles,
                         **{f"{s}_busy": v for s, v in self.busy.items()},
-                        **{key: self.totals[key] for key in _CHECKS})
+                        **{key: self.totals[key] for key in _CHECKS},
+                        notes=self.sink.redone_note(), tiles_redone=len(self.sink.redone))

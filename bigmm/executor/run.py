@@ -431,14 +431,6 @@ class Run:
         return RunStats(time.perf_counter() - self.t0, t.flops, t.bytes_read, t.bytes_written,
                         self.written, self.skipped, self.tiles_total, **busy,
                         bytes_staged=t.bytes_staged, bytes_locked=locked.nbytes,
-                        lock_seconds=locked.seconds, notes=locked.notes() + self._redone(),
+                        lock_seconds=locked.seconds,
+                        notes=locked.notes() + self.out.redone_note(),
                         tiles_redone=len(self.out.redone), **checks)
-
-    def _redone(self) -> tuple[str, ...]:
-        """The note on journaled tiles the output no longer held as written, if any."""
-        bad = self.out.redone
-        if not bad:
-            return ()
-        return (f"{len(bad)} tile{'s' if len(bad) > 1 else ''} an earlier run journaled "
-                f"(first: tile {tuple(bad[0])}) no longer held what was written in "
-                f"{self.out.label}: computed again",)

@@ -109,14 +109,15 @@ class RegionSink(Sink):
     ``msync`` / ``fdatasync`` what was written, so when ``execute`` returns every byte written
     is durable. ``read`` reads old C (beta != 0) from ``old``, a Source of the region's old
     values in region coordinates. Nothing is journaled
-    here: the output's owner journals the whole region once its writer reports it."""
+    here: the output's owner journals the whole region once its writer reports it, with the
+    sample ``sampler`` (a :class:`.tilesums.Sampler`, where given) kept of what was written."""
 
     layout = "region"
     writes = "pwritev"  # until a map or O_DIRECT is opened ("direct" or "mapped")
     resumable = True  # the output's owner journals the region
 
-    def __init__(self, where: RawRegion, old=None):
-        self.where, self.old = where, old
+    def __init__(self, where: RawRegion, old=None, sampler=None):
+        self.where, self.old, self.sampler = where, old, sampler
         self.shape, self.dtype = where.shape, numpy_dtype(where.dtype)
         (self._r0, r1), (self._c0, c1) = where.rows, where.cols
         self.label = f"{where.label} rows {self._r0}:{r1}, columns {self._c0}:{c1}"
@@ -159,6 +160,8 @@ class RegionSink(Sink):
             raise
         except Exception as exc:
             raise self._write_error(r0, r1, c0, c1, exc) from exc
+        if self.sampler is not None:
+            self.sampler.add(r0, r1, c0, c1, src)
 
     def commit(self, tiles, samples=None) -> None:
         """Make every write so far durable (``msync`` of the map, else ``fdatasync``); safe

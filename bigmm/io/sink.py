@@ -43,6 +43,15 @@ class Sink(Matrix):
     #: The output's :class:`.lock.OutputLock`, released by :meth:`close`.
     lock = None
 
+    def redone_note(self) -> tuple[str, ...]:
+        """The note on journaled tiles the output no longer held as written, if any."""
+        bad = self.redone
+        if not bad:
+            return ()
+        return (f"{len(bad)} tile{'s' if len(bad) > 1 else ''} an earlier run journaled "
+                f"(first: tile {tuple(bad[0])}) no longer held what was written in "
+                f"{self.label}: computed again",)
+
     def close(self) -> None:
         self._release()
 

@@ -17,6 +17,7 @@ tile beyond READ_SPANS tiles).
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import numpy as np
 
@@ -69,6 +70,38 @@ def take(region: tuple[int, int, int, int], src: np.ndarray, dtype, count: int,
             values.append(v.astype(dtype) if mirror == "mirror" else np.zeros(n, dtype))
         found += below
     return [found, digest(values)]
+
+
+class Sampler:
+    """The sample of a region written in parts (a tile a dask worker writes sub-tile by
+    sub-tile): each write hands :meth:`add` its part, which keeps the elements of the
+    region's spans it holds; :meth:`sample` is then what :func:`take` gives of the whole
+    region. Parts may come from several threads (they do not overlap)."""
+
+    def __init__(self, region: tuple[int, int, int, int], dtype, count: int):
+        self.r0, r1, self.c0, c1 = region
+        self.found = spans(self.r0, r1, self.c0, c1, count)
+        self.values = [np.empty(n, dtype) for _, _, n in self.found]
+        self._missing = sum(n for _, _, n in self.found)
+        self._lock = threading.Lock()
+
+    def add(self, r0: int, r1: int, c0: int, c1: int, src: np.ndarray) -> None:
+        """Rows r0:r1, columns c0:c1 of the region (region-relative) were written from
+        ``src``."""
+        got = 0
+        for (r, c, n), v in zip(self.found, self.values):
+            row, lo = r - self.r0, c - self.c0
+            a, b = max(lo, c0), min(lo + n, c1)
+            if r0 <= row < r1 and a < b:
+                v[a - lo:b - lo] = src[row - r0, a - c0:b - c0]
+                got += b - a
+        if got:
+            with self._lock:
+                self._missing -= got
+
+    def sample(self) -> list | None:
+        """[spans, hash] once every span element was written (None before)."""
+        return [self.found, digest(self.values)] if self._missing == 0 else None
 
 
 def changed(samples: dict, read) -> list[tuple[int, int]]:

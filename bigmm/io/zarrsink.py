@@ -274,14 +274,15 @@ class ZarrRegionSink(Sink):
     worker computing one C tile): sub-regions go into its chunks' temporary files as they
     arrive, and ``finish`` makes the chunks durable and puts them in place. ``read`` reads
     old C from ``old`` (a Source in region coordinates). Nothing is journaled here: the
-    output's owner journals the tile once its task reports it."""
+    output's owner journals the tile once its task reports it, with the sample ``sampler``
+    (a :class:`.tilesums.Sampler`, where given) kept of what was written."""
 
     layout = "region"
     resumable = True
     parallel_writes = True
 
-    def __init__(self, where: ZarrRegion, old=None):
-        self.where, self.old = where, old
+    def __init__(self, where: ZarrRegion, old=None, sampler=None):
+        self.where, self.old, self.sampler = where, old, sampler
         self.dtype = np.dtype(where.dtype).newbyteorder("=")
         self.shape = where.shape
         (self._r0, r1), (self._c0, c1) = where.rows, where.cols
@@ -304,6 +305,8 @@ class ZarrRegionSink(Sink):
             raise
         except Exception as exc:
             raise self._write_error(r0, r1, c0, c1, exc) from exc
+        if self.sampler is not None:
+            self.sampler.add(r0, r1, c0, c1, src)
 
     def commit(self, tiles, samples=None) -> None:
         try:

@@ -58,3 +58,36 @@ def test_the_hash_sees_the_bytes_not_the_values():
     y[3] = np.float32(-0.0) if x[3] == 0 else -x[3]
     assert tilesums.digest([x]) != tilesums.digest([y])
     assert tilesums.digest([x]) == tilesums.digest([x.copy()])
+
+
+def _parts(rows: int, cols: int, rng) -> list[tuple[int, int, int, int]]:
+    """The region cut into sub-rectangles at random row and column edges."""
+    re = np.unique(np.r_[0, rng.integers(1, rows, 3), rows]) if rows > 1 else np.r_[0, rows]
+    ce = np.unique(np.r_[0, rng.integers(1, cols, 3), cols]) if cols > 1 else np.r_[0, cols]
+    return [(a, b, c, d) for a, b in zip(re, re[1:]) for c, d in zip(ce, ce[1:])]
+
+
+# a ragged tile cut into random parts, a single row, a 1 x 1 tile, a tile wider than a span
+@pytest.mark.parametrize("region", [(100, 357, 64, 1000), (7, 8, 0, 300), (5, 6, 7, 8),
+                                    (0, 40, 0, 130)])
+def test_a_region_sampled_part_by_part_is_sampled_as_a_whole(region):
+    rng = np.random.default_rng(sum(region))
+    r0, r1, c0, c1 = region
+    tile = random_matrix((r1 - r0, c1 - c0), np.float32, seed=3)
+    sampler = tilesums.Sampler(region, np.float32, tilesums.SPANS)
+    parts = _parts(r1 - r0, c1 - c0, rng)
+    rng.shuffle(parts)
+    assert sampler.sample() is None
+    for a, b, c, d in parts:
+        sampler.add(a, b, c, d, tile[a:b, c:d].copy())
+    assert sampler.sample() == tilesums.take(region, tile, np.float32, tilesums.SPANS)
+
+
+def test_a_region_sampled_before_every_part_is_written_has_no_sample():
+    region = (0, 64, 0, 256)
+    tile = random_matrix((64, 256), np.float64, seed=4)
+    sampler = tilesums.Sampler(region, np.float64, 2)
+    sampler.add(0, 64, 0, 128, tile[:, :128])
+    assert sampler.sample() is None
+    sampler.add(0, 64, 128, 256, tile[:, 128:])
+    assert sampler.sample() == tilesums.take(region, tile, np.float64, 2)
