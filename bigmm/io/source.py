@@ -4,10 +4,9 @@ HDF5 datasets whose bytes lie plainly in the file (contiguous, or chunked withou
 mapped read-only once per source (:mod:`.mapped`) and read by NumPy copies out of the mapping,
 split across the source's threads; the file's size is checked against the dataset's extent at
 open and before every read, so a truncated file is a ReadError, not a SIGBUS. Where the file
-cannot be mapped (or ``use_mmap=False``), for full-width row ranges of contiguous datasets
-(one long read; as cheap as the copy, and no page faults) and for parts of chunks as wide as
-their chunks (a contiguous range of the file each), they are read with parallel ``preadv``
-at byte offsets computed once at open. Chunks compressed by deflate, zstd or blosc
+cannot be mapped (or ``use_mmap=False``), and for full-width row ranges of contiguous datasets
+(one long read; as cheap as the copy, and no page faults), they are read with parallel
+``preadv`` at byte offsets computed once at open. Chunks compressed by deflate, zstd or blosc
 (optionally after shuffle) are read raw and decoded in the reader threads (zlib, numcodecs)
 into the source's decode buffers (:class:`.decode.DecodePool`: as many at once as the run's
 plan counts; a chunk still held there is not decoded again). Everything else goes through
@@ -52,10 +51,6 @@ from .spec import Spec, parse_spec
 #: 2816-row blocks 0.030 preadv / 0.032 mapped copy, 512 rows 0.039 / 0.032, 64 rows 0.041 /
 #: 0.033: equal for long ranges, which then avoid page faults and the truncation window.
 PREAD_FULL_ROWS = 16 << 20
-#: Parts of chunks as wide as their chunk (each a contiguous range of the file) are read with
-#: preadv even when the file is mapped (see BENCHMARKS.md: the warm HDF5 job's writer ran
-#: faster beside such reads than beside mapped copies of the same parts).
-PREAD_WHOLE_CHUNKS = True
 
 _FILTERS: list = []
 _FILTERS_LOCK = threading.Lock()
@@ -306,8 +301,7 @@ class H5Source(Source):
             return
         try:
             if self._fd is not None:
-                self._read_fast(r0, r1, c0, c1, out,
-                                self._map is not None and not self._preads(c0, c1, out))
+                self._read_fast(r0, r1, c0, c1, out, self._map is not None)
             elif self.filtered:
                 _filter_thread().submit(self._read_h5py, r0, r1, c0, c1, out).result()
             else:
@@ -329,7 +323,8 @@ class H5Source(Source):
         inline = True  # a single task runs in the calling thread
         if kind in DECODED_KINDS:
             tasks, run = self._decode_tasks(r0, r1, c0, c1, out), self._decode
-        elif mapped:
+        elif mapped and not (kind == "contiguous" and c1 - c0 == self.shape[1]
+                             and out.nbytes >= PREAD_FULL_ROWS):
             self._map.check()  # a mapped page past the end of the file would raise SIGBUS
             tasks = (self._mapped_rows if kind == "contiguous"
                      else self._mapped_chunks)(r0, r1, c0, c1, out, piece)
@@ -351,18 +346,6 @@ class H5Source(Source):
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bigmm-read")
         for fut in [self._pool.submit(run, task) for task in tasks]:
             fut.result()
-
-    def _preads(self, c0: int, c1: int, out) -> bool:
-        """Whether columns c0:c1 of a mapped raw dataset are read with preadv all the same
-        (:meth:`_sample_matches` checks both ways whatever the region):
-        full-width row ranges of a contiguous one (PREAD_FULL_ROWS), parts of a chunked one's
-        chunks as wide as the chunks (PREAD_WHOLE_CHUNKS)."""
-        kind = self._layout.kind
-        if kind == "contiguous":
-            return c1 - c0 == self.shape[1] and out.nbytes >= PREAD_FULL_ROWS
-        cc = self._layout.chunks[1]
-        return (kind == "chunked" and PREAD_WHOLE_CHUNKS and c0 % cc == 0
-                and (c1 % cc == 0 or c1 == self.shape[1]))
 
     @property
     def layout_kind(self) -> str:

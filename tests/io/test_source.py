@@ -73,32 +73,22 @@ def check_reads(src, data, seed=0):
         np.testing.assert_array_equal(out, data[r0:r1, c0:c1], err_msg=f"{(r0, r1, c0, c1)}")
 
 
-# reader: memory map or not, full-width rows by preadv from what size, preadv flavour,
-# parts as wide as their chunks by preadv
+# reader: memory map or not, full-width rows by preadv from what size, preadv flavour
 READERS = {
-    # mapped copies, whole-chunk-wide parts by preadv (the default)
-    "mmap": (True, 16 << 20, rawio.GAP_MAX, True, True),
-    # mapped copies of every part
-    "mmap-copies": (True, 16 << 20, rawio.GAP_MAX, True, False),
-    # mapped; full-width rows by preadv
-    "mmap-rows-preadv": (True, 0, rawio.GAP_MAX, True, True),
-    # libc preadv, one call per row
-    "libc-per-row": (False, 0, 0, True, True),
-    # libc preadv, gaps into scratch
-    "libc-read-through": (False, 0, rawio.GAP_MAX, True, True),
-    # os.preadv, one call per row
-    "os-per-row": (False, 0, 0, False, True),
-    # os.preadv, gaps into scratch
-    "os-read-through": (False, 0, 1 << 30, False, True),
+    "mmap": (True, 16 << 20, rawio.GAP_MAX, True),        # mapped copies (the default)
+    "mmap-rows-preadv": (True, 0, rawio.GAP_MAX, True),  # mapped; full-width rows by preadv
+    "libc-per-row": (False, 0, 0, True),                 # libc preadv, one call per row
+    "libc-read-through": (False, 0, rawio.GAP_MAX, True),  # libc preadv, gaps into scratch
+    "os-per-row": (False, 0, 0, False),                  # os.preadv, one call per row
+    "os-read-through": (False, 0, 1 << 30, False),       # os.preadv, gaps into scratch
 }
 
 
 @pytest.mark.parametrize("name, kwargs, dtype, layout", LAYOUTS, ids=[c[0] for c in LAYOUTS])
 @pytest.mark.parametrize("reader", list(READERS))
 def test_reads_equal_h5py(tmp_path, monkeypatch, name, kwargs, dtype, layout, reader):
-    use_mmap, full_rows, gap_max, native, whole_chunks = READERS[reader]
+    use_mmap, full_rows, gap_max, native = READERS[reader]
     monkeypatch.setattr(source, "PREAD_FULL_ROWS", full_rows)
-    monkeypatch.setattr(source, "PREAD_WHOLE_CHUNKS", whole_chunks)
     monkeypatch.setattr(rawio, "GAP_MAX", gap_max)
     monkeypatch.setattr(rawio, "NATIVE", native and rawio.NATIVE)
     path, data = make(tmp_path, kwargs, dtype)
@@ -132,44 +122,6 @@ def test_mapped_reads_of_random_regions(tmp_path, kwargs, dtype):
                 out = np.full((r1 - r0, c1 - c0), np.nan, src.dtype)
                 src.read(r0, r1, c0, c1, out)
                 np.testing.assert_array_equal(out, d[r0:r1, c0:c1], err_msg=f"{r0, r1, c0, c1}")
-
-
-# chunks dividing nothing, little-endian; chunks wider than the data (an extendible dataset),
-# big-endian (swapped)
-@pytest.mark.parametrize("kwargs, dtype", [({"chunks": (37, 23)}, "<f4"),
-                                           ({"chunks": (30, 200), "maxshape": (None, None)},
-                                            ">f8")])
-def test_parts_as_wide_as_their_chunks_are_read_with_preadv(tmp_path, monkeypatch, kwargs,
-                                                            dtype):
-    path, data = make(tmp_path, kwargs, dtype)
-    chunks = kwargs["chunks"]
-    cc, n = chunks[1], SHAPE[1]
-    edges = list(range(0, n, cc)) + [n]
-    copied = []
-    real = source.FileMap.copy
-
-    def spy(self, *args, **kwargs):
-        copied.append(1)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(source.FileMap, "copy", spy)
-    rng = np.random.default_rng(5)
-    with open_input(f"{path}:/A", threads=3) as src:
-        assert src.mapped and copied  # its open compared mapped copies with h5py's reads
-        copied.clear()
-        for _ in range(12):
-            r0, r1 = sorted(int(x) for x in rng.integers(0, SHAPE[0], 2))
-            i, j = sorted(int(x) for x in rng.choice(len(edges), 2, replace=False))
-            c0, c1 = edges[i], edges[j]
-            out = np.full((r1 + 1 - r0, c1 - c0), np.nan, src.dtype)
-            src.read(r0, r1 + 1, c0, c1, out)
-            np.testing.assert_array_equal(out, data[r0:r1 + 1, c0:c1])
-        assert not copied  # every part went by preadv
-        c0 = 1 if cc > 1 else 0  # a region starting inside a chunk: mapped copies
-        out = np.empty((SHAPE[0], n - c0), src.dtype)
-        src.read(0, SHAPE[0], c0, n, out)
-        np.testing.assert_array_equal(out, data[:, c0:])
-        assert copied
 
 
 def test_unmappable_file_reads_with_preadv(tmp_path, monkeypatch):
