@@ -100,6 +100,39 @@ def test_plan_writes_nothing(tmp_path, capsys, operands):
     assert sorted(os.listdir(tmp_path)) == before
 
 
+def test_plan_of_a_resume_counts_the_journaled_tiles(tmp_path, capsys, operands):
+    import bigmm
+    from bigmm.io.journal import journal_path, parse_journal
+    from bigmm.io.spec import parse_spec
+
+    a, b, _, _ = operands
+    c = f"{tmp_path / 'c.h5'}:/C"
+    args = ("--backend", "numpy")
+
+    def stop(p):
+        if p.tiles_done >= 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(errors.Interrupted):
+        bigmm.matmul(a, b, c, memory=BUDGET, backend="numpy", progress=stop)
+    journaled = len(parse_journal(journal_path(parse_spec(c)))[1])
+    before = {p: os.stat(p).st_mtime_ns for p in glob.glob(str(tmp_path / "*"))}
+    # another budget: the journal's schedule all the same
+    rc, out, err = run(capsys, "plan", a, b, "-o", c, "--resume", "--memory", "64MiB", *args)
+    assert rc == 0, err
+    d = json.loads(run(capsys, "plan", a, b, "-o", c, "--resume", "--json", *args)[1])
+    assert d["tiles_journaled"] == journaled >= 3 and d["n_tiles"] > journaled
+    assert f"{journaled} of {d['n_tiles']} tiles journaled" in out
+    rc, out, err = run(capsys, "plan", a, b, "-o", c, "--resume", "--alpha", "2", *args)
+    assert rc == 2 and "alpha: recorded 1.0, now 2.0" in err  # another job: refused
+    rc, out, err = run(capsys, "plan", a, b, "--resume", *args)
+    assert rc == 2 and "Expected -o C with --resume" in err
+    rc, out, err = run(capsys, "plan", a, b, "-o", f"{tmp_path / 'new.h5'}:/C", "--resume", *args)
+    assert rc == 0 and "no journal of an interrupted run" in out
+    assert {p: os.stat(p).st_mtime_ns for p in glob.glob(str(tmp_path / "*"))} == before
+    assert run(capsys, "multiply", a, b, "-o", c, "--resume", "--quiet", *args)[0] == 0
+
+
 def test_verify_fails_on_a_changed_element(tmp_path, capsys, operands):
     a, b, xa, xb = operands
     c = reference_gemm(xa, xb).astype(np.float32)

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     pl.add_argument("--verify", default=None, choices=("checksum",),
                     help="plan for a run with checksums (their time counts on a GPU)")
+    pl.add_argument("--resume", action="store_true",
+                    help="the plan of resuming an interrupted run into -o C: its journal's "
+                         "schedule and how many tiles it holds (another job is refused, as a "
+                         "resume refuses it)")
     pl.set_defaults(func=cmd_plan)
 
     gram.add_parser(sub, common, BACKENDS, tuple(DTYPES))

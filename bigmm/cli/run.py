@@ -185,20 +185,33 @@ def note_resumable(args, before, e: BaseException) -> None:
 
 
 def cmd_plan(args) -> int:
-    from .. import api, calibration
+    from .. import api, calibration, io
 
     kwargs = _job_kwargs(args)
-    plan = api.plan(args.a, args.b, args.out, **kwargs)
+    if args.resume and args.out is None:
+        from ..errors import OptionError
+
+        raise OptionError("Expected -o C with --resume (the output whose run to resume). Got "
+                          "no -o.")
+    plan = api.plan(args.a, args.b, args.out, resume=args.resume, **kwargs)
     timed = calibration.describe_use(calibration.used())
     note = _budget_note(api, args, kwargs, plan)  # before the answer: it may fail
+    journaled = io.journaled_tiles(args.out) if args.resume else None
     if args.json:
-        ok_json(dict(plan.to_dict(), calibration=timed))
+        extra = {} if journaled is None else {"tiles_journaled": journaled}
+        ok_json(dict(plan.to_dict(), calibration=timed, **extra))
     else:
         print(plan)
         if plan.predicted_seconds is None:
             print("predicted time  n/a (no rates for this backend)")
         if timed:
             print(f"calibration     {timed}")
+        if args.resume:
+            print("resume          " + (
+                "no journal of an interrupted run" if journaled is None else
+                f"{journaled} of {plan.n_tiles} tiles journaled ({plan.n_tiles - journaled} "
+                f"left; the resume checks the inputs and the journaled tiles first; the "
+                f"predicted time is the whole job's)"))
     if note:
         print(note, file=sys.stderr)
     return 0

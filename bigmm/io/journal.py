@@ -188,6 +188,20 @@ def _add_tiles(record: dict, tiles: set, samples: dict) -> None:
 def read_journal(x) -> dict | None:
     """The job recorded for an interrupted output ``x`` (a spec or an h5py.Dataset), or None
     when there is none."""
+    parsed = _parsed(x)
+    return None if parsed is None else parsed[0].get("job")
+
+
+def journaled_tiles(x) -> int | None:
+    """How many tiles the journal of an interrupted output ``x`` (as :func:`read_journal`'s)
+    holds, or None when it has none."""
+    parsed = _parsed(x)
+    return None if parsed is None else len(parsed[1])
+
+
+def _parsed(x):
+    """:func:`parse_journal` of the journal of output ``x``; None without one (or for an
+    array)."""
     import h5py
 
     from . import zarrsource
@@ -201,5 +215,4 @@ def read_journal(x) -> dict | None:
         x = os.fspath(x)
     if not isinstance(x, (str, Spec)):
         return None
-    parsed = parse_journal(journal_path(parse_spec(x)))
-    return None if parsed is None else parsed[0].get("job")
+    return parse_journal(journal_path(parse_spec(x)))
