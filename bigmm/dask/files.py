@@ -4,11 +4,11 @@ Each tile task reopens A and B by path on its worker and runs bigmm's executor o
 sub-tiles (:func:`_sub_plan`). The calling process creates C (its storage reserved, so every
 tile has fixed byte offsets) and hands each task where its tile lies in the file
 (:meth:`bigmm.io.Sink.raw_region`); the worker's executor writes each sub-tile there while it
-computes the next (:class:`bigmm.io.region.RegionSink`), the task returns only its statistics once
-they are durable, with the tile's sample as written (:mod:`bigmm.io.tilesums`), and the caller
-journals the tile with its sample. The caller alone touches HDF5 metadata and the journal. Where C can only be
-written through h5py (an existing filtered dataset), tiles come back to the caller, which
-writes them. A Zarr C bigmm creates is chunked by the tiles: a task writes its tile's chunk
+computes the next (:class:`bigmm.io.region.RegionSink`), the task returns only its statistics
+once they are durable, with the tile's sample as written (:mod:`bigmm.io.tilesums`), and the
+caller journals the tile with its sample. The caller alone touches HDF5 metadata and the
+journal. Where C can only be written through h5py (an existing filtered dataset), tiles come
+back to the caller, which writes them. A Zarr C bigmm creates is chunked by the tiles: a task writes its tile's chunk
 files itself (:class:`bigmm.io.zarrsink.ZarrRegion`: each chunk into a temporary file, made
 durable and renamed into place before the task returns), and the caller journals the tile.
 """
@@ -178,8 +178,9 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | ZarrRegion | None = No
     they finish (a RegionSink), and this returns (t, None, stats, sample) once they are all
     durable, ``sample`` C[t]'s as written (:class:`.tilesums.Sampler`; None where
     ``job.spans`` is 0). Without, it computes C[t] into an array and returns
-    (t, C[t], stats, None) for the caller to write and sample. Old C (beta != 0) is read per sub-tile from ``job.old_c`` here, or from ``old``
-    where the caller holds C's file open in h5py and sends it.
+    (t, C[t], stats, None) for the caller to write and sample. Old C (beta != 0) is read per
+    sub-tile from ``job.old_c`` here, or from ``old`` where the caller holds C's file open in
+    h5py and sends it.
     """
     be = resolve_backend(job.backend, job.kernel, job.precision)  # buffers live until close()
     k, dt = job.k, numpy_dtype(job.out_dtype or job.dtype)
