@@ -8,7 +8,9 @@ ordinary (pageable) NumPy arrays into a NumPy C; then the ``--job-n`` job under
 last kernel also from page-locked arrays (the same arrays locked in place by this script,
 ``cudaHostRegister``; how long that took is reported, beside the host's copy rate into
 staging, which is what bigmm's planner chooses between, and that rate while the device
-copies both ways at once, which the readers and the writer share).
+copies both ways at once, which the readers and the writer share). ``--locked`` runs the
+rows at default budgets from page-locked arrays instead (A, B and C locked in place once,
+before them): what the job costs where the host's copies are not what bounds it.
 
 The in-core rate of the same arithmetic (device-resident operands, the same kernel through
 the same backend, CUDA events) is measured in the same process at the largest size of
@@ -440,6 +442,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                     help="A's and B's dtype (C is float32): half precision runs on tensor "
                          "cores through cublasGemmEx whatever the kernel")
+    ap.add_argument("--locked", action="store_true",
+                    help="the rows at default budgets from page-locked arrays (locked in "
+                         "place once, before them)")
     ap.add_argument("--cpu", action="store_true",
                     help="the NumPy backend, no GPU (a smoke run of the script itself)")
     args = ap.parse_args(argv)
@@ -601,12 +606,20 @@ def main(argv=None) -> int:
     # default budgets at each size: smallest, largest, then the others
     order = sorted(fits)
     order = order[:1] + order[-1:] + order[1:-1] if len(order) > 1 else order
-    for n in order:
-        arrays = [square(flat[x], n) for x in "ABC"]
-        probe = Probe(arrays[0], arrays[1], args.threads)
-        res["probe_seconds"][n] = probe.seconds
-        for k in kernels:
-            do(f"{n}", n, None, k, probe, arrays)
+    locked = args.locked and not args.cpu and order
+    if locked:
+        ptrs, res["sweep_lock_seconds"] = lock_arrays([flat[x] for x in "ABC"])
+        log(f"locking A, B, C of {top}^2 for the sizes took {res['sweep_lock_seconds']:.2f} s")
+    try:
+        for n in order:
+            arrays = [square(flat[x], n) for x in "ABC"]
+            probe = Probe(arrays[0], arrays[1], args.threads)
+            res["probe_seconds"][n] = probe.seconds
+            for k in kernels:
+                do(f"{n}" + (" locked" if locked else ""), n, None, k, probe, arrays)
+    finally:
+        if locked:
+            res["sweep_unlock_seconds"] = unlock(ptrs)
     res["seconds"] = time.perf_counter() - start
     save()
     log(table(res))
