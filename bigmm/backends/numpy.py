@@ -358,8 +358,22 @@ def _blas_libraries() -> list[str]:
     return paths
 
 
+#: The CBLAS gemm found for each dtype, kept for the process (the search reads the process's
+#: maps and tests the call: milliseconds, against a small product's run).
+_FOUND: dict[np.dtype, Callable] = {}
+
+
 def _cblas_gemm(dtype: np.dtype) -> Callable | None:
     """The CBLAS gemm of NumPy's BLAS library through ctypes, or None when not usable."""
+    found = _FOUND.get(dtype)
+    if found is None:
+        found = _search_cblas(dtype)
+        if found is not None:
+            _FOUND[dtype] = found
+    return found
+
+
+def _search_cblas(dtype: np.dtype) -> Callable | None:
     p = _PREFIXES[dtype]
     real = ctypes.c_float if p == "s" else ctypes.c_double
     i64, ptr = ctypes.c_int64, ctypes.c_void_p

@@ -207,6 +207,21 @@ def test_cupy_backend_without_a_gpu_is_unavailable():
         get_backend("cupy")
 
 
+def test_the_cblas_search_runs_once_a_process(monkeypatch):
+    first = NumpyBackend()
+    if first.blas != "cblas":
+        pytest.skip("no CBLAS library loaded by NumPy here")
+    searched = []
+    monkeypatch.setattr(numpy_backend, "_blas_libraries",
+                        lambda: searched.append(1) or [])  # a search now would find none
+    second = NumpyBackend()
+    assert second.blas == "cblas" and not searched
+    a, b = random_matrix((9, 5), np.float32, 1), random_matrix((5, 4), np.float32, 2)
+    c = np.full((9, 4), np.nan, np.float32)
+    second.gemm(a, b, c, 1.0, 0.0, False, False, None)
+    assert relative_error(c, reference_gemm(a, b)) <= tolerance(np.float32, 5)
+
+
 def test_unknown_blas_mode_is_rejected():
     with pytest.raises(BackendUnavailable, match="'mkl'"):
         NumpyBackend(blas="mkl")
