@@ -1,4 +1,4 @@
-"""The Python API: ``matmul``, ``gram`` and ``plan``.
+"""The Python API: ``matmul``, ``gram``, ``plan`` and ``page_locked``.
 
 ``matmul("a.h5:/A", "b.h5:/B", out="c.h5:/C", memory="8GiB")`` computes
 C = alpha * op(A) @ op(B) + beta * C out of core and returns the output (a spec string for
@@ -14,14 +14,16 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import replace
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Callable, Union
 
 from . import filerates, io
-from .backends import Profiles
+from .backends import Profiles, Registers, get_backend
 from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import OptionError, OutputTooLarge
 from .executor import STAGES, Progress, RunStats, execute
+from .executor.register import Locked, held
 from .advice import budget_note as job_budget_note
 from .io.existing import check_output
 from .job import (check_operands, check_symmetric_c, complete_stats, open_inputs, open_output,
@@ -230,6 +232,30 @@ def budget_note(a: Operand, b: Operand, out: Operand | None = None, *, alpha: fl
             plan = plan_job(A, B, out, be, memory=memory, host_memory=host_memory, **kw)[0]
         return job_budget_note(A, B, out, be, plan, memory=memory, host_memory=host_memory,
                                **kw)
+
+
+@contextlib.contextmanager
+def page_locked(*arrays: "np.ndarray", backend: str = "auto") -> Iterator[Locked]:
+    """Keep NumPy arrays page-locked while the block runs, so that every bigmm call in it
+    copies them to and from the GPU in place (DMA, no host copies through staging buffers)
+    without locking them again each call. Arrays already page-locked are left as they are;
+    the others are locked where they lie and released on the way out, also after an error.
+    Yields what was locked (``nbytes``, ``seconds``, ``notes()`` naming any array left
+    unlocked). On the NumPy backend nothing is locked: host memory is its compute memory."""
+    import numpy as np
+
+    bad = [type(x).__name__ for x in arrays if not isinstance(x, np.ndarray)]
+    if bad:
+        raise OptionError(f"Expected NumPy arrays to page-lock. Got {', '.join(bad)}.")
+    be = get_backend(backend)
+    try:
+        if not isinstance(be, Registers):
+            yield Locked()
+            return
+        with held(be, arrays) as locked:
+            yield locked
+    finally:
+        be.close()
 
 
 @contextlib.contextmanager

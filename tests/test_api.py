@@ -1176,3 +1176,56 @@ def test_c_into_the_file_the_user_holds_open_with_the_inputs(tmp_path, mode):
             bigmm.matmul(f["A"], f["B"], out=f"{path}:/C", backend="numpy")
             np.testing.assert_allclose(f["C"][...], a @ b, rtol=1e-12)
             assert bool(f["C"].attrs["bigmm_complete"])
+
+
+class _Locking(NumpyBackend):
+    """The NumPy backend with the Registers ability, recording its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def register(self, ptr, nbytes, read_only=False):
+        self.calls.append(("register", ptr, read_only))
+
+    def unregister(self, ptr):
+        self.calls.append(("unregister", ptr))
+
+    def close(self):
+        self.calls.append(("close",))
+        super().close()
+
+
+def test_page_locked_holds_arrays_for_the_block_and_releases_them(monkeypatch):
+    from bigmm.executor.register import PAGE, page_extent
+
+    def own_pages(x):  # small arrays may share heap pages, and locks cover whole pages
+        raw = np.empty(x.nbytes + 3 * PAGE, np.uint8)
+        start = -raw.ctypes.data % PAGE + PAGE
+        out = raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+        out[...] = x
+        return out
+
+    a = own_pages(random_matrix((300, 200), np.float32))
+    b = own_pages(random_matrix((200, 100), np.float32, 1))
+    c = np.full((300, 100), np.nan, np.float32)
+    a.flags.writeable = False
+    with bigmm.page_locked(a, b, c, backend="numpy") as locked:  # the CPU: nothing to lock
+        bigmm.matmul(a, b, c, backend="numpy")
+    assert locked.nbytes == 0 and relative_error(c, reference_gemm(a, b)) <= tolerance(
+        np.float32, 200)
+    be = _Locking()
+    monkeypatch.setattr(api, "get_backend", lambda name: be)
+    with pytest.raises(KeyError):
+        with bigmm.page_locked(a, b, backend="cupy") as locked:
+            assert [x[0] for x in be.calls] == ["register"] * 2 and locked.nbytes > 0
+            raise KeyError("the block fails")
+    assert [x[0] for x in be.calls] == ["register"] * 2 + ["unregister"] * 2 + ["close"]
+    assert {x[1]: x[2] for x in be.calls[:2]} == {page_extent(a)[0]: True,  # read-only
+                                                  page_extent(b)[0]: False}
+
+
+def test_page_locked_takes_numpy_arrays_only():
+    with pytest.raises(errors.OptionError, match="Expected NumPy arrays to page-lock. Got list"):
+        with bigmm.page_locked(np.zeros(3), [1.0, 2.0], backend="numpy"):
+            pass

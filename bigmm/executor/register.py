@@ -16,8 +16,10 @@ driver refuses, the operand is staged as usual and the run's statistics say why
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,6 +93,32 @@ def release(be, locked: Locked | None) -> None:
     locked.ranges = []
     if error is not None:
         raise error
+
+
+@contextlib.contextmanager
+def held(be, arrays: Sequence[np.ndarray]) -> Iterator[Locked]:
+    """Keep ``arrays`` page-locked with ``be`` while the block runs (for many runs, which then
+    copy them in place without locking them each time): those not page-locked already are
+    locked where they lie, read-only where the process may not write them, and released on
+    the way out, also after an error (no copy may still use them then). Yields the Locked
+    ranges; an array left unlocked (a refused lock, a backend that cannot lock, negative
+    strides) is named in ``Locked.staged`` as ``array i``."""
+    todo: dict[str, np.ndarray] = {}
+    left: dict[str, str] = {}
+    for i, x in enumerate(arrays):
+        name = f"array {i}"
+        if x.size == 0 or be.host_pinned(x):
+            continue
+        if any(s < 0 for s in x.strides):
+            left[name] = "negative strides (lock a contiguous copy)"
+        else:
+            todo[name] = x
+    locked = lock(be, todo)
+    locked.staged.update(left)
+    try:
+        yield locked
+    finally:
+        release(be, locked)
 
 
 def _merged(arrays: dict[str, np.ndarray]) -> list[tuple[tuple[str, ...], int, int]]:

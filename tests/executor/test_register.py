@@ -5,6 +5,7 @@ is done, a refused lock falls back to staging and says so."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -14,7 +15,7 @@ from executor_cases import AsyncBackend, RegisteringAsyncBackend, array_run
 from bigmm import io
 from bigmm.errors import Interrupted
 from bigmm.executor import execute
-from bigmm.executor.register import PAGE, page_extent
+from bigmm.executor.register import PAGE, held, page_extent
 from bigmm.planner import make_plan
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
 
@@ -198,3 +199,59 @@ def test_wide_a_loads_copied_in_place_bit_identically(a_span, tail):
     assert plan.a_span == a_span and np.array_equal(c, staged_c)
     assert relative_error(c, reference_gemm(a, b, alpha=0.5)) <= 10 * tolerance(np.float64, k)
     assert stats.bytes_staged == 0 and stats.bytes_read == 8 * (m * k + k * n)
+
+
+def _run_open(be, a, b, c, plan):
+    """array_run without closing the backend (the arrays' locks outlive the run)."""
+    A, B = io.open_input(a, name="A"), io.open_input(b, name="B")
+    sink = io.open_output(c, shape=(plan.m, plan.n), dtype=plan.dtype, inputs=[A, B], job={},
+                          reads_c=False)
+    return execute(plan, A, B, sink, be, alpha=1.0, beta=0.0, io_threads=3)
+
+
+def test_arrays_held_locked_serve_runs_in_place_and_are_released_after():
+    m, n, k = 37, 41, 97
+    a, b, c = (_own_pages(x) for x in _operands(m, n, k, 0.0, seed=6))
+    staged_c = c.copy()
+    array_run(AsyncBackend(seed=1), a.copy(), b.copy(), staged_c,
+              _plan(m, n, k, in_place="", registered=""), 1.0, 0.0)
+    be = RegisteringAsyncBackend(seed=6)
+    with held(be, [a, b, c]) as locked:
+        assert sorted(x[1] for x in be.calls) == sorted(page_extent(x)[0] for x in (a, b, c))
+        assert locked.nbytes == sum(hi - lo for lo, hi in map(page_extent, (a, b, c)))
+        for _ in range(2):  # runs copy them in place, locking nothing more
+            stats = _run_open(be, a, b, c, _plan(m, n, k, registered=""))
+            assert stats.bytes_staged == 0 and stats.bytes_locked == 0
+        assert len(be.calls) == 3 and np.array_equal(c, staged_c)
+    assert be.locked == {} and be.violations == []
+    assert [x[0] for x in be.calls] == ["register"] * 3 + ["unregister"] * 3
+    be.close()
+
+
+@pytest.mark.parametrize("case", [
+    "error",       # the block raises: the locks are released all the same
+    "pinned",      # an array page-locked already is left as it is
+    "negative",    # a view with negative strides is left unlocked, and said so
+    "no-ability",  # a backend that cannot lock: nothing locked, each array named
+])
+def test_held_arrays_edge_cases(case):
+    a, b, _ = (_own_pages(x) for x in _operands(20, 30, 40, 0.0, seed=7))
+    be = AsyncBackend(seed=7) if case == "no-ability" else RegisteringAsyncBackend(seed=7)
+    if case == "pinned":
+        be.pin(a)
+    arrays = [a[::-1] if case == "negative" else a, b]
+    with pytest.raises(RuntimeError, match="boom") if case == "error" else \
+            contextlib.nullcontext():
+        with held(be, arrays) as locked:
+            if case == "error":
+                raise RuntimeError("boom")
+    locks = [x for x in getattr(be, "calls", []) if x[0] == "register"]
+    if case == "no-ability":
+        assert set(locked.staged) == {"array 0", "array 1"} and locked.nbytes == 0
+    else:
+        expected = (a, b) if case == "error" else (b,)
+        assert sorted(x[1] for x in locks) == sorted(page_extent(x)[0] for x in expected)
+        assert be.locked == {}
+    if case == "negative":
+        assert "negative strides" in locked.staged["array 0"]
+    be.close()
