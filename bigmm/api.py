@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Union
 
 from . import filerates, io
