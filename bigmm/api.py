@@ -239,8 +239,8 @@ def page_locked(*arrays: "np.ndarray", backend: str = "auto") -> Iterator[Locked
     """Keep NumPy arrays page-locked while the block runs, so that every bigmm call in it
     copies them to and from the GPU in place (DMA, no host copies through staging buffers)
     without locking them again each call. Arrays already page-locked are left as they are;
-    the others are locked where they lie and released on the way out, also after an error.
-    Yields what was locked (``nbytes``, ``seconds``, ``notes()`` naming any array left
+    the others are locked where they lie and released on the way out, also after an error
+    (calls using them from other threads must have returned by then). Yields what was locked (``nbytes``, ``seconds``, ``notes()`` naming any array left
     unlocked). On the NumPy backend nothing is locked: host memory is its compute memory."""
     import numpy as np
 
