@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Union
 
 from . import filerates, io
-from .backends import Profiles, Registers, get_backend
+from .backends import Profiles, get_backend
 from .backends.numpy import memory_available as host_memory_available
 from .checksum import parse_verify
 from .errors import OptionError, OutputTooLarge
@@ -240,8 +240,9 @@ def page_locked(*arrays: "np.ndarray", backend: str = "auto") -> Iterator[Locked
     copies them to and from the GPU in place (DMA, no host copies through staging buffers)
     without locking them again each call. Arrays already page-locked are left as they are;
     the others are locked where they lie and released on the way out, also after an error
-    (calls using them from other threads must have returned by then). Yields what was locked (``nbytes``, ``seconds``, ``notes()`` naming any array left
-    unlocked). On the NumPy backend nothing is locked: host memory is its compute memory."""
+    (calls using them from other threads must have returned by then). Yields what was
+    locked (``nbytes``, ``seconds``, ``notes()`` naming any array left unlocked). On a
+    backend without staging (NumPy) nothing is locked: host memory is its compute memory."""
     import numpy as np
 
     bad = [type(x).__name__ for x in arrays if not isinstance(x, np.ndarray)]
@@ -249,7 +250,7 @@ def page_locked(*arrays: "np.ndarray", backend: str = "auto") -> Iterator[Locked
         raise OptionError(f"Expected NumPy arrays to page-lock. Got {', '.join(bad)}.")
     be = get_backend(backend)
     try:
-        if not isinstance(be, Registers):
+        if not be.staging:
             yield Locked()
             return
         with held(be, arrays) as locked:

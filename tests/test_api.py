@@ -1181,6 +1181,8 @@ def test_c_into_the_file_the_user_holds_open_with_the_inputs(tmp_path, mode):
 class _Locking(NumpyBackend):
     """The NumPy backend with the Registers ability, recording its calls."""
 
+    staging = True  # as a GPU backend's: host memory is not its compute memory
+
     def __init__(self):
         super().__init__()
         self.calls: list[tuple] = []
