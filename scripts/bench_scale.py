@@ -51,6 +51,7 @@ os.environ.setdefault("CUPY_TF32", "0")
 
 import argparse  # noqa: E402
 import concurrent.futures as cf  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -606,20 +607,19 @@ def main(argv=None) -> int:
     # default budgets at each size: smallest, largest, then the others
     order = sorted(fits)
     order = order[:1] + order[-1:] + order[1:-1] if len(order) > 1 else order
-    locked = args.locked and not args.cpu and order
-    if locked:
-        ptrs, res["sweep_lock_seconds"] = lock_arrays([flat[x] for x in "ABC"])
-        log(f"locking A, B, C of {top}^2 for the sizes took {res['sweep_lock_seconds']:.2f} s")
-    try:
+    locked = bool(args.locked and not args.cpu and order)
+    with bigmm.page_locked(*(flat[x] for x in "ABC")) if locked else \
+            contextlib.nullcontext() as held:
+        if locked:
+            res["sweep_lock_seconds"] = held.seconds
+            log(f"locking A, B, C of {top}^2 for the sizes took {held.seconds:.2f} s"
+                + "".join(f"; {note}" for note in held.notes()))
         for n in order:
             arrays = [square(flat[x], n) for x in "ABC"]
             probe = Probe(arrays[0], arrays[1], args.threads)
             res["probe_seconds"][n] = probe.seconds
             for k in kernels:
                 do(f"{n}" + (" locked" if locked else ""), n, None, k, probe, arrays)
-    finally:
-        if locked:
-            res["sweep_unlock_seconds"] = unlock(ptrs)
     res["seconds"] = time.perf_counter() - start
     save()
     log(table(res))
