@@ -9,6 +9,7 @@ import functools
 import glob
 import hashlib
 import importlib.util
+import mmap
 import os
 import shutil
 import signal
@@ -55,6 +56,17 @@ def pinned_array(shape, dtype=np.float32, fill=None) -> np.ndarray:
     if fill is not None:
         x[...] = fill
     return x
+
+
+def own_pages(x: np.ndarray) -> np.ndarray:
+    """A copy of ``x`` on pages of its own (small arrays otherwise share heap pages, and
+    page-locking covers whole pages)."""
+    page = mmap.PAGESIZE
+    raw = np.empty(x.nbytes + 3 * page, np.uint8)
+    start = -raw.ctypes.data % page + page
+    out = raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+    out[...] = x
+    return out
 
 
 def reference_gemm(a, b, *, alpha=1.0, beta=0.0, c=None, trans_a=False, trans_b=False) -> np.ndarray:

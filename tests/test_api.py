@@ -1199,14 +1199,8 @@ class _Locking(NumpyBackend):
 
 
 def test_page_locked_holds_arrays_for_the_block_and_releases_them(monkeypatch):
-    from bigmm.executor.register import PAGE, page_extent
-
-    def own_pages(x):  # small arrays may share heap pages, and locks cover whole pages
-        raw = np.empty(x.nbytes + 3 * PAGE, np.uint8)
-        start = -raw.ctypes.data % PAGE + PAGE
-        out = raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
-        out[...] = x
-        return out
+    from bigmm.executor.register import page_extent
+    from bigmm.testing import own_pages
 
     a = own_pages(random_matrix((300, 200), np.float32))
     b = own_pages(random_matrix((200, 100), np.float32, 1))

@@ -17,7 +17,7 @@ from bigmm.errors import Interrupted
 from bigmm.executor import execute
 from bigmm.executor.register import PAGE, held, page_extent
 from bigmm.planner import make_plan
-from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+from bigmm.testing import own_pages, random_matrix, reference_gemm, relative_error, tolerance
 
 
 def _plan(m, n, k, *, beta=0.0, in_place="ABC", registered="ABC", order="stream",
@@ -25,15 +25,6 @@ def _plan(m, n, k, *, beta=0.0, in_place="ABC", registered="ABC", order="stream"
     return make_plan(m, n, k, dtype, reads_c=beta != 0, device_budget=64 << 20,
                      host_budget=64 << 20, staging=True, align=8, tile=tile, order=order,
                      in_place=in_place, registered=registered, **kw)
-
-
-def _own_pages(x):
-    """A copy of ``x`` on pages of its own (small arrays otherwise share heap pages)."""
-    raw = np.empty(x.nbytes + 3 * PAGE, np.uint8)
-    start = -raw.ctypes.data % PAGE + PAGE
-    out = raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
-    out[...] = x
-    return out
 
 
 def _operands(m, n, k, beta, seed=0):
@@ -59,7 +50,7 @@ def test_locked_arrays_are_copied_in_place_bit_identically(m, n, k, beta, in_pla
     tile = (16, n, 24) if order == "resident-c" else (16, 16, 24)
     plan = _plan(m, n, k, beta=beta, in_place=in_place, registered=registered, order=order,
                  tile=tile)
-    a, b, c = (_own_pages(x) for x in _operands(m, n, k, beta))  # no page shared with B
+    a, b, c = (own_pages(x) for x in _operands(m, n, k, beta))  # no page shared with B
     c0 = c.copy()
     staged_c = c.copy()
     staged = array_run(AsyncBackend(seed=1), a.copy(), b.copy(), staged_c,
@@ -94,7 +85,7 @@ def test_views_of_one_buffer_are_locked_once():
     # A and B share a buffer (B is rows of the same array): their pages are locked together
     m, n, k = 40, 30, 50
     # on pages of its own: A ends 16000 bytes in, mid-page
-    buf = _own_pages(random_matrix((m + k, k), np.float64, 3))
+    buf = own_pages(random_matrix((m + k, k), np.float64, 3))
     a, b = buf[:m], buf[m:, :n]
     plan = _plan(m, n, k, registered="AB", in_place="AB")
     be = RegisteringAsyncBackend(seed=3)
@@ -113,7 +104,7 @@ def test_views_of_one_buffer_are_locked_once():
 
 def test_read_only_inputs_are_locked_read_only():
     m, n, k = 40, 30, 50
-    a, b, c = (_own_pages(x) for x in _operands(m, n, k, 0.0, seed=4))
+    a, b, c = (own_pages(x) for x in _operands(m, n, k, 0.0, seed=4))
     a.flags.writeable = False
     be = RegisteringAsyncBackend(seed=4)
     array_run(be, a, b, c, _plan(m, n, k), 1.0, 0.0)
@@ -135,7 +126,7 @@ REFUSED = [
 @pytest.mark.parametrize("make,why", REFUSED)
 def test_refused_locks_fall_back_to_staging_and_say_so(make, why):
     m, n, k = 45, 38, 71
-    a, b, c = (_own_pages(x) for x in _operands(m, n, k, 0.0, seed=5))
+    a, b, c = (own_pages(x) for x in _operands(m, n, k, 0.0, seed=5))
     a.flags.writeable = False
     be = make()
     stats = array_run(be, a, b, c, _plan(m, n, k), 2.0, 0.0)
@@ -190,7 +181,7 @@ def test_plans_name_operands_in_place_and_locked():
 def test_wide_a_loads_copied_in_place_bit_identically(a_span, tail):
     m, n, k = 70, 33, 97
     kw = dict(order="resident-c", tile=(16, n, 24), tail=tail, a_span=a_span)
-    a, b, c = (_own_pages(x) for x in _operands(m, n, k, 0.0))
+    a, b, c = (own_pages(x) for x in _operands(m, n, k, 0.0))
     staged_c = c.copy()
     array_run(AsyncBackend(seed=1), a.copy(), b.copy(), staged_c,
               _plan(m, n, k, in_place="", registered="", **kw), 0.5, 0.0)
@@ -211,7 +202,7 @@ def _run_open(be, a, b, c, plan):
 
 def test_arrays_held_locked_serve_runs_in_place_and_are_released_after():
     m, n, k = 37, 41, 97
-    a, b, c = (_own_pages(x) for x in _operands(m, n, k, 0.0, seed=6))
+    a, b, c = (own_pages(x) for x in _operands(m, n, k, 0.0, seed=6))
     staged_c = c.copy()
     array_run(AsyncBackend(seed=1), a.copy(), b.copy(), staged_c,
               _plan(m, n, k, in_place="", registered=""), 1.0, 0.0)
@@ -235,7 +226,7 @@ def test_arrays_held_locked_serve_runs_in_place_and_are_released_after():
     "no-ability",  # a backend that cannot lock: nothing locked, each array named
 ])
 def test_held_arrays_edge_cases(case):
-    a, b, _ = (_own_pages(x) for x in _operands(20, 30, 40, 0.0, seed=7))
+    a, b, _ = (own_pages(x) for x in _operands(20, 30, 40, 0.0, seed=7))
     be = AsyncBackend(seed=7) if case == "no-ability" else RegisteringAsyncBackend(seed=7)
     if case == "pinned":
         be.pin(a)
