@@ -374,27 +374,6 @@ def run_row(job: str, a, b, c, kernel: str | None, memory, probe: Probe, threads
     return row
 
 
-def lock_arrays(arrays) -> tuple[list[int], float]:
-    """Page-lock the arrays in place (cudaHostRegister, portable); (pointers, seconds)."""
-    import cupy
-
-    t0 = time.perf_counter()
-    ptrs = []
-    for x in arrays:
-        cupy.cuda.runtime.hostRegister(x.ctypes.data, x.nbytes, 1)
-        ptrs.append(x.ctypes.data)
-    return ptrs, time.perf_counter() - t0
-
-
-def unlock(ptrs) -> float:
-    import cupy
-
-    t0 = time.perf_counter()
-    for p in ptrs:
-        cupy.cuda.runtime.hostUnregister(p)
-    return time.perf_counter() - t0
-
-
 # ----- the table ------------------------------------------------------------------------------
 
 def table(res: dict) -> str:
@@ -517,8 +496,12 @@ def main(argv=None) -> int:
         cupy.cuda.PinnedMemory(1 << 30)  # allocated, then freed
         res["pin_1gib_seconds"] = time.perf_counter() - t0
         x = np.ones(1 << 27)
-        ptrs, res["lock_1gib_seconds"] = lock_arrays([x])
-        res["unlock_1gib_seconds"] = unlock(ptrs)
+        t0 = time.perf_counter()
+        cupy.cuda.runtime.hostRegister(x.ctypes.data, x.nbytes, 1)
+        res["lock_1gib_seconds"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cupy.cuda.runtime.hostUnregister(x.ctypes.data)
+        res["unlock_1gib_seconds"] = time.perf_counter() - t0
         log(f"pinning 1 GiB: {res['pin_1gib_seconds']:.3f} s; locking a touched 1 GiB array: "
             f"{res['lock_1gib_seconds']:.3f} s, releasing it {res['unlock_1gib_seconds']:.3f} s")
         del x
@@ -595,14 +578,14 @@ def main(argv=None) -> int:
     for k in kernels:
         do(job, n, args.job_memory, k, probe, arrays)
     if not args.cpu:
-        ptrs, res["lock_seconds"] = lock_arrays(arrays)
-        res["lock_bytes"] = sum(x.nbytes for x in arrays)
-        try:
+        with bigmm.page_locked(*arrays) as held:
+            res["lock_seconds"], res["lock_bytes"] = held.seconds, held.nbytes
             do(job + " pinned", n, args.job_memory, kernels[0], probe, arrays)
-        finally:
-            res["unlock_seconds"] = unlock(ptrs)
+            t0 = time.perf_counter()
+        res["unlock_seconds"] = time.perf_counter() - t0
         log(f"locking A, B, C ({format_bytes(res['lock_bytes'])}) took "
-            f"{res['lock_seconds']:.2f} s, releasing {res['unlock_seconds']:.2f} s")
+            f"{res['lock_seconds']:.2f} s, releasing {res['unlock_seconds']:.2f} s"
+            + "".join(f"; {note}" for note in held.notes()))
 
     # default budgets at each size: smallest, largest, then the others
     order = sorted(fits)
