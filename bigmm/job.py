@@ -152,7 +152,7 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
     fixed = (resumed_schedule(out, m, n, k, dtype, alpha, beta, args, precision) if resume
              else {})
     if args["decoding"] is not None:  # a budget too small for a decoded chunk: refused now
-        make_plan(m, n, k, dtype, **args, **fixed)
+        make_plan(m, n, k, dtype, **args)  # (a resumed schedule: checked on each host path)
         for src in (A, B):  # the calibration's reads decode one chunk at a time
             src.limit_decoders(1)
     # what the calibration may hold: the products within both budgets (on the CPU the device

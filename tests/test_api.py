@@ -836,8 +836,12 @@ def test_locking_for_the_run_is_searched_only_where_it_could_win(monkeypatch, ra
     assert p.registered == ("ABC" if searched and p.in_place else "")
 
 
-def test_a_resumed_schedule_is_planned_on_the_host_path_it_fits(tmp_path):
-    # a run that locked the user's arrays for the run staged nothing in host memory: its
+@pytest.mark.parametrize("a_kind, locked", [
+    ("array", "AB"),  # both arrays locked for the run
+    ("zstd", "B"),    # A compressed in a Zarr store: its decode buffers offered (checked early)
+])
+def test_a_resumed_schedule_is_planned_on_the_host_path_it_fits(tmp_path, a_kind, locked):
+    # a run that locked the user's arrays for the run staged them not in host memory: its
     # schedule's staging would not fit the host budget, and the resume must not be refused
     # for that path (it plans the schedule on the paths it fits, here the locked one)
     import threading
@@ -847,10 +851,16 @@ def test_a_resumed_schedule_is_planned_on_the_host_path_it_fits(tmp_path):
 
     a, b = random_matrix((600, 500), np.float32), random_matrix((500, 400), np.float32, 1)
     spec_c, budgets = f"{tmp_path / 'c.h5'}:/C", dict(memory="2MiB", host_memory="1MiB")
+    if a_kind == "zstd":
+        pytest.importorskip("zarr")
+        zarr_array(tmp_path / "a.zarr", a, chunks=(100, 100), codec="zstd")
+        a_op = str(tmp_path / "a.zarr")
+    else:
+        a_op = a
 
     def plan(resume):
         closing = []
-        A, B = job.open_inputs(a, b, closing)
+        A, B = job.open_inputs(a_op, b, closing)
         try:
             return job.plan_job(A, B, spec_c, _LockingStagingBackend(1e12), alpha=1.0, beta=0.0,
                                 trans_a=False, trans_b=False, resume=resume, calibrate=True,
@@ -860,13 +870,14 @@ def test_a_resumed_schedule_is_planned_on_the_host_path_it_fits(tmp_path):
                 x.close()
 
     first = plan(False)
-    assert first.registered == "AB"
+    assert first.registered == locked
     with pytest.raises(errors.BudgetError):  # all staged, the schedule needs more host memory
         make_plan(600, 400, 500, "float32", device_budget=first.device_budget,
                   host_budget=first.host_budget, staging=True, tile=(first.bm, first.bn, first.bk),
-                  order=first.order, tail=first.tail if first.order == "resident-c" else None)
+                  order=first.order, tail=first.tail if first.order == "resident-c" else None,
+                  decoding=first.decoding)
     # the run interrupted after a tile, its journal recording the schedule
-    A, B = io.open_input(a, name="A"), io.open_input(b, name="B")
+    A, B = io.open_input(a_op, name="A"), io.open_input(b, name="B")
     stop = threading.Event()
     sink = io.open_output(spec_c, shape=(600, 400), dtype=np.float32, inputs=[A, B],
                           job=job.job_record(first, 1.0, 0.0))
@@ -876,8 +887,8 @@ def test_a_resumed_schedule_is_planned_on_the_host_path_it_fits(tmp_path):
         execute(cpu, A, B, sink, NumpyBackend(), progress=lambda p: stop.set(), stop=stop)
     sink.close(), A.close(), B.close()
     resumed = plan(True)
-    assert resumed.key() == first.key() and resumed.registered == "AB"
-    _, stats = bigmm.matmul(a, b, spec_c, backend="numpy", resume=True, stats=True,
+    assert resumed.key() == first.key() and resumed.registered == locked
+    _, stats = bigmm.matmul(a_op, b, spec_c, backend="numpy", resume=True, stats=True,
                             memory="16MiB")  # the NumPy backend holds its panels in host memory
     assert stats.tiles_skipped >= 1
     with h5py.File(tmp_path / "c.h5", "r") as f:
