@@ -63,30 +63,12 @@ import numpy as np  # noqa: E402
 import bigmm  # noqa: E402
 from bigmm import io as bio  # noqa: E402
 from bigmm.io.zarrsource import ZarrSource  # noqa: E402
+from e2e_common import log, random_f32, tflops  # noqa: E402
 from orders import PLANS, use_orders  # noqa: E402
 from storage import evict  # noqa: E402
 
 F32 = np.float32
 LAYOUTS = ("contiguous", "chunked", "gzip", "zstd")
-
-
-def log(*a) -> None:
-    print(*a, flush=True)
-
-
-# ----- data ---------------------------------------------------------------------------------
-
-def random_f32(n: int, seed: int, threads: int) -> np.ndarray:
-    out = np.empty((n, n), F32)
-    edges = np.linspace(0, n, threads + 1).astype(int)
-
-    def fill(i):
-        np.random.default_rng([seed, i]).standard_normal(out=out[edges[i]:edges[i + 1]],
-                                                         dtype=F32)
-
-    with cf.ThreadPoolExecutor(threads) as pool:
-        list(pool.map(fill, range(threads)))
-    return out
 
 
 def files_of(path: Path) -> list[str]:
@@ -226,10 +208,6 @@ class Reference:
         if not err <= self.tol:
             raise SystemExit(f"{what}: relative error {err:.3g} > {self.tol} (wrong product)")
         return err
-
-
-def tflops(n: int, t: float) -> float:
-    return 2.0 * n ** 3 / t / 1e12
 
 
 # ----- io -----------------------------------------------------------------------------------
