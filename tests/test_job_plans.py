@@ -12,6 +12,8 @@ from dataclasses import replace
 import h5py
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import bigmm
 from bigmm import advice, api, errors, filerates, job, planstore
@@ -530,3 +532,82 @@ def test_a_host_budget_alone_is_noted_under_one_timing(monkeypatch):
     assert note is not None and note.startswith("note: host_memory=256KiB")
     assert re.search(r"; host_memory=\d+[KMG]iB is predicted", note), note
     assert be.timings - before == 1  # the note's plans, timed once
+
+
+@st.composite
+def _interrupted(draw):
+    side = st.integers(40, 700)
+    return dict(m=draw(side), n=draw(side), k=draw(side),
+                kinds=(draw(st.sampled_from(["array", "zstd"])),
+                       draw(st.sampled_from(["array", "zstd"]))),
+                memory=draw(st.sampled_from(["1MiB", "2MiB", "8MiB"])),
+                host_memory=draw(st.sampled_from(["512KiB", "1MiB", "4MiB"])),
+                rate=draw(st.sampled_from([1e6, 1e12])))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_interrupted())
+def test_any_interrupted_staging_job_resumes_with_its_schedule(tmp_path_factory, case):
+    # whatever host path and schedule the first run planned (arrays staged or locked for the
+    # run, compressed inputs' decode buffers), its resume plans the same schedule, and the
+    # resumed C is the product
+    from bigmm import io
+    from bigmm.executor import execute
+
+    pytest.importorskip("zarr")
+    m, n, k = case["m"], case["n"], case["k"]
+    folder = tmp_path_factory.mktemp("resume")
+    a, b = random_matrix((m, k), np.float32), random_matrix((k, n), np.float32, 1)
+    ops = []
+    for name, x, kind in (("a", a, case["kinds"][0]), ("b", b, case["kinds"][1])):
+        if kind == "zstd":
+            chunks = tuple(max(1, d // 3) for d in x.shape)
+            zarr_array(folder / f"{name}.zarr", x, chunks=chunks, codec="zstd")
+            ops.append(str(folder / f"{name}.zarr"))
+        else:
+            ops.append(x)
+    spec_c = f"{folder / 'c.h5'}:/C"
+    budgets = dict(memory=case["memory"], host_memory=case["host_memory"])
+
+    def plan(resume):
+        closing = []
+        A, B = job.open_inputs(ops[0], ops[1], closing)
+        try:
+            return job.plan_job(A, B, spec_c, _LockingStagingBackend(case["rate"]), alpha=1.0,
+                                beta=0.0, trans_a=False, trans_b=False, resume=resume,
+                                calibrate=True, **budgets)[0]
+        finally:
+            for x in closing:
+                x.close()
+
+    try:
+        first = plan(False)
+    except errors.BudgetError:  # budgets below a decoded chunk or the least tile: refused
+        return
+    if first.n_tiles < 2:
+        return
+    # the run interrupted at its first report of a tile, its journal recording the schedule
+    A, B = io.open_input(ops[0], name="A"), io.open_input(ops[1], name="B")
+    sink = io.open_output(spec_c, shape=(m, n), dtype=np.float32, inputs=[A, B],
+                          job=job.job_record(first, 1.0, 0.0))
+    cpu = make_plan(m, n, k, "float32", device_budget=1 << 26, staging=False,
+                    tile=(first.bm, first.bn, first.bk), order=first.order,
+                    tail=first.tail if first.order == "resident-c" else None)
+
+    def stop(p):
+        raise KeyboardInterrupt
+
+    try:
+        execute(cpu, A, B, sink, NumpyBackend(), progress=stop)
+        return  # every tile done before the first report: nothing to resume
+    except errors.Interrupted:
+        pass
+    finally:
+        sink.close(), A.close(), B.close()
+    assert plan(True).key() == first.key(), case
+    _, stats = bigmm.matmul(ops[0], ops[1], spec_c, backend="numpy", resume=True, stats=True,
+                            memory="64MiB")
+    assert stats.tiles_skipped >= 1
+    with h5py.File(folder / "c.h5", "r") as f:
+        got = f["C"][...]
+    assert relative_error(got, reference_gemm(a, b)) <= tolerance(np.float32, k), case
