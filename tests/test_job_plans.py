@@ -230,11 +230,6 @@ def test_a_resumed_schedule_is_planned_on_the_host_path_it_fits(tmp_path, a_kind
     # a run that locked the user's arrays for the run staged them not in host memory: its
     # schedule's staging would not fit the host budget, and the resume must not be refused
     # for that path (it plans the schedule on the paths it fits, here the locked one)
-    import threading
-
-    from bigmm import io
-    from bigmm.executor import execute
-
     a, b = random_matrix((600, 500), np.float32), random_matrix((500, 400), np.float32, 1)
     spec_c, budgets = f"{tmp_path / 'c.h5'}:/C", dict(memory="2MiB", host_memory="1MiB")
     if a_kind == "zstd":
@@ -244,35 +239,15 @@ def test_a_resumed_schedule_is_planned_on_the_host_path_it_fits(tmp_path, a_kind
     else:
         a_op = a
 
-    def plan(resume):
-        closing = []
-        A, B = job.open_inputs(a_op, b, closing)
-        try:
-            return job.plan_job(A, B, spec_c, _LockingStagingBackend(1e12), alpha=1.0, beta=0.0,
-                                trans_a=False, trans_b=False, resume=resume, calibrate=True,
-                                **budgets)[0]
-        finally:
-            for x in closing:
-                x.close()
-
-    first = plan(False)
+    first = _locking_plan((a_op, b), spec_c, 1e12, False, **budgets)
     assert first.registered == locked
     with pytest.raises(errors.BudgetError):  # all staged, the schedule needs more host memory
         make_plan(600, 400, 500, "float32", device_budget=first.device_budget,
                   host_budget=first.host_budget, staging=True, tile=(first.bm, first.bn, first.bk),
                   order=first.order, tail=first.tail if first.order == "resident-c" else None,
                   decoding=first.decoding)
-    # the run interrupted after a tile, its journal recording the schedule
-    A, B = io.open_input(a_op, name="A"), io.open_input(b, name="B")
-    stop = threading.Event()
-    sink = io.open_output(spec_c, shape=(600, 400), dtype=np.float32, inputs=[A, B],
-                          job=job.job_record(first, 1.0, 0.0))
-    cpu = make_plan(600, 400, 500, "float32", device_budget=1 << 24, staging=False,
-                    tile=(first.bm, first.bn, first.bk), order=first.order)
-    with pytest.raises(errors.Interrupted):
-        execute(cpu, A, B, sink, NumpyBackend(), progress=lambda p: stop.set(), stop=stop)
-    sink.close(), A.close(), B.close()
-    resumed = plan(True)
+    assert _stopped_at_first_tile(first, (a_op, b), spec_c)
+    resumed = _locking_plan((a_op, b), spec_c, 1e12, True, **budgets)
     assert resumed.key() == first.key() and resumed.registered == locked
     _, stats = bigmm.matmul(a_op, b, spec_c, backend="numpy", resume=True, stats=True,
                             memory="16MiB")  # the NumPy backend holds its panels in host memory
@@ -280,6 +255,45 @@ def test_a_resumed_schedule_is_planned_on_the_host_path_it_fits(tmp_path, a_kind
     with h5py.File(tmp_path / "c.h5", "r") as f:
         got = f["C"][...]
     assert relative_error(got, reference_gemm(a, b)) <= tolerance(np.float32, 500)
+
+
+def _locking_plan(ops, spec_c: str, rate: float, resume: bool, **budgets):
+    """The plan of ops[0] @ ops[1] into ``spec_c`` on a staging backend that page-locks
+    arrays at ``rate`` bytes a second, planned by time."""
+    closing: list = []
+    A, B = job.open_inputs(ops[0], ops[1], closing)
+    try:
+        return job.plan_job(A, B, spec_c, _LockingStagingBackend(rate), alpha=1.0, beta=0.0,
+                            trans_a=False, trans_b=False, resume=resume, calibrate=True,
+                            **budgets)[0]
+    finally:
+        for x in closing:
+            x.close()
+
+
+def _stopped_at_first_tile(first, ops, spec_c: str) -> bool:
+    """Run ``first``'s schedule on the NumPy backend into ``spec_c``, its journal recording
+    ``first``, stopped at its first report of a tile: True, or False where every tile was
+    done before that report (nothing to resume)."""
+    from bigmm import io
+    from bigmm.executor import execute
+
+    def stop(p):
+        raise KeyboardInterrupt
+
+    A, B = io.open_input(ops[0], name="A"), io.open_input(ops[1], name="B")
+    sink = io.open_output(spec_c, shape=(first.m, first.n), dtype=np.float32, inputs=[A, B],
+                          job=job.job_record(first, 1.0, 0.0))
+    cpu = make_plan(first.m, first.n, first.k, "float32", device_budget=1 << 26,
+                    staging=False, tile=(first.bm, first.bn, first.bk), order=first.order,
+                    tail=first.tail if first.order == "resident-c" else None)
+    try:
+        execute(cpu, A, B, sink, NumpyBackend(), progress=stop)
+        return False
+    except errors.Interrupted:
+        return True
+    finally:
+        sink.close(), A.close(), B.close()
 
 
 def test_a_job_planned_by_time_takes_the_schedule_an_earlier_process_kept(tmp_path,
@@ -551,9 +565,6 @@ def test_any_interrupted_staging_job_resumes_with_its_schedule(tmp_path_factory,
     # whatever host path and schedule the first run planned (arrays staged or locked for the
     # run, compressed inputs' decode buffers), its resume plans the same schedule, and the
     # resumed C is the product
-    from bigmm import io
-    from bigmm.executor import execute
-
     pytest.importorskip("zarr")
     m, n, k = case["m"], case["n"], case["k"]
     folder = tmp_path_factory.mktemp("resume")
@@ -568,43 +579,13 @@ def test_any_interrupted_staging_job_resumes_with_its_schedule(tmp_path_factory,
             ops.append(x)
     spec_c = f"{folder / 'c.h5'}:/C"
     budgets = dict(memory=case["memory"], host_memory=case["host_memory"])
-
-    def plan(resume):
-        closing = []
-        A, B = job.open_inputs(ops[0], ops[1], closing)
-        try:
-            return job.plan_job(A, B, spec_c, _LockingStagingBackend(case["rate"]), alpha=1.0,
-                                beta=0.0, trans_a=False, trans_b=False, resume=resume,
-                                calibrate=True, **budgets)[0]
-        finally:
-            for x in closing:
-                x.close()
-
     try:
-        first = plan(False)
+        first = _locking_plan(ops, spec_c, case["rate"], False, **budgets)
     except errors.BudgetError:  # budgets below a decoded chunk or the least tile: refused
         return
-    if first.n_tiles < 2:
+    if first.n_tiles < 2 or not _stopped_at_first_tile(first, ops, spec_c):
         return
-    # the run interrupted at its first report of a tile, its journal recording the schedule
-    A, B = io.open_input(ops[0], name="A"), io.open_input(ops[1], name="B")
-    sink = io.open_output(spec_c, shape=(m, n), dtype=np.float32, inputs=[A, B],
-                          job=job.job_record(first, 1.0, 0.0))
-    cpu = make_plan(m, n, k, "float32", device_budget=1 << 26, staging=False,
-                    tile=(first.bm, first.bn, first.bk), order=first.order,
-                    tail=first.tail if first.order == "resident-c" else None)
-
-    def stop(p):
-        raise KeyboardInterrupt
-
-    try:
-        execute(cpu, A, B, sink, NumpyBackend(), progress=stop)
-        return  # every tile done before the first report: nothing to resume
-    except errors.Interrupted:
-        pass
-    finally:
-        sink.close(), A.close(), B.close()
-    assert plan(True).key() == first.key(), case
+    assert _locking_plan(ops, spec_c, case["rate"], True, **budgets).key() == first.key(), case
     _, stats = bigmm.matmul(ops[0], ops[1], spec_c, backend="numpy", resume=True, stats=True,
                             memory="64MiB")
     assert stats.tiles_skipped >= 1
