@@ -5,8 +5,8 @@ For each n of ``--sizes`` (float32 n x n host arrays; sizes beyond the host's me
 skipped) and each kernel of ``--kernels``, one ``bigmm.matmul`` with default budgets from
 ordinary (pageable) NumPy arrays into a NumPy C; then the ``--job-n`` job under
 ``--job-memory`` (the issue's 8 GiB job) with each kernel from pageable arrays, and with the
-last kernel also from page-locked arrays (the same arrays locked in place by this script,
-``cudaHostRegister``; how long that took is reported, beside the host's copy rate into
+first kernel also from page-locked arrays (the same arrays locked in place by
+``bigmm.page_locked``; how long that took is reported, beside the host's copy rate into
 staging, which is what bigmm's planner chooses between, and that rate while the device
 copies both ways at once, which the readers and the writer share). ``--locked`` runs the
 rows at default budgets from page-locked arrays instead (A, B and C locked in place once,
