@@ -569,7 +569,7 @@ def main(argv=None) -> int:
         res["rows"].append(row)
         save()
 
-    # the 8 GiB job, from pageable arrays, then the last kernel from page-locked ones
+    # the 8 GiB job, from pageable arrays, then the first kernel from page-locked ones
     n = args.job_n
     arrays = [square(flat[x], n) for x in "ABC"]
     probe = Probe(arrays[0], arrays[1], args.threads)
