@@ -299,14 +299,17 @@ def run(tmp_path, backend, *, m, n, k, dtype=np.float64, ta=False, tb=False, alp
     return out, ref, stats, plan
 
 
-def array_run(backend, a, b, c, plan, alpha, beta):
+def array_run(backend, a, b, c, plan, alpha, beta, *, close=True):
+    """Run ``plan`` on arrays; the backend closed after (``close``: not where what it holds,
+    such as arrays locked by the caller, must outlive the run)."""
     A, B = io.open_input(a, name="A"), io.open_input(b, name="B")
     sink = io.open_output(c, shape=(plan.m, plan.n), dtype=plan.dtype, inputs=[A, B],
                           job={}, reads_c=beta != 0)
     try:
         return execute(plan, A, B, sink, backend, alpha=alpha, beta=beta, io_threads=3)
     finally:
-        backend.close()
+        if close:
+            backend.close()
 
 
 BACKENDS = {"numpy": lambda: NumpyBackend(), "async": lambda: AsyncBackend(seed=1)}

@@ -192,14 +192,6 @@ def test_wide_a_loads_copied_in_place_bit_identically(a_span, tail):
     assert stats.bytes_staged == 0 and stats.bytes_read == 8 * (m * k + k * n)
 
 
-def _run_open(be, a, b, c, plan):
-    """array_run without closing the backend (the arrays' locks outlive the run)."""
-    A, B = io.open_input(a, name="A"), io.open_input(b, name="B")
-    sink = io.open_output(c, shape=(plan.m, plan.n), dtype=plan.dtype, inputs=[A, B], job={},
-                          reads_c=False)
-    return execute(plan, A, B, sink, be, alpha=1.0, beta=0.0, io_threads=3)
-
-
 def test_arrays_held_locked_serve_runs_in_place_and_are_released_after():
     m, n, k = 37, 41, 97
     a, b, c = (own_pages(x) for x in _operands(m, n, k, 0.0, seed=6))
@@ -211,7 +203,8 @@ def test_arrays_held_locked_serve_runs_in_place_and_are_released_after():
         assert sorted(x[1] for x in be.calls) == sorted(page_extent(x)[0] for x in (a, b, c))
         assert locked.nbytes == sum(hi - lo for lo, hi in map(page_extent, (a, b, c)))
         for _ in range(2):  # runs copy them in place, locking nothing more
-            stats = _run_open(be, a, b, c, _plan(m, n, k, registered=""))
+            stats = array_run(be, a, b, c, _plan(m, n, k, registered=""), 1.0, 0.0,
+                              close=False)
             assert stats.bytes_staged == 0 and stats.bytes_locked == 0
         assert len(be.calls) == 3 and np.array_equal(c, staged_c)
     assert be.locked == {} and be.violations == []
