@@ -15,8 +15,9 @@ before them): what the job costs where the host's copies are not what bounds it.
 The in-core rate of the same arithmetic (device-resident operands, the same kernel through
 the same backend, CUDA events) is measured in the same process at the largest size of
 ``--sizes`` whose three matrices fit in the device's free memory (``--in-core-n`` to choose),
-and at ``--job-n``. Each row reports its seconds (host clock around the whole call),
-TFLOP/s, the ratio to the in-core rate, the plan (order, tiles), the plan's input bytes
+and at ``--job-n``. Each row reports its seconds (host clock around the whole call, whose
+plan ``bigmm.plan`` made just before it: its planning time, which a user's first call of a
+shape pays inside the call, is reported apart, with any timing of rates it did), TFLOP/s, the ratio to the in-core rate, the plan (order, tiles), the plan's input bytes
 against the Hong-Kung bound for its budget, the link time (the plan's host-to-device bytes
 over the calibrated link rate, and C's copy out over the same rate the other way), the
 predicted time against the measured one, and the host path the job chose (staged, in place,
@@ -349,7 +350,9 @@ def plan_facts(p) -> dict:
 def run_row(job: str, a, b, c, kernel: str | None, memory, probe: Probe, threads: int) -> dict:
     """One checked, timed bigmm.matmul of a @ b into c (``kernel`` None: the NumPy backend)."""
     kw = dict(backend="cupy" if kernel else "numpy", **options(kernel), memory=memory)
-    p = bigmm.plan(a, b, c, **kw)
+    t0 = time.perf_counter()
+    p = bigmm.plan(a, b, c, **kw)  # the call below takes this plan from the planner's cache
+    plan_seconds = time.perf_counter() - t0
     poison(c, threads)
     t0 = time.perf_counter()
     _, stats = bigmm.matmul(a, b, c, stats=True, **kw)
@@ -360,7 +363,7 @@ def run_row(job: str, a, b, c, kernel: str | None, memory, probe: Probe, threads
         raise AssertionError(f"{job} {kernel}: probe error {err:.2e} > "
                              f"{bound(kernel, n, dtype):.1e}")
     row = {"job": job, "n": n, "kernel": kernel, "dtype": dtype, "memory": memory,
-           "seconds": seconds,
+           "seconds": seconds, "plan_seconds": plan_seconds,
            "tflops": 2 * n**3 / seconds / 1e12, "probe_error": err,
            "stats": stats.to_dict(), **plan_facts(p)}
     row["predicted_over_measured"] = p.predicted_seconds / seconds
@@ -369,7 +372,7 @@ def run_row(job: str, a, b, c, kernel: str | None, memory, probe: Probe, threads
         f"{p.in_place!r} locked "
         f"{p.registered!r}; predicted {p.predicted_seconds:.3f} s; staged "
         f"{format_bytes(stats.bytes_staged)}, locked {format_bytes(stats.bytes_locked)} in "
-        f"{stats.lock_seconds:.2f} s; probe {err:.1e}" + (f"; {stats.notes}" if stats.notes
+        f"{stats.lock_seconds:.2f} s; planned in {plan_seconds:.3f} s; probe {err:.1e}" + (f"; {stats.notes}" if stats.notes
                                                             else ""))
     return row
 
@@ -377,26 +380,29 @@ def run_row(job: str, a, b, c, kernel: str | None, memory, probe: Probe, threads
 # ----- the table ------------------------------------------------------------------------------
 
 def table(res: dict) -> str:
-    lines = ["| job | kernel | s | TFLOP/s | in-core | ratio | plan | bytes/bound | link s | "
-             "predicted / measured | path |", "|" + " --- |" * 11]
+    lines = ["| job | kernel | s | planning s | TFLOP/s | in-core | ratio | plan | bytes/bound | "
+             "link s | predicted / measured | path |", "|" + " --- |" * 12]
     for r in res["rows"]:
         if "skipped" in r:
-            lines.append(f"| {r['job']} | {r['kernel']} | skipped: {r['skipped']} |" + " |" * 8)
+            lines.append(f"| {r['job']} | {r['kernel']} | skipped: {r['skipped']} |" + " |" * 9)
             continue
         inc = r.get("in_core_tflops")
         link = r["link_in_seconds"]
         link = f"{link:.2f} / {r['link_out_seconds']:.2f}" if link else "-"
         path = (f"in place {r['in_place'] or '-'}, locked {r['registered'] or '-'}"
                 if r["in_place"] is not None else "executor")
+        planning = f"{r['plan_seconds']:.3f}" if "plan_seconds" in r else "-"
         lines.append(
-            f"| {r['job']} | {r['kernel'] or 'numpy'} | {r['seconds']:.3f} | {r['tflops']:.1f} | "
+            f"| {r['job']} | {r['kernel'] or 'numpy'} | {r['seconds']:.3f} | {planning} | "
+            f"{r['tflops']:.1f} | "
             f"{inc:.1f} | {r['tflops'] / inc:.3f} | {r['order']} "
             f"{'x'.join(map(str, r['tile']))}{' t' + str(r['tail']) if r['tail'] else ''}"
             f"{' a' + str(r['a_span']) if r.get('a_span', 1) > 1 else ''} | "
             f"{r['bound_ratio']:.2f} | {link} | "
             f"{r['predicted_seconds']:.3f} / {r['seconds']:.3f} = "
             f"{r['predicted_over_measured']:.2f} | {path} |" if inc else
-            f"| {r['job']} | {r['kernel']} | {r['seconds']:.3f} | {r['tflops']:.1f} | - | - | "
+            f"| {r['job']} | {r['kernel']} | {r['seconds']:.3f} | {planning} | {r['tflops']:.1f} | "
+            f"- | - | "
             f"{r['order']} | {r['bound_ratio']:.2f} | {link} | "
             f"{r['predicted_over_measured']:.2f} | {path} |")
     return "\n".join(lines)
