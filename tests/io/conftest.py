@@ -1,5 +1,5 @@
 """Fixtures shared by the tests of outputs: ``inputs``, the HDF5 operands of the HDF5 output
-tests (sink_cases.py)."""
+tests (sink_cases.py), and ``ab``, the Zarr operands of the Zarr output tests (zarr_cases.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from bigmm.io import open_input
-from bigmm.testing import random_matrix
+from bigmm.testing import random_matrix, zarr_array
 from sink_cases import SHAPE, sha
+from zarr_cases import K, M, N
 
 
 @pytest.fixture
@@ -25,3 +26,11 @@ def inputs(tmp_path):
         s.close()
     assert sha(path) == before  # inputs are never modified
 
+
+@pytest.fixture
+def ab(tmp_path):
+    a = random_matrix((M, K), np.float64, seed=1)
+    b = random_matrix((K, N), np.float64, seed=2)
+    zarr_array(tmp_path / "in.zarr", a, path="A", chunks=(40, 50), codec="zstd")
+    zarr_array(tmp_path / "in.zarr", b, path="B", chunks=(30, 37))
+    return f"{tmp_path / 'in.zarr'}:/A", f"{tmp_path / 'in.zarr'}:/B", a, b

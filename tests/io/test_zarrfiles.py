@@ -1,0 +1,271 @@
+"""The file mechanics of Zarr outputs (:mod:`bigmm.io.zarrfiles`): chunk files written direct
+or through the page cache, by writers meeting at new files, made ahead in the writers' order,
+or refused; a full disk under direct chunk writes; the swap of the partial array finished from
+any point a crash leaves it.
+
+Real stores on disk, fresh random data.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+zarr = pytest.importorskip("zarr")
+
+import bigmm  # noqa: E402
+from bigmm import errors  # noqa: E402
+from bigmm.io import direct, open_output, read_journal  # noqa: E402
+from bigmm.io.zarrsink import OLD_SUFFIX, PARTIAL_SUFFIX, swap  # noqa: E402
+from bigmm.testing import fail_after, random_matrix  # noqa: E402
+from zarr_cases import KW, _leftovers, _read  # noqa: E402
+
+
+# ----- chunk files ------------------------------------------------------------------------------
+
+WRITES = [
+    # (bigmm.io.direct.MODE, how the chunk files are written)
+    ("direct", "direct"),   # O_DIRECT wherever it opens (skipped where it does not)
+    ("mapped", "cached"),   # through the page cache
+]
+
+
+@pytest.mark.parametrize("mode,writes", WRITES)
+def test_chunk_files_written_direct_or_cached(tmp_path, monkeypatch, mode, writes):
+    if mode == "direct" and not direct.supports_direct(str(tmp_path)):
+        pytest.skip("no O_DIRECT on this file system")
+    monkeypatch.setattr(direct, "MODE", mode)
+    m, n, t = 700, 600, 512  # 512 x 512 float32 tiles (1 MiB), edge tiles cut short
+    data = random_matrix((m, n), np.float32, seed=7)
+    spec = f"{tmp_path / 'c.zarr'}:/C"
+    sink = open_output(spec, shape=(m, n), dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(t, t))
+    buf = np.frombuffer(mmap.mmap(-1, t * t * 4), np.float32).reshape(t, t)  # page-aligned,
+    # as the GPU's pinned tile buffers are
+    for r0 in range(0, m, t):
+        for c0 in range(0, n, t):
+            r1, c1 = min(m, r0 + t), min(n, c0 + t)
+            tile = buf[:r1 - r0, :c1 - c0] if c1 - c0 == t else data[r0:r1, c0:c1].copy()
+            tile[...] = data[r0:r1, c0:c1]
+            sink.write(r0, r1, c0, c1, tile)
+    sink.commit([(0, 0), (0, 1), (1, 0), (1, 1)])
+    assert sink.writes == writes
+    counts = dict(sink._files.bytes)
+    sink.finish()
+    sink.close()
+    assert np.array_equal(_read(spec)[0], data)
+    assert not _leftovers(tmp_path / "c.zarr")
+    full = t * t * 4  # the whole-width tiles: each one sequential run of its chunk file
+    if writes == "direct":
+        assert counts["direct"] == full + (m - t) * t * 4 // 4096 * 4096 and \
+            counts["bounced"] == 0, counts
+    else:
+        assert counts["direct"] == counts["bounced"] == 0 and counts["cached"] == m * n * 4
+
+
+# How many threads write pieces of each tile at once (each piece a band of rows).
+THREADS = [
+    2,  # two writers meeting at each chunk
+    8,  # more writers than pieces of some chunks
+]
+
+
+@pytest.mark.parametrize("threads", THREADS)
+def test_writers_meeting_at_new_chunk_files(tmp_path, threads):
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    m, n, t = 700, 600, 256
+    data = random_matrix((m, n), np.float32, seed=8)
+    spec = f"{tmp_path / 'c.zarr'}:/C"
+    sink = open_output(spec, shape=(m, n), dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(t, t))
+    made = []
+    chunk = sink._files._chunk
+
+    def counted(ci, cj):  # every piece asks for its chunks
+        made.append((ci, cj))
+        return chunk(ci, cj)
+
+    sink._files._chunk = counted
+    pieces = [(r0, min(r0 + 16, min(m, i + t)), c0, min(n, c0 + t))
+              for i in range(0, m, t) for r0 in range(i, min(m, i + t), 16)
+              for c0 in range(0, n, t)]
+    random.Random(threads).shuffle(pieces)
+    with ThreadPoolExecutor(threads) as pool:
+        for f in [pool.submit(sink.write, r0, r1, c0, c1, data[r0:r1, c0:c1].copy())
+                  for r0, r1, c0, c1 in pieces]:
+            f.result()
+    tiles = [(i, j) for i in range(-(-m // t)) for j in range(-(-n // t))]
+    assert sorted(set(made)) == tiles
+    sink.commit(tiles)
+    sink.finish()
+    sink.close()
+    assert np.array_equal(_read(spec)[0], data)
+    assert not _leftovers(tmp_path / "c.zarr")
+
+
+def _tmp(folder, i, j):
+    return folder / "c" / str(i) / f"{j}.bigmm-tmp"
+
+
+def _eventually(cond, seconds=5.0):
+    import time
+
+    end = time.monotonic() + seconds
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+    return cond()
+
+
+# The order the writers go through the tiles, and the chunk files made ahead after two tiles
+# (zarrfiles.AHEAD = 2; after the first tile the guess is row-major).
+ORDERS = [
+    ("rows", [(0, 0), (0, 1)], [(0, 2), (1, 0)]),  # row-major: the rest of the row, then on
+    ("columns", [(0, 0), (1, 0)], [(0, 1), (0, 2), (2, 0)]),  # one above the other: down
+]
+
+
+@pytest.mark.parametrize("name, first, ahead", ORDERS, ids=[o[0] for o in ORDERS])
+def test_chunk_files_are_made_ahead_in_the_writers_order(tmp_path, name, first, ahead):
+    from bigmm.io import zarrfiles
+
+    assert zarrfiles.AHEAD == 2
+    t = 64
+    data = random_matrix((3 * t, 3 * t), np.float32, seed=9)
+    spec = f"{tmp_path / 'c.zarr'}:/C"
+    sink = open_output(spec, shape=data.shape, dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(t, t))
+    folder = tmp_path / "c.zarr" / "C"
+    for i, j in first:
+        sink.write(i * t, i * t + t, j * t, j * t + t, data[i * t:i * t + t, j * t:j * t + t])
+    assert _eventually(lambda: all(_tmp(folder, i, j).exists() for i, j in ahead))
+    others = [(i, j) for i in range(3) for j in range(3) if (i, j) not in first + ahead]
+    assert not any(_tmp(folder, i, j).exists() for i, j in others)
+    sink.commit(first)
+    sink.close()  # the files made ahead and never written are dropped
+    assert not _leftovers(folder)
+    got = _read(spec)[0]
+    for i, j in first:
+        assert np.array_equal(got[i * t:i * t + t, j * t:j * t + t],
+                              data[i * t:i * t + t, j * t:j * t + t])
+
+
+def test_a_chunk_finished_before_it_was_made_ahead_is_not_made_again(tmp_path, monkeypatch):
+    import threading
+
+    from bigmm.io import zarrfiles
+
+    t = 64
+    data = random_matrix((t, 3 * t), np.float32, seed=10)
+    go = threading.Event()
+    early = zarrfiles.ChunkFiles._make_early
+
+    def held(self, key):  # the maker runs only once the writer has finished the chunks
+        go.wait(5)
+        return early(self, key)
+
+    monkeypatch.setattr(zarrfiles.ChunkFiles, "_make_early", held)
+    spec = f"{tmp_path / 'c.zarr'}:/C"
+    sink = open_output(spec, shape=data.shape, dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(t, t))
+    for j in range(3):  # (0, 1) and (0, 2) are queued to be made ahead after (0, 0)
+        sink.write(0, t, j * t, j * t + t, data[:, j * t:j * t + t])
+    go.set()
+    sink._files._maker.shutdown(wait=True)  # the maker's turns have run
+    assert len(sink._files._ready) == 3  # finished, not yet durable: made again, they'd empty
+    sink.commit([(0, 0), (0, 1), (0, 2)])
+    sink.finish()
+    sink.close()
+    assert np.array_equal(_read(spec)[0], data)
+    assert not _leftovers(tmp_path / "c.zarr")
+
+
+def test_a_chunk_file_that_cannot_be_made_fails_every_writer_waiting_for_it(tmp_path,
+                                                                            monkeypatch):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    m = n = t = 256
+    sink = open_output(f"{tmp_path / 'c.zarr'}:/C", shape=(m, n), dtype=np.float32, inputs=[],
+                       job={"plan": "x"}, tile=(t, t))
+    started, release = threading.Event(), threading.Event()
+    real_open = os.open
+
+    def slow_refusal(path, *args, **kw):  # the first chunk file: refused once others wait
+        if str(path).endswith(".bigmm-tmp"):
+            started.set()
+            release.wait(5)
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", slow_refusal)
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(sink.write, r, r + 64, 0, n, np.ones((64, n), np.float32))
+                   for r in range(0, m, 64)]
+        assert started.wait(5)
+        release.set()
+        errs = [f.exception(timeout=10) for f in futures]
+    assert all(isinstance(e, (OSError, errors.WriteError)) for e in errs), errs
+    monkeypatch.undo()
+    sink.close()
+    assert not _leftovers(tmp_path / "c.zarr")
+
+
+FULL = [
+    # where the disk fills up under direct chunk writes
+    "write",    # the third O_DIRECT write
+    "reserve",  # the fourth chunk file's reservation (posix_fallocate)
+]
+
+
+@pytest.mark.parametrize("where", FULL)
+def test_disk_full_under_direct_chunk_writes_is_one_error_and_resumes(tmp_path, ab,
+                                                                      monkeypatch, where):
+    if not direct.supports_direct(str(tmp_path)):
+        pytest.skip("no O_DIRECT on this file system")
+    sa, sb, a, b = ab
+    ref = f"{tmp_path / 'ref.zarr'}:/C"
+    bigmm.matmul(sa, sb, ref, **KW)
+    sc = f"{tmp_path / 'c.zarr'}:/C"
+    with monkeypatch.context() as mp:
+        mp.setattr(direct, "MODE", "direct")
+        mp.setattr(direct, "DIRECT_MIN", 0)  # every whole page of a run written direct
+        if where == "write":
+            mp.setattr(direct, "_write_direct", fail_after(direct._write_direct, 2))
+        else:
+            # a reservation asks for one byte, then the chunk: the fourth file's chunk fails
+            mp.setattr(os, "posix_fallocate", fail_after(os.posix_fallocate, 7))
+        with pytest.raises(errors.DiskFullError, match="c.zarr") as err:
+            bigmm.matmul(sa, sb, sc, **KW)
+    assert "resume" in str(err.value)
+    assert _read(sc)[1]["bigmm_complete"] is False and read_journal(sc) is not None
+    bigmm.matmul(sa, sb, sc, resume=True, **KW)
+    assert _read(sc)[0].tobytes() == _read(ref)[0].tobytes()
+    assert read_journal(sc) is None and not _leftovers(tmp_path / "c.zarr")
+
+
+# ----- the swap, at every point a crash may leave it ---------------------------------------------
+
+@pytest.mark.parametrize("state", ["before", "moved aside", "moved in", "old removed"])
+def test_swap_finishes_from_any_point(tmp_path, state):
+    name, partial = tmp_path / "C", tmp_path / ("C" + PARTIAL_SUFFIX)
+    name.mkdir()
+    (name / "v").write_text("old")
+    partial.mkdir()
+    (partial / "v").write_text("new")
+    old = tmp_path / ("C" + OLD_SUFFIX)
+    if state in ("moved aside", "moved in", "old removed"):
+        os.rename(name, old)
+    if state in ("moved in", "old removed"):
+        os.rename(partial, name)
+    if state == "old removed":
+        import shutil
+
+        shutil.rmtree(old)
+    swap(str(name), str(partial))
+    swap(str(name), str(partial))  # and again
+    assert (name / "v").read_text() == "new" and sorted(os.listdir(tmp_path)) == ["C"]
