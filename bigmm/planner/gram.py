@@ -16,8 +16,23 @@ EXACT_STEPS = 1 << 16
 
 
 def upper_elements(p) -> int:
-    """Elements of C in the tiles i <= j."""
-    return sum(r * c for r, c in (t.shape for t in p.tiles()))
+    """Elements of C in the tiles i <= j (those of ``p.tiles()``, a row or column at a
+    time)."""
+    bm, bn, m, n = p.bm, p.bn, p.m, p.n
+    rows = [min(i * bm + bm, m) - i * bm for i in range(max(p.ni, p.nj))]
+    cols = [min(j * bn + bn, n) - j * bn for j in range(p.nj)]
+    total = 0
+    if p.row_major:  # row i: tiles j = i .. nj - 1
+        right = sum(cols)
+        for i in range(p.ni):
+            total += rows[i] * right
+            right -= cols[i] if i < p.nj else 0
+        return total
+    above = 0
+    for j in range(p.nj):  # column j: tiles i = 0 .. j
+        above += rows[j]
+        total += cols[j] * above
+    return total
 
 
 def passes(p) -> tuple[float, float]:
@@ -33,10 +48,14 @@ def passes(p) -> tuple[float, float]:
 def _counted(p) -> tuple[float, float]:
     depths = [k1 - k0 for k0, k1 in p.k_panels()]
     a = b = 0
+    tile = None
     for t, kp, _, load_a, _, load_b, _, (ka, kb) in p._slot_schedule():
-        rows, cols = t.shape
-        a += load_a * rows * (kb - ka)
-        b += load_b * cols * depths[kp]
+        if t is not tile:
+            tile, (rows, cols) = t, t.shape
+        if load_a:
+            a += rows * (kb - ka)
+        if load_b:
+            b += cols * depths[kp]
     return a / (p.m * p.k), b / (p.k * p.n)
 
 

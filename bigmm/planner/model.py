@@ -14,13 +14,13 @@ the candidates it simulates.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import islice
 
-from . import decode
+from .derived import made
+from .host import lock_seconds, pinned_at, pins, read_rates
 from .schedule import HOST_C_SLOTS, MAX_LOOKAHEAD, PIECE_BYTES, Plan
-from .stages import StageTimes, direct_operands, pitched_rows
+from .stages import StageTimes, direct_operands, pitched
 
 #: Fixed time of one gemm step in the pipeline model (the ~40 us of the search's
 #: STEP_COST_BYTES).
@@ -210,153 +210,105 @@ def setup_seconds(p: Plan, r: Rates) -> float:
     (``r.per_run``); 0 for what has no known rate, and without staging."""
     if not p.staging:
         return 0.0
-    pinned = sum(nbytes * (1.0 if first else LOCK_SHARE)
-                 for _, _, nbytes, first, new in _pins(p, r) if new)
-    pin = pinned / r.pin_bytes if r.pin_bytes else 0.0
+    pin = (sum(nbytes * (1.0 if first else LOCK_SHARE)
+               for _, _, nbytes, first, new in pins(p, r) if new) / r.pin_bytes
+           if r.pin_bytes else 0.0)
     return (pin + lock_seconds(p.registered, p.m, p.n, p.k, p.itemsize, p.c_itemsize, r)
             + r.per_run)
-
-
-def _pins(p: Plan, r: Rates) -> list[tuple[str, int, int, bool, bool]]:
-    """``p.host_slots()`` (operand, slot, bytes, first) in the order a run takes them, each
-    with whether it is pinned anew (not a block of ``r.kept_pinned``)."""
-    kept = Counter(r.kept_pinned)
-    out = []
-    for op, i, nbytes, first in p.host_slots():
-        new = kept[nbytes] <= 0
-        kept[nbytes] -= not new
-        out.append((op, i, nbytes, first, new))
-    return out
-
-
-def lock_seconds(ops: str, m: int, n: int, k: int, itemsize: int, c_itemsize: int,
-                 r: Rates) -> float:
-    """Seconds of page-locking the operands ``ops`` ("A", "B", "C") of an m x n x k product
-    for a run and releasing them (``r.register_bytes``; 0 where it is not known)."""
-    if not ops or not r.register_bytes:
-        return 0.0
-    sizes = {"A": itemsize * m * k, "B": itemsize * k * n, "C": c_itemsize * m * n}
-    return sum(sizes[op] for op in ops) / r.register_bytes
-
-
-def pinned_at(p: Plan, r: Rates, start: float) -> dict[tuple[str, int], float]:
-    """When each host staging buffer (operand, slot) is ready: those of the first step and
-    those kept from an earlier run at ``start`` (the end of the setup), the others one after
-    another on the pinning thread from then on (``r.pin_bytes``)."""
-    t, ready = start, {}
-    for op, i, nbytes, first, new in _pins(p, r):
-        if new and not first and r.pin_bytes:
-            t += nbytes / r.pin_bytes
-        ready[op, i] = start if first or not new else t
-    return ready
-
-
-def read_rates(p: Plan, r: Rates) -> tuple[float, float, float]:
-    """Bytes of the panels' (tiles') dtype the host reads per second of A, B and C: each a
-    whole load's :meth:`Rates.load_rate` as stored (narrower stored operands land faster),
-    and for a compressed input no more than its decoding readers decode (one per chunk a
-    panel meets, up to the plan's, each chunk decoded :func:`.decode.decoded_passes` times)."""
-    w, wc, ws = p.itemsize, p.c_itemsize, [p.stored_itemsize(op) for op in "ABC"]
-    sizes = ((p.bm, p.bk), (p.bk, p.bn), (p.bm, p.bn))
-    rates = [r.load_rate(s * a * b) for s, (a, b) in zip(ws, sizes)]  # stored bytes a second
-    rates[:2] = decode.decoding_rates(p, rates[:2], r.decode_bytes)
-    return tuple(rate * x / s for rate, s, x in zip(rates, ws, (w, w, wc)))
 
 
 def stage_times(p: Plan, r: Rates) -> StageTimes:
     """Busy seconds per stage of ``p`` under ``r`` (whole schedule; no tiles done). The
     registration of ``p.registered`` (:func:`setup_seconds`) counts in the fill."""
     r = r.for_plan(p)
-    w, h2d = p.itemsize, (r.h2d_bytes if p.staging and r.h2d_bytes else None)
+    m, n, k, bm, bn, bk, ni, nj, nk = p.m, p.n, p.k, p.bm, p.bn, p.bk, p.ni, p.nj, p.nk
+    reads_c, staging, trans_a, trans_b = p.reads_c, p.staging, p.trans_a, p.trans_b
+    w, h2d = p.itemsize, (r.h2d_bytes if staging and r.h2d_bytes else None)
     da, db, dc = direct_operands(p)
     # seconds per element flowing in, for the bounds on the first tiles: read by the host, or
     # copied in place
     wc = p.c_itemsize  # C's elements (float32 for half-precision panels)
     ra, rb, rc = read_rates(p, r)
-    inflow = [(x / h2d if h2d else 0.0) if d else x / rate
-              for d, x, rate in ((da, w, ra), (db, w, rb), (dc, wc, rc))]
-    rows_a, rows_b, rows_c = pitched_rows(p)
-    first = w * (p.bm * p.bk * p.a_span + p.bk * p.bn) + (wc * p.bm * p.bn if p.reads_c else 0)
-    first_read = (w * ((not da) * p.bm * p.bk / ra + (not db) * p.bk * p.bn / rb)
-                  + (wc * p.bm * p.bn / rc if p.reads_c and not dc else 0))  # seconds
-    rows, cols = p.tile(p.ni - 1, p.nj - 1).shape  # the last tile of either order
+    in_a = (w / h2d if h2d else 0.0) if da else w / ra
+    in_b = (w / h2d if h2d else 0.0) if db else w / rb
+    in_c = (wc / h2d if h2d else 0.0) if dc else wc / rc
+    pa, pb, pc = pitched(p, (da, db, dc))  # (pitched_rows)
+    first = w * (bm * bk * p.a_span + bk * bn) + (wc * bm * bn if reads_c else 0)
+    first_read = (w * ((not da) * bm * bk / ra + (not db) * bk * bn / rb)
+                  + (wc * bm * bn / rc if reads_c and not dc else 0))  # seconds
+    rows, cols = m - (ni - 1) * bm, n - (nj - 1) * bn  # the last tile of either order
     tail = wc * rows * cols
-    copy = (lambda nbytes: nbytes / h2d) if h2d else (lambda nbytes: 0.0)
     row_s = r.per_row if h2d else 0.0
-    steps = p.n_steps
+    steps, n_tiles, c_elements = p.n_steps, p.n_tiles, p.c_elements
+    a_passes, b_passes = p.a_passes, p.b_passes
     # every tile sums its panels once per step (fused: each panel once per load) and itself
     # twice
-    summed = ((p.a_passes * p.m * p.k + p.b_passes * p.k * p.n) if r.check_fused
-              else p.k * (p.nj * p.m + p.ni * p.n)) + 2 * p.m * p.n
+    summed = ((a_passes * m * k + b_passes * k * n) if r.check_fused
+              else k * (nj * m + ni * n)) + 2 * m * n
     # every step after a tile's first adds into the tile (and the first too when it reads C)
-    adds = p.nk - 1 + (1 if p.reads_c else 0)
-    compute = (r.gemm_seconds(p.flops, steps, p.n_tiles * p.k, wc * p.c_elements * adds)
+    adds = nk - 1 + (1 if reads_c else 0)
+    compute = (r.gemm_seconds(p.flops, steps, n_tiles * k, wc * c_elements * adds)
                + r.check_seconds(w * summed, steps))
     setup = setup_seconds(p, r)
     hr = r.per_host_row
     write_tile = (0.0 if dc else tail / r.write_bytes + r.per_load + rows * hr)
-    drain = copy(tail) + rows_c(rows, cols, 0) * row_s + write_tile
-    c = p.bm * p.bn if p.reads_c else 0
+    drain = (tail / h2d if h2d else 0.0) + (rows if pc else 0) * row_s + write_tile
+    c = bm * bn if reads_c else 0
     # a Gram plan's first tile is diagonal: the flops of its upper triangle (and its row's)
-    halved = p.bm * (p.bm - 1) * p.k if p.symmetric else 0
-    tile0 = (r.gemm_seconds(2 * p.bm * p.bn * p.k - halved, p.nk, p.k, wc * p.bm * p.bn * adds)
-             + r.check_seconds(w * ((p.bm + p.bn) * p.k + 2 * p.bm * p.bn), p.nk))
+    halved = bm * (bm - 1) * k if p.symmetric else 0
+    tile0 = (r.gemm_seconds(2 * bm * bn * k - halved, nk, k, wc * bm * bn * adds)
+             + r.check_seconds(w * ((bm + bn) * k + 2 * bm * bn), nk))
     head = bursts = 0.0
     if p.order != "resident-c":
         # the first tile's panels and the first row's (column's) are read before its last gemm
-        if p.row_major:
-            wide, tiles, again = p.n, p.nj, p.a_reads > 1  # row 0: A row panel, all of B
-            row = (p.bm * p.k * (tiles if again else 1) * inflow[0] + p.k * wide * inflow[1])
+        row_major = p.row_major
+        if row_major:
+            wide, tiles, again = n, nj, p.a_reads > 1  # row 0: A row panel, all of B
+            row = (bm * k * (tiles if again else 1) * in_a + k * wide * in_b)
         else:
-            wide, tiles, again = p.m, p.ni, p.b_reads > 1
-            row = (p.bn * p.k * (tiles if again else 1) * inflow[1] + p.k * wide * inflow[0])
-        head = max((p.bm * p.k * inflow[0] + p.k * p.bn * inflow[1] + c * inflow[2])
-                   + compute - tile0,
-                   row + c * wide / (p.bn if p.row_major else p.bm) * inflow[2] + compute
-                   - r.gemm_seconds(2 * (p.bm if p.row_major else p.bn) * wide * p.k - halved,
-                                    p.nk * tiles, tiles * p.k,
-                                    wc * (p.bm if p.row_major else p.bn) * wide * adds)
+            wide, tiles, again = m, ni, p.b_reads > 1
+            row = (bn * k * (tiles if again else 1) * in_b + k * wide * in_a)
+        head = max((bm * k * in_a + k * bn * in_b + c * in_c) + compute - tile0,
+                   row + c * wide / (bn if row_major else bm) * in_c + compute
+                   - r.gemm_seconds(2 * (bm if row_major else bn) * wide * k - halved,
+                                    nk * tiles, tiles * k,
+                                    wc * (bm if row_major else bn) * wide * adds)
                    ) + drain + setup
-        if p.row_major:
-            later = p.ni - 1
-            panels = (p.bm * p.k * inflow[0] + (p.k * p.bn * inflow[1] if p.b_reads > 1 else 0)
-                      + c * inflow[2])
+        if row_major:
+            later = ni - 1
+            panels = bm * k * in_a + (k * bn * in_b if p.b_reads > 1 else 0) + c * in_c
         else:
-            later = p.nj - 1
-            panels = (p.k * p.bn * inflow[1] + (p.bm * p.k * inflow[0] if p.a_reads > 1 else 0)
-                      + c * inflow[2])
+            later = nj - 1
+            panels = k * bn * in_b + (bm * k * in_a if p.a_reads > 1 else 0) + c * in_c
         bursts = later * max(0.0, panels - tile0)
     # reads by the host: staged operands only, each read one call besides its bytes, and
     # its stored rows one by one
-    loads = [(not da) * p.a_passes * p.ni * p.nk, (not db) * p.b_passes * p.nj * p.nk,
-             (not dc) * p.n_tiles * p.reads_c]
-    host_rows = ((not da) * p.a_passes * (p.k * p.ni if p.trans_a else p.m * p.nk)
-                 + (not db) * p.b_passes * (p.n * p.nk if p.trans_b else p.k * p.nj)
-                 + (not dc) * p.reads_c * p.m * p.nj)
-    first_rows = ((not da) * (p.bk if p.trans_a else p.bm)
-                  + (not db) * (p.bn if p.trans_b else p.bk))
-    read_seconds = (w * ((not da) * p.a_passes * p.m * p.k / ra
-                         + (not db) * p.b_passes * p.k * p.n / rb)
-                    + (wc * p.c_elements / rc if p.reads_c and not dc else 0))
+    loads = sum([(not da) * a_passes * ni * nk, (not db) * b_passes * nj * nk,
+                 (not dc) * n_tiles * reads_c])
+    host_rows = ((not da) * a_passes * (k * ni if trans_a else m * nk)
+                 + (not db) * b_passes * (n * nk if trans_b else k * nj)
+                 + (not dc) * reads_c * m * nj)
+    first_rows = (not da) * (bk if trans_a else bm) + (not db) * (bn if trans_b else bk)
+    read_seconds = (w * ((not da) * a_passes * m * k / ra
+                         + (not db) * b_passes * k * n / rb)
+                    + (wc * c_elements / rc if reads_c and not dc else 0))
     # the rows of pitched copies in place: every panel of each pass over A and B, C's tiles
-    a_rows = (p.a_passes * (p.k * p.ni if p.trans_a else p.m * p.a_loads / p.ni)
-              if rows_a(1, 1, 1) else 0)
-    b_rows = p.b_passes * (p.n * p.nk if p.trans_b else p.k * p.nj) if rows_b(1, 1, 1) else 0
-    c_rows = p.m * p.nj if rows_c(1, 1, 1) else 0
-    return StageTimes(read=read_seconds + r.per_load * sum(loads)
-                      + hr * host_rows,
-                      copy_in=copy(p.bytes_h2d) + row_s * (a_rows + b_rows
-                                                           + (c_rows if p.reads_c else 0)),
-                      compute=compute,
-                      copy_out=copy(wc * p.c_elements) + row_s * c_rows,
-                      write=0.0 if dc else (p.bytes_written / r.write_bytes
-                                            + r.per_load * p.n_tiles + hr * p.m * p.nj),
-                      fill=setup + first_read + copy(first)
-                      + r.per_load * ((not da) + (not db)) + hr * first_rows,
-                      drain=drain, head=head, first=tile0, bursts=bursts, setup=setup,
-                      pinning=max(pinned_at(p, r, 0.0).values(), default=0.0),
-                      issue=(r.per_issue * steps + r.per_handoff * sum(loads)
-                             if p.staging else 0.0))
+    a_rows = a_passes * (k * ni if trans_a else m * p.a_loads / ni) if pa else 0
+    b_rows = b_passes * (n * nk if trans_b else k * nj) if pb else 0
+    c_rows = m * nj if pc else 0
+    return made(StageTimes, {  # StageTimes(**...), faster
+        "read": read_seconds + r.per_load * loads + hr * host_rows,
+        "copy_in": (p.bytes_h2d / h2d if h2d else 0.0)
+        + row_s * (a_rows + b_rows + (c_rows if reads_c else 0)),
+        "compute": compute,
+        "copy_out": (wc * c_elements / h2d if h2d else 0.0) + row_s * c_rows,
+        "write": 0.0 if dc else (p.bytes_written / r.write_bytes + r.per_load * n_tiles
+                                 + hr * m * nj),
+        "fill": setup + first_read + (first / h2d if h2d else 0.0)
+        + r.per_load * ((not da) + (not db)) + hr * first_rows,
+        "drain": drain, "head": head, "first": tile0, "bursts": bursts, "setup": setup,
+        "pinning": max(pinned_at(p, r, 0.0).values(), default=0.0) if r.pin_bytes else 0.0,
+        "issue": r.per_issue * steps + r.per_handoff * loads if staging else 0.0})
 
 
 def predict_seconds(p: Plan, r: Rates, max_steps: int | None = None) -> float:
@@ -443,105 +395,172 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
     ``head_rounds``: resident-c with only that many of its first rounds. O(steps)."""
     r = r.for_plan(p)
     w, staging, reads_c, last_kp = p.itemsize, p.staging, p.reads_c, p.nk - 1
-    wc = p.c_itemsize
-    fused = r.check_fused
-    rates_in, wr, load_s, hr = read_rates(p, r), r.write_bytes, r.per_load, r.per_host_row
+    wc, fused = p.c_itemsize, r.check_fused
+    (rate_a, rate_b, rate_c), wr, load_s, hr = (read_rates(p, r), r.write_bytes, r.per_load,
+                                                r.per_host_row)
     h2d = r.h2d_bytes if staging and r.h2d_bytes else math.inf  # no copies: free
     row_s = r.per_row if staging and r.h2d_bytes else 0.0
     slow = 1.0 / max(MIN_DUPLEX, min(1.0, r.duplex)) - 1.0  # per second beside the other way
-    direct = direct_operands(p)
-    pitched = pitched_rows(p)
+    da, db, dc = direct_operands(p)
+    sa, sb, sc = staging and not da, staging and not db, staging and not dc  # host slots
+    pa, pb, pc = pitched(p, (da, db, dc))  # (copies of the rows as stored, where pitched)
+    trans_a, trans_b, sym = p.trans_a, p.trans_b, p.symmetric
+    per_issue, per_handoff = r.per_issue, r.per_handoff
     depths = [k1 - k0 for k0, k1 in p.k_panels()]
     start0 = setup_seconds(p, r)
     read_end = cin_end = gemm_end = cout_end = write_end = issue = assign = start0
-    busy = [0.0] * 6  # seconds of work so far: read, copy_in, compute, copy_out, write, issue
+    # seconds of work so far: read, copy_in, compute, copy_out, write, issue
+    b_read = b_in = b_gemm = b_out = b_write = b_issue = 0.0
     issued: list[float] = []  # per step: when the issuing thread was done with it
     gemms: list[float] = [start0]  # per step + 1: end of its gemm (gemms[0]: none)
     # per operand (A, B, C) and slot: the last step using the device slot, the last step
     # loading into the host slot and the end of that load's copy-in
-    c_slots = p.c_slots
-    dev_user = [[-1] * p.a_slots, [-1] * p.b_slots, [-1] * c_slots]
-    host_n = [p.host_panel_slots("A"), max(1, p.host_panel_slots("B")), HOST_C_SLOTS]
-    host_user = [[-1] * n for n in host_n]
+    dev_a, dev_b, dev_c = [-1] * p.a_slots, [-1] * p.b_slots, [-1] * p.c_slots
+    na, nb = p.host_panel_slots("A"), max(1, p.host_panel_slots("B"))
+    user_a, user_b, user_c = [-1] * na, [-1] * nb, [-1] * HOST_C_SLOTS
     # a host buffer is free once pinned (those of the first step in the setup, the others
     # in the background: :func:`pinned_at`), then once its last load was copied in
     pinned = pinned_at(p, r, start0)
-    host_copied = [[pinned.get((op, i), start0) for i in range(n)]
-                   for op, n in zip("ABC", host_n)]
-    host_next = [0, 0, 0]
-    c_copied = [start0] * c_slots  # copy-out end of the last tile in each C slot
+    copied_a, copied_b, copied_c = ([pinned.get((op, i), start0) for i in range(n)]
+                                    for op, n in zip("ABC", (na, nb, HOST_C_SLOTS)))
+    ha = hb = hc = 0  # each operand's next host slot
+    c_copied = [start0] * p.c_slots  # copy-out end of the last tile in each C slot
     # write end of the last tile through each host C buffer (staging), else each C slot
     c_written = ([pinned.get(("C", i), start0) for i in range(HOST_C_SLOTS)] if staging
-                 else [start0] * c_slots)
+                 else [start0] * p.c_slots)
     marks = []
+    gemm_of: dict = {}  # (tile shape) -> {step's K panel (and panels landed): seconds}
     sched = p._slot_schedule(head_rounds=head_rounds)
     if max_steps is not None:
         sched = islice(sched, max_steps)
+    tile = None
     for s, (t, kp, a_slot, load_a, b_slot, load_b, cs, (ka, kb)) in enumerate(sched):
-        rows, cols, depth = t.r1 - t.r0, t.c1 - t.c0, depths[kp]
-        ck = p.host_c_slot(cs) if staging else cs
-        # (operand 0/1/2 = A/B/C, device slot, bytes, rows of a pitched copy, stored rows)
-        loads = []
-        if load_a:
-            loads.append((0, a_slot, w * rows * (kb - ka), pitched[0](rows, cols, kb - ka),
-                          kb - ka if p.trans_a else rows))
-        if load_b:
-            loads.append((1, b_slot, w * depth * cols, pitched[1](rows, cols, depth),
-                          cols if p.trans_b else depth))
-        if kp == 0 and reads_c:
-            host_next[2] = ck
-            loads.append((2, cs, wc * rows * cols, pitched[2](rows, cols, depth), rows))
-        # the loads go to the readers once their slots' last users were issued
+        if t is not tile:  # its shape, and the seconds of its shape's gemms by step
+            tile, rows, cols, diagonal = t, t.r1 - t.r0, t.c1 - t.c0, sym and t.i == t.j
+            by_step = gemm_of.get((rows, cols, diagonal))
+            if by_step is None:
+                by_step = gemm_of[rows, cols, diagonal] = {}
+        depth = depths[kp]
+        ck = cs % HOST_C_SLOTS if staging else cs  # Plan.host_c_slot
+        load_c = kp == 0 and reads_c
+        if load_c:
+            hc = ck
+        # the loads (A, B, then C) go to the readers once their slots' last users were issued
         if s >= MAX_LOOKAHEAD and issued[s - MAX_LOOKAHEAD] > assign:
             assign = issued[s - MAX_LOOKAHEAD]
-        for op, slot, *_ in loads:
-            u = dev_user[op][slot]
+        if load_a:
+            u = dev_a[a_slot]
             if u >= 0 and issued[u] > assign:
                 assign = issued[u]
-            u = host_user[op][host_next[op]] if staging and not direct[op] else -1
+            u = user_a[ha] if sa else -1
+            if u >= 0 and issued[u] > assign:
+                assign = issued[u]
+        if load_b:
+            u = dev_b[b_slot]
+            if u >= 0 and issued[u] > assign:
+                assign = issued[u]
+            u = user_b[hb] if sb else -1
+            if u >= 0 and issued[u] > assign:
+                assign = issued[u]
+        if load_c:
+            u = dev_c[cs]
+            if u >= 0 and issued[u] > assign:
+                assign = issued[u]
+            u = user_c[hc] if sc else -1
             if u >= 0 and issued[u] > assign:
                 assign = issued[u]
         start = issue
-        for op, slot, nbytes, _, stored in loads:
-            if direct[op]:  # copied from the user's array: nothing to read
+        # each load's bytes, and its rows as stored; copied from the user's array: no read
+        if load_a:
+            bytes_a, stored_a = w * rows * (kb - ka), kb - ka if trans_a else rows
+            if da:
                 if assign > start:
                     start = assign
-                continue
-            if op == 2:  # the host C buffer: its last write, and its last C copied in
-                ready = max(c_written[ck], host_copied[2][ck]) if staging else c_written[ck]
-            elif staging:
-                ready = host_copied[op][host_next[op]]
             else:
-                ready = gemms[dev_user[op][slot] + 1]
-            seconds = nbytes / rates_in[op] + load_s + stored * hr
-            read_end = max(read_end, assign, ready) + seconds
-            busy[0] += seconds
-            if read_end > start:
-                start = read_end
+                ready = copied_a[ha] if staging else gemms[dev_a[a_slot] + 1]
+                seconds = bytes_a / rate_a + load_s + stored_a * hr
+                if assign > read_end:  # (max(read_end, assign, ready))
+                    read_end = assign
+                read_end = (ready if ready > read_end else read_end) + seconds
+                b_read += seconds
+                if read_end > start:
+                    start = read_end
+        if load_b:
+            bytes_b, stored_b = w * depth * cols, cols if trans_b else depth
+            if db:
+                if assign > start:
+                    start = assign
+            else:
+                ready = copied_b[hb] if staging else gemms[dev_b[b_slot] + 1]
+                seconds = bytes_b / rate_b + load_s + stored_b * hr
+                if assign > read_end:  # (max(read_end, assign, ready))
+                    read_end = assign
+                read_end = (ready if ready > read_end else read_end) + seconds
+                b_read += seconds
+                if read_end > start:
+                    start = read_end
+        if load_c:
+            bytes_c = wc * rows * cols
+            if dc:
+                if assign > start:
+                    start = assign
+            else:  # the host C buffer: its last write, and its last C copied in
+                ready = max(c_written[ck], copied_c[ck]) if staging else c_written[ck]
+                seconds = bytes_c / rate_c + load_s + rows * hr
+                if assign > read_end:  # (max(read_end, assign, ready))
+                    read_end = assign
+                read_end = (ready if ready > read_end else read_end) + seconds
+                b_read += seconds
+                if read_end > start:
+                    start = read_end
         # the issuing thread: copies in, the gemm, and after a tile's last gemm its copy-out
-        landed = sum(x[2] for x in loads if x[0] < 2) // w if fused else None
-        gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c, landed,
-                              wc)
-        if p.symmetric and t.i == t.j:  # a rank-k update of the upper triangle
-            gemm -= (rows * cols - rows * (rows + 1) // 2) * 2 * depth / r.flops
-        busy[2] += gemm
+        landed = ((bytes_a if load_a else 0) + (bytes_b if load_b else 0)) // w if fused else None
+        gemm = by_step.get((kp, landed) if fused else kp)
+        if gemm is None:
+            gemm = r.step_seconds(rows, cols, depth, w, kp == last_kp, kp > 0 or reads_c,
+                                  landed, wc)
+            if diagonal:  # a rank-k update of the upper triangle
+                gemm -= (rows * cols - rows * (rows + 1) // 2) * 2 * depth / r.flops
+            by_step[(kp, landed) if fused else kp] = gemm
+        b_gemm += gemm
         if staging:  # the issuing thread's own work before it issues the copies
-            work = r.per_issue + r.per_handoff * sum(1 for x in loads if not direct[x[0]])
+            work = per_issue + per_handoff * ((load_a and sa) + (load_b and sb) + (load_c and sc))
             start += work
-            busy[5] += work
+            b_issue += work
             ready = start
-            for op, slot, nbytes, pitch_rows, _ in loads:
-                free = c_copied[slot] if op == 2 else gemms[dev_user[op][slot] + 1]
-                begin = max(cin_end, start, free)
-                seconds = nbytes / h2d + pitch_rows * row_s
+            if load_a:
+                begin, free = (start if start > cin_end else cin_end), gemms[dev_a[a_slot] + 1]
+                begin = free if free > begin else begin  # max(cin_end, start, free)
+                seconds = bytes_a / h2d + (stored_a if pa else 0) * row_s
                 if slow and cout_end > begin:
                     seconds += slow * min(seconds, cout_end - begin)
                 cin_end = ready = begin + seconds
-                busy[1] += seconds
-                if not direct[op]:
-                    h = host_next[op]
-                    host_user[op][h], host_copied[op][h] = s, cin_end
-                    host_next[op] = (h + 1) % host_n[op]
+                b_in += seconds
+                if sa:
+                    user_a[ha], copied_a[ha] = s, cin_end
+                    ha = (ha + 1) % na
+            if load_b:
+                begin, free = (start if start > cin_end else cin_end), gemms[dev_b[b_slot] + 1]
+                begin = free if free > begin else begin  # max(cin_end, start, free)
+                seconds = bytes_b / h2d + (stored_b if pb else 0) * row_s
+                if slow and cout_end > begin:
+                    seconds += slow * min(seconds, cout_end - begin)
+                cin_end = ready = begin + seconds
+                b_in += seconds
+                if sb:
+                    user_b[hb], copied_b[hb] = s, cin_end
+                    hb = (hb + 1) % nb
+            if load_c:
+                begin, free = (start if start > cin_end else cin_end), c_copied[cs]
+                begin = free if free > begin else begin  # max(cin_end, start, free)
+                seconds = bytes_c / h2d + (rows if pc else 0) * row_s
+                if slow and cout_end > begin:
+                    seconds += slow * min(seconds, cout_end - begin)
+                cin_end = ready = begin + seconds
+                b_in += seconds
+                if sc:
+                    user_c[hc], copied_c[hc] = s, cin_end
+                    hc = (hc + 1) % HOST_C_SLOTS
             if kp == 0 and not reads_c and c_copied[cs] > ready:
                 ready = c_copied[cs]
             gemm_end = (gemm_end if gemm_end > ready else ready) + gemm
@@ -557,25 +576,25 @@ def simulate(p: Plan, r: Rates, max_steps: int | None = None, period: int = 0,
                 if c_written[ck] > issue:
                     issue = c_written[ck]
                 begin = max(cout_end, gemm_end, issue)
-                seconds = nbytes / h2d + pitched[2](rows, cols, depth) * row_s
+                seconds = nbytes / h2d + (rows if pc else 0) * row_s
                 if slow and cin_end > begin:
                     seconds += slow * min(seconds, cin_end - begin)
                 c_copied[cs] = cout_end = done = begin + seconds
-                busy[3] += seconds
-            if direct[2]:  # copied out into the user's array: nothing to write
+                b_out += seconds
+            if dc:  # copied out into the user's array: nothing to write
                 c_written[ck] = done
             else:
-                mirrored = p.symmetric and t.i != t.j  # its mirror (or zeros) written too
+                mirrored = sym and t.i != t.j  # its mirror (or zeros) written too
                 seconds = (1 + mirrored) * (nbytes / wr + load_s + rows * hr)
                 c_written[ck] = write_end = (write_end if write_end > done else done) + seconds
-                busy[4] += seconds
+                b_write += seconds
         issued.append(issue)
         gemms.append(gemm_end)
-        dev_user[0][a_slot] = dev_user[2][cs] = s
-        if not (p.symmetric and t.i == t.j):  # a diagonal tile of a Gram plan uses no B slot
-            dev_user[1][b_slot] = s
+        dev_a[a_slot] = dev_c[cs] = s
+        if not diagonal:  # a diagonal tile of a Gram plan uses no B slot
+            dev_b[b_slot] = s
         if period and (s + 1) % period == 0:
-            marks.append((gemm_end, *busy))
+            marks.append((gemm_end, b_read, b_in, b_gemm, b_out, b_write, b_issue))
     return Simulated(end=max(write_end, gemm_end, cout_end, *c_written),
                      ends=(read_end, cin_end, gemm_end, cout_end, write_end, issue),
                      marks=tuple(marks))

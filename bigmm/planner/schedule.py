@@ -36,12 +36,12 @@ the executor allocates and fills them, and the pipeline model simulates them.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Iterator, Protocol
 
 from ..units import DTYPES, accumulate_dtype
 from . import decode, printing
+from .derived import derived, made
 from .traffic import Traffic
 from .workspace import (direct_workspace_bytes, reads_as_stored, rounds_one_ahead,
                         split_workspace_bytes, splits_ahead)
@@ -189,7 +189,7 @@ class Plan(Traffic):
     files: str = field(default="", compare=False)
 
     # ----- grid ---------------------------------------------------------------------------
-    @property
+    @derived
     def itemsize(self) -> int:
         """Bytes per element of the A and B panels."""
         return DTYPES[self.dtype]
@@ -204,24 +204,24 @@ class Plan(Traffic):
         """The dtype of C as the output stores it (``out_dtype``, else ``c_dtype``)."""
         return self.out_dtype or self.c_dtype
 
-    @property
+    @derived
     def c_itemsize(self) -> int:
         """Bytes per element of the C tiles."""
-        return DTYPES[self.c_dtype]
+        return DTYPES[accumulate_dtype(self.dtype)]  # (c_dtype's)
 
-    @property
+    @derived
     def ni(self) -> int:
         return -(-self.m // self.bm)
 
-    @property
+    @derived
     def nj(self) -> int:
         return -(-self.n // self.bn)
 
-    @property
+    @derived
     def nk(self) -> int:
         return -(-self.k // self.bk)
 
-    @property
+    @derived
     def n_tiles(self) -> int:
         """Tiles computed (a Gram plan's: those on and above the diagonal)."""
         if self.symmetric:
@@ -232,26 +232,28 @@ class Plan(Traffic):
         """Whether ``t`` is a diagonal tile of a Gram plan (computed by a rank-k update)."""
         return self.symmetric and t.i == t.j
 
-    @property
+    @derived
     def n_steps(self) -> int:
         """Gemm steps of the whole run: one per K panel of every tile."""
         return self.n_tiles * self.nk
 
     def tile(self, i: int, j: int) -> Tile:
         r0, c0 = i * self.bm, j * self.bn
-        return Tile(i, j, r0, min(r0 + self.bm, self.m), c0, min(c0 + self.bn, self.n))
+        return _tile(i, j, r0, min(r0 + self.bm, self.m), c0, min(c0 + self.bn, self.n))
 
     def tiles(self) -> Iterator[Tile]:
         """C tiles in the order they are finished (a Gram plan's: i <= j only)."""
-        sym = self.symmetric
-        if not self.row_major:
+        sym, bm, bn, m, n = self.symmetric, self.bm, self.bn, self.m, self.n
+        if not self.row_major:  # (self.tile(i, j), each)
             for j in range(self.nj):
+                c0, c1 = j * bn, min(j * bn + bn, n)
                 for i in range(j + 1 if sym else self.ni):
-                    yield self.tile(i, j)
+                    yield _tile(i, j, i * bm, min(i * bm + bm, m), c0, c1)
         else:
             for i in range(self.ni):
+                r0, r1 = i * bm, min(i * bm + bm, m)
                 for j in range(i if sym else 0, self.nj):
-                    yield self.tile(i, j)
+                    yield _tile(i, j, r0, r1, j * bn, min(j * bn + bn, n))
 
     def k_panels(self) -> list[tuple[int, int]]:
         return [(k0, min(k0 + self.bk, self.k)) for k0 in range(0, self.k, self.bk)]
@@ -289,19 +291,23 @@ class Plan(Traffic):
         Resident-c: the first nk - tail panels of every tile, K panel by K panel (rounds),
         then each tile's last ``tail`` panels, tile by tile (``head_rounds``: only that many
         rounds, for the pipeline model); the other orders: tile by tile."""
-        tiles = (t for t in self.tiles() if t.index not in done)
+        for t, kps in self._runs(done, head_rounds):
+            for kp in kps:
+                yield t, kp
+
+    def _runs(self, done=frozenset(), head_rounds: int | None = None) -> Iterator[tuple]:
+        """``order_steps`` a tile at a time: (tile, its K panels in a row)."""
+        tiles = (t for t in self.tiles() if t.index not in done) if done else self.tiles()
         if self.order == "resident-c":
             tiles, head = list(tiles), self.nk - self.tail
             for kp in range(head if head_rounds is None else min(head, head_rounds)):
                 for t in tiles:
-                    yield t, kp
+                    yield t, (kp,)
             for t in tiles:
-                for kp in range(head, self.nk):
-                    yield t, kp
+                yield t, range(head, self.nk)
             return
         for t in tiles:
-            for kp in range(self.nk):
-                yield t, kp
+            yield t, range(self.nk)
 
     # ----- slots --------------------------------------------------------------------------
     @property
@@ -317,7 +323,7 @@ class Plan(Traffic):
             return (self.nk if self.order == "resident-a" else self.ni) + 1
         return 2
 
-    @property
+    @derived
     def b_slots(self) -> int:
         """B panel slots (none in a Gram plan of one tile row: its only tiles are diagonal)."""
         if self.symmetric and self.ni == 1:
@@ -377,21 +383,47 @@ class Plan(Traffic):
         """``steps`` as plain tuples (tile, kp, a_slot, load_a, b_slot, load_b, c_slot, a_k): the one
         place the slots are assigned, shared by ``steps`` and the pipeline model
         (``head_rounds``: see ``order_steps``)."""
-        a_cache: OrderedDict = OrderedDict()  # key -> slot, in LRU order
-        b_cache: OrderedDict = OrderedDict()
+        a_cache: dict = {}  # key -> slot, the least recently used first
+        b_cache: dict = {}
         c_cache: dict = {}  # tile -> C slot, taken in turn as tiles start
         a_slots, b_slots, c_slots = self.a_slots, self.b_slots, self.c_slots
-        for t, kp in self.order_steps(done, head_rounds):
-            a_k = self.a_k_range(kp, t.i)
-            a_slot, load_a = _lru(a_cache, (t.i, a_k), a_slots)
-            if self.diagonal(t):  # op(B)'s panel is op(A)'s: nothing to load
-                b_slot, load_b = 0, False
-            else:
-                b_slot, load_b = _lru(b_cache, (t.j, kp), b_slots)
-            c_slot = c_cache.get(t.index)
+        sym, span, a_k_range = self.symmetric, self.a_span, self.a_k_range
+        nk, bk = self.nk, self.bk
+        strips: dict = {}  # i % a_span -> A's K range of each K panel (and its first panel)
+        for t, kps in self._runs(done, head_rounds):
+            if not kps:
+                continue
+            i, j = t.i, t.j
+            diagonal = sym and i == j  # op(B)'s panel is op(A)'s: nothing to load
+            c_slot = c_cache.get((i, j))
             if c_slot is None:
-                c_slot = c_cache[t.index] = len(c_cache) % c_slots
-            yield t, kp, a_slot, load_a, b_slot, load_b, c_slot, a_k
+                c_slot = c_cache[i, j] = len(c_cache) % c_slots
+            a_ks = strips.get(i % span)
+            if a_ks is None:
+                ranges = self.k_panels() if span == 1 else [a_k_range(kp, i) for kp in range(nk)]
+                a_ks = strips[i % span] = ranges, [k0 // bk for k0, _ in ranges]
+            ranges, firsts = a_ks
+            a0, b0 = i * nk, j * nk  # panels' keys: (i, first K panel), (j, K panel) as one int
+            for kp in kps:
+                # each panel's slot: the least recently used
+                key = a0 + firsts[kp]
+                a_slot = a_cache.pop(key, None)  # (back in last: the most recently used)
+                load_a = a_slot is None
+                if load_a:
+                    a_slot = (len(a_cache) if len(a_cache) < a_slots
+                              else a_cache.pop(next(iter(a_cache))))
+                a_cache[key] = a_slot
+                if diagonal:
+                    b_slot, load_b = 0, False
+                else:
+                    key = b0 + kp
+                    b_slot = b_cache.pop(key, None)
+                    load_b = b_slot is None
+                    if load_b:
+                        b_slot = (len(b_cache) if len(b_cache) < b_slots
+                                  else b_cache.pop(next(iter(b_cache))))
+                    b_cache[key] = b_slot
+                yield t, kp, a_slot, load_a, b_slot, load_b, c_slot, ranges[kp]
 
     # ----- memory -------------------------------------------------------------------------
     @property
@@ -443,8 +475,11 @@ class Plan(Traffic):
         """Host bytes of the run's buffers: the staging buffers (pinned) of the operands that
         are staged, or without staging the compute buffers (host memory then), and those
         that convert C (:attr:`convert_bytes`). The decode buffers are apart (``decoding``)."""
-        held = (sum(n * nbytes for op, n, nbytes in self._host_buffers() if self.staged(op))
-                if self.staging else self.device_bytes)
+        in_place = self.in_place or ""  # (operands not in it are staged)
+        held = (self.device_bytes if not self.staging
+                else 0 if "A" in in_place and "B" in in_place and "C" in in_place
+                else sum(n * nbytes for op, n, nbytes in self._host_buffers
+                     if op not in in_place))
         return held + self.convert_bytes
 
     @property
@@ -453,17 +488,20 @@ class Plan(Traffic):
         old C stored wider is read as stored, then rounded (a tile per C buffer filled at
         once); finished tiles are converted a tile at a time as they are written. A panel
         (or old C) stored narrower is widened within its own buffer: nothing more."""
-        stored, wc = self.stored_itemsize("C"), self.c_itemsize
+        if not self.out_dtype:  # C stored as its tiles are
+            return 0
+        stored, wc = self._stored_sizes["C"], self.c_itemsize
         if stored == wc:
             return 0
         loading = (HOST_C_SLOTS if self.staging else self.c_slots) if stored > wc else 0
         return (loading * self.reads_c + 1) * stored * self.bm * self.bn
 
-    def _host_buffers(self) -> list[tuple[str, int, int]]:
+    @derived
+    def _host_buffers(self) -> tuple[tuple[str, int, int], ...]:
         """(operand, host staging buffers, bytes each) of A, B and C with staging."""
         w, wc, bm, bn, bk = self.itemsize, self.c_itemsize, self.bm, self.bn, self.bk
-        return [("A", self.host_panel_slots("A"), w * bm * bk * self.a_span),
-                ("B", self.host_panel_slots("B"), w * bk * bn), ("C", HOST_C_SLOTS, wc * bm * bn)]
+        return (("A", self.host_panel_slots("A"), w * bm * bk * self.a_span),
+                ("B", self.host_panel_slots("B"), w * bk * bn), ("C", HOST_C_SLOTS, wc * bm * bn))
 
     def host_panel_slots(self, op: str) -> int:
         """Host staging slots of operand "A" or "B": HOST_PANEL_SLOTS, more for panels
@@ -480,15 +518,26 @@ class Plan(Traffic):
         first), in the order a run pins them: ``first`` for those the first step uses (the
         first A and B buffers, and C's when it is read), pinned before the run starts; then
         the others, pinned in the background while it runs (none without staging)."""
+        if ops is None:
+            return list(self._staged_slots)
+        return self._slots_of(ops)
+
+    @derived
+    def _staged_slots(self) -> tuple[tuple[str, int, int, bool], ...]:
+        return tuple(self._slots_of(None))
+
+    def _slots_of(self, ops: str | None) -> list[tuple[str, int, int, bool]]:
         if not self.staging:
             return []
-        staged = [op for op in OPERANDS if (self.staged(op) if ops is None else op in ops)]
-        slots = [(op, i, nbytes) for op, n, nbytes in self._host_buffers() if op in staged
-                 for i in range(n)]
-        first = [(op, i, nbytes, True) for op, i, nbytes in slots
-                 if i == 0 and (op != "C" or self.reads_c)]
-        return first + [(op, i, nbytes, False) for op, i, nbytes in slots
-                        if (op, i, nbytes, True) not in first]
+        first, rest, in_place = [], [], self.in_place
+        for op, n, nbytes in self._host_buffers:
+            if (in_place is None or op not in in_place) if ops is None else op in ops:  # staged
+                i = 1 if n and (op != "C" or self.reads_c) else 0  # its first: the first step's
+                if i:
+                    first.append((op, 0, nbytes, True))
+                for i in range(i, n):
+                    rest.append((op, i, nbytes, False))
+        return first + rest
 
     def host_c_slot(self, c_slot: int) -> int:
         """The host C buffer a device C slot's tiles pass through (staging plans)."""
@@ -508,6 +557,17 @@ class Plan(Traffic):
         if "_predicted" not in self.__dict__:  # frozen: cache beside the fields
             object.__setattr__(self, "_predicted", self.rates.makespan(self))
         return self.__dict__["_predicted"]
+
+    def _replaced(self, **changes) -> Plan:
+        """``dataclasses.replace(self, **changes)``, faster for the search's many candidates
+        (:func:`.derived.made`): the fields alone, nothing derived from them."""
+        values = self._field_values.copy()
+        values.update(changes)
+        return made(type(self), values)
+
+    @derived
+    def _field_values(self) -> dict:
+        return {f.name: self.__dict__[f.name] for f in fields(self)}
 
     def key(self) -> dict:
         """What identifies the schedule (recorded in the resume journal; resident-c's tail
@@ -533,13 +593,8 @@ class Plan(Traffic):
         return printing.table(self)
 
 
-def _lru(cache: OrderedDict, key, capacity: int) -> tuple[int, bool]:
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key], False
-    if len(cache) < capacity:
-        slot = len(cache)
-    else:
-        _, slot = cache.popitem(last=False)
-    cache[key] = slot
-    return slot, True
+def _tile(i: int, j: int, r0: int, r1: int, c0: int, c1: int) -> Tile:
+    """``Tile(i, j, r0, r1, c0, c1)``, faster (:func:`.derived.made`): plans make many."""
+    t = object.__new__(Tile)
+    object.__setattr__(t, "__dict__", {"i": i, "j": j, "r0": r0, "r1": r1, "c0": c0, "c1": c1})
+    return t

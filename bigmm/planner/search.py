@@ -262,15 +262,16 @@ def make_plan(m: int, n: int, k: int, dtype: str = "float32", *, trans_a: bool =
             orders = tuple(o for o in orders if o != "resident-c")
         if not order and (not whole or symmetric or rates is None or not staging):
             orders = tuple(o for o in orders if o not in WHOLE_ORDERS)
+        blank = Plan(bm=1, bn=1, bk=1, order="stream", **base)  # what the candidates share
         for o in orders:
             for bm in _candidates(m, um, min_tile):
                 for bn in ([bm] if symmetric else _candidates(n, un, min_tile)):
                     if not order and _whole_left_out(o, bm, bn, m, n):
                         continue
-                    if not _fits(Plan(bm=bm, bn=bn, bk=bks[-1], order=o, **base)):
+                    if not _fits(blank._replaced(bm=bm, bn=bn, bk=bks[-1], order=o)):
                         continue
                     for bk in bks:  # largest first: the first that fits is the best for (bm, bn)
-                        p = Plan(bm=bm, bn=bn, bk=bk, order=o, **base)
+                        p = blank._replaced(bm=bm, bn=bn, bk=bk, order=o)
                         if _fits(p) and not _first_line_too_long(p):
                             found.append(((_cost(p, step_bytes), p.n_steps, -p.bk,
                                            ORDERS.index(o)), p))
@@ -367,7 +368,7 @@ def _fastest(found: list[tuple[tuple, Plan]], rates: Rates, depths: list[int] = 
     timed.sort(key=lambda x: x[:2])
     fastest = timed[:DEEPEN] + [x for x in timed if x[2].order not in WHOLE_ORDERS][:DEEPEN]
     for _, score, p in dict((id(x[2]), x) for x in fastest).values():
-        deeper = next((q for q in (replace(p, bk=bk) for bk in depths) if _fits(q)), None)
+        deeper = next((q for q in (p._replaced(bk=bk) for bk in depths) if _fits(q)), None)
         if deeper is not None:
             timed.append((deeper.predicted_seconds, score, deeper))
     strips = ranked(True)
@@ -447,20 +448,20 @@ def _resident_c(bms: list[int], bks: list[int], base: dict, step_bytes: int,
     strips once), each with the tails of TAIL_SHARES that fit (at least one panel; at most
     SIM_STEPS strip steps in the tail, which the model simulates whole)."""
     m, n, k = base["m"], base["n"], base["k"]
-    found = []
+    found, blank = [], Plan(bm=1, bn=n, bk=1, order="resident-c", tail=1, **base)
     for bm in bms:
         ni = -(-m // bm)
         if ni > SIM_STEPS // 4:
             continue
         def fits(bk: int) -> bool:
-            return _fits(Plan(bm=bm, bn=n, bk=bk, order="resident-c", tail=1, **base))
+            return _fits(blank._replaced(bm=bm, bk=bk))
 
         fitting = [bk for bk in bks if fits(bk)]
         deepest = next((bk for bk in deeper if fits(bk)), None)
         for bk in ([deepest] if deepest else []) + fitting[:1] + [
                 b for b in fitting[1:] if 2 * b <= fitting[0]][:1]:
             nk = -(-k // bk)
-            strips = Plan(bm=bm, bn=n, bk=bk, order="resident-c", tail=1, **base)
+            strips = blank._replaced(bm=bm, bk=bk)
             for tail in sorted({max(1, math.ceil(share * nk)) for share in TAIL_SHARES}):
                 p = _with_tail(strips, tail)
                 if p is not None:
@@ -498,7 +499,7 @@ def _spanned(p: Plan, limit: int) -> Plan | None:
             or p.trans_a or p.nk < 2 or not p.staging or p.in_place is None
             or "A" not in p.in_place):
         return None
-    q = replace(p, a_span=limit)
+    q = p._replaced(a_span=limit)
     return q if _fits(q) else None
 
 
@@ -508,7 +509,7 @@ def _with_tail(p: Plan, tail: int) -> Plan | None:
     fit the budgets."""
     if not 1 <= tail <= p.nk or p.ni * tail > SIM_STEPS:
         return None
-    q = replace(p, tail=tail)
+    q = p._replaced(tail=tail)
     return q if _fits(q) else None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .derived import derived
 from .schedule import Plan
 
 
@@ -40,7 +41,7 @@ class StageTimes:
     #: ``Rates.per_handoff`` a staged load).
     issue: float = 0.0
 
-    @property
+    @derived
     def guess(self) -> float:
         """A quick estimate of the makespan, to order the candidates simulated."""
         return max(self.lower_bound,
@@ -67,7 +68,8 @@ class StageTimes:
 def direct_operands(p: Plan) -> tuple[bool, bool, bool]:
     """Per operand A, B, C: copied in place from the user's array (no host read or write, no
     staging slot; see ``Plan.in_place``)."""
-    return tuple(p.staging and p.in_place is not None and op in p.in_place for op in "ABC")
+    some = p.staging and p.in_place is not None
+    return some and "A" in p.in_place, some and "B" in p.in_place, some and "C" in p.in_place
 
 
 def pitched_rows(p: Plan) -> tuple[Callable, Callable, Callable]:
@@ -75,10 +77,15 @@ def pitched_rows(p: Plan) -> tuple[Callable, Callable, Callable]:
     x op(B) -> C that is narrower than the stored array's rows (0 where the region spans
     whole rows, one contiguous copy). Only copies in place are pitched (staged panels are
     contiguous)."""
-    da, db, dc = direct_operands(p)
-    a_pitched = da and (p.ni > 1 if p.trans_a else p.nk > 1)
-    b_pitched = db and (p.nk > 1 if p.trans_b else p.nj > 1)
-    c_pitched = dc and p.nj > 1
+    a_pitched, b_pitched, c_pitched = pitched(p)
     return ((lambda rows, cols, depth: (depth if p.trans_a else rows) if a_pitched else 0),
             (lambda rows, cols, depth: (cols if p.trans_b else depth) if b_pitched else 0),
             (lambda rows, cols, depth: rows if c_pitched else 0))
+
+
+def pitched(p: Plan, direct: tuple | None = None) -> tuple[bool, bool, bool]:
+    """Per operand A, B, C: whether its copies are pitched (:func:`pitched_rows`; ``direct``:
+    p's :func:`direct_operands`, where known)."""
+    da, db, dc = direct or direct_operands(p)
+    return (da and (p.ni > 1 if p.trans_a else p.nk > 1),
+            db and (p.nk > 1 if p.trans_b else p.nj > 1), dc and p.nj > 1)

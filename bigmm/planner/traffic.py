@@ -13,6 +13,7 @@ import math
 
 from ..units import DTYPES
 from . import gram
+from .derived import derived
 
 
 class Traffic:
@@ -21,8 +22,13 @@ class Traffic:
     def stored_itemsize(self, op: str) -> int:
         """Bytes per element of operand "A", "B" or "C" as stored: A and B in their stored
         dtypes (``dtype`` where not given), C in the output's (``written_dtype``)."""
-        name = {"A": self.a_dtype, "B": self.b_dtype, "C": self.written_dtype}[op]
-        return DTYPES[name or self.dtype]
+        return self._stored_sizes[op]
+
+    @derived
+    def _stored_sizes(self) -> dict[str, int]:
+        dtype = self.dtype
+        return {"A": DTYPES[self.a_dtype or dtype], "B": DTYPES[self.b_dtype or dtype],
+                "C": DTYPES[self.written_dtype or dtype]}
 
     @property
     def a_reads(self) -> int:
@@ -45,13 +51,13 @@ class Traffic:
         cycle = self.nj * self.nk if self.row_major else self.nk
         return 1 if self.ni == 1 or self.b_slots >= cycle else self.ni
 
-    @property
+    @derived
     def a_passes(self) -> float:
         """Elements of A read over the elements of A (``a_reads``, or a Gram plan's count:
         :func:`.gram.passes`)."""
         return gram.passes(self)[0] if self.symmetric else self.a_reads
 
-    @property
+    @derived
     def b_passes(self) -> float:
         """Elements of B read over the elements of B (a Gram plan's B is A: its diagonal
         tiles read none)."""

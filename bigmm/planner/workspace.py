@@ -48,7 +48,7 @@ def reads_as_stored(m: int, n: int, k: int, bm: int, bn: int, bk: int, trans_a: 
     if trans_a != trans_b or not stored_fits(bm, bn, bk):
         return False
     side, width = (m, bm) if trans_a else (n, bn)
-    return all(x % 4 == 0 for x in (k, bk, side, width))
+    return k % 4 == 0 and bk % 4 == 0 and side % 4 == 0 and width % 4 == 0
 
 
 #: The most rows of the smaller operand that a plain TF32 gemm whose panels are not all
