@@ -604,6 +604,7 @@ def test_nonfinite_counts_on_the_stream_and_scale(dtype):
     be = _backend()
     c = cupy.asarray(random_matrix((301, 257), dtype))
     c[3, 4], c[100, 200], c[300, 0] = np.nan, np.inf, -np.inf
+    cupy.cuda.get_current_stream().synchronize()  # the writes ran on the legacy default stream
     s = be.stream()
     ones = cupy.ones((5, 7), dtype)
     pool = cupy.get_default_memory_pool().total_bytes()
@@ -618,6 +619,7 @@ def test_nonfinite_counts_on_the_stream_and_scale(dtype):
     be.synchronize(be.record(s))
     assert np.array_equal(cupy.asnumpy(x), want)
     x[0, 0] = np.nan
+    cupy.cuda.get_current_stream().synchronize()
     be.scale(x, 0.0, s)  # beta == 0 never reads c
     be.synchronize(be.record(s))
     assert not cupy.asnumpy(x).any()
