@@ -14,7 +14,8 @@ full-width tiles (already one range), tiles under ``MIN_CHUNK_BYTES``; a tile ov
 on the io layer's mapped fast path. Writes to regions that cut across chunks (a dataset chunked
 for other tiles) are split per chunk. h5py's handle on the file is closed while raw writes
 happen; the file is reopened with h5py only to create datasets and to set the completion
-attribute.
+attribute. An h5py.Dataset written in place is written through h5py: the caller's handle
+shares HDF5's caches of its data, which raw writes would leave holding old C.
 
 Raw writes: when the output is opened, its bytes are reserved with ``os.posix_fallocate`` (a
 full disk is a DiskFullError then, naming the bytes needed and free, before anything is
@@ -164,11 +165,13 @@ class FileSink(JournaledSink):
                 f.close()
             raw = lay.kind == "contiguous" or (lay.kind == "chunked"
                                                and bool((lay.chunk_offsets >= 0).all()))
-            if raw and not lay.swap:
+            # a dataset written in place shares HDF5's caches of its data (sieve buffer,
+            # chunk cache) with the caller's handle, which raw writes would leave stale
+            if raw and not lay.swap and isinstance(self.result, str):
                 self._lay = lay
                 self._fd = os.open(self.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
                 self.layout = lay.kind
-            else:  # an existing dataset we did not create: write through h5py
+            else:  # a dataset we did not create, or written in place: through h5py
                 self._file = self._h5("r+")
                 self._dset = self._file[self.target]
                 self.layout = self.writes = "h5py"

@@ -334,6 +334,25 @@ def test_h5py_dataset_output(tmp_path, inputs):
         np.testing.assert_array_equal(d[...], data)
 
 
+@pytest.mark.parametrize("chunks", [
+    None,  # contiguous: HDF5's sieve buffer held the old values
+    (9, 9),  # chunked: its chunk cache held them
+    (97, 61),  # one chunk of all of C
+])
+def test_h5py_dataset_output_reads_back_through_the_callers_handle(tmp_path, inputs, chunks):
+    _, srcs = inputs
+    data = random_matrix(SHAPE, np.float32, seed=17)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        d = f.create_dataset("C", data=np.full(SHAPE, np.nan, np.float32), chunks=chunks)
+        assert np.isnan(d[0, 0])  # old C in HDF5's caches of this handle
+        sink = new_sink(d, srcs)
+        finish_all(sink, data)
+        sink.close()
+        np.testing.assert_array_equal(d[...], data)
+    with h5py.File(tmp_path / "d.h5", "r") as f:
+        np.testing.assert_array_equal(f["C"][...], data)
+
+
 @pytest.mark.parametrize("reads_c", [False, True])  # plain output, old C kept beside it
 def test_resume_into_a_dataset_that_is_not_raw_writable(tmp_path, inputs, reads_c):
     _, srcs = inputs
