@@ -321,7 +321,10 @@ def _syrk(a: np.ndarray, c: np.ndarray, alpha: float, beta: float, trans: bool) 
         return
     fn = blas.ssyrk if c.dtype == np.float32 else blas.dsyrk
     if (a.shape[0] if trans else a.shape[1]) == 0:  # depth 0: c = beta * c
-        c *= beta
+        if beta == 0:  # never read (NaN * 0 is NaN)
+            c[...] = 0
+        else:
+            c *= beta
         return
     # a^T a = x x^T for x = a.T (n x k, trans=0); a a^T = x^T x for x = a.T (k x n, trans=1)
     out = fn(alpha, a.T, beta=beta, c=c.T, trans=0 if trans else 1, lower=1, overwrite_c=1)

@@ -13,7 +13,7 @@ from bigmm.backends.base import (Backend, Calibrates, Checksums, Describes, Host
 from bigmm.backends.numpy import NumpyBackend, memory_available
 from bigmm.errors import BackendUnavailable, DtypeError, ShapeError
 from bigmm.planner import READ_RATE, WRITE_RATE
-from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance
+from bigmm.testing import magnitude, random_matrix, reference_gemm, relative_error, tolerance
 from bigmm.backends import numpy as numpy_backend
 from bigmm.backends.numpy import HALF_SCRATCH
 from bigmm.units import numpy_dtype
@@ -73,6 +73,25 @@ def test_beta_zero_never_reads_c(backend, dtype, ta, tb):
     backend.gemm(a, b, c, 1.0, 0.0, ta, tb, None)
     assert np.isfinite(c).all()
     assert relative_error(c, reference_gemm(a, b, trans_a=ta, trans_b=tb)) <= tolerance(dtype, k)
+
+
+@pytest.mark.parametrize("k", [
+    23,  # a rank-23 update
+    0,  # depth 0: c = beta * c, zeros for beta == 0
+])
+@pytest.mark.parametrize("trans", [True, False])  # a^T a, and a a^T
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_syrk_beta_zero_never_reads_c(dtype, trans, k):
+    n = 13
+    a = random_matrix((k, n) if trans else (n, k), dtype, seed=6)
+    c = np.full((n, n), np.nan, dtype)
+    c[::3, ::2] = np.inf  # garbage of every kind
+    NumpyBackend().syrk(a, c, 1.0, 0.0, trans)
+    ref = reference_gemm(a, a, trans_a=trans, trans_b=not trans)
+    size = magnitude(a, a, trans_a=trans, trans_b=not trans)
+    upper = np.triu(np.ones((n, n), bool))
+    assert np.isfinite(c[upper]).all()
+    assert (np.abs(c - ref)[upper] <= tolerance(dtype, max(k, 1)) * size[upper]).all()
 
 
 @pytest.mark.parametrize("ta,tb", TRANSPOSES)
