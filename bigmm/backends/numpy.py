@@ -166,7 +166,8 @@ class NumpyBackend:
         if beta == 0:
             c[...] = 0
         elif beta != 1:
-            np.multiply(c, c.dtype.type(beta), out=c)
+            with np.errstate(over="ignore"):  # an overflow is the run's OutputOverflowError
+                np.multiply(c, c.dtype.type(beta), out=c)
 
     def nonfinite(self, c: np.ndarray, stream: Any = None) -> Callable[[], int]:
         count = nonfinite_count(c)

@@ -3,6 +3,8 @@ abilities and calibration, registry."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.linalg import blas as scipy_blas
@@ -93,6 +95,14 @@ def test_syrk_beta_zero_never_reads_c(dtype, trans, k):
     assert np.isfinite(c[upper]).all()
     assert (np.abs(c - ref)[upper] <= tolerance(dtype, max(k, 1)) * size[upper]).all()
 
+
+
+def test_scale_past_the_dtype_warns_nothing():
+    c = np.array([[3e38, 1.0]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the run reports the overflow, not NumPy
+        NumpyBackend().scale(c, 2.0)
+    assert np.isinf(c[0, 0]) and c[0, 1] == 2.0
 
 @pytest.mark.parametrize("ta,tb", TRANSPOSES)
 @pytest.mark.parametrize("dtype,fn", [(np.float32, scipy_blas.sgemm), (np.float64, scipy_blas.dgemm)])
