@@ -152,6 +152,19 @@ def test_resume_refuses_a_changed_input(tmp_path, job, change, word):
     assert relative_error(read(c), read(a) @ read(b)) < tolerance(np.float64, K)
 
 
+def test_resume_refuses_an_input_edited_with_its_time_put_back(tmp_path, job):
+    # 960 KB: the fingerprint samples A (a few rows), the element is in none of them
+    a = h5(tmp_path / "big.h5", "A", random_matrix((400, K), np.float64, seed=1))
+    c = killed(a, job[1], f"{tmp_path / 'c.h5'}:/C")
+    st = os.stat(tmp_path / "big.h5")
+    with h5py.File(tmp_path / "big.h5", "r+") as f:
+        f["A"][5, 33] += 1.0
+    os.utime(tmp_path / "big.h5", ns=(st.st_atime_ns, st.st_mtime_ns))
+    rc, _, err = cli("multiply", a, job[1], "-o", c, "--memory", BUDGET, "--backend", "numpy",
+                     "--resume")
+    one_line(rc, err, "Expected A", "changed at", "modification time kept")
+
+
 def test_resume_refuses_an_edited_old_c(tmp_path, job):
     a, b = job
     c = h5(tmp_path / "c.h5", "C", random_matrix((M, N), np.float64, seed=3))

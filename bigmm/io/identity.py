@@ -40,9 +40,22 @@ SEGMENT = 8192
 # ----- identity of the data ---------------------------------------------------------------------
 
 def file_facts(path: str) -> dict:
-    """Device, inode, size and modification time of the file at ``path``."""
+    """Device, inode, size, modification time of the file at ``path``, and its change time
+    with what else changes it (:func:`status`)."""
     st = os.stat(path)
-    return {"dev": st.st_dev, "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"dev": st.st_dev, "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            **status([st])}
+
+
+def status(stats) -> dict:
+    """The latest change time (ctime) of files ``stats`` (os.stat results), and their modes,
+    owners and link counts, whose changes also move it. A write sets ctime to the time of the
+    write even where the modification time is put back afterwards (``os.utime``, ``touch
+    -d``), so that an edit in place is seen where the file's size and time are not."""
+    meta = ";".join(f"{st.st_mode}:{st.st_uid}:{st.st_gid}:{st.st_nlink}" for st in stats)
+    if len(stats) > 1:
+        meta = hashlib.blake2b(meta.encode(), digest_size=16).hexdigest()
+    return {"ctime_ns": max((st.st_ctime_ns for st in stats), default=0), "meta": meta}
 
 
 def describe(src, *, volatile: bool = False) -> dict:
@@ -87,9 +100,8 @@ def differences(recorded: dict, now: dict, *, volatile: bool = False) -> list[st
             return [f"another file at '{nf['path']}' (device {nf['dev']}, inode {nf['ino']}; "
                     f"the run read device {rf['dev']}, inode {rf['ino']}: replaced?)"]
         skip = volatile or recorded.get("volatile") or now.get("volatile")
-        if not skip and (rf["size"], rf["mtime_ns"]) != (nf["size"], nf["mtime_ns"]):
-            out.append(f"a file modified at {_when(nf['mtime_ns'])} (size {nf['size']}); the "
-                       f"run read it as modified at {_when(rf['mtime_ns'])} (size {rf['size']})")
+        if not skip:
+            out += _file_changes(rf, nf, "a file")
         if recorded.get("object") != now.get("object"):
             out.append(f"another object at that name (address {now.get('object')}, was "
                        f"{recorded.get('object')}: recreated?)")
@@ -103,6 +115,21 @@ def differences(recorded: dict, now: dict, *, volatile: bool = False) -> list[st
         what = "all its data" if now.get("volatile") else "the sampled blocks"
         out.append(f"different contents (the hash of {what} differs)")
     return out
+
+
+def _file_changes(rf: dict, nf: dict, what: str) -> list[str]:
+    """How the file facts ``nf`` differ from those a run recorded, ``rf``, in words."""
+    if (rf["size"], rf["mtime_ns"]) != (nf["size"], nf["mtime_ns"]):
+        return [f"{what} modified at {_when(nf['mtime_ns'])} (size {nf['size']}); the run "
+                f"read it as modified at {_when(rf['mtime_ns'])} (size {rf['size']})"]
+    # only where both record it, and modes, owners and links stayed (a chmod or a new hard
+    # link moves the change time too)
+    if ("ctime_ns" in rf and "ctime_ns" in nf and rf.get("meta") == nf.get("meta")
+            and rf["ctime_ns"] != nf["ctime_ns"]):
+        return [f"{what} changed at {_when(nf['ctime_ns'])}, after the run read it (changed at "
+                f"{_when(rf['ctime_ns'])}) with its size and modification time kept (written "
+                f"in place with its time put back, or renamed)"]
+    return []
 
 
 def _when(ns: int) -> str:

@@ -53,7 +53,7 @@ from ..errors import (BackendUnavailable, BigmmError, DtypeError, IncompleteOutp
 from ._h5 import COMPLETE_ATTR, check_matrix
 from . import hostcopy
 from .decode import DecodePool, decode_into, read_stored, stored_bound
-from .identity import Footprint, ancestors
+from .identity import Footprint, ancestors, status
 from .layout import MAX_INDEX_CELLS, chunk_cells
 from .mapped import STEP_BYTES, FileMaps
 from .rawio import read_block
@@ -251,7 +251,7 @@ class ZarrSource(Source):
         st = os.stat(self.dir)
         meta = os.stat(os.path.join(self.dir, META)) if os.path.exists(
             os.path.join(self.dir, META)) else os.stat(os.path.join(self.dir, ".zarray"))
-        files = chunk_files(self.dir)
+        files = chunk_files(self.dir, stats=(stats := []))
         storage = {"layout": "zarr", "chunks": list(self.chunks),
                    "codecs": _codecs_json(self.array)}
         if files is not None:
@@ -260,7 +260,7 @@ class ZarrSource(Source):
                 h.update(f"{rel}\0{size}\0{mtime}\n".encode())
             storage["index"] = h.hexdigest()
         return {"file": {"dev": st.st_dev, "ino": st.st_ino, "size": meta.st_size,
-                         "mtime_ns": meta.st_mtime_ns},
+                         "mtime_ns": meta.st_mtime_ns, **status([meta, *stats])},
                 "object": meta.st_ino, "storage": storage,
                 "chunk_files": tuple((dev, ino) for _r, dev, ino, _s, _m in files or ()),
                 "sizes": tuple((rel, size) for rel, _d, _i, size, _m in files or ()),
@@ -486,10 +486,11 @@ def _codecs_json(arr) -> list:
         return [json.loads(json.dumps(arr.metadata.to_dict().get("compressor"), default=str))]
 
 
-def chunk_files(folder: str, limit: int = MAX_INDEX_CELLS):
+def chunk_files(folder: str, limit: int = MAX_INDEX_CELLS, stats: list | None = None):
     """(relative path, device, inode, size, mtime_ns) of the chunk files under an array's
     directory, sorted (metadata and files being written left out); None when there are more
-    than ``limit`` (the index is then not recorded)."""
+    than ``limit`` (the index is then not recorded). ``stats``: a list their os.stat results
+    are added to, in that order."""
     out = []
     stack = [folder]
     while stack:
@@ -505,11 +506,13 @@ def chunk_files(folder: str, limit: int = MAX_INDEX_CELLS):
                     continue
                 st = entry.stat(follow_symlinks=True)
                 out.append((os.path.relpath(entry.path, folder), st.st_dev, st.st_ino,
-                            st.st_size, st.st_mtime_ns))
+                            st.st_size, st.st_mtime_ns, st))
                 if len(out) > limit:
                     return None
-    out.sort()
-    return out
+    out.sort(key=lambda f: f[0])
+    if stats is not None:
+        stats += [f[-1] for f in out]
+    return [f[:-1] for f in out]
 
 
 def check_zarr_dtype(dtype, label: str) -> None:

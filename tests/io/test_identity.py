@@ -87,6 +87,39 @@ def test_in_place_edit_is_seen_by_the_file_and_by_the_samples(tmp_path):
     assert diff == ["different contents (the hash of all its data differs)"]
 
 
+def edit_keeping_time(path):
+    st = os.stat(path)
+    with h5py.File(path, "r+") as f:
+        f["A"][151, 3] += 1.0  # one element the samples miss
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+# where A's data changes, how, and a word of what differences() says
+ELSEWHERE = [
+    (lambda tmp: write(str(tmp / "a.h5"), random_matrix(SHAPE, np.float64, seed=1))
+     or tmp / "a.h5", edit_keeping_time, "changed at"),  # its own file, time put back
+]
+
+
+@pytest.mark.parametrize("make, change, word", ELSEWHERE, ids=["time-put-back"])
+def test_changes_to_the_files_holding_the_data_are_seen(tmp_path, make, change, word):
+    path = make(tmp_path)
+    rec = ident(f"{tmp_path / 'a.h5'}:/A")
+    assert differences(rec, ident(f"{tmp_path / 'a.h5'}:/A")) == []
+    change(path)
+    diff = differences(rec, ident(f"{tmp_path / 'a.h5'}:/A"))
+    assert any(word in d for d in diff), diff
+
+
+def test_a_new_mode_or_link_is_not_an_edit(tmp_path):
+    path = str(tmp_path / "a.h5")
+    write(path, random_matrix(SHAPE, np.float64, seed=1))
+    rec = ident(f"{path}:/A")
+    os.chmod(path, 0o444)
+    os.link(path, tmp_path / "hard.h5")
+    assert differences(rec, ident(f"{path}:/A")) == []
+
+
 def test_a_replaced_file_is_another_file(tmp_path):
     path = str(tmp_path / "a.h5")
     data = random_matrix(SHAPE, np.float64, seed=1)

@@ -472,6 +472,24 @@ def test_identity_sees_what_changed(tmp_path, change, word):
     assert any(word in d for d in diff), diff
 
 
+@pytest.mark.parametrize("rename", [False, True], ids=["in-place", "renamed-in"])
+def test_a_chunk_rewritten_with_its_time_put_back_is_seen(tmp_path, rename):
+    # 2.4 MB: sampled, by its first and last chunks; chunk (0, 1) is not among them
+    data = random_matrix((600, 500), np.float64, seed=8)
+    store = tmp_path / "i.zarr"
+    zarr_array(store, data, chunks=(100, 100), codec="raw")
+    before = _record(str(store))
+    chunk = store / "c" / "0" / "1"
+    st = os.stat(chunk)
+    new = chunk.with_name("1.new") if rename else chunk
+    new.write_bytes(np.full((100, 100), 7.0).tobytes())  # same size, other values
+    if rename:
+        os.replace(new, chunk)
+    os.utime(chunk, ns=(st.st_atime_ns, st.st_mtime_ns))
+    diff = differences(before, _record(str(store)))
+    assert any("changed at" in d for d in diff), diff
+
+
 def test_identity_is_by_directory_not_spelling(tmp_path):
     zarr_array(tmp_path / "s.zarr", random_matrix((20, 10), np.float64), path="g/A")
     os.symlink(tmp_path / "s.zarr", tmp_path / "link.zarr")
