@@ -39,6 +39,26 @@ def check_readable(dset: h5py.Dataset, label: str) -> None:
             raise ReadError(f"Expected a readable dataset for {label}. Got {why}.") from exc
 
 
+def data_files(dset: h5py.Dataset) -> list[str]:
+    """The other files that hold the dataset's data (its external raw files, the source files
+    of a virtual dataset), found as HDF5 finds them (call holding H5LOCK): a change to one of
+    them changes the data, not the dataset's own file."""
+    dcpl = dset.id.get_create_plist()
+    home = os.path.dirname(os.path.abspath(dset.file.filename))
+    names = [dcpl.get_external(i)[0] for i in range(dcpl.get_external_count())]
+    if dcpl.get_layout() == h5d.VIRTUAL:
+        names += [dcpl.get_virtual_filename(i) for i in range(dcpl.get_virtual_count())]
+    own, out = os.path.realpath(dset.file.filename), []
+    for name in names:
+        name = os.fsdecode(name)
+        if name == "." or "%" in name:  # the dataset's own file; printf-style source names
+            continue
+        found = next((p for p in (name, os.path.join(home, name)) if os.path.isfile(p)), None)
+        if found is not None and os.path.realpath(found) not in (own, *out):
+            out.append(os.path.realpath(found))
+    return out
+
+
 def _check_virtual_sources(dset: h5py.Dataset, dcpl, label: str) -> None:
     """Each source of a virtual dataset must exist: HDF5 reads a missing one as fill values."""
     home = os.path.dirname(os.path.abspath(dset.file.filename))

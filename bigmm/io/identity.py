@@ -68,6 +68,8 @@ def describe(src, *, volatile: bool = False) -> dict:
     if where is not None:
         rec.update(file=dict(where["file"], path=where["path"]), object=where["object"],
                    storage=where["storage"], volatile=bool(volatile))
+        if where.get("data"):  # other files holding its data (external, virtual sources)
+            rec["data"] = [dict(f) for f in where["data"]]
     return rec
 
 
@@ -102,6 +104,14 @@ def differences(recorded: dict, now: dict, *, volatile: bool = False) -> list[st
         skip = volatile or recorded.get("volatile") or now.get("volatile")
         if not skip:
             out += _file_changes(rf, nf, "a file")
+        rd, nd = recorded.get("data"), now.get("data")
+        if rd is not None and nd is not None:  # (journals of older bigmm record none)
+            if [(f["dev"], f["ino"]) for f in rd] != [(f["dev"], f["ino"]) for f in nd]:
+                out.append(f"other files holding its data ({', '.join(_paths(nd))}; the run "
+                           f"read {', '.join(_paths(rd))})")
+            elif not skip:
+                for r, n in zip(rd, nd):
+                    out += _file_changes(r, n, f"its data file '{n['path']}'")
         if recorded.get("object") != now.get("object"):
             out.append(f"another object at that name (address {now.get('object')}, was "
                        f"{recorded.get('object')}: recreated?)")
@@ -130,6 +140,10 @@ def _file_changes(rf: dict, nf: dict, what: str) -> list[str]:
                 f"{_when(rf['ctime_ns'])}) with its size and modification time kept (written "
                 f"in place with its time put back, or renamed)"]
     return []
+
+
+def _paths(files: list[dict]) -> list[str]:
+    return [f"'{f['path']}'" for f in files]
 
 
 def _when(ns: int) -> str:

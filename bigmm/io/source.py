@@ -38,7 +38,7 @@ from .decode import (DecodePool, decode_into, give_back, read_stored, stored_bou
                      unshuffle_into)
 from .inputs import (DEFAULT_THREADS, TASK_BYTES, Source, _batches, caller_splits,
                      incomplete_message)
-from .h5open import check_readable, open_h5
+from .h5open import check_readable, data_files, open_h5
 from .identity import Footprint, ancestors, array_footprint, file_facts
 from .layout import (DECODED_KINDS, MAX_INDEX_CELLS, Layout, chunk_cells, chunk_index,
                      probe_layout)
@@ -99,6 +99,7 @@ class H5Source(Source):
         self.path = os.path.realpath(dset.file.filename)
         with H5LOCK:
             self._object = int(h5o.get_info(dset.id).addr)
+            self._data = [dict(file_facts(p), path=p) for p in data_files(dset)]
         self._file_facts = file_facts(self.path)
         self._dset, self._file, self._threads = dset, own_file, threads
         self._name = dset.name
@@ -161,7 +162,7 @@ class H5Source(Source):
 
     def where(self) -> dict:
         return {"path": self.path, "file": dict(self._file_facts), "object": self._object,
-                "storage": dict(self._storage)}
+                "storage": dict(self._storage), "data": [dict(f) for f in self._data]}
 
     def _describe_storage(self, dset: h5py.Dataset) -> dict:
         """How HDF5 stores the dataset (whichever path bigmm reads it by): its layout, the

@@ -94,14 +94,40 @@ def edit_keeping_time(path):
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+def external_raw(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("A", data=random_matrix(SHAPE, np.float64, seed=1),
+                         external=[(str(tmp_path / "raw.bin"), 0, SHAPE[0] * SHAPE[1] * 8)])
+    return tmp_path / "raw.bin"
+
+
+def virtual(tmp_path):
+    write(str(tmp_path / "src.h5"), random_matrix(SHAPE, np.float64, seed=1))
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        layout = h5py.VirtualLayout(shape=SHAPE, dtype=np.float64)
+        layout[:] = h5py.VirtualSource(str(tmp_path / "src.h5"), "A", shape=SHAPE)
+        f.create_virtual_dataset("A", layout)
+    return tmp_path / "src.h5"
+
+
+def edit_raw(path):
+    with open(path, "r+b") as f:
+        f.seek((151 * SHAPE[1] + 3) * 8)
+        f.write(np.float64(7.0).tobytes())
+
+
 # where A's data changes, how, and a word of what differences() says
 ELSEWHERE = [
     (lambda tmp: write(str(tmp / "a.h5"), random_matrix(SHAPE, np.float64, seed=1))
      or tmp / "a.h5", edit_keeping_time, "changed at"),  # its own file, time put back
+    (external_raw, edit_raw, "raw.bin"),  # its external raw file
+    (virtual, lambda p: write(str(p), random_matrix(SHAPE, np.float64, seed=2)),
+     "src.h5"),  # a virtual dataset's source file
 ]
 
 
-@pytest.mark.parametrize("make, change, word", ELSEWHERE, ids=["time-put-back"])
+@pytest.mark.parametrize("make, change, word", ELSEWHERE, ids=["time-put-back", "external",
+                                                                "virtual"])
 def test_changes_to_the_files_holding_the_data_are_seen(tmp_path, make, change, word):
     path = make(tmp_path)
     rec = ident(f"{tmp_path / 'a.h5'}:/A")
