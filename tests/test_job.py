@@ -342,6 +342,24 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, alias):
     assert sha256(tmp_path / "in.h5") == before
 
 
+@pytest.mark.parametrize("name", ["S", "C"], ids=["the-source", "beside-it"])
+def test_an_output_in_a_virtual_inputs_source_file_is_refused(tmp_path, monkeypatch, name):
+    # A is a virtual dataset over src.h5:/S; C is S itself, or another dataset of src.h5
+    # (HDF5 without file locks, as on many parallel file systems, does not stop the run)
+    monkeypatch.setenv("HDF5_USE_FILE_LOCKING", "FALSE")
+    h5(tmp_path / "src.h5", "S", random_matrix((60, 60), np.float64, seed=1))
+    b = h5(tmp_path / "b.h5", "B", random_matrix((60, 60), np.float64, seed=2))
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        layout = h5py.VirtualLayout(shape=(60, 60), dtype=np.float64)
+        layout[:] = h5py.VirtualSource(str(tmp_path / "src.h5"), "S", shape=(60, 60))
+        f.create_virtual_dataset("A", layout)
+    before = sha256(tmp_path / "src.h5")
+    rc, _, err = cli("multiply", f"{tmp_path / 'v.h5'}:/A", b, "-o",
+                     f"{tmp_path / 'src.h5'}:/{name}", "--overwrite", "--backend", "numpy")
+    one_line(rc, err, "Expected an output other than the inputs", "virtual source", "A (")
+    assert sha256(tmp_path / "src.h5") == before
+
+
 def test_a_soft_link_as_input_protects_its_target(tmp_path):
     a = h5(tmp_path / "in.h5", "A", random_matrix((60, 60), np.float64, seed=1))
     with h5py.File(tmp_path / "in.h5", "a") as f:

@@ -237,6 +237,9 @@ class Footprint:
     #: and every directory above it; one array inside another's directory overlaps it.
     tree: tuple | None = None
     within: tuple = ()
+    #: (device, inode) of other files holding its data: an HDF5 dataset's external raw files
+    #: and virtual sources, which HDF5 reads behind the dataset's own file.
+    elsewhere: tuple = ()
 
 
 def overlaps(a: Footprint, b: Footprint) -> str:
@@ -254,6 +257,8 @@ def overlaps(a: Footprint, b: Footprint) -> str:
                 return "mapping bytes of the same file as"
     if (a.tree is not None and a.tree in b.within) or (b.tree is not None and b.tree in a.within):
         return "nested with (in, or holding, the directory of)"
+    if set(a.files) & set(b.elsewhere) or set(b.files) & set(a.elsewhere):
+        return "in a file holding data (external raw storage or a virtual source) of"
     return ""
 
 

@@ -208,7 +208,8 @@ class H5Source(Source):
         else:  # somewhere in the file
             ranges = ((dev, ino, 0, 1 << 62),)
         return Footprint(objects=((dev, ino, self._object),), ranges=ranges,
-                         files=((dev, ino),), within=ancestors(self.path))
+                         files=((dev, ino),), within=ancestors(self.path),
+                         elsewhere=tuple((f["dev"], f["ino"]) for f in self._data))
 
     def stored_files(self) -> tuple:
         if self._layout.kind in ("contiguous", "chunked", *DECODED_KINDS):
