@@ -223,7 +223,7 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
         return info
     st = os.stat(spec.path)
     with H5LOCK:
-        with h5_open_retry(lambda: h5py.File(spec.path, "r"), spec.path, label) as f:
+        with _open_existing(spec.path, label) as f:
             obj = f.get(spec.dataset)
             # a soft or external link to nothing: replaced only with overwrite
             info["dangling"] = obj is None and f.get(spec.dataset, getlink=True) is not None
@@ -247,6 +247,20 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
                                   within=ancestors(spec.path))
     info["file"] = (st.st_dev, st.st_ino)
     return info
+
+
+def _open_existing(path: str, label: str) -> h5py.File:
+    """The existing output file, read-only (call holding H5LOCK); OutputNotWritable where HDF5
+    cannot open it (a truncated or damaged file: left alone, as it may hold the user's
+    data)."""
+    try:
+        return h5_open_retry(lambda: h5py.File(path, "r"), path, label)
+    except BigmmError:
+        raise
+    except OSError as exc:
+        raise OutputNotWritable(f"Expected an HDF5 file that opens at the output '{path}'. Got "
+                                f"one HDF5 cannot open ({exc}): restore it, or move it away "
+                                f"and run again.") from exc
 
 
 def _h5_kind(obj) -> str:

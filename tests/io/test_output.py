@@ -61,6 +61,24 @@ def test_a_broken_file_the_run_did_not_create_is_not_recreated(tmp_path, inputs)
     assert os.path.getsize(f"{tmp_path}/out.h5") == 96
 
 
+@pytest.mark.parametrize("resume, overwrite", [
+    (True, False),   # --resume
+    (False, True),   # --overwrite: the file is left alone all the same
+])
+def test_a_truncated_output_file_is_one_error(tmp_path, inputs, resume, overwrite):
+    _, srcs = inputs
+    spec = f"{tmp_path}/out.h5:/C"
+    sink = new_sink(spec, srcs)
+    write_tiles(sink, random_matrix(SHAPE, np.float32), tiles()[:2])
+    sink.commit(tiles()[:2])
+    sink.close()
+    size = os.path.getsize(f"{tmp_path}/out.h5")
+    os.truncate(f"{tmp_path}/out.h5", size // 2)  # its superblock whole, its end gone
+    with pytest.raises(OutputNotWritable, match="Expected an HDF5 file that opens"):
+        new_sink(spec, srcs, resume=resume, overwrite=overwrite)
+    assert os.path.getsize(f"{tmp_path}/out.h5") == size // 2
+
+
 @pytest.mark.parametrize("change, word", [
     ({"alpha": 2.0}, "alpha"),           # a different alpha
     ({"plan": "bm=8 bn=8"}, "plan"),     # a different plan
