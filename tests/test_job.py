@@ -165,6 +165,21 @@ def test_resume_refuses_an_input_edited_with_its_time_put_back(tmp_path, job):
     one_line(rc, err, "Expected A", "changed at", "modification time kept")
 
 
+@pytest.mark.parametrize("finished", [False, True])  # killed part way; run to the end
+def test_resume_names_inputs_given_swapped(tmp_path, finished):
+    a = h5(tmp_path / "a.h5", "A", random_matrix((K, K), np.float64, seed=1))
+    b = h5(tmp_path / "b.h5", "B", random_matrix((K, K), np.float64, seed=2))
+    c = f"{tmp_path / 'c.h5'}:/C"
+    if finished:
+        rc, _, err = cli("multiply", a, b, "-o", c, "--memory", BUDGET, "--backend", "numpy")
+        assert rc == 0, err
+    else:
+        killed(a, b, c)
+    rc, _, err = cli("multiply", b, a, "-o", c, "--memory", BUDGET, "--backend", "numpy",
+                     "--resume")
+    one_line(rc, err, "Expected", "swapped", "overwrite")
+
+
 def test_resume_refuses_an_edited_old_c(tmp_path, job):
     a, b = job
     c = h5(tmp_path / "c.h5", "C", random_matrix((M, N), np.float64, seed=3))

@@ -92,10 +92,11 @@ def completed(spec, label, info, job, threads, strict: bool, result) -> Sink | N
 def _job_differences(record: dict | None, job: dict) -> list[str]:
     if record is None:
         return ["it was not written by bigmm (no job recorded)"]
-    out = []
     old, now = record.get("job") or {}, finished_job(job)["job"]
-    out += [f"{key} {now.get(key)!r} (the output's {old.get(key)!r})"
-            for key in sorted(set(now) | set(old)) if old.get(key) != now.get(key)]
+    out = [f"{key} {now.get(key)!r} (the output's {old.get(key)!r})"
+           for key in sorted(set(now) | set(old)) if old.get(key) != now.get(key)]
+    if swapped(record.get("inputs") or {}, job["inputs"]):
+        return ["A and B swapped (A is the data the run read as B, and B as A)"] + out
     for name in job["inputs"]:
         rec, cur = (record.get("inputs") or {}).get(name), job["inputs"][name]
         diff = ["no record"] if rec is None else differences(rec, cur)
@@ -132,6 +133,11 @@ def resume_output(store, spec, label, journal, job, info, shape, dtype, reads_c,
         raise ResumeError(f"Expected a journal recording the identity of the inputs to resume "
                           f"{spec}. Got '{journal.path}' without them (written by an older "
                           f"bigmm); start over with overwrite=True.")
+    if swapped(rin, job["inputs"]):
+        raise ResumeError(f"Expected A and B in the order the interrupted run read them, to "
+                          f"resume {spec}. Got them swapped (A is the data the run read as B, "
+                          f"and B as A): give them in the run's order, or start over with "
+                          f"overwrite=True.")
     for name in job["inputs"]:
         diff = differences(rin[name], job["inputs"][name])
         if diff:
@@ -169,6 +175,17 @@ def resume_output(store, spec, label, journal, job, info, shape, dtype, reads_c,
                           f"Got neither.")
     return store.sink(spec, shape, dtype, journal, target, reads_c, threads, dataset,
                                chunks)
+
+
+def swapped(recorded: dict, now: dict) -> bool:
+    """Whether the stored A and B given now are the run's recorded B and A (by device, inode
+    and object; two stored objects apart)."""
+    def key(rec):
+        f = (rec or {}).get("file")
+        return None if f is None else (f.get("dev"), f.get("ino"), rec.get("object"))
+
+    ra, rb, na, nb = (key(x.get(n)) for x in (recorded, now) for n in ("A", "B"))
+    return None not in (ra, rb) and ra != rb and (na, nb) == (rb, ra)
 
 
 def _changed(name: str, label: str, diff: list[str], spec) -> str:
