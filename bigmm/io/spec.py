@@ -6,7 +6,8 @@ Grammar. A spec names an HDF5 dataset or a Zarr array:
 * ``file.h5:/group/dataset`` (HDF5): the file part ends at the first ``":/"``, else at the last
   ``":"``; the leading "/" of the dataset is optional; both parts must be non-empty.
 * ``store.zarr`` (Zarr): the array at the root of the store.
-* ``store.zarr:/group/array`` (Zarr): the array at that path inside the store.
+* ``store.zarr:/group/array`` (Zarr): the array at that path inside the store (no empty or
+  ``..`` names: Zarr has no parent names).
 
 A spec is Zarr when its store part ends with ``.zarr`` (any case, a trailing "/" allowed) or is
 an existing directory holding Zarr metadata (``zarr.json``); a whole spec that is such a path
@@ -81,8 +82,9 @@ def parse_spec(text) -> Spec:
     dataset = _without_dots(dataset)
     if path and is_zarr_path(path):
         array = "/" + dataset.strip().strip("/")
-        if "//" in array:
-            raise SpecError(f"Expected 'store.zarr:/group/array'. Got {text!r}.")
+        if "//" in array or ".." in array.split("/"):  # (Zarr has no parent names)
+            raise SpecError(f"Expected 'store.zarr:/group/array' (no empty or '..' names). "
+                            f"Got {text!r}.")
         return Spec(*_outermost(_store(path), array), ZARR)
     dataset = "/" + dataset.strip().lstrip("/")
     if not path or dataset == "/" or "//" in dataset or dataset.endswith("/"):

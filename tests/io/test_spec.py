@@ -74,3 +74,21 @@ def test_one_output_spelled_with_dots_has_one_lock(tmp_path):
     with pytest.raises(OutputBusyError):  # a second writer spelling it "/./C"
         OutputLock(lock_path(parse_spec(f"{tmp_path / 'o.h5'}:/./C")), "C")
     held.release()
+
+
+@pytest.mark.parametrize("text", [
+    "s.zarr:/../A",      # above the store
+    "s.zarr:/g/../A",    # up and down again
+    "s.zarr:/..",        # the store's parent
+])
+def test_zarr_spec_rejects_parent_names(text):
+    with pytest.raises(SpecError, match=r"Expected 'store.zarr:/group/array'.*Got"):
+        parse_spec(text)
+
+
+def test_generate_refuses_a_zarr_path_with_parent_names(tmp_path):
+    from bigmm.io.generate import generate
+
+    with pytest.raises(SpecError, match="'..' names"):
+        generate(f"{tmp_path / 's.zarr'}:/../x", (3, 4))
+    assert not list(tmp_path.iterdir())
