@@ -284,8 +284,9 @@ def _check_array_result(p: Plan, itemsize: int) -> None:
 
 def check_callbacks(progress, profile, out) -> None:
     """OptionError for a ``progress`` that cannot be called or a ``profile`` that is neither
-    off, True, a path prefix in an existing folder nor a Profile, before anything is opened
-    (a run that failed at its first tile or after its last would leave an output)."""
+    off, True, a path prefix (a file name in an existing folder) nor a Profile, before
+    anything is opened (a run that failed at its first tile or after its last would leave
+    an output)."""
     if progress is not None and not callable(progress):
         raise OptionError(f"Expected progress as a callable taking a Progress, or None. "
                           f"Got {progress!r}.")
@@ -295,6 +296,9 @@ def check_callbacks(progress, profile, out) -> None:
         raise OptionError(f"Expected profile as True, a path prefix or a Profile. "
                           f"Got {profile!r}.")
     prefix = profile_prefix(profile, out)
+    if not os.path.basename(prefix):  # "" or "dir/": files named ".trace.json" and ".png"
+        raise OptionError(f"Expected profile as a path prefix ending in a file name (its files "
+                          f"are PREFIX.trace.json and PREFIX.png). Got {prefix!r}.")
     folder = os.path.dirname(os.path.abspath(prefix))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         raise OptionError(f"Expected profile's files in a writable folder. Got "

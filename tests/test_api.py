@@ -241,6 +241,20 @@ def test_bad_input_gives_one_clear_error(files, what, a, b, out, kw, err, words)
     assert not glob.glob(str(tmp / "new.h5*"))  # nothing created
 
 
+@pytest.mark.parametrize("profile", [
+    "",      # no prefix at all: ".trace.json" in the current folder
+    "{dir}/",  # a folder, no file name: hidden files in it
+])
+def test_profile_prefix_without_a_file_name_is_refused(files, monkeypatch, profile):
+    tmp, spec_a, spec_b, _ = files
+    monkeypatch.chdir(tmp)
+    before = sorted(os.listdir(tmp))
+    with pytest.raises(errors.OptionError, match=r"Expected profile as a path prefix.*Got"):
+        bigmm.matmul(spec_a, spec_b, "new.h5:/C", backend="numpy",
+                     profile=profile.format(dir=tmp))
+    assert sorted(os.listdir(tmp)) == before  # no output, no trace
+
+
 def test_plan_refuses_an_out_of_the_wrong_shape(files):
     # as matmul does, before it plans anything
     _, spec_a, spec_b, _ = files
