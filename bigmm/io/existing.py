@@ -19,7 +19,7 @@ from .filesink import PARTIAL_SUFFIX
 from .identity import array_footprint, refuse_alias
 from .journal import journal_path, parse_journal
 from .lock import h5_open_retry
-from .output import _check_folder, _check_old_c, _check_open, _check_shape, _storage
+from .output import check_folder, _check_old_c, _check_open, _check_shape, _storage
 from .spec import Spec, parse_spec
 
 
@@ -112,7 +112,7 @@ def check_output(x, shape, *, reads_c: bool, resume: bool = False) -> None:
     if not isinstance(x, (str, os.PathLike, Spec)):
         return  # None or an array: checked where the plan is made
     spec, label = output_spec(x)
-    _check_folder(spec.path)
+    check_folder(spec.path)
     if not spec.zarr and os.path.exists(h5atomic.redo_path(spec.path)):
         return  # a killed run's change to finish first (see refuse_output_alias)
     store = _storage(spec)

@@ -29,7 +29,7 @@ from ..units import dtype_name as _dtype_name
 from ._h5 import COMPLETE_ATTR, h5_type, stored_dtype, write_region
 from .durable import free_bytes
 from .spec import parse_spec
-from .output import check_parents
+from .output import check_file, check_folder, check_parents, h5_kind
 
 #: Elements per random unit (fixed: changing it changes every generated matrix).
 UNIT = 1 << 16
@@ -85,7 +85,11 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
     f = _open_file(path)
     try:
         check_parents(f, parse_spec(f"{path}:{name}"))
-        if name in f:
+        if name in f:  # a dataset, a link to nothing, or another object
+            obj = f.get(name)
+            if obj is not None and not isinstance(obj, h5py.Dataset):  # datasets only
+                raise OutputNotWritable(f"Expected a dataset path for {path}:{name}. Got "
+                                        f"{h5_kind(obj)}.")
             if not overwrite:
                 raise OutputExistsError(
                     f"Expected {path}:{name} not to exist (pass overwrite=True to replace it). "
@@ -208,9 +212,8 @@ def _split_spec(spec) -> tuple[str, str]:
 
 
 def _open_file(path: str) -> h5py.File:
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise OutputNotWritable(f"Expected an existing directory for {path}. Got none at {directory}.")
+    check_folder(path)  # as multiply checks its output: a folder, a file not HDF5
+    check_file(path)
     try:
         return h5py.File(path, "a")
     except OSError as e:

@@ -175,7 +175,7 @@ def _storage(spec: Spec) -> _Storage:
     return _ZARR if spec.zarr else _HDF5
 
 
-def _check_folder(path: str) -> None:
+def check_folder(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         what = "is not a directory" if os.path.exists(folder) else "does not exist"
@@ -203,7 +203,7 @@ def _recover(spec: Spec) -> None:
     h5_open_retry(lambda: h5atomic.recover(spec.path), spec.path, f"C ({spec})")
 
 
-def _check_file(path: str) -> None:
+def check_file(path: str) -> None:
     if _has_file(path):
         if os.path.isdir(path) or not os.access(path, os.W_OK):
             why = "a directory" if os.path.isdir(path) else "permission denied"
@@ -230,7 +230,7 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
             if obj is not None and not isinstance(obj, h5py.Dataset):
                 raise OutputNotWritable(f"Expected a dataset path for the output. Got "
                                         f"'{spec.dataset}' in '{spec.path}', which is "
-                                        f"{_h5_kind(obj)}.")
+                                        f"{h5_kind(obj)}.")
             if obj is None:
                 check_parents(f, spec)
             objects = ()
@@ -263,7 +263,7 @@ def _open_existing(path: str, label: str) -> h5py.File:
                                 f"and run again.") from exc
 
 
-def _h5_kind(obj) -> str:
+def h5_kind(obj) -> str:
     """What an HDF5 object is, in words."""
     if isinstance(obj, h5py.Group):
         return "a group"
@@ -283,7 +283,7 @@ def check_parents(f: h5py.File, spec: Spec) -> None:
             return  # created with the dataset
         if not isinstance(obj, h5py.Group):
             raise OutputNotWritable(f"Expected a group at '{parent}' in '{spec.path}' to hold "
-                                    f"the output '{spec.dataset}'. Got {_h5_kind(obj)}.")
+                                    f"the output '{spec.dataset}'. Got {h5_kind(obj)}.")
 
 
 def _loads(raw) -> dict | None:
@@ -348,7 +348,7 @@ def _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, th
                  dataset: h5py.Dataset | None = None) -> Sink:
     """Take the output's lock, then open it (:func:`_open_file`); the sink releases the lock
     when it closes."""
-    _check_folder(spec.path)
+    check_folder(spec.path)
     label = (f"C ({spec})" if dataset is None or spec.zarr
              else f"C ({dataset.file.filename}:{dataset.name})")
     _check_one_name(spec)
@@ -487,7 +487,7 @@ def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old:
 # of zarrsink is the one called.
 _HDF5 = _Storage(
     chunks=lambda *a: tile_chunks(*a),
-    check=lambda spec: _check_file(spec.path),
+    check=lambda spec: check_file(spec.path),
     recover=lambda spec: _recover(spec),
     exists=lambda spec: _has_file(spec.path),
     inspect=lambda *a: _inspect(*a),

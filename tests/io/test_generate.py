@@ -133,3 +133,44 @@ def test_bad_outputs(tmp_path, spec, error):
     with pytest.raises(error, match="Expected"):
         generate(spec.format(tmp=tmp_path), (3, 4))
     assert (tmp_path / "not_hdf5.h5").read_text() == "plain text, not HDF5"
+
+
+@pytest.mark.parametrize("make, kind, words", [
+    (lambda f: f.create_group("G"), h5py.Group, "a group"),  # a group: deleted before
+    (lambda f: f.__setitem__("G", np.dtype("f4")), h5py.Datatype,
+     "a committed datatype"),  # a named type
+])
+def test_overwrite_replaces_datasets_only(tmp_path, make, kind, words):
+    path = tmp_path / "o.h5"
+    with h5py.File(path, "w") as f:
+        make(f)
+        f["keep"] = [1.0]
+    with pytest.raises(OutputNotWritable, match=f"Expected a dataset path.*Got {words}"):
+        generate(f"{path}:/G", (3, 4), overwrite=True)
+    with h5py.File(path, "r") as f:
+        assert isinstance(f["G"], kind) and f["keep"][0] == 1.0  # left as it was
+
+
+@pytest.mark.parametrize("name, words", [
+    ("d.h5", "a directory"),         # a directory where the file goes
+    ("not_hdf5.h5", "not HDF5"),     # a file of another format
+])
+def test_an_output_file_that_is_not_hdf5_is_named_as_such(tmp_path, name, words):
+    (tmp_path / "d.h5").mkdir()
+    (tmp_path / "not_hdf5.h5").write_text("plain text")
+    with pytest.raises(OutputNotWritable, match=f"Expected .*HDF5 file.*Got '.*{name}'.*{words}"):
+        generate(f"{tmp_path / name}:/x", (3, 4))
+
+
+@pytest.mark.parametrize("link", [
+    h5py.SoftLink("/nowhere"),              # a soft link to nothing
+    h5py.ExternalLink("nofile.h5", "/X"),   # an external link to a missing file
+], ids=["soft", "external"])
+def test_a_link_to_nothing_is_replaced_only_with_overwrite(tmp_path, link):
+    path = tmp_path / "o.h5"
+    with h5py.File(path, "w") as f:
+        f["L"] = link
+    with pytest.raises(OutputExistsError, match="overwrite"):
+        generate(f"{path}:/L", (3, 4))
+    generate(f"{path}:/L", (3, 4), overwrite=True)
+    assert _read(path, "L")[0].shape == (3, 4)
