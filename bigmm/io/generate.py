@@ -69,6 +69,10 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
     m, n = parse_shape(shape)
     dtype = parse_dtype(dtype)
     seed = parse_seed(seed)
+    if (isinstance(block_elements, bool) or not isinstance(block_elements, (int, np.integer))
+            or block_elements < 1):
+        raise OptionError(f"Expected block_elements as a positive integer. "
+                          f"Got {block_elements!r}.")
     parsed = parse_spec(spec)
     lay = parse_layout(layout, chunks, compression, (m, n), zarr=parsed.zarr)
     if not lay.filter and not compression:  # uncompressed: its bytes must fit the disk
@@ -113,9 +117,11 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
 def block(shape, seed: int, r0: int, r1: int, dtype: str = "float64") -> np.ndarray:
     """Rows [r0, r1) of the matrix ``generate`` writes for ``shape`` and ``seed`` (in memory)."""
     m, n = parse_shape(shape)
-    if not 0 <= r0 <= r1 <= m:
-        raise ShapeError(f"Expected 0 <= r0 <= r1 <= {m}. Got r0={r0}, r1={r1}.")
-    flat = _draw(seed, r0 * n, r1 * n)
+    seed = parse_seed(seed)
+    if (not all(isinstance(r, (int, np.integer)) and not isinstance(r, bool) for r in (r0, r1))
+            or not 0 <= r0 <= r1 <= m):
+        raise ShapeError(f"Expected integers 0 <= r0 <= r1 <= {m}. Got r0={r0!r}, r1={r1!r}.")
+    flat = _draw(seed, int(r0) * n, int(r1) * n)
     return flat.reshape(r1 - r0, n).astype(numpy_dtype(parse_dtype(dtype)), copy=False)
 
 

@@ -99,6 +99,8 @@ def test_layouts(tmp_path, layout, chunks, compression, want_chunks, filter_id):
     (dict(shape=(3, 4), layout="chunked", chunks=(4, 2)), OptionError),  # chunk > shape
     (dict(shape=(3, 4), layout="chunked", chunks=(0, 2)), OptionError),  # empty chunk
     (dict(shape=(3, 4), seed=-1), OptionError),          # negative seed
+    (dict(shape=(3, 4), block_elements=0), OptionError),  # empty write blocks
+    (dict(shape=(3, 4), block_elements=2.5), OptionError),  # not an integer
 ])
 def test_bad_arguments(tmp_path, kwargs, error):
     path = tmp_path / "e.h5"
@@ -174,3 +176,14 @@ def test_a_link_to_nothing_is_replaced_only_with_overwrite(tmp_path, link):
         generate(f"{path}:/L", (3, 4))
     generate(f"{path}:/L", (3, 4), overwrite=True)
     assert _read(path, "L")[0].shape == (3, 4)
+
+
+@pytest.mark.parametrize("args, error", [
+    (((3, 4), -1, 0, 1), OptionError),   # negative seed
+    (((3, 4), "x", 0, 1), OptionError),  # seed not an integer
+    (((3, 4), 0, 0, 1.5), ShapeError),   # rows not integers
+    (((3, 4), 0, 2, 1), ShapeError),     # r0 > r1
+])
+def test_block_refuses_bad_arguments(args, error):
+    with pytest.raises(error, match="Expected .*Got"):
+        block(*args)
