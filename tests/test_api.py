@@ -290,6 +290,49 @@ def test_plan_refuses_an_output_matmul_refuses(files, out, beta, err, words):
     assert not glob.glob(str(tmp / "new.h5*"))
 
 
+def _in_place(kind, tmp):
+    """An output of (30, 10) float64 written in place, of one kind that cannot take C."""
+    if kind in ("read-only array", "array to resume", "array beside itself"):
+        if kind == "array beside itself":  # each row the same memory shifted by one
+            return np.lib.stride_tricks.as_strided(np.zeros(40), (30, 10), (8, 8))
+        out = np.zeros((30, 10))
+        out.flags.writeable = kind != "read-only array"
+        return out
+    if kind.startswith("dataset"):
+        with h5py.File(tmp / "d.h5", "w") as f:
+            f["C"] = np.zeros((30, 10))
+        return h5py.File(tmp / "d.h5", "r" if kind == "dataset read-only" else "r+")["C"]
+    zarr = pytest.importorskip("zarr")
+    if kind == "zarr in memory":
+        return zarr.zeros((30, 10), dtype="f8")
+    zarr.open_array(tmp / "z.zarr", mode="w", shape=(30, 10), dtype="f8")
+    return zarr.open_array(tmp / "z.zarr", mode="r" if kind == "zarr read-only" else "r+")
+
+
+@pytest.mark.parametrize("kind, kw, err, words", [
+    ("read-only array", {}, errors.OutputNotWritable, ["writeable"]),  # not writeable
+    ("array beside itself", {}, errors.OutputIsInputError, ["distinct"]),  # overlapping rows
+    ("array to resume", {"resume": True}, errors.ResumeError, ["journal"]),  # no journal
+    ("dataset read-only", {}, errors.OutputNotWritable, ["read-only"]),  # file opened "r"
+    ("dataset with beta", {"beta": 1.0}, errors.OptionError, ["beta != 0"]),  # old C in place
+    ("zarr read-only", {}, errors.OutputNotWritable, ["read-only"]),  # array opened "r"
+    ("zarr in memory", {}, errors.OutputNotWritable, ["local directory store"]),  # no files
+    ("zarr with beta", {"beta": 1.0}, errors.OptionError, ["beta != 0"]),  # old C in place
+])
+def test_plan_refuses_an_in_place_output_matmul_refuses(files, kind, kw, err, words):
+    tmp, spec_a, spec_b, _ = files
+    out = _in_place(kind, tmp)
+    try:
+        for call in (bigmm.plan, bigmm.matmul):
+            with pytest.raises(err) as e:
+                call(spec_a, spec_b, out, backend="numpy", **kw)
+            msg = str(e.value)
+            assert msg.startswith("Expected") and all(w in msg for w in words), msg
+    finally:
+        if kind.startswith("dataset"):
+            out.file.close()
+
+
 @pytest.mark.parametrize("out", [
     "spec",     # A's file and dataset, named again
     "dataset",  # A's dataset, open in h5py

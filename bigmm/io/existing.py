@@ -19,7 +19,8 @@ from .filesink import PARTIAL_SUFFIX
 from .identity import array_footprint, refuse_alias
 from .journal import journal_path, parse_journal
 from .lock import h5_open_retry
-from .output import check_folder, _check_old_c, _check_open, _check_shape, _storage
+from .output import (check_folder, check_in_place, _check_old_c, _check_open, _check_shape,
+                     _storage)
 from .spec import Spec, parse_spec
 
 
@@ -102,15 +103,18 @@ def refuse_output_alias(x, inputs) -> None:
 def check_output(x, shape, *, reads_c: bool, resume: bool = False) -> None:
     """Refuse, read-only and as :func:`.output.open_output` refuses it, an output ``x`` that
     cannot be written (OutputNotWritable: its directory missing or not writable, a file that
-    is not HDF5) or, for beta != 0 (``reads_c``), that holds no old C (OperandNotFound) or
-    one not of ``shape`` (ShapeError); an h5py.Dataset with no dataspace (ShapeError). A
-    resumed output with a journal is left to the run (it may be mid-swap)."""
+    is not HDF5; an array, dataset or zarr.Array that cannot take C in place:
+    :func:`.output.check_in_place`) or, for beta != 0 (``reads_c``), that holds no old C
+    (OperandNotFound) or one not of ``shape`` (ShapeError); an h5py.Dataset with no
+    dataspace (ShapeError). A resumed output with a journal is left to the run (it may be
+    mid-swap)."""
+    check_in_place(x, reads_c=reads_c, resume=resume)  # read-only, old C in place, ...
     if isinstance(x, h5py.Dataset):
         spec, label = output_spec(x)
         _check_shape(x.shape, shape, label)
         return
     if not isinstance(x, (str, os.PathLike, Spec)):
-        return  # None or an array: checked where the plan is made
+        return  # None or an array: its shape and dtype checked where the plan is made
     spec, label = output_spec(x)
     check_folder(spec.path)
     if not spec.zarr and os.path.exists(h5atomic.redo_path(spec.path)):

@@ -59,17 +59,8 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
         return ArraySink(np.empty(shape, dtype), "C (NumPy array)")
     if isinstance(x, np.ndarray):
         label = "C (NumPy array)"
-        if resume:
-            raise ResumeError("Expected an output that can be resumed (a 'file.h5:/C' spec or "
-                              "an h5py.Dataset). Got a NumPy array: a run into an array keeps "
-                              "no journal.")
+        check_in_place(x, reads_c=reads_c, resume=resume)
         _check_like(x.shape, x.dtype, shape, dtype, label)
-        if not x.flags.writeable:
-            raise OutputNotWritable("Expected a writeable NumPy array for C. Got a read-only one.")
-        if overlaps_itself(x):
-            raise OutputIsInputError(f"Expected an output whose elements are distinct. Got "
-                                     f"{label} with strides {x.strides} over shape {x.shape}: "
-                                     f"elements share memory.")
         with mappings_once():
             refuse_alias(array_footprint(x), inputs, label)
         return ArraySink(x, label)
@@ -77,14 +68,7 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
         _check_open(x)
         label = f"C ({x.file.filename}:{x.name})"
         _check_like(x.shape, stored_dtype(x), shape, dtype, label)
-        if x.file.mode == "r":
-            raise OutputNotWritable(f"Expected an h5py.Dataset open for writing for C. "
-                                    f"Got {label} in a file opened read-only.")
-        if reads_c:
-            raise OptionError(
-                f"Expected out as a spec 'file.h5:/C' for beta != 0 (old C then survives an "
-                f"interruption in a partial dataset, and the run can resume). Got an "
-                f"h5py.Dataset, {label}: pass '{x.file.filename}:{x.name}' instead.")
+        check_in_place(x, reads_c=reads_c)
         spec = Spec(os.path.realpath(x.file.filename), x.name)
         return _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c,
                             threads, None, dataset=x)
@@ -108,21 +92,52 @@ def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: 
 def _open_zarr_array(x, shape, dtype, inputs, job, overwrite, resume, reads_c, threads) -> Sink:
     """A ``zarr.Array`` written in place (its chunks and codecs kept), as an h5py.Dataset is."""
     spec = zarrsource.spec_of(x)
-    label = f"C ({zarrsource.describe_array(x)})"
-    _check_like(x.shape, x.dtype, shape, dtype, label)
-    if spec is None:
-        raise OutputNotWritable(f"Expected a zarr.Array in a local directory store for C (its "
-                                f"chunks are journaled as files). Got {label}.")
-    if x.read_only:
-        raise OutputNotWritable(f"Expected a zarr.Array open for writing for C. Got {label}, "
-                                f"opened read-only.")
-    if reads_c:
-        raise OptionError(
-            f"Expected out as a spec 'store.zarr:/C' for beta != 0 (old C then survives an "
-            f"interruption in a partial array, and the run can resume). Got a zarr.Array, "
-            f"{label}: pass '{spec}' instead.")
+    _check_like(x.shape, x.dtype, shape, dtype, f"C ({zarrsource.describe_array(x)})")
+    check_in_place(x, reads_c=reads_c)
     return _open_locked(spec, shape, dtype, inputs, job, overwrite, resume, reads_c, threads,
                         None, dataset=x)
+
+
+def check_in_place(x, *, reads_c: bool, resume: bool = False) -> None:
+    """Refuse an output written in place (a NumPy array, an h5py.Dataset or a zarr.Array; others
+    pass) that cannot take C: read-only, elements sharing memory, outside a local store, a
+    NumPy array to resume, or (``reads_c``) a dataset or array holding old C."""
+    if isinstance(x, np.ndarray):
+        if resume:
+            raise ResumeError("Expected an output that can be resumed (a 'file.h5:/C' spec or "
+                              "an h5py.Dataset). Got a NumPy array: a run into an array keeps "
+                              "no journal.")
+        if not x.flags.writeable:
+            raise OutputNotWritable("Expected a writeable NumPy array for C. Got a read-only one.")
+        if overlaps_itself(x):
+            raise OutputIsInputError(f"Expected an output whose elements are distinct. Got "
+                                     f"C (NumPy array) with strides {x.strides} over shape "
+                                     f"{x.shape}: elements share memory.")
+    elif isinstance(x, h5py.Dataset):
+        _check_open(x)
+        label = f"C ({x.file.filename}:{x.name})"
+        if x.file.mode == "r":
+            raise OutputNotWritable(f"Expected an h5py.Dataset open for writing for C. "
+                                    f"Got {label} in a file opened read-only.")
+        if reads_c:
+            raise OptionError(
+                f"Expected out as a spec 'file.h5:/C' for beta != 0 (old C then survives an "
+                f"interruption in a partial dataset, and the run can resume). Got an "
+                f"h5py.Dataset, {label}: pass '{x.file.filename}:{x.name}' instead.")
+    elif zarrsource.is_zarr_array(x):
+        spec = zarrsource.spec_of(x)
+        label = f"C ({zarrsource.describe_array(x)})"
+        if spec is None:
+            raise OutputNotWritable(f"Expected a zarr.Array in a local directory store for C "
+                                    f"(its chunks are journaled as files). Got {label}.")
+        if x.read_only:
+            raise OutputNotWritable(f"Expected a zarr.Array open for writing for C. Got "
+                                    f"{label}, opened read-only.")
+        if reads_c:
+            raise OptionError(
+                f"Expected out as a spec 'store.zarr:/C' for beta != 0 (old C then survives an "
+                f"interruption in a partial array, and the run can resume). Got a zarr.Array, "
+                f"{label}: pass '{spec}' instead.")
 
 
 def _check_open(x: h5py.Dataset) -> None:
