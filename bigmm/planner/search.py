@@ -576,19 +576,25 @@ def _check_fits(plan: Plan) -> None:
 
 
 def _too_small(smallest: Plan) -> BudgetError:
+    """The BudgetError of budgets below the ``smallest`` plan's: one sentence naming the
+    budgets that are short (one budget where, without staging, one set of buffers counts
+    against both and they are the same)."""
     smallest = decode.least(smallest)
     error = decode.too_small(smallest)
     if error is not None:
         return error
     need_dev, need_host = smallest.device_bytes, decode.host_total(smallest)
-    parts = []
-    if smallest.device_budget < need_dev:
-        parts.append(f"a device memory budget of at least {need_dev} bytes "
-                     f"({format_bytes(need_dev)}). Got {smallest.device_budget} bytes")
-    if smallest.host_budget < need_host:
-        parts.append(f"a host memory budget of at least {need_host} bytes "
-                     f"({format_bytes(need_host)}). Got {smallest.host_budget} bytes")
-    return BudgetError(
-        f"Expected {'; and '.join(parts)} (the smallest tiles, "
-        f"{smallest.bm}x{smallest.bn}x{smallest.bk}, need that much).",
-        minimum=max(need_dev, need_host))
+    why = f"the smallest tiles, {smallest.bm}x{smallest.bn}x{smallest.bk}, need that much"
+    if not smallest.staging and smallest.device_budget == smallest.host_budget:
+        need = max(need_dev, need_host)
+        return BudgetError(f"Expected a memory budget of at least {need} bytes "
+                           f"({format_bytes(need)}: {why}). Got {smallest.device_budget} "
+                           f"bytes.", minimum=need)
+    short = [(what, need, have) for what, need, have in
+             (("device", need_dev, smallest.device_budget),
+              ("host", need_host, smallest.host_budget)) if have < need]
+    expected = " and ".join(f"a {what} memory budget of at least {need} bytes "
+                            f"({format_bytes(need)})" for what, need, _ in short)
+    got = " and ".join(f"{have} bytes" for _, _, have in short)
+    return BudgetError(f"Expected {expected} ({why}). Got {got}.",
+                       minimum=max(need_dev, need_host))

@@ -105,6 +105,23 @@ def test_bad_arguments_name_the_value(kwargs, error, words):
         assert w in str(exc.value)
 
 
+@pytest.mark.parametrize("budgets, staging, expected", [
+    ((100, 100), False, ["a memory budget of at least 1536 bytes"]),  # CPU: one budget
+    ((100, 100), True, ["a device memory budget", "and a host memory budget"]),  # both short
+    ((2**20, 100), True, ["a host memory budget of at least"]),  # the host's alone
+    ((2**20, 100), False, ["a host memory budget of at least"]),  # CPU, host_memory given
+])
+def test_a_budget_too_small_is_one_sentence(budgets, staging, expected):
+    with pytest.raises(BudgetError) as exc:
+        make_plan(64, 64, 64, device_budget=budgets[0], host_budget=budgets[1],
+                  staging=staging)
+    msg = str(exc.value)
+    assert msg.count("Expected") == 1 and msg.count("Got") == 1, msg
+    assert all(w in msg for w in expected) and str(exc.value.minimum) in msg, msg
+    if budgets[0] == 2**20:
+        assert "device" not in msg  # only the budget that is short
+
+
 @settings(max_examples=60, deadline=None)
 @given(problems(), rates())
 def test_the_rates_choose_among_the_same_plans(kw, r):
