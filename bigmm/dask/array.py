@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,7 +10,8 @@ import numpy as np
 from ..job import parse_scalar
 from ..backends import BACKENDS
 from ..executor.writer import converted
-from ..errors import BackendUnavailable, DtypeError, ShapeError
+from ..errors import BackendUnavailable, DtypeError, ShapeError, SpecError
+from ..io.spec import Spec
 from ..planner import make_plan
 from ..precision import DEFAULT, check_dtype, parse_precision
 from ..units import (DTYPES, accumulate_dtype, common_dtype, dtype_name, numpy_dtype,
@@ -72,6 +74,10 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 
+    for name, x in (("a", a), ("b", b)):  # (a string would be a 0-D array of text)
+        if isinstance(x, (str, bytes, os.PathLike, Spec)):
+            raise SpecError(f"Expected a dask array for {name} (files: "
+                            f"bigmm.dask.matmul_files). Got {type(x).__name__} {x!r}.")
     a, b = da.asanyarray(a), da.asanyarray(b)
     for name, x in (("a", a), ("b", b)):
         if x.ndim != 2:

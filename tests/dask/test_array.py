@@ -15,7 +15,7 @@ distributed = pytest.importorskip("distributed")
 import bigmm.dask as bd  # noqa: E402
 from bigmm.dask.array import _k_pieces, _operand, _rechunk_to_budget  # noqa: E402
 from bigmm.errors import (BackendUnavailable, DtypeError, OptionError,  # noqa: E402
-                          OutputOverflowError, ShapeError)
+                          OutputOverflowError, ShapeError, SpecError)
 from bigmm.testing import random_matrix, reference_gemm, relative_error, tolerance  # noqa: E402
 from dask_cases import _stored  # noqa: E402
 
@@ -165,6 +165,15 @@ ARRAY_ERRORS = [
 def test_matmul_errors(a, b, kwargs, error, message):
     with pytest.raises(error, match=message):
         bd.matmul(da.from_array(a), da.from_array(b), **kwargs)
+
+
+@pytest.mark.parametrize("a", [
+    "a.h5:/A",  # a spec: a 0-D array of text to dask
+    b"a.h5:/A",  # the same in bytes
+], ids=["str", "bytes"])
+def test_matmul_refuses_a_file_spec(a):
+    with pytest.raises(SpecError, match=r"Expected a dask array for a .*matmul_files.*Got"):
+        bd.matmul(a, da.ones((4, 2)))
 
 
 @pytest.mark.gpu
