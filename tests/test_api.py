@@ -292,6 +292,8 @@ def test_plan_refuses_an_output_matmul_refuses(files, out, beta, err, words):
 
 def _in_place(kind, tmp):
     """An output of (30, 10) float64 written in place, of one kind that cannot take C."""
+    if kind == "masked array":
+        return np.ma.masked_array(np.zeros((30, 10)), mask=False)
     if kind in ("read-only array", "array to resume", "array beside itself"):
         if kind == "array beside itself":  # each row the same memory shifted by one
             return np.lib.stride_tricks.as_strided(np.zeros(40), (30, 10), (8, 8))
@@ -313,6 +315,7 @@ def _in_place(kind, tmp):
     ("read-only array", {}, errors.OutputNotWritable, ["writeable"]),  # not writeable
     ("array beside itself", {}, errors.OutputIsInputError, ["distinct"]),  # overlapping rows
     ("array to resume", {"resume": True}, errors.ResumeError, ["journal"]),  # no journal
+    ("masked array", {}, errors.SpecError, ["masked"]),  # its mask would hide part of C
     ("dataset read-only", {}, errors.OutputNotWritable, ["read-only"]),  # file opened "r"
     ("dataset with beta", {"beta": 1.0}, errors.OptionError, ["beta != 0"]),  # old C in place
     ("zarr read-only", {}, errors.OutputNotWritable, ["read-only"]),  # array opened "r"

@@ -100,9 +100,12 @@ def _open_zarr_array(x, shape, dtype, inputs, job, overwrite, resume, reads_c, t
 
 def check_in_place(x, *, reads_c: bool, resume: bool = False) -> None:
     """Refuse an output written in place (a NumPy array, an h5py.Dataset or a zarr.Array; others
-    pass) that cannot take C: read-only, elements sharing memory, outside a local store, a
-    NumPy array to resume, or (``reads_c``) a dataset or array holding old C."""
+    pass) that cannot take C: read-only, elements sharing memory, masked, outside a local
+    store, a NumPy array to resume, or (``reads_c``) a dataset or array holding old C."""
     if isinstance(x, np.ndarray):
+        if isinstance(x, np.ma.MaskedArray):  # its mask would hide part of C
+            raise SpecError("Expected a NumPy array for C, every element written. Got a "
+                            "masked array.")
         if resume:
             raise ResumeError("Expected an output that can be resumed (a 'file.h5:/C' spec or "
                               "an h5py.Dataset). Got a NumPy array: a run into an array keeps "

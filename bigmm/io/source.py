@@ -510,6 +510,9 @@ def open_input(x, *, name: str = "A", threads: int = DEFAULT_THREADS,
                           f"Got {map_step!r}.")
     if isinstance(x, Source):
         return x
+    if isinstance(x, np.ma.MaskedArray):  # its mask would be ignored: a wrong product
+        raise SpecError(f"Expected a NumPy array for {name}, every element multiplied. Got a "
+                        f"masked array: pass x.filled(0) to multiply its masked elements as 0.")
     if isinstance(x, np.ndarray):
         return ArraySource(x, f"{name} (NumPy array)")
     if isinstance(x, h5py.Dataset):

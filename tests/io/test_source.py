@@ -431,3 +431,10 @@ def test_map_step_reaches_the_map(tmp_path):
         out = np.full((50, 60), np.nan, np.float32)
         src.read(10, 60, 7, 67, out)
         np.testing.assert_array_equal(out, data[10:60, 7:67])
+
+
+def test_a_masked_array_is_refused():
+    # its mask would be ignored: the product of every element, masked or not
+    a = np.ma.masked_array(np.ones((3, 4)), mask=np.eye(3, 4, dtype=bool))
+    with pytest.raises(SpecError, match=r"Expected a NumPy array for A.*Got a masked array"):
+        open_input(a, name="A")
