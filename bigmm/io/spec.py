@@ -66,7 +66,7 @@ def parse_spec(text) -> Spec:
     """Parse a spec (a string or a path such as ``Path("file.h5:/dataset")``); see the module
     docstring for the grammar."""
     if isinstance(text, Spec):
-        return text
+        return _checked(text)
     if isinstance(text, os.PathLike):
         text = os.fspath(text)
     if not isinstance(text, str):
@@ -90,6 +90,20 @@ def parse_spec(text) -> Spec:
     if not path or dataset == "/" or "//" in dataset or dataset.endswith("/"):
         raise SpecError(f"Expected 'file.h5:/dataset' or 'store.zarr[:/array]'. Got {text!r}.")
     return Spec(path, dataset)
+
+
+def _checked(spec: Spec) -> Spec:
+    """A Spec made directly, held to the grammar: a path, a dataset (not the root) or an array
+    path (no '..': HDF5 takes it as a name, Zarr refuses it), a leading "/" added."""
+    name = "/" + str(spec.dataset).lstrip("/")  # (spaces kept: an h5py object's name)
+    bad = (spec.kind not in (HDF5, ZARR) or not isinstance(spec.path, str)
+           or not spec.path.strip() or "//" in name
+           or (spec.kind == ZARR and ".." in name.split("/"))
+           or (spec.kind == HDF5 and (name == "/" or name.endswith("/"))))
+    if bad:
+        raise SpecError(f"Expected a Spec of a file and a dataset, or a Zarr store and an array "
+                        f"('file.h5:/dataset', 'store.zarr[:/array]'). Got {spec!r}.")
+    return spec if name == spec.dataset else Spec(spec.path, name, spec.kind)
 
 
 def _without_dots(name: str) -> str:

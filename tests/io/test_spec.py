@@ -92,3 +92,20 @@ def test_generate_refuses_a_zarr_path_with_parent_names(tmp_path):
     with pytest.raises(SpecError, match="'..' names"):
         generate(f"{tmp_path / 's.zarr'}:/../x", (3, 4))
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("spec", [
+    Spec("a.h5", "/"),           # the root: no dataset
+    Spec("", "/A"),              # no file
+    Spec("a.h5", "/g//A"),       # an empty group name
+    Spec("s.zarr", "/../A", "zarr"),  # above the store
+    Spec("a.h5", "/A", "hdf4"),  # a kind bigmm does not read
+])
+def test_a_spec_made_directly_is_checked(spec):
+    with pytest.raises(SpecError, match=r"Expected a Spec .*Got Spec\("):
+        parse_spec(spec)
+
+
+def test_a_spec_made_directly_gets_its_leading_slash():
+    assert parse_spec(Spec("a.h5", "A")) == Spec("a.h5", "/A")
+    assert parse_spec(Spec("s.zarr", "/", "zarr")) == Spec("s.zarr", "/", "zarr")
