@@ -318,9 +318,12 @@ def _absolute(s: io.Spec) -> io.Spec:
 
 
 def _get_client(client):
-    if client is not None:
-        return client
     distributed = _distributed()
+    if client is not None:
+        if not isinstance(client, distributed.Client):
+            raise OptionError(f"Expected a dask.distributed Client as client (or None: the "
+                              f"default client). Got {type(client).__name__}.")
+        return client
     try:
         return distributed.get_client()
     except ValueError:

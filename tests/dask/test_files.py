@@ -322,6 +322,14 @@ def test_files_errors(client, tmp_path):
     assert relative_error(got, a @ b) <= tolerance(np.float64, 30)
 
 
+@pytest.mark.parametrize("client", [5, "tcp://127.0.0.1:8786"], ids=["int", "address"])
+def test_files_refuse_a_client_that_is_not_one(tmp_path, client):
+    # an address is for bigmm.dask.connect: the client it returns goes here
+    with pytest.raises(OptionError, match="Expected a dask.distributed Client.*Got"):
+        bd.matmul_files("a.h5:/A", "b.h5:/B", f"{tmp_path / 'c.h5'}:/C", client=client)
+    assert not list(tmp_path.iterdir())
+
+
 def _stop_after(n):
     def progress(p):
         if p.tiles_done - p.tiles_skipped >= n:
