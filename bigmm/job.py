@@ -49,6 +49,9 @@ ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9
 COPY_SHARE = 0.6
 #: Bytes the calibration of a host gemm may hold at least (two 1024^2 float32 operands).
 HOST_CALIBRATION = 8 << 20
+#: The most I/O threads taken: the calibration and the runs start and time each (10**7 kept
+#: ``bigmm plan`` of a 60 x 40 product busy for minutes; 1024 plan it in 2 s on 2 cores).
+MAX_IO_THREADS = 1024
 #: Keys of the journal's job that must match for a resume.
 _JOB_KEYS = ("m", "n", "k", "dtype", "trans_a", "trans_b", "reads_c")
 #: The precision a job record without one stands for (the default is not recorded).
@@ -557,9 +560,11 @@ def _io_rates(rates: Rates, A, B, out, in_place_ops: str, threads: int, host: in
 
 def parse_io_threads(n: int | None) -> int:
     """Disk I/O threads: ``n``, or by default one per CPU core between 2 and 16; OptionError
-    unless ``n`` is a positive integer."""
+    unless ``n`` is an integer from 1 to MAX_IO_THREADS."""
     if n is None:
         return min(16, max(2, os.cpu_count() or 1))
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise OptionError(f"Expected io_threads as a positive integer. Got {n!r}.")
+    if (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1
+            or n > MAX_IO_THREADS):
+        raise OptionError(f"Expected io_threads as an integer from 1 to {MAX_IO_THREADS}. "
+                          f"Got {n!r}.")
     return int(n)
