@@ -12,6 +12,7 @@ result.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from collections.abc import Iterator
 from dataclasses import replace
@@ -287,7 +288,7 @@ def check_callbacks(progress, profile, out) -> None:
     off, True, a path prefix (a file name in an existing folder) nor a Profile, before
     anything is opened (a run that failed at its first tile or after its last would leave
     an output)."""
-    if progress is not None and not callable(progress):
+    if progress is not None and (not callable(progress) or not _takes_one(progress)):
         raise OptionError(f"Expected progress as a callable taking a Progress, or None. "
                           f"Got {progress!r}.")
     if profile is None or profile is False or isinstance(profile, Profile):
@@ -304,6 +305,17 @@ def check_callbacks(progress, profile, out) -> None:
         raise OptionError(f"Expected profile's files in a writable folder. Got "
                           f"{prefix!r}, in {folder!r}, which "
                           f"{'is not writable' if os.path.isdir(folder) else 'does not exist'}.")
+
+
+def _takes_one(f) -> bool:
+    """Whether ``f`` can be called with one argument (True where its signature is unknown)."""
+    try:
+        inspect.signature(f).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to look at (some builtins)
+        pass
+    return True
 
 
 def _start_profile(profile, be):

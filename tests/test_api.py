@@ -207,6 +207,8 @@ BAD = [
     ("malformed spec", "{dir}/in.h5", "{B}", None, {}, errors.SpecError, ["file.h5:/dataset"]),
     ("progress not callable", "{A}", "{B}", "{dir}/new.h5:/C", {"progress": 5},
      errors.OptionError, ["progress", "callable", "5"]),
+    ("progress taking no Progress", "{A}", "{B}", "{dir}/new.h5:/C",
+     {"progress": lambda: None}, errors.OptionError, ["progress", "taking a Progress"]),
     ("profile in a missing folder", "{A}", "{B}", "{dir}/new.h5:/C",
      {"profile": "{dir}/no/such/run"}, errors.OptionError, ["profile", "does not exist"]),
     ("profile of another type", "{A}", "{B}", "{dir}/new.h5:/C", {"profile": 5},

@@ -379,6 +379,9 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
                out_dtype=None, precision=None):
     """:func:`matmul_files`, returning (output spec, Plan, RunStats, the workers' backend
     name): what ``bigmm multiply --workers/--scheduler`` reports."""
+    from ..api import check_callbacks
+
+    check_callbacks(progress, None, out)  # a progress that cannot be called: before any task
     client = _get_client(client)
     if io_threads is not None:
         parse_io_threads(io_threads)

@@ -322,6 +322,13 @@ def test_files_errors(client, tmp_path):
     assert relative_error(got, a @ b) <= tolerance(np.float64, 30)
 
 
+@pytest.mark.parametrize("progress", [5, lambda: None], ids=["int", "no-argument"])
+def test_files_refuse_a_progress_that_cannot_take_one(tmp_path, progress):
+    with pytest.raises(OptionError, match="Expected progress as a callable taking a Progress"):
+        bd.matmul_files("a.h5:/A", "b.h5:/B", f"{tmp_path / 'c.h5'}:/C", progress=progress)
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("client", [5, "tcp://127.0.0.1:8786"], ids=["int", "address"])
 def test_files_refuse_a_client_that_is_not_one(tmp_path, client):
     # an address is for bigmm.dask.connect: the client it returns goes here
