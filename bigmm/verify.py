@@ -51,7 +51,7 @@ from .errors import OptionError, ShapeError
 from .io import Source, open_input
 from .job import parse_scalar
 from .precision import DEFAULT, ROUNDING, check_dtype, parse_precision
-from .units import accumulate_dtype, common_dtype, dtype_name, parse_seed
+from .units import accumulate_dtype, common_dtype, dtype_name, format_bytes, parse_seed
 
 #: Default M*N*K up to which every element is checked (about 2 GFLOP in float64).
 EXACT_LIMIT = 1_000_000_000
@@ -151,6 +151,7 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
             with np.errstate(invalid="ignore", over="ignore"):  # Inf or NaN in the operands
                 err, worst = job.exact()
             return _result(err, worst, tol, "exact", m * n)
+        _check_sampled_memory(m, k, n, min(samples, m), probes)
         rng = np.random.default_rng(seed)
         rows = np.sort(rng.choice(m, size=min(samples, m), replace=False))
         x = rng.standard_normal((n, probes))
@@ -204,6 +205,21 @@ def _check_counts(samples, probes, exact_limit) -> None:
                         ("exact_limit", exact_limit, 0)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
             raise OptionError(f"Expected {name} to be an integer >= {lo}. Got {v!r}.")
+
+
+def _check_sampled_memory(m: int, k: int, n: int, rows: int, probes: int) -> None:
+    """OptionError where the sampled check's float64 buffers (a few of (M, probes), the
+    probes and op(B) @ x, and a few of the sampled rows) would not fit in the memory
+    available: the operands' blocks are bounded, these are not."""
+    from .backends.numpy import memory_available
+
+    need = 8 * (probes * (6 * m + n + k) + rows * (k + 4 * n))
+    free = memory_available()
+    if need > free:
+        raise OptionError(f"Expected samples and probes whose buffers fit in memory. Got "
+                          f"samples={rows}, probes={probes}: {format_bytes(need)} of float64 "
+                          f"for C of {m} x {n}, depth {k}, with {format_bytes(free)} "
+                          f"available.")
 
 
 def _check_shapes(opa: _Op, opb: _Op, opc: _Op, opc0: _Op | None) -> tuple[int, int, int]:

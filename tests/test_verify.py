@@ -118,6 +118,7 @@ def test_incomplete_output_is_an_error(tmp_path):
     (dict(alpha="x"), OptionError),           # alpha not a number
     (dict(alpha=float("inf")), OptionError),  # alpha not finite
     (dict(beta=float("nan"), c0=np.zeros((9, 7))), OptionError),  # beta NaN, with C0
+    (dict(probes=10**12, exact_limit=0), OptionError),  # probes beyond any memory
 ])
 def test_bad_arguments(tmp_path, kwargs, error):
     a, b, xa, xb = _operands(tmp_path, 9, 8, 7, "float64")
