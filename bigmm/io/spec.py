@@ -7,7 +7,7 @@ Grammar. A spec names an HDF5 dataset or a Zarr array:
   ``":"``; the leading "/" of the dataset is optional; both parts must be non-empty.
 * ``store.zarr`` (Zarr): the array at the root of the store.
 * ``store.zarr:/group/array`` (Zarr): the array at that path inside the store (no empty or
-  ``..`` names: Zarr has no parent names).
+  ``..`` names, nor those Zarr keeps: ``zarr.json`` and v2's metadata names, ``__...``).
 
 A spec is Zarr when its store part ends with ``.zarr`` (any case, a trailing "/" allowed) or is
 an existing directory holding Zarr metadata (``zarr.json``); a whole spec that is such a path
@@ -82,9 +82,10 @@ def parse_spec(text) -> Spec:
     dataset = _without_dots(dataset)
     if path and is_zarr_path(path):
         array = "/" + dataset.strip().strip("/")
-        if "//" in array or ".." in array.split("/"):  # (Zarr has no parent names)
-            raise SpecError(f"Expected 'store.zarr:/group/array' (no empty or '..' names). "
-                            f"Got {text!r}.")
+        if "//" in array or any(map(_reserved, array.split("/"))):
+            raise SpecError(f"Expected 'store.zarr:/group/array' (no empty or '..' names, nor "
+                            f"names Zarr keeps for itself: its metadata files, '__...'). Got "
+                            f"{text!r}.")
         return Spec(*_outermost(_store(path), array), ZARR)
     dataset = "/" + dataset.strip().lstrip("/")
     if not path or dataset == "/" or "//" in dataset or dataset.endswith("/"):
@@ -94,16 +95,23 @@ def parse_spec(text) -> Spec:
 
 def _checked(spec: Spec) -> Spec:
     """A Spec made directly, held to the grammar: a path, a dataset (not the root) or an array
-    path (no '..': HDF5 takes it as a name, Zarr refuses it), a leading "/" added."""
+    path (no names Zarr refuses or keeps: :func:`_reserved`), a leading "/" added."""
     name = "/" + str(spec.dataset).lstrip("/")  # (spaces kept: an h5py object's name)
     bad = (spec.kind not in (HDF5, ZARR) or not isinstance(spec.path, str)
            or not spec.path.strip() or "//" in name
-           or (spec.kind == ZARR and ".." in name.split("/"))
+           or (spec.kind == ZARR and any(map(_reserved, name.split("/"))))
            or (spec.kind == HDF5 and (name == "/" or name.endswith("/"))))
     if bad:
         raise SpecError(f"Expected a Spec of a file and a dataset, or a Zarr store and an array "
                         f"('file.h5:/dataset', 'store.zarr[:/array]'). Got {spec!r}.")
     return spec if name == spec.dataset else Spec(spec.path, name, spec.kind)
+
+
+def _reserved(name: str) -> bool:
+    """Whether a Zarr node cannot have ``name``: the parent's '..', a metadata file's name
+    (an array "zarr.json" would take its group's metadata file's place) or one the Zarr v3
+    spec reserves ('__' first)."""
+    return name == ".." or name in ZARR_META + (".zattrs", ".zmetadata") or name.startswith("__")
 
 
 def _without_dots(name: str) -> str:

@@ -80,8 +80,11 @@ def test_one_output_spelled_with_dots_has_one_lock(tmp_path):
     "s.zarr:/../A",      # above the store
     "s.zarr:/g/../A",    # up and down again
     "s.zarr:/..",        # the store's parent
+    "s.zarr:/zarr.json",  # the root group's metadata file, made a directory
+    "s.zarr:/g/.zarray",  # a v2 metadata name
+    "s.zarr:/__A",       # a name the Zarr v3 spec reserves
 ])
-def test_zarr_spec_rejects_parent_names(text):
+def test_zarr_spec_rejects_parent_and_reserved_names(text):
     with pytest.raises(SpecError, match=r"Expected 'store.zarr:/group/array'.*Got"):
         parse_spec(text)
 
