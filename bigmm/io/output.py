@@ -37,6 +37,7 @@ from .sink import _FULL, ArraySink, Sink
 from .source import DEFAULT_THREADS, Source
 from .spec import Spec, parse_spec
 from . import h5atomic, zarrsink, zarrsource
+from .zarrfiles import OLD_SUFFIX
 from ..units import format_bytes
 
 def open_output(x, *, shape, dtype, inputs: list[Source], job: dict, overwrite: bool = False,
@@ -204,6 +205,29 @@ def check_folder(path: str) -> None:
                                 f"Got '{folder}' (permission denied).")
 
 
+def check_name(spec: Spec) -> None:
+    """OutputNotWritable for an output named as bigmm names its own partial and set-aside
+    outputs: a later run holding old C of the name without the suffix would take it for its
+    own leftover."""
+    for suffix in (PARTIAL_SUFFIX, OLD_SUFFIX):
+        if spec.dataset.endswith(suffix) or (spec.dataset == "/" and
+                                             spec.path.rstrip("/").endswith(suffix)):
+            raise OutputNotWritable(f"Expected an output name not ending in '{suffix}' (bigmm's "
+                                    f"name for a run's own working copy). Got {spec}.")
+
+
+def _stale_partial(spec: Spec, obj, name: str) -> None:
+    """Refuse what lies at the partial output's name ``name`` unless bigmm left it there (a
+    dataset marked incomplete): a run removes that, and must not remove anything else."""
+    attrs = obj.attrs if isinstance(obj, h5py.Dataset) else None
+    ours = attrs is not None and COMPLETE_ATTR in attrs and not bool(attrs[COMPLETE_ATTR])
+    if not ours:
+        raise OutputNotWritable(f"Expected nothing at '{name}' in '{spec.path}' but a partial "
+                                f"output bigmm left there (the name it writes C under while old "
+                                f"C survives). Got {h5_kind(obj)} it did not leave: rename it, "
+                                f"or write C elsewhere.")
+
+
 def _has_file(path: str) -> bool:
     """A file at ``path`` other than an empty one (what a kill leaves before HDF5's first
     write to a new file, see .h5atomic): that one is written as a new file."""
@@ -260,6 +284,8 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
                             complete=bool(obj.attrs.get(COMPLETE_ATTR, True)),
                             flagged=COMPLETE_ATTR in obj.attrs,
                             record=_loads(raw))
+            if partial in f:  # a run removes it: only if bigmm left it
+                _stale_partial(spec, f.get(partial), partial)
             info["partial"] = isinstance(f.get(partial), h5py.Dataset)
     info["footprint"] = Footprint(objects=objects, files=((st.st_dev, st.st_ino),),
                                   within=ancestors(spec.path))
@@ -283,6 +309,8 @@ def _open_existing(path: str, label: str) -> h5py.File:
 
 def h5_kind(obj) -> str:
     """What an HDF5 object is, in words."""
+    if obj is None:
+        return "a link to nothing"
     if isinstance(obj, h5py.Group):
         return "a group"
     if isinstance(obj, h5py.Datatype):
@@ -505,7 +533,7 @@ def _create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old:
 # of zarrsink is the one called.
 _HDF5 = _Storage(
     chunks=lambda *a: tile_chunks(*a),
-    check=lambda spec: check_file(spec.path),
+    check=lambda spec: check_name(spec) or check_file(spec.path),
     recover=lambda spec: _recover(spec),
     exists=lambda spec: _has_file(spec.path),
     inspect=lambda *a: _inspect(*a),
@@ -516,7 +544,7 @@ _HDF5 = _Storage(
     FileSink(spec, shape, dtype, journal, target, reads_c, threads, result=result))
 _ZARR = _Storage(
     chunks=lambda *a: zarrsink.tile_chunks(*a),
-    check=lambda *a: zarrsink.check(*a),
+    check=lambda spec: check_name(spec) or zarrsink.check(spec),
     recover=lambda spec: None,  # each change of a Zarr array's metadata is one rename
     exists=lambda *a: zarrsink.exists(*a),
     inspect=lambda *a: zarrsink.inspect(*a),

@@ -426,8 +426,23 @@ def inspect(spec: Spec, partial: str, label: str) -> dict:
                     flagged=COMPLETE_ATTR in attrs, record=_loads(attrs.get(JOB_ATTR)),
                     footprint=Footprint(tree=(st.st_dev, st.st_ino), within=ancestors(folder)),
                     file=(st.st_dev, st.st_ino))
+    _stale_partial(spec, target_dir(spec, partial))
     info["partial"] = node_type(target_dir(spec, partial)) == "array"
     return info
+
+
+def _stale_partial(spec: Spec, folder: str) -> None:
+    """Refuse what lies at the partial array's place unless bigmm left it there (an array
+    marked incomplete): a run removes that, and must not remove anything else
+    (:func:`.output._stale_partial` for HDF5)."""
+    if not os.path.lexists(folder):
+        return
+    attrs = ((read_meta(folder) or {}).get("attributes") or {}) if os.path.isdir(folder) else {}
+    if attrs.get(COMPLETE_ATTR, True) is not False:
+        raise OutputNotWritable(f"Expected nothing at '{folder}' but a partial output bigmm "
+                                f"left there (the array it writes C into while old C "
+                                f"survives). Got one it did not leave: rename it, or write C "
+                                f"elsewhere.")
 
 
 def _meta_dtype(meta: dict):

@@ -243,3 +243,42 @@ def test_reads_c_needs_matching_c(tmp_path, inputs, setup, error, word):
     assert word in str(err.value)
     with pytest.raises(OperandNotFound, match="beta != 0"):
         new_sink(None, srcs, reads_c=True)
+
+
+def _kept_beside(store, fmt, data):
+    """A dataset (array) of the user's named as bigmm names a run's partial output of C."""
+    if fmt == "h5":
+        with h5py.File(store, "a") as f:
+            f["C.bigmm-partial"] = data
+        return lambda: h5py.File(store, "r")["C.bigmm-partial"][...]
+    zarr = pytest.importorskip("zarr")
+    zarr.open_array(store, path="C.bigmm-partial", mode="w", shape=data.shape,
+                    dtype=data.dtype)[...] = data
+    return lambda: zarr.open_array(store, path="C.bigmm-partial", mode="r")[...]
+
+
+@pytest.mark.parametrize("fmt", ["h5", "zarr"])  # an HDF5 file, a Zarr store
+@pytest.mark.parametrize("beta", [0.0, 1.0])  # C replaced, old C read
+def test_a_dataset_at_the_partial_name_is_not_removed(tmp_path, fmt, beta):
+    import bigmm
+
+    a, b = random_matrix((6, 4), np.float64), random_matrix((4, 5), np.float64, 1)
+    store = tmp_path / f"o.{fmt}"
+    c = f"{store}:/C"
+    bigmm.matmul(a, b, c, backend="numpy")
+    kept = random_matrix((3, 3), np.float64, 2)
+    read = _kept_beside(store, fmt, kept)
+    with pytest.raises(OutputNotWritable, match=r"Expected nothing at .*bigmm-partial.*Got"):
+        bigmm.matmul(a, b, c, beta=beta, overwrite=beta == 0, backend="numpy")
+    np.testing.assert_array_equal(read(), kept)  # not removed (it was, with what it held)
+
+
+@pytest.mark.parametrize("name", ["C.bigmm-partial", "C.bigmm-old"])  # bigmm's own names
+@pytest.mark.parametrize("fmt", ["h5", "zarr"])
+def test_an_output_named_as_bigmm_names_its_own_is_refused(tmp_path, fmt, name):
+    import bigmm
+
+    a, b = random_matrix((6, 4), np.float64), random_matrix((4, 5), np.float64, 1)
+    with pytest.raises(OutputNotWritable, match="Expected an output name not ending in"):
+        bigmm.matmul(a, b, f"{tmp_path / ('o.' + fmt)}:/{name}", backend="numpy")
+    assert not list(tmp_path.iterdir())
