@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import ReadError
+from ..errors import OutputNotWritable, ReadError
 from . import direct
 from .durable import fsync_dir, fsync_path
 from .layout import chunk_cells
@@ -23,6 +23,9 @@ from .zarrsource import TMP_SUFFIX
 
 #: Suffix of the original array's directory while a partial array replaces it.
 OLD_SUFFIX = ".bigmm-old"
+#: The file :func:`swap` puts in a directory before moving it aside: only one so marked is
+#: bigmm's to remove.
+SET_ASIDE = ".bigmm-set-aside"
 #: Chunk files made durable at once by a commit.
 SYNC_THREADS = 8
 #: Finished chunks kept open (not yet durable) before a commit makes them durable anyway.
@@ -71,15 +74,30 @@ def remove_tree(folder: str) -> None:
 
 def swap(name: str, partial: str) -> None:
     """Put the directory ``partial`` in the place of ``name`` (idempotent: safe to repeat after
-    a crash at any point): ``name`` moves aside to ``name + OLD_SUFFIX``, ``partial`` moves in,
-    the old one is removed."""
+    a crash at any point): ``name`` is marked and moves aside to ``name + OLD_SUFFIX``,
+    ``partial`` moves in, the old one is removed."""
     old = name + OLD_SUFFIX
     if os.path.isdir(partial):
         if os.path.isdir(name):
-            remove_tree(old)
+            remove_set_aside(old)
+            with open(os.path.join(name, SET_ASIDE), "wb"):
+                pass
+            fsync_dir(os.path.join(name, SET_ASIDE))  # the mark before the move
             os.rename(name, old)
         os.rename(partial, name)
         fsync_dir(name)
+    remove_set_aside(old)
+
+
+def remove_set_aside(old: str) -> None:
+    """Remove the directory :func:`swap` set aside at ``old``, and nothing else: what lies
+    there without its mark is the user's (OutputNotWritable)."""
+    if not os.path.lexists(old):
+        return
+    if os.path.islink(old) or not os.path.isfile(os.path.join(old, SET_ASIDE)):
+        raise OutputNotWritable(f"Expected nothing at '{old}' but old C that a run of bigmm set "
+                                f"aside there. Got something it did not leave: rename it, or "
+                                f"write C elsewhere.")
     remove_tree(old)
 
 

@@ -45,8 +45,8 @@ from .sink import JournaledSink, Sink, _check_tile, _write_error
 from .durable import fsync_path
 from .inputs import DEFAULT_THREADS
 from .spec import ZARR, Spec
-from .zarrfiles import (AHEAD, OLD_SUFFIX, ChunkFiles, drop_stale, remove_tree, swap,
-                        write_attributes)
+from .zarrfiles import (AHEAD, OLD_SUFFIX, ChunkFiles, drop_stale, remove_set_aside, remove_tree,
+                        swap, write_attributes)
 from .zarrmeta import META, node_type, read_meta
 from .zarrsource import (ZarrSource, array_dir, direct_codec, enclosing_array, open_array,
                          v2_group_above, zarr_module)
@@ -471,7 +471,7 @@ def create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old: 
     target = partial or spec.dataset
     remove_tree(target_dir(spec, spec.dataset + PARTIAL_SUFFIX))
     name = array_dir(spec.path, spec.dataset)
-    remove_tree(name + OLD_SUFFIX)
+    remove_set_aside(name + OLD_SUFFIX)
     attrs = {}
     if partial:  # the original's attributes live on in the array that replaces it
         attrs = {k: v for k, v in ((read_meta(name) or {}).get("attributes") or {}).items()

@@ -19,8 +19,9 @@ zarr = pytest.importorskip("zarr")
 import bigmm  # noqa: E402
 from bigmm import errors  # noqa: E402
 from bigmm.io import direct, open_output, read_journal  # noqa: E402
+from bigmm.io.zarrfiles import SET_ASIDE  # noqa: E402
 from bigmm.io.zarrsink import OLD_SUFFIX, PARTIAL_SUFFIX, swap  # noqa: E402
-from bigmm.testing import fail_after, random_matrix  # noqa: E402
+from bigmm.testing import fail_after, random_matrix, relative_error, tolerance  # noqa: E402
 from zarr_cases import KW, _leftovers, _read  # noqa: E402
 
 
@@ -250,7 +251,7 @@ def test_disk_full_under_direct_chunk_writes_is_one_error_and_resumes(tmp_path, 
 
 # ----- the swap, at every point a crash may leave it ---------------------------------------------
 
-@pytest.mark.parametrize("state", ["before", "moved aside", "moved in", "old removed"])
+@pytest.mark.parametrize("state", ["before", "marked", "moved aside", "moved in", "old removed"])
 def test_swap_finishes_from_any_point(tmp_path, state):
     name, partial = tmp_path / "C", tmp_path / ("C" + PARTIAL_SUFFIX)
     name.mkdir()
@@ -258,6 +259,8 @@ def test_swap_finishes_from_any_point(tmp_path, state):
     partial.mkdir()
     (partial / "v").write_text("new")
     old = tmp_path / ("C" + OLD_SUFFIX)
+    if state != "before":
+        (name / SET_ASIDE).touch()
     if state in ("moved aside", "moved in", "old removed"):
         os.rename(name, old)
     if state in ("moved in", "old removed"):
@@ -269,3 +272,29 @@ def test_swap_finishes_from_any_point(tmp_path, state):
     swap(str(name), str(partial))
     swap(str(name), str(partial))  # and again
     assert (name / "v").read_text() == "new" and sorted(os.listdir(tmp_path)) == ["C"]
+
+
+@pytest.mark.parametrize("exists,beta", [
+    (False, 0.0),  # a new C
+    (True, 0.0),   # C there before, overwritten
+    (True, 1.0),   # old C read, then set aside
+])
+def test_an_array_of_the_users_at_the_set_aside_name_is_kept(tmp_path, exists, beta):
+    store = tmp_path / "o.zarr"
+    a, b = random_matrix((6, 4), np.float64), random_matrix((4, 5), np.float64, 1)
+    if exists:
+        bigmm.matmul(a, b, f"{store}:/C", backend="numpy")
+    kept = random_matrix((3, 3), np.float64, 2)
+    zarr.open_array(store, path="C" + OLD_SUFFIX, mode="w", shape=kept.shape,
+                    dtype=kept.dtype)[...] = kept
+    with pytest.raises(errors.OutputNotWritable, match=r"Expected nothing at .*bigmm-old.*Got"):
+        bigmm.matmul(a, b, f"{store}:/C", beta=beta, overwrite=exists and not beta,
+                     backend="numpy")
+    np.testing.assert_array_equal(zarr.open_array(store, path="C" + OLD_SUFFIX)[...], kept)
+    # and once it is moved away, the run goes on (old C kept until then)
+    os.rename(store / ("C" + OLD_SUFFIX), tmp_path / "elsewhere")
+    c0 = zarr.open_array(store, path="C")[...] if exists else 0
+    bigmm.matmul(a, b, f"{store}:/C", beta=beta, overwrite=exists and not beta, backend="numpy")
+    want = a @ b + beta * c0
+    assert relative_error(zarr.open_array(store, path="C")[...], want) <= tolerance(np.float64, 4)
+    assert sorted(os.listdir(store)) == ["C", "zarr.json"]
