@@ -165,7 +165,9 @@ ERROR_CASES = [
      "store B in smaller chunks"),                                            # chunk
     (["multiply", "{a}", "{b}", "-o", "{t}/c.h5:/C", "--backend", "tpu"], "tpu"),  # backend
     (["plan", "{a}", "{b}", "--memory=-3GiB"], "Expected"),                   # negative size
-    (["plan", "{a}", "{b}", "--io-threads", "0"], "io_threads"),              # no threads
+    (["plan", "{a}", "{b}", "--io-threads", "0"], "Expected --io-threads"),   # no threads
+    (["plan", "{a}", "{b}", "--memory", "abc"], "Expected --memory like"),    # not a size
+    (["verify", "{a}", "{b}", "{a}", "--probes", "0"], "Expected --probes"),  # no probes
     (["plan", "{a}", "{b}", "--backend", "numpy", "--kernel", "cublas"],      # GPU kernel, CPU
      "Expected --kernel only with a GPU backend. Got --kernel 'cublas'"),
     (["calibrate", "--backend", "numpy", "--kernel", "cublas"], "--kernel only"),  # the same

@@ -84,11 +84,18 @@ FLAGS = (("resume=True", "--resume"), ("overwrite=True", "--overwrite"),
          ("out_dtype=", "--out-dtype "), ("precision=", "--precision "))
 
 
+#: Option names a message begins with ("Expected io_threads as ..."), written as flags.
+NAMED = ("io_threads", "host_memory", "memory", "alpha", "beta", "out_dtype", "samples",
+         "probes", "exact_limit")
+
+
 def as_flags(text: str) -> str:
     """``text`` with Python option names written as the command line's flags."""
     for word, flag in FLAGS:
         text = re.sub(rf"(?<![\w.]){re.escape(word)}", flag, text)
-    return text
+    names = "|".join(NAMED)
+    return re.sub(rf"\bExpected ({names})\b(?![=(\w])",
+                  lambda m: "Expected --" + m.group(1).replace("_", "-"), text)
 
 
 def one_line(e: BaseException) -> str:
