@@ -40,6 +40,7 @@ from ..precision import parse_precision
 from ..units import dtype_name, numpy_dtype, parse_size
 from ._common import RESOURCE
 from ._common import distributed as _distributed
+from ._seen import check_seen, input_seen, output_seen
 
 #: RunStats checksum counts summed over the tile tasks.
 _CHECKS = ("tiles_checked", "checksum_mismatches", "tiles_recomputed")
@@ -83,6 +84,7 @@ class _TileJob:
     out_dtype: str | None = None  # C's dtype (None: the operands')
     precision: str | None = None  # of float32 products (None: the default)
     spans: int = 0  # of each tile's sample for the journal (tilesums; 0: none taken)
+    seen: tuple = ()  # A, B and C's file as the caller sees them (_seen.Seen): checked first
 
 
 class _Region(io.Source):
@@ -182,6 +184,7 @@ def _tile_task(job: _TileJob, t: Tile, where: RawRegion | ZarrRegion | None = No
     sub-tile from ``job.old_c`` here, or from ``old`` where the caller holds C's file open in
     h5py and sends it.
     """
+    check_seen(job.seen)  # before anything is read or written
     be = resolve_backend(job.backend, job.kernel, job.precision)  # buffers live until close()
     k, dt = job.k, numpy_dtype(job.out_dtype or job.dtype)
     opened: list = []
@@ -426,7 +429,8 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
                       (plan.bm, plan.bn, plan.bk), alpha, beta, backend, kernel,
                       budgets.device, budgets.host, io_threads, parse_verify(verify),
                       sink.dtype.name, parse_precision(precision),
-                      tilesums.per_tile(plan.n_tiles) if sink.takes_samples else 0)
+                      tilesums.per_tile(plan.n_tiles) if sink.takes_samples else 0,
+                      _inputs_seen(a_path, b_path, out_spec))
         run = _Tiles(client, tj, plan, sink, progress, slots, tagged).run()
         sink.finish()
         result = sink.result
@@ -437,6 +441,12 @@ def run_files(a, b, out, *, client, alpha, beta, trans_a, trans_b, memory, host_
             with contextlib.suppress(Exception):
                 x.close()
     return result, plan, run, budgets.backend
+
+
+def _inputs_seen(a_path: str, b_path: str, out_spec) -> tuple:
+    out_file = None if out_spec.zarr else out_spec.path
+    return tuple(x for x in (input_seen("A", a_path, out_file), input_seen("B", b_path, out_file))
+                 if x is not None)
 
 
 class _Tiles:
@@ -462,6 +472,10 @@ class _Tiles:
         t = next(it, None)
         if t is not None:
             where = self.sink.raw_region(t.r0, t.r1, t.c0, t.c1)
+            if where is not None and not any(s.what == "C" for s in self.job.seen):
+                # the file (Zarr folder) every task writes into: each checks it sees this one
+                place = where.folder if isinstance(where, ZarrRegion) else where.path
+                self.job = replace(self.job, seen=self.job.seen + (output_seen(place),))
             old = None
             if where is None and self.job.old_c is not None:
                 # C's file is open in h5py for writing here, so no worker may open it: old C

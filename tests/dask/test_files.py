@@ -578,3 +578,42 @@ def test_files_precision_errors_and_resume(client, tmp_path):
     _, stats = bd.matmul_files(sa, sb, sc, resume=True, precision="TF32", stats=True, **kw)
     assert stats.tiles_skipped >= 2
     assert relative_error(_read(sc)[0], reference_gemm(a, b)) <= tolerance(np.float32, 70)
+
+
+# ----- workers that see other files -----------------------------------------------------------
+
+SEEN_CASES = [
+    # (the file replaced at its path once the first tile landed)
+    # A: the later tasks would read the new A (a C of two different A's)
+    "a",
+    # C's file: the later tasks would write into the new file, never into the C journaled
+    "c",
+]
+
+
+@pytest.mark.parametrize("which", SEEN_CASES)
+def test_files_a_worker_that_sees_another_file_is_one_error(client, tmp_path, which):
+    """A worker that sees another file at A's or C's path (a node-local copy, or here a file
+    put in its place during the run) is refused, not used: the job ends in one error naming
+    the file, and C is not marked complete."""
+    import shutil
+
+    a, b = random_matrix((96, 70), np.float64, seed=91), random_matrix((70, 88), np.float64, 92)
+    sa, sb = _h5(tmp_path / "a.h5", "A", a), _h5(tmp_path / "b.h5", "B", b)
+    sc = f"{tmp_path / 'c.h5'}:/C"
+    path = tmp_path / f"{which}.h5"
+
+    def replace_once(p):
+        if p.tiles_done == 1:
+            shutil.copyfile(path, tmp_path / "copy.h5")
+            if which == "a":  # another A of the same shape
+                with h5py.File(tmp_path / "copy.h5", "r+") as f:
+                    f["A"][...] = a + 1.0
+            os.replace(tmp_path / "copy.h5", path)
+
+    with pytest.raises(bigmm.errors.OperandNotFound,
+                       match=rf"Expected {path} \({which.upper()}\) on dask worker .* Got "
+                             r"another file there"):
+        bd.matmul_files(sa, sb, sc, client=client, memory="40KiB", backend="numpy",
+                        progress=replace_once)
+    assert not _read(sc)[1].get("bigmm_complete")
