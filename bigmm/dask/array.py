@@ -86,6 +86,7 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
         if any(np.isnan(c) for cs in x.chunks for c in cs):
             raise ShapeError(f"Expected known chunk sizes for {name}. Got unknown ones "
                              f"(call {name}.compute_chunk_sizes() first).")
+        _check_chunk_type(x._meta, name)
     dtype = _common_float(a.dtype, b.dtype)
     precision = parse_precision(precision)
     check_dtype(precision or DEFAULT, dtype.name)
@@ -139,6 +140,18 @@ def _common_float(x, y) -> np.dtype:
         raise DtypeError(f"Expected dask arrays of {', '.join(DTYPES)}. Got {np.dtype(x)} and "
                          f"{np.dtype(y)}.")
     return numpy_dtype(common_dtype(*names))
+
+
+def _check_chunk_type(meta, name: str) -> None:
+    """DtypeError for chunks other than plain NumPy or CuPy arrays: the gemm reads their raw
+    values, so a masked array's masked elements would count as data."""
+    kind = type(meta)
+    if kind is np.ndarray or (kind.__module__.split(".")[0] == "cupy"
+                              and kind.__name__ == "ndarray"):
+        return
+    raise DtypeError(f"Expected {name} with NumPy or CuPy chunks. Got {kind.__module__}."
+                     f"{kind.__name__} chunks (bigmm would ignore what they add to the values, "
+                     f"such as a mask).")
 
 
 def _array_backend(backend: str, meta) -> str:

@@ -158,6 +158,11 @@ ARRAY_ERRORS = [
     (np.ones((3, 4)), np.ones((4, 2)), {"backend": "tpu"}, BackendUnavailable, "one of"),
     # alpha that is not a number
     (np.ones((3, 4)), np.ones((4, 2)), {"alpha": "x"}, ValueError, "alpha"),
+    # masked chunks, in a or in b: the gemm would count masked elements as data
+    (np.ma.masked_greater(np.arange(12.0).reshape(3, 4), 5), np.ones((4, 2)), {}, DtypeError,
+     "Expected a with NumPy or CuPy chunks. Got numpy.ma.MaskedArray chunks"),
+    (np.ones((3, 4)), np.ma.masked_less(np.ones((4, 2)), 2), {}, DtypeError,
+     "Expected b with NumPy or CuPy chunks"),
 ]
 
 
