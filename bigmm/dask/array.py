@@ -102,7 +102,9 @@ def matmul(a, b, *, alpha: float = 1.0, trans_a: bool = False, trans_b: bool = F
                          f"{opb}. Got {opa} {m}x{k} and {opb} {kb}x{n}: {k} != {kb}.")
     meta = meta_from_array(a, ndim=2, dtype=numpy_dtype(out_name))
     be_name = _array_backend(backend, meta)
-    if memory is not None:
+    if memory is not None and not (m and n and k):  # an empty product: its chunks stand
+        parse_size(memory, name="memory")
+    elif memory is not None:
         a, b = _rechunk_to_budget(a, b, m, n, k, dtype, trans_a, trans_b, memory)
 
     rows = a.chunks[1] if trans_a else a.chunks[0]

@@ -130,6 +130,23 @@ def test_matmul_odd_blocks(client):
     assert np.array_equal(client.compute(Z).result(), np.zeros((6, 4)))
 
 
+EMPTY_CASES = [
+    # (a's shape, b's shape): with a budget, as without one
+    # no rows
+    ((0, 5), (5, 3)),
+    # no columns
+    ((4, 5), (5, 0)),
+    # depth 0: zeros
+    ((4, 0), (0, 3)),
+]
+
+
+@pytest.mark.parametrize("sa,sb", EMPTY_CASES)
+def test_matmul_empty_products_with_a_budget(sa, sb):
+    C = bd.matmul(da.ones(sa, chunks=2), da.ones(sb, chunks=2), memory="1MiB")
+    assert np.array_equal(C.compute(scheduler="sync"), np.zeros((sa[0], sb[1])))
+
+
 def test_operand_layouts():
     """Blocks reach the gemm C-contiguous: F-ordered ones as their transpose, others copied."""
     x = np.asfortranarray(random_matrix((6, 9), np.float64))
