@@ -119,10 +119,10 @@ def _cluster_client(scheduler: str | None, workers: int | None, backend: str):
     from ..dask import connect, local_cluster
     from ..errors import OptionError
 
-    if scheduler and workers:
+    if scheduler is not None and workers is not None:  # --workers 0 and --scheduler '' too
         raise OptionError(f"Expected either --scheduler or --workers. Got both "
-                          f"(--scheduler {scheduler} --workers {workers}).")
-    if scheduler:
+                          f"(--scheduler {scheduler!r} --workers {workers}).")
+    if scheduler is not None:
         with connect(scheduler) as client:
             yield client
     else:  # its workers' logs (a failed task's traceback) would come before the one-line error

@@ -50,6 +50,10 @@ CLI_ERRORS = [
     (["--workers", "0"], "positive integer"),
     # an address dask cannot parse (no port)
     (["--scheduler", "garbage"], "Expected a scheduler address"),
+    # both, with no workers: refused at once, not a wait for that scheduler
+    (["--workers", "0", "--scheduler", "tcp://127.0.0.1:1"], "either --scheduler or --workers"),
+    # an empty address is an address, not a missing one
+    (["--scheduler", ""], "Expected a scheduler address"),
 ]
 
 
