@@ -16,7 +16,6 @@ gzip); "contiguous" is refused there.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import h5py
