@@ -168,6 +168,8 @@ ERROR_CASES = [
     (["plan", "{a}", "{b}", "--io-threads", "0"], "Expected --io-threads"),   # no threads
     (["plan", "{a}", "{b}", "--memory", "abc"], "Expected --memory like"),    # not a size
     (["verify", "{a}", "{b}", "{a}", "--probes", "0"], "Expected --probes"),  # no probes
+    (["verify", "{a}", "{b}", "{t}/c.h5:/C", "--beta", "1"],                 # beta, no --c0
+     "Expected --c0 (the C before the run) when beta != 0. Got --beta 1.0."),
     (["plan", "{a}", "{b}", "--backend", "numpy", "--kernel", "cublas"],      # GPU kernel, CPU
      "Expected --kernel only with a GPU backend. Got --kernel 'cublas'"),
     (["calibrate", "--backend", "numpy", "--kernel", "cublas"], "--kernel only"),  # the same

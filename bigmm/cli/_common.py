@@ -86,7 +86,7 @@ FLAGS = (("resume=True", "--resume"), ("overwrite=True", "--overwrite"),
 
 #: Option names a message begins with ("Expected io_threads as ..."), written as flags.
 NAMED = ("io_threads", "host_memory", "memory", "alpha", "beta", "out_dtype", "samples",
-         "probes", "exact_limit")
+         "probes", "exact_limit", "c0")
 
 
 def as_flags(text: str) -> str:
