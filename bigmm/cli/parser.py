@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="storage (default: compressed with --compression, chunked with "
                         "--chunks, else contiguous; a Zarr array is always chunked)")
     g.add_argument("--chunks", nargs=2, type=int, default=None, metavar=("R", "C"),
-                   help="chunk shape of a chunked or compressed layout (default: 512 x 512)")
+                   help="chunk shape of a chunked or compressed layout (default: 512 x 512, "
+                        "each edge at most the matrix's)")
     g.add_argument("--compression", default=None, choices=("gzip", "zstd", "lz4", "blosc"),
                    help="codec of the compressed layout (default there: gzip for HDF5, which "
                         "takes gzip, zstd, lz4; zstd for Zarr, which takes zstd, blosc, gzip)")
@@ -121,18 +122,22 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--alpha", type=float, default=1.0, help="as multiplied (default: %(default)s)")
     v.add_argument("--beta", type=float, default=0.0, help="as multiplied (default: %(default)s)")
     v.add_argument("--c0", default=None, help="C before the run (needed when beta != 0)")
-    v.add_argument("--trans-a", action="store_true")
-    v.add_argument("--trans-b", action="store_true")
-    v.add_argument("--samples", type=int, default=None, help="rows checked in sampled mode")
-    v.add_argument("--probes", type=int, default=None, help="Freivalds vectors in sampled mode")
+    v.add_argument("--trans-a", action="store_true", help="A was used transposed")
+    v.add_argument("--trans-b", action="store_true", help="B was used transposed")
+    v.add_argument("--samples", type=int, default=None,
+                   help="whole rows of C recomputed in sampled mode (default: 16)")
+    v.add_argument("--probes", type=int, default=None,
+                   help="Freivalds vectors in sampled mode (default: 4)")
     v.add_argument("--exact-limit", type=int, default=None,
-                   help="largest M*N*K checked element by element")
+                   help="largest M*N*K checked element by element; larger products are "
+                        "sampled (default: 1000000000)")
     v.add_argument("--seed", type=int, default=0,
                    help="seed of the sampled rows and probe vectors (default: %(default)s)")
     v.add_argument("--precision", default=None, type=str.lower, choices=PRECISIONS,
                    help="the arithmetic C was multiplied in (as given to multiply; tf32 "
                         "widens the tolerance by its rounding of the inputs)")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--json", action="store_true",
+                   help="print the result as JSON on stdout (ok false where C fails)")
     v.set_defaults(func=cmd_verify)
 
     d = sub.add_parser("demo", parents=[common], help="generate, multiply out of core, verify",
@@ -162,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU tile products (as for multiply)")
     _precision(b)
     b.add_argument("--dir", default=None, help="directory for the operands (default: a temp dir)")
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--json", action="store_true", help="print the timings as JSON on stdout")
     b.set_defaults(func=cmd_bench)
     return p
 
