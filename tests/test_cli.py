@@ -550,3 +550,14 @@ def test_plan_and_multiply_note_a_budget_that_slows_the_plan_down(tmp_path, caps
                         r"--memory \d+[KMG]iB is predicted to take", notes[0]), notes[0]
     rc, out, err = run(capsys, "plan", a, b, "--backend", "numpy")  # default budgets
     assert rc == 0 and "note" not in err
+
+
+def test_verify_help_gives_the_check_defaults(capsys):
+    from bigmm.verify import EXACT_LIMIT, PROBES, SAMPLES
+
+    rc, out, _ = run(capsys, "verify", "--help")
+    text = " ".join(out.split())
+    assert rc == 0
+    for flag, value in (("--samples", SAMPLES), ("--probes", PROBES),
+                        ("--exact-limit", EXACT_LIMIT)):
+        assert re.search(rf"{flag} \S+ [^-]*\(default: {value}\)", text), (flag, text)
