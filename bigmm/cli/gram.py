@@ -22,23 +22,27 @@ def add_parser(sub, common, backends, dtypes) -> None:
     g.add_argument("--upper", action="store_true",
                    help="write the strictly lower triangle of C as zeros instead of mirroring")
     g.add_argument("--plan", action="store_true", help="print the plan only; write nothing")
-    g.add_argument("--memory", default=None, help="device memory budget, e.g. 8GiB")
-    g.add_argument("--host-memory", default=None, help="host staging budget of a GPU run")
+    g.add_argument("--memory", default=None,
+                   help="device memory budget, e.g. 8GiB (default: as multiply's)")
+    g.add_argument("--host-memory", default=None,
+                   help="host staging budget of a GPU run (default: as multiply's)")
     g.add_argument("--backend", default="auto", choices=backends,
                    help="auto: cupy where a GPU is usable, else numpy (default: %(default)s)")
-    g.add_argument("--alpha", type=float, default=1.0, help="(default: %(default)s)")
+    g.add_argument("--alpha", type=float, default=1.0,
+                   help="C = alpha*A^T@A + beta*C (default: %(default)s)")
     g.add_argument("--beta", type=float, default=0.0,
                    help="beta != 0 reads the existing C, which must be symmetric unless --upper "
                         "(default: %(default)s)")
     g.add_argument("--kernel", default=None, choices=("bigmm", "cublas", "cublas-tf32"),
-                   help="GPU tile products of the tiles off the diagonal")
+                   help="GPU tile products (as for multiply); a diagonal tile is one launch "
+                        "of bigmm's kernel over its upper blocks, or cuBLAS syrk with cublas")
     g.add_argument("--precision", default=None, type=str.lower, choices=PRECISIONS,
-                   help="arithmetic of the tile products off the diagonal (see multiply); "
-                        "diagonal tiles are float32 syrk updates")
+                   help="arithmetic of float32 products (as for multiply)")
     g.add_argument("--out-dtype", default=None, choices=dtypes, help="dtype of a new C")
     g.add_argument("--overwrite", action="store_true", help="replace an existing output")
     g.add_argument("--resume", action="store_true", help="continue an interrupted run")
-    g.add_argument("--io-threads", type=int, default=None, help="disk I/O threads")
+    g.add_argument("--io-threads", type=int, default=None,
+                   help="threads reading and writing the operands (default: as multiply's)")
     g.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     g.add_argument("-q", "--quiet", action="store_true", help="no summary (errors only)")
     g.set_defaults(func=cmd_gram)
