@@ -119,6 +119,25 @@ def test_old_c_not_symmetric(tmp_path, fmt):
     assert np.all(np.tril(got(c), -1) == 0)
 
 
+@pytest.mark.parametrize("fmt", ["h5", "zarr"])  # HDF5 and Zarr outputs
+def test_old_c_not_symmetric_with_resume_and_no_journal(tmp_path, fmt):
+    # resume=True with nothing to resume starts the run: its old C is checked as without
+    if fmt == "zarr":
+        zarr = pytest.importorskip("zarr")
+    a = random_matrix((120, 90), np.float64, seed=17)
+    c0 = random_matrix((90, 90), np.float64, seed=18)
+    if fmt == "zarr":
+        zarr.create_array(tmp_path / "c.zarr", data=c0, chunks=(40, 40))
+        spec = f"{tmp_path}/c.zarr"
+    else:
+        with h5py.File(tmp_path / "c.h5", "w") as f:
+            f["C"] = c0
+        spec = f"{tmp_path}/c.h5:/C"
+    with pytest.raises(OptionError, match=r"symmetric old C"):
+        bigmm.gram(a, spec, beta=1.0, resume=True, memory=MEMORY, backend="numpy")
+    assert np.array_equal(_read(spec), c0)  # nothing written
+
+
 def test_old_c_symmetric_with_nans_is_accepted():
     # one element differing from its mirror in the last bit is refused; mirrored NaNs are not
     a = random_matrix((120, 90), np.float64, seed=15)
