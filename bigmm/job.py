@@ -446,13 +446,16 @@ def open_output(out, p: Plan, job: dict, A, B, *, overwrite: bool, resume: bool,
 SYMMETRY_BLOCK = 1024
 
 
-def check_symmetric_c(out) -> None:
+def check_symmetric_c(out, n: int) -> None:
     """Refuse an old C ``out`` that is not symmetric (OptionError naming the first element
     found that differs from its mirror; NaNs equal), opened read-only and read once in square
     blocks: a Gram product with beta != 0 writes its lower triangle as the transpose of its
-    upper."""
+    upper. ShapeError where it is not n x n."""
     with io.open_input(out, name="C") as src:
-        n, b = src.shape[0], SYMMETRY_BLOCK
+        if tuple(src.shape) != (n, n):
+            raise ShapeError(f"Expected shape {(n, n)} for {output_label(out)}. "
+                             f"Got {tuple(src.shape)}.")
+        b = SYMMETRY_BLOCK
         for i0 in range(0, n, b):
             i1 = min(n, i0 + b)
             for j0 in range(i0, n, b):

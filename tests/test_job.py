@@ -703,3 +703,14 @@ def test_an_unreadable_input(tmp_path, job):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     one_line(proc.returncode, proc.stderr, "readable", "a.h5", "permission denied")
+
+
+@pytest.mark.parametrize("shape", [(50, 40), (30, 30)])  # not square; square but too small
+def test_gram_old_c_of_another_shape_is_a_shape_error(tmp_path, shape):
+    # the symmetry check of old C names C's shape, not a region or an element
+    a = random_matrix((60, 50), np.float64, seed=1)
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f["C"] = random_matrix(shape, np.float64, seed=2)
+    with pytest.raises(errors.ShapeError, match=r"Expected shape \(50, 50\) for C .*Got "
+                       + repr(shape).replace("(", r"\(").replace(")", r"\)")):
+        bigmm.gram(a, f"{tmp_path}/c.h5:/C", beta=1.0, memory="64KiB", backend="numpy")
