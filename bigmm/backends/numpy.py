@@ -309,16 +309,23 @@ def nonfinite_count(x: np.ndarray) -> int:
 
 def _syrk(a: np.ndarray, c: np.ndarray, alpha: float, beta: float, trans: bool) -> None:
     """Row-major c's upper triangle is the column-major c.T's lower: BLAS syrk on the
-    Fortran-ordered views a.T and c.T (no copies), in place."""
+    Fortran-ordered views a.T and c.T (no copies), in place; half-precision ``a`` in float32
+    K blocks of at most HALF_SCRATCH elements."""
     from scipy.linalg import blas
 
     n = c.shape[0]
     if c.ndim != 2 or c.shape != (n, n) or not c.flags.c_contiguous:
         raise ShapeError(f"Expected a square C-contiguous c. Got shape {c.shape}, strides "
                          f"{c.strides}.")
-    if a.dtype != c.dtype:  # float16 or bfloat16 panels of a float32 C
-        a = np.asarray(a, dtype=c.dtype)
     if n == 0:
+        return
+    k = a.shape[0] if trans else a.shape[1]
+    if a.dtype != c.dtype and k:  # float16 or bfloat16 panels of a float32 C: converted a K
+        depth = min(k, max(HALF_DEPTH, HALF_SCRATCH // n))  # block at a time, as the gemm's
+        for k0 in range(0, k, depth):
+            block = a[k0:k0 + depth] if trans else a[:, k0:k0 + depth]
+            _syrk(np.array(block, dtype=c.dtype, order="C"), c, alpha,
+                  beta if k0 == 0 else 1.0, trans)
         return
     fn = blas.ssyrk if c.dtype == np.float32 else blas.dsyrk
     if (a.shape[0] if trans else a.shape[1]) == 0:  # depth 0: c = beta * c

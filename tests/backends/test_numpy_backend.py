@@ -150,6 +150,29 @@ def test_half_gemm_in_float32_blocks(backend, monkeypatch, dtype, m, n, k, alpha
     assert relative_error(c, ref) <= tolerance(dtype, k)
 
 
+@pytest.mark.parametrize("trans", [True, False])  # a^T a, and a a^T
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_half_syrk_in_float32_blocks(dtype, trans):
+    """A half-precision panel's syrk converts it a K block at a time, as the gemm does: the
+    copy in float32 holds at most HALF_SCRATCH elements, not the whole panel."""
+    import tracemalloc
+
+    n, k = 8, 1 << 20  # the panel: 32 MiB in float32, twice HALF_SCRATCH's
+    a = random_matrix((k, n) if trans else (n, k), np.float32, seed=9).astype(dtype)
+    c0 = random_matrix((n, n), np.float32, seed=10)
+    c = c0.copy()
+    tracemalloc.start()
+    try:
+        NumpyBackend().syrk(a, c, 0.5, -2.0, trans)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= 4 * HALF_SCRATCH + (1 << 20)  # one block of float32 (and change)
+    ref = reference_gemm(a, a, alpha=0.5, beta=-2.0, c=c0, trans_a=trans, trans_b=not trans)
+    upper = np.triu(np.ones((n, n), bool))
+    assert relative_error(c[upper], ref[upper]) <= tolerance(dtype, k)
+
+
 def test_half_rates_time_a_half_gemm():
     r = NumpyBackend().rates("bfloat16", 1 << 20)
     assert r.flops > 0
