@@ -13,6 +13,7 @@ ml_dtypes array) carry no layout and are refused.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import weakref
@@ -66,6 +67,18 @@ def write_job_record(attrs, text: str) -> None:
             return
         del attrs[JOB_ATTR]
     attrs[JOB_ATTR] = text
+
+
+def load_record(raw) -> dict | None:
+    """A ``bigmm_job`` attribute as read (str, bytes, or the dict zarr may give) as a dict;
+    None where there is none, or it is empty (reserved) or not a JSON object."""
+    if raw is None or isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw if isinstance(raw, str) else bytes(raw).decode())
+    except (ValueError, TypeError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 FLOAT_DTYPES = tuple(numpy_dtype(name) for name in DTYPES)

@@ -80,6 +80,11 @@ class Source(Matrix):
         identity record (:func:`.identity.describe`); None for in-memory arrays."""
         return None
 
+    def record(self) -> dict | None:
+        """The job a finished bigmm output records (``bigmm_job``: its options under "job"),
+        None where it records none (an array, or data bigmm did not write)."""
+        return None
+
     def footprint(self) -> Footprint:
         """Where the operand's bytes lie, for refusing an output that is an input."""
         return Footprint()

@@ -33,7 +33,8 @@ from h5py import h5d, h5o
 from ..errors import (BigmmError, IncompleteOutputError, OptionError, ReadError,
                       SpecError)
 from . import hostcopy
-from ._h5 import H5LOCK, REOPENABLE, check_matrix, is_incomplete, read_region, stored_dtype
+from ._h5 import (H5LOCK, JOB_ATTR, REOPENABLE, check_matrix, is_incomplete, load_record,
+                  read_region, stored_dtype)
 from .decode import (DecodePool, decode_into, give_back, read_stored, stored_bound,
                      unshuffle_into)
 from .inputs import (DEFAULT_THREADS, TASK_BYTES, Source, _batches, caller_splits,
@@ -215,6 +216,10 @@ class H5Source(Source):
         if self._layout.kind in ("contiguous", "chunked", *DECODED_KINDS):
             return ((self.path, *self._extent()),)
         return ((self.path, 0, os.path.getsize(self.path)),)
+
+    def record(self) -> dict | None:
+        with H5LOCK:
+            return load_record(self._dataset().attrs.get(JOB_ATTR))
 
     def _drop_handle(self) -> None:
         if self._file is not None:

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import (BackendUnavailable, BigmmError, DtypeError, IncompleteOutputError,
                       OperandNotFound, ReadError, SpecError)
-from ._h5 import COMPLETE_ATTR, check_matrix
+from ._h5 import COMPLETE_ATTR, JOB_ATTR, check_matrix, load_record
 from . import hostcopy
 from .decode import DecodePool, decode_into, read_stored, stored_bound
 from .identity import Footprint, ancestors, status
@@ -265,6 +265,9 @@ class ZarrSource(Source):
                 "chunk_files": tuple((dev, ino) for _r, dev, ino, _s, _m in files or ()),
                 "sizes": tuple((rel, size) for rel, _d, _i, size, _m in files or ()),
                 "largest": None if files is None else max((f[3] for f in files), default=0)}
+
+    def record(self) -> dict | None:
+        return load_record(self.array.attrs.get(JOB_ATTR))
 
     def where(self) -> dict | None:
         if self._facts is None:
