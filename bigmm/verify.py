@@ -36,6 +36,13 @@ non-finite value), and the position counts in no relative error; where the refer
 finite, Inf or NaN in C fails. As in BLAS, alpha == 0 reads neither A nor B (the reference is
 beta * C0, NaN in A or B ignored) and beta == 0 does not read C0.
 
+Upper triangle. A Gram product written with ``upper`` (``bigmm.gram(..., upper=True)``) holds
+the upper triangle of C, zeros below: its record (``bigmm_job``) says so, and ``upper`` (None: as
+the record says) checks such a C as it is: every element strictly below the diagonal must be
+exactly zero (each one read), and the upper triangle is checked as above against the upper
+triangle of the product (the sampled check's Freivalds probes against triu(alpha * op(A) @
+op(B) + beta * C0) @ x, op(A) and op(B) read once, in matching row and column blocks).
+
 This checks a finished product after the fact; ``bigmm.matmul(..., verify="checksum")``
 checks each C tile while it is computed (:mod:`bigmm.checksum`).
 """
@@ -122,9 +129,11 @@ class _Op:
 def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: bool = False,
            trans_b: bool = False, samples: int = SAMPLES, probes: int = PROBES, seed: int = 0,
            exact_limit: int = EXACT_LIMIT, block_elements: int = BLOCK_ELEMENTS,
-           precision: str | None = None) -> VerifyResult:
+           precision: str | None = None, upper: bool | None = None) -> VerifyResult:
     """Check C = alpha * op(A) @ op(B) + beta * C0 (``c0``: the C before the run, when beta != 0).
     ``precision``: the arithmetic the float32 product was computed in (default "float32").
+    ``upper``: C holds the upper triangle of a square product and zeros below (a Gram product
+    written with ``upper=True``); None: as C's record says (False where it records nothing).
 
     Operands are specs ("file.h5:/path"), h5py datasets or arrays; an output left incomplete by
     an interrupted run raises IncompleteOutputError. See the module docstring for the methods.
@@ -144,21 +153,23 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
         opc = _Op(sources[2], False)
         opc0 = _Op(sources[3], False) if beta != 0 else None
         m, k, n = _check_shapes(opa, opb, opc, opc0)
+        upper = _upper(upper, sources[2], m, n)
         tol = tolerance(sources[0].dtype, sources[1].dtype, sources[2].dtype, k, precision)
         floor = underflow(sources[0].dtype, sources[1].dtype, sources[2].dtype, k)
-        job = _Job(opa, opb, opc, opc0, alpha, beta, block_elements, floor / tol)
+        job = _Job(opa, opb, opc, opc0, alpha, beta, block_elements, floor / tol, upper)
+        note = "upper triangle, zeros below" if upper else ""
         if m * n * k <= exact_limit:
             with np.errstate(invalid="ignore", over="ignore"):  # Inf or NaN in the operands
                 err, worst = job.exact()
-            return _result(err, worst, tol, "exact", m * n)
+            return _result(err, worst, tol, f"exact ({note})" if upper else "exact", m * n)
         _check_sampled_memory(m, k, n, min(samples, m), probes)
         rng = np.random.default_rng(seed)
         rows = np.sort(rng.choice(m, size=min(samples, m), replace=False))
         x = rng.standard_normal((n, probes))
         with np.errstate(invalid="ignore", over="ignore"):
             err, worst = job.sampled(rows, x)
-        return _result(err, worst, tol, f"sampled ({len(rows)} rows, {probes} Freivalds probes)",
-                       len(rows) * n)
+        return _result(err, worst, tol, f"sampled ({len(rows)} rows, {probes} Freivalds probes"
+                       f"{'; ' + note if upper else ''})", len(rows) * n)
     finally:
         for s in owned:
             s.close()
@@ -222,6 +233,19 @@ def _check_sampled_memory(m: int, k: int, n: int, rows: int, probes: int) -> Non
                           f"available.")
 
 
+def _upper(upper, c, m: int, n: int) -> bool:
+    """Whether C holds only the upper triangle: as asked, else as C's record says (a Gram
+    product written with ``upper``); ShapeError where the product is not square."""
+    if upper is None:
+        upper = bool(((c.record() or {}).get("job") or {}).get("upper"))
+    elif not isinstance(upper, (bool, np.bool_)):
+        raise OptionError(f"Expected upper to be True, False or None. Got {upper!r}.")
+    if upper and m != n:
+        raise ShapeError(f"Expected a square product for upper (C's upper triangle, zeros "
+                         f"below). Got op(A) @ op(B) of {m} x {n}.")
+    return bool(upper)
+
+
 def _check_shapes(opa: _Op, opb: _Op, opc: _Op, opc0: _Op | None) -> tuple[int, int, int]:
     (m, k), (k2, n) = opa.shape, opb.shape
     if k != k2:
@@ -244,6 +268,8 @@ class _Job:
     block: int
     #: Added to every element's scale: the underflow allowance over the tolerance.
     pad: float = 0.0
+    #: C holds the upper triangle, zeros strictly below the diagonal.
+    upper: bool = False
 
     def exact(self) -> tuple[float, tuple | None]:
         """Every element: op(B) in column blocks, op(A) and C in matching row blocks."""
@@ -258,6 +284,10 @@ class _Job:
                 bnorm = np.linalg.norm(bblk, axis=0)
             for i0 in range(0, m, rows):
                 i1 = min(m, i0 + rows)
+                if self.upper and j1 <= i0:  # strictly below the diagonal: zeros
+                    below = self.opc.read(i0, i1, j0, j1)
+                    worst = _worse(worst, np.where(below == 0, 0.0, np.inf), i0, j0)
+                    continue
                 ref, scale = np.zeros((i1 - i0, j1 - j0)), np.zeros((i1 - i0, j1 - j0))
                 if self.alpha != 0:
                     ablk = self.opa.read(i0, i1, 0, k)
@@ -267,7 +297,11 @@ class _Job:
                     old = self.opc0.read(i0, i1, j0, j1)
                     ref += self.beta * old
                     scale += abs(self.beta) * np.abs(old)
-                err = _rel(self.opc.read(i0, i1, j0, j1), ref, scale + self.pad)
+                c = self.opc.read(i0, i1, j0, j1)
+                err = _rel(c, ref, scale + self.pad)
+                if self.upper:
+                    low = _lower(i0, i1, j0, j1)
+                    err[low] = np.where(c[low] == 0, 0.0, np.inf)
                 worst = _worse(worst, err, i0, j0)
         return worst
 
@@ -277,17 +311,19 @@ class _Job:
         if self.alpha == 0:  # A and B are not read (BLAS): C is beta * C0
             ref, spread = np.zeros((m, x.shape[1])), np.zeros((m, x.shape[1]))
             ref_rows, scale_rows = np.zeros((len(rows), n)), np.zeros((len(rows), n))
+        elif self.upper:
+            ref, spread, ref_rows, scale_rows = self._product_upper(rows, x)
         else:
             ref, spread, ref_rows, scale_rows = self._product(rows, x)
         if self.opc0 is not None:
-            c0x, c0spread, c0rows = self._stream_c(self.opc0, rows, x)
+            c0x, c0spread, c0rows, _ = self._stream_c(self.opc0, rows, x)
             ref += self.beta * c0x
             spread += abs(self.beta) * c0spread
             ref_rows += self.beta * c0rows
             scale_rows += abs(self.beta) * np.abs(c0rows)
-        cx, _, crows = self._stream_c(self.opc, rows, x)
+        cx, _, crows, below = self._stream_c(self.opc, rows, x)
         spread += self.pad * np.linalg.norm(x, axis=0)
-        worst = _worse((0.0, None), _rel(cx, ref, spread, probe=True), 0, None)
+        worst = _worse(below, _rel(cx, ref, spread, probe=True), 0, None)
         return _worse(worst, _rel(crows, ref_rows, scale_rows + self.pad), 0, 0, rows)
 
     def _product(self, rows: np.ndarray, x: np.ndarray):
@@ -315,18 +351,62 @@ class _Job:
         scale_rows = abs(self.alpha) * np.outer(anorm[rows], np.sqrt(bnorm2))
         return ref, spread, ref_rows, scale_rows
 
+    def _product_upper(self, rows: np.ndarray, x: np.ndarray):
+        """``_product`` of the product's upper triangle (square): row i of triu(op(A) @ op(B))
+        @ x is a_i . t_i, t_i the sum over j >= i of b_j x_j. Row blocks of op(A) meet the
+        column blocks of op(B) of the same indices, bottom up, t carried between them; the
+        blocks' t_i are held at once (``probes`` times a block)."""
+        (m, k), n = self.opa.shape, self.opc.shape[1]
+        p = x.shape[1]
+        arows = np.stack([self.opa.read(int(i), int(i) + 1, 0, k)[0] for i in rows]) \
+            if len(rows) else np.zeros((0, k))
+        ref, spread = np.empty((m, p)), np.empty((m, p))
+        prod_rows, anorm, bnorm2 = np.zeros((len(rows), n)), np.empty(m), np.empty(n)
+        tail, tail2 = np.zeros((k, p)), np.zeros(p)  # sums over the columns below the block
+        step = max(1, self.block // (max(k, 1) * (p + 1)))
+        for i1 in range(m, 0, -step):
+            i0 = max(0, i1 - step)
+            ablk, bblk = self.opa.read(i0, i1, 0, k), self.opb.read(0, k, i0, i1)
+            xb = x[i0:i1]
+            t = np.cumsum((bblk.T[:, :, None] * xb[:, None, :])[::-1], axis=0)[::-1] + tail
+            ref[i0:i1] = np.einsum("ik,ikp->ip", ablk, t)
+            bn2 = np.einsum("ij,ij->j", bblk, bblk)
+            w = np.cumsum((bn2[:, None] * xb * xb)[::-1], axis=0)[::-1] + tail2
+            anorm[i0:i1] = np.linalg.norm(ablk, axis=1)
+            spread[i0:i1] = anorm[i0:i1, None] * np.sqrt(w)
+            tail, tail2 = t[0], w[0]
+            prod_rows[:, i0:i1] = arows @ bblk
+            bnorm2[i0:i1] = bn2
+        low = np.arange(n)[None, :] < rows[:, None]
+        ref_rows = np.where(low, 0.0, self.alpha * prod_rows)
+        scale_rows = np.where(low, 0.0, abs(self.alpha) * np.outer(anorm[rows],
+                                                                     np.sqrt(bnorm2)))
+        return self.alpha * ref, abs(self.alpha) * spread, ref_rows, scale_rows
+
     def _stream_c(self, op: _Op, rows: np.ndarray, x: np.ndarray):
-        """(C @ x, sqrt(C^2 @ x^2), C[rows]) in one pass over C."""
+        """(C @ x, sqrt(C^2 @ x^2), C[rows], worst) in one pass over C; where C holds the upper
+        triangle, of that triangle, and ``worst`` the first element below the diagonal that
+        is not exactly zero ((inf, (row, col)); (0.0, None) where none)."""
         m, n = op.shape
         cx = np.empty((m, x.shape[1]))
         spread = np.empty((m, x.shape[1]))
         picked = np.empty((len(rows), n))
+        below = (0.0, None)
         for i0, i1, blk in op.row_blocks(self.block):
+            if self.upper:
+                low = _lower(i0, i1, 0, n)
+                below = _worse(below, np.where(low & (blk != 0), np.inf, 0.0), i0, 0)
+                blk = np.where(low, 0.0, blk)
             cx[i0:i1] = blk @ x
             spread[i0:i1] = np.sqrt((blk * blk) @ (x * x))
             sel = (rows >= i0) & (rows < i1)
             picked[sel] = blk[rows[sel] - i0]
-        return cx, spread, picked
+        return cx, spread, picked, below
+
+
+def _lower(i0: int, i1: int, j0: int, j1: int) -> np.ndarray:
+    """Where the block [i0:i1, j0:j1] lies strictly below the diagonal."""
+    return np.arange(j0, j1)[None, :] < np.arange(i0, i1)[:, None]
 
 
 def _rel(c: np.ndarray, ref: np.ndarray, scale: np.ndarray, probe: bool = False) -> np.ndarray:

@@ -119,6 +119,7 @@ def test_incomplete_output_is_an_error(tmp_path):
     (dict(alpha=float("inf")), OptionError),  # alpha not finite
     (dict(beta=float("nan"), c0=np.zeros((9, 7))), OptionError),  # beta NaN, with C0
     (dict(probes=10**12, exact_limit=0), OptionError),  # probes beyond any memory
+    (dict(upper="yes"), OptionError),         # upper not a bool
 ])
 def test_bad_arguments(tmp_path, kwargs, error):
     a, b, xa, xb = _operands(tmp_path, 9, 8, 7, "float64")
@@ -212,3 +213,118 @@ def test_alpha_zero_reads_neither_a_nor_b(beta, kw):
 def test_beta_zero_does_not_read_c0():
     a, b = np.ones((4, 3)), np.ones((3, 2))
     assert verify(a, b, a @ b, beta=0.0, c0="/nonexistent/c0.h5:/C").passed
+
+
+# ----- Gram outputs of the upper triangle (bigmm.gram(..., upper=True), gram --upper) ----------
+
+def _gram_upper(tmp_path, fmt, shape, trans, beta):
+    """A fresh A, C = 0.7 * A^T A + beta * C0 (A A^T for trans=False) of the upper triangle
+    written by bigmm.gram into an HDF5 or Zarr output, and the specs of A, C and C0 (None for
+    beta == 0) with C's values as written."""
+    a = generate(f"{tmp_path / 'a.h5'}:/A", shape, dtype="float32",
+                 seed=int(np.random.default_rng().integers(1, 2**31)))
+    n = shape[1] if trans else shape[0]
+    c = f"{tmp_path / 'g.zarr'}" if fmt == "zarr" else f"{tmp_path / 'g.h5'}:/G"
+    c0 = None
+    if beta:  # old C, not symmetric (its lower triangle is never read)
+        seed = int(np.random.default_rng().integers(1, 2**31))
+        generate(c, (n, n), dtype="float32", seed=seed)
+        c0 = generate(f"{tmp_path / 'c0.h5'}:/C0", (n, n), dtype="float32", seed=seed)
+    bigmm.gram(a, c, trans=trans, upper=True, alpha=0.7, beta=beta, memory="64KiB",
+               backend="numpy")
+    return a, c, c0
+
+
+def _poke(spec, fmt, i, j, value):
+    """Set element (i, j) of the stored output C, keeping its record."""
+    if fmt == "zarr":
+        import zarr
+        arr = zarr.open_array(spec, mode="r+")
+        arr[i, j] = value
+        return
+    path, name = spec.rsplit(":", 1)
+    with h5py.File(path, "r+") as f:
+        f[name][i, j] = value
+
+
+def _peek(spec, fmt, i, j):
+    if fmt == "zarr":
+        import zarr
+        return float(zarr.open_array(spec, mode="r")[i, j])
+    path, name = spec.rsplit(":", 1)
+    with h5py.File(path, "r") as f:
+        return float(f[name][i, j])
+
+
+@pytest.mark.parametrize("fmt, shape, trans, beta, exact_limit", [
+    ("h5", (61, 47), True, 0.0, None),      # A^T A in HDF5, element by element
+    ("h5", (47, 61), False, 0.0, 0),        # A A^T in HDF5, sampled
+    ("zarr", (53, 71), True, 1.5, None),    # Zarr, beta != 0 with C0, element by element
+    ("zarr", (71, 53), False, -0.5, 0),     # Zarr, A A^T, beta < 0 with C0, sampled
+    ("h5", (131, 67), False, 2.0, 0),       # ragged tiles of A A^T, beta with C0, sampled
+    ("zarr", (29, 83), True, 0.0, None),    # ragged tiles of A^T A in Zarr
+])
+def test_upper_gram_output(tmp_path, fmt, shape, trans, beta, exact_limit):
+    a, c, c0 = _gram_upper(tmp_path, fmt, shape, trans, beta)
+    n = shape[1] if trans else shape[0]
+    kw = dict(alpha=0.7, beta=beta, c0=c0, trans_a=trans, trans_b=not trans,
+              block_elements=300)
+    if exact_limit is not None:
+        kw["exact_limit"] = exact_limit
+    r = verify(a, a, c, **kw)  # upper read from C's record
+    assert r.passed, r
+    assert "upper triangle" in r.method
+    assert verify(a, a, c, upper=True, **kw).passed  # the same, asked for
+    rng = np.random.default_rng()
+    i, j = sorted(int(v) for v in rng.choice(n, size=2, replace=False))
+    kept = _peek(c, fmt, i, j)
+    _poke(c, fmt, i, j, kept + 1.0 + 10 * abs(kept))  # one wrong element above the diagonal
+    r = verify(a, a, c, **kw)
+    assert not r.passed and r.worst is not None and r.worst[0] == i, r
+    _poke(c, fmt, i, j, kept)
+    for value in (rng.standard_normal() + 3.0, 1e-37):  # below: any non-zero, even a tiny one
+        _poke(c, fmt, j, i, value)
+        r = verify(a, a, c, **kw)
+        assert not r.passed and r.worst == (j, i), r
+        _poke(c, fmt, j, i, 0.0)
+    assert verify(a, a, c, **kw).passed
+
+
+@pytest.mark.parametrize("exact_limit", [None, 0])  # element by element; sampled
+def test_upper_asked_for_without_a_record(exact_limit):
+    # arrays carry no record: upper=True checks the upper triangle and zeros below
+    rng = np.random.default_rng()
+    a = rng.standard_normal((40, 33))
+    c = np.triu(a.T @ a)
+    kw = {} if exact_limit is None else {"exact_limit": exact_limit}
+    assert verify(a, a, c, trans_a=True, upper=True, **kw).passed
+    assert not verify(a, a, c, trans_a=True, **kw).passed  # the whole product: zeros wrong
+    assert not verify(a, a, a.T @ a, trans_a=True, upper=True, **kw).passed  # mirrored below
+
+
+def test_upper_needs_a_square_product():
+    rng = np.random.default_rng()
+    a, b = rng.standard_normal((9, 8)), rng.standard_normal((8, 7))
+    with pytest.raises(ShapeError, match="Expected a square product"):
+        verify(a, b, a @ b, upper=True)
+
+
+@pytest.mark.parametrize("aat", [False, True])  # gram --upper of A^T A, and of A A^T
+def test_cli_verifies_an_upper_gram_output(tmp_path, capsys, aat):
+    from bigmm.cli import main
+
+    a, g = f"{tmp_path / 'x.h5'}:/X", f"{tmp_path / 'g.h5'}:/G"
+    seed = int(np.random.default_rng().integers(1, 2**31))
+    assert main(["generate", a, "--shape", "57", "43", "--seed", str(seed)]) == 0
+    argv = ["gram", a, "-o", g, "--upper", "--memory", "64KiB", "--backend", "numpy"]
+    assert main(argv + (["--aat"] if aat else [])) == 0
+    check = ["verify", a, a, g, "--trans-b" if aat else "--trans-a"]
+    capsys.readouterr()
+    assert main(check) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PASSED") and "upper triangle" in out, out
+    assert main(check + ["--upper"]) == 0
+    _poke(g, "h5", 5, 2, 0.25)  # non-zero below the diagonal
+    capsys.readouterr()
+    assert main(check) == 1
+    assert capsys.readouterr().out.startswith("FAILED")

@@ -115,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     v = sub.add_parser("verify", parents=[common], help="check C against A@B (exit 0 pass, 1 fail)",
-                       description="Check C = alpha*op(A)@op(B) + beta*C0 in float64. "
+                       description="Check C = alpha*op(A)@op(B) + beta*C0 in float64. A C "
+                                   "written by gram --upper (its record says so) is checked "
+                                   "as it is: the upper triangle, and zeros below. "
                                    "Exit 0: pass, 1: fail, 2: error.")
     _operands(v)
     v.add_argument("c", metavar="C", help="product spec file.h5:/C or store.zarr[:/C]")
@@ -124,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--c0", default=None, help="C before the run (needed when beta != 0)")
     v.add_argument("--trans-a", action="store_true", help="A was used transposed")
     v.add_argument("--trans-b", action="store_true", help="B was used transposed")
+    v.add_argument("--upper", action="store_true", default=None,
+                   help="C holds the upper triangle of the product, zeros below, as gram "
+                        "--upper writes it (default: as C's record says)")
     v.add_argument("--samples", type=int, default=None,
                    help="whole rows of C recomputed in sampled mode (default: 16)")
     v.add_argument("--probes", type=int, default=None,

@@ -40,7 +40,7 @@ def cmd_verify(args) -> int:
             kwargs[name] = getattr(args, name)
     result = verify(args.a, args.b, args.c, alpha=args.alpha, beta=args.beta, c0=args.c0,
                     trans_a=args.trans_a, trans_b=args.trans_b, seed=args.seed,
-                    precision=args.precision, **kwargs)
+                    precision=args.precision, upper=args.upper, **kwargs)
     if args.json:
         _answer(args, result, result.to_dict())
     else:
