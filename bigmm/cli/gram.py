@@ -20,7 +20,8 @@ def add_parser(sub, common, backends, dtypes) -> None:
     g.add_argument("--aat", action="store_true",
                    help="C = A @ A^T (m x m) instead of A^T @ A (n x n)")
     g.add_argument("--upper", action="store_true",
-                   help="write the strictly lower triangle of C as zeros instead of mirroring")
+                   help="write the strictly lower triangle of C as zeros instead of mirroring "
+                        "(C records it: verify checks the upper triangle and the zeros)")
     g.add_argument("--plan", action="store_true", help="print the plan only; write nothing")
     g.add_argument("--memory", default=None,
                    help="device memory budget, e.g. 8GiB (default: as multiply's)")
