@@ -499,9 +499,8 @@ def test_first_step_in_k_pieces_and_last_tile_in_row_pieces(m, n, k, dtype, ta, 
 @pytest.mark.gpu
 def test_page_locked_arrays_are_copied_in_place_by_every_call():
     """bigmm.page_locked: the arrays stay page-locked over the calls in the block (each
-    plans them in place, none locks or stages them again), released after."""
-    from bigmm.backends import get_backend
-
+    plans them in place or staged, as it predicts faster; none locks them again), released
+    after."""
     m, n, k = 1100, 900, 1300
     a, b = random_matrix((m, k), F32, 3), random_matrix((k, n), F32, 4)
     c = np.full((m, n), np.nan, F32)
@@ -509,15 +508,26 @@ def test_page_locked_arrays_are_copied_in_place_by_every_call():
     with bigmm.page_locked(a, b, c) as locked:
         assert locked.nbytes >= a.nbytes + b.nbytes + c.nbytes and locked.notes() == ()
         for _ in range(2):
+            assert _pinned(a, b, c) == [True] * 3
             c[...] = np.nan
             p = bigmm.plan(a, b, c, **kw)
             _, stats = bigmm.matmul(a, b, c, stats=True, **kw)
-            assert p.in_place == "ABC" and p.registered == "" and p.n_tiles > 1
-            assert stats.bytes_staged == 0 and stats.bytes_locked == 0
+            # in place unless staging is predicted faster (tiny pitched panels, staging
+            # blocks that earlier runs of the process kept pinned)
+            assert p.in_place in ("ABC", "") and p.registered == "" and p.n_tiles > 1
+            assert stats.bytes_locked == 0
+            assert (stats.bytes_staged == 0) == (p.in_place == "ABC")
             assert relative_error(c, reference_gemm(a, b)) <= _tol(F32, k, "cublas")
+    assert _pinned(a, b, c) == [False] * 3
+
+
+def _pinned(*xs) -> list[bool]:
+    """Whether a fresh backend (no addresses remembered) sees each array as page-locked."""
+    from bigmm.backends import get_backend
+
     be = get_backend("cupy")
     try:
-        assert not any(be.host_pinned(x) for x in (a, b, c))
+        return [be.host_pinned(x) for x in xs]
     finally:
         be.close()
 
