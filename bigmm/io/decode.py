@@ -233,10 +233,13 @@ def decode_into(codec: str, raw, data: np.ndarray, what: str) -> None:
     """Decode a chunk's stored bytes ``raw`` into all of the uint8 array ``data``: "deflate"
     (a zlib stream) or "gzip" (either) streamed through ``zlib``, "zstd" or "blosc" by the
     numcodecs codec (which releases the GIL); OSError where they do not decode to exactly
-    its bytes (``what`` names the chunk)."""
+    its bytes, or a Blosc buffer is shorter than its header says (``what`` names the
+    chunk)."""
     if codec in ("deflate", "gzip"):
         inflate_into(raw, data, 15 if codec == "deflate" else 47, what)
         return
+    if codec == "blosc":
+        check_blosc(raw, what)
     if codec not in _NUMCODECS:
         import numcodecs
 
@@ -252,6 +255,24 @@ def decode_into(codec: str, raw, data: np.ndarray, what: str) -> None:
     if len(decoded) != data.nbytes:
         raise OSError(f"{what} decoded to {len(decoded)} bytes; a chunk holds {data.nbytes}")
     data[...] = np.frombuffer(decoded, np.uint8)
+
+
+#: Bytes of a Blosc 1 header: version, flags, type size, then the decoded size, the block
+#: size and the stored size (``cbytes``, header included), each 4 bytes little-endian.
+BLOSC_HEADER = 16
+
+
+def check_blosc(src, what: str) -> None:
+    """OSError unless ``src`` holds a whole Blosc 1 header and at least the bytes it states:
+    Blosc takes its stored size from the header and reads that many bytes whatever the
+    buffer holds (past the end of a truncated or empty chunk: stale bytes of the decode
+    buffer, or another chunk's)."""
+    n = len(memoryview(src).cast("B"))
+    if n < BLOSC_HEADER:
+        raise OSError(f"{what} holds {n} bytes, less than a Blosc header ({BLOSC_HEADER})")
+    cbytes = int.from_bytes(bytes(memoryview(src).cast("B")[12:16]), "little")
+    if cbytes > n:
+        raise OSError(f"{what} holds {n} bytes; its Blosc header says {cbytes} (truncated?)")
 
 
 def declared_size(codec: str, src) -> int | None:

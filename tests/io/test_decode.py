@@ -275,3 +275,20 @@ def test_decode_chunk_decodes_one_chunk_apart_from_the_run(tmp_path, kind):
             np.testing.assert_array_equal(block, part)
         if kind == "zarr":
             assert not src.decode_chunk(0, 1, stored, got)
+
+
+@pytest.mark.parametrize("keep", [
+    lambda n: n - 1,  # the last byte gone (the reused buffer beyond it still holds it)
+    lambda n: 0,      # nothing stored: an empty chunk file
+    lambda n: 10,     # shorter than a Blosc header
+])
+def test_a_blosc_buffer_shorter_than_its_header_says_is_refused(keep):
+    raw = random_matrix((64, 48), np.float64).tobytes()
+    stored = np.frombuffer(__import__("numcodecs").Blosc().encode(raw), np.uint8)
+    buf = np.zeros(len(stored) + 64, np.uint8)  # a decode pair's stored buffer, reused
+    buf[:len(stored)] = stored
+    with pytest.raises(OSError, match="chunk"):
+        decode_into("blosc", memoryview(buf)[:keep(len(stored))], np.empty(len(raw), np.uint8),
+                    "chunk")
+    decode_into("blosc", memoryview(buf)[:len(stored) + 8], np.empty(len(raw), np.uint8),
+                "chunk")  # bytes after the buffer its header states are left alone

@@ -370,6 +370,8 @@ BROKEN = [
     ("raw", lambda p: os.truncate(p, 100), "holds 100 bytes"),          # truncated
     ("zstd", lambda p: open(p, "r+b").write(b"garbage!"), "Expected to read"),  # corrupt
     ("gzip", lambda p: os.truncate(p, 10), "Expected to read"),         # cut short
+    ("blosc", lambda p: os.truncate(p, os.path.getsize(p) - 1), "Blosc header"),  # a byte short
+    ("blosc", lambda p: os.truncate(p, 0), "Blosc header"),             # emptied
 ]
 
 
