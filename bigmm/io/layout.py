@@ -99,7 +99,8 @@ def _probe(dset: h5py.Dataset) -> Layout:
         return _fallback("external storage", chunks)
     if kind == h5d.VIRTUAL:
         return _fallback("virtual dataset", chunks)
-    fill = float(np.asarray(dset.fillvalue, dtype=np.float64))
+    # where HDF5 writes no fill value, h5py's reads (into zeros) give 0 for unwritten storage
+    fill = 0.0 if skips_unwritten(dcpl) else float(np.asarray(dset.fillvalue, np.float64))
     if chunks is not None and len(chunks) == 2:
         cells = -(-dset.shape[0] // chunks[0]) * -(-dset.shape[1] // chunks[1])
         if cells > MAX_INDEX_CELLS:
@@ -130,6 +131,14 @@ def _probe(dset: h5py.Dataset) -> Layout:
             return _fallback("chunk sizes differ from the chunk shape", chunks)
         return Layout("chunked", chunks=chunks, chunk_offsets=index[0], swap=swap, fill=fill)
     return _fallback(f"layout {kind}", chunks)
+
+
+def skips_unwritten(dcpl) -> bool:
+    """True where HDF5 reads of storage never written (unallocated chunks or contiguous data)
+    leave the reader's buffer as it was (fill time "never", or no fill value defined), so that
+    a buffer must hold zeros first to read as h5py's ``dset[...]`` does."""
+    return (dcpl.get_fill_time() == h5d.FILL_TIME_NEVER
+            or dcpl.fill_value_defined() == h5d.FILL_VALUE_UNDEFINED)
 
 
 def _partial_chunks_unfiltered(dcpl) -> bool:

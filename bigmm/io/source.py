@@ -42,7 +42,7 @@ from .inputs import (DEFAULT_THREADS, TASK_BYTES, Source, _batches, caller_split
 from .h5open import check_readable, data_files, open_h5
 from .identity import Footprint, ancestors, array_footprint, file_facts
 from .layout import (DECODED_KINDS, MAX_INDEX_CELLS, Layout, chunk_cells, chunk_index,
-                     probe_layout)
+                     probe_layout, skips_unwritten)
 from .mapped import FAULT_GRAIN, PAGE, STEP_BYTES, FileMap
 from .rawio import read_block
 from .spec import Spec, parse_spec
@@ -100,6 +100,8 @@ class H5Source(Source):
         self.path = os.path.realpath(dset.file.filename)
         with H5LOCK:
             self._object = int(h5o.get_info(dset.id).addr)
+            # HDF5 leaves a buffer as it was where nothing was written: zeroed before reads
+            self._zero_first = skips_unwritten(dset.id.get_create_plist())
             self._data = [dict(file_facts(p), path=p) for p in data_files(dset)]
         self._file_facts = file_facts(self.path)
         self._dset, self._file, self._threads = dset, own_file, threads
@@ -283,7 +285,7 @@ class H5Source(Source):
         m, n = self.shape
         for r0, r1, c0, c1 in ((0, min(m, 3), 0, min(n, 300)),
                                (max(0, m - 3), m, max(0, n - 300), n)):
-            ref = np.empty((r1 - r0, c1 - c0), self.dtype)
+            ref = np.zeros((r1 - r0, c1 - c0), self.dtype)
             with H5LOCK:
                 read_region(self._dset, np.s_[r0:r1, c0:c1], ref)
             if self.filtered:
@@ -319,6 +321,8 @@ class H5Source(Source):
             raise self._read_error(r0, r1, c0, c1, exc) from exc
 
     def _read_h5py(self, r0, r1, c0, c1, out) -> None:
+        if self._zero_first:  # (else what a reused buffer held would stay where HDF5 skips)
+            out[...] = 0
         with H5LOCK:
             read_region(self._dataset(), np.s_[r0:r1, c0:c1], out)
 

@@ -219,6 +219,30 @@ def test_unallocated_chunks_read_as_fill(tmp_path, kwargs, layout):
         check_reads(src, expected, seed=4)
 
 
+@pytest.mark.parametrize("kwargs, layout", [
+    ({"chunks": (40, 30)}, "chunked"),                           # raw chunks
+    ({"chunks": (40, 30), "compression": "gzip"}, "deflate"),    # compressed chunks
+    ({"chunks": (40, 30), **hdf5plugin.LZ4()}, "h5py"),          # HDF5's own filter
+    ({}, "h5py"),                                                # contiguous, never allocated
+])
+def test_storage_never_written_with_fill_time_never_reads_as_h5py_does(tmp_path, kwargs,
+                                                                      layout):
+    # HDF5 leaves the reader's buffer as it was there: h5py's reads (into zeros) give 0, and
+    # a buffer bigmm reuses must not keep the values of an earlier region
+    data = random_matrix(SHAPE, np.float32, seed=3)
+    path = str(tmp_path / "never.h5")
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("A", shape=SHAPE, dtype="<f4", fillvalue=-2.5,
+                             fill_time="never", **kwargs)
+        if kwargs:
+            d[0:40, 0:30] = data[0:40, 0:30]
+        expected = d[...]
+    assert np.count_nonzero(expected == 0) > 1000
+    with open_input(f"{path}:/A") as src:
+        assert src.layout == layout
+        check_reads(src, expected, seed=4)
+
+
 def test_big_endian_fill_value(tmp_path):
     path = str(tmp_path / "be.h5")
     with h5py.File(path, "w") as f:
