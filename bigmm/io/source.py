@@ -286,15 +286,20 @@ class H5Source(Source):
         for r0, r1, c0, c1 in ((0, min(m, 3), 0, min(n, 300)),
                                (max(0, m - 3), m, max(0, n - 300), n)):
             ref = np.zeros((r1 - r0, c1 - c0), self.dtype)
-            with H5LOCK:
-                read_region(self._dset, np.s_[r0:r1, c0:c1], ref)
+            try:
+                with H5LOCK:
+                    read_region(self._dset, np.s_[r0:r1, c0:c1], ref)
+            except Exception as exc:  # a filter's failure: what any read of it would meet
+                raise ReadError(f"Expected a readable dataset for {self.label}. Got "
+                                f"{type(exc).__name__} reading rows {r0}:{r1}, columns "
+                                f"{c0}:{c1}: {exc}.") from exc
             if self.filtered:
                 give_back()
             for mapped in {False, self._map is not None}:
                 raw = np.empty((r1 - r0, c1 - c0), self.dtype)
                 try:
                     self._read_fast(r0, r1, c0, c1, raw, mapped)
-                except OSError:
+                except Exception:  # OSError, a codec's own errors: h5py reads it instead
                     return False
                 finally:
                     if self._decoded is not None:

@@ -361,6 +361,23 @@ def test_corrupt_compressed_chunk_is_a_read_error(tmp_path):
     assert "rows 55:60, columns 45:50" in str(err.value) and path in str(err.value)
 
 
+@pytest.mark.parametrize("kwargs", [
+    {"compression": "gzip"},      # decoded by bigmm (its sample read by both)
+    {**hdf5plugin.Blosc()},       # decoded by bigmm; numcodecs raises its own errors
+    {"fletcher32": True},         # HDF5's checksum: read through h5py
+])
+def test_a_corrupt_first_chunk_is_a_read_error_at_open(tmp_path, kwargs):
+    path, _ = make(tmp_path, {"chunks": (50, 40), **kwargs}, "<f4", seed=12)
+    with h5py.File(path, "r") as f:
+        info = f["A"].id.get_chunk_info_by_coord((0, 0))
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset)
+        fh.write(b"\x5a" * info.size)  # (all 0xff would pass Fletcher-32: 0xffff is 0)
+    with pytest.raises(ReadError, match="Expected a readable dataset") as err:
+        open_input(f"{path}:/A")
+    assert path in str(err.value)
+
+
 @pytest.mark.parametrize("region, shape, dtype", [
     ((0, 5, 0, 5), (5, 4), np.float32),      # wrong buffer shape
     ((0, 5, 0, 5), (5, 5), np.float64),      # wrong buffer dtype
