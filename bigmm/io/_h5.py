@@ -220,5 +220,5 @@ def release_h5_handles(path: str) -> None:
     real = os.path.realpath(path)
     with H5LOCK:
         for src in list(REOPENABLE):
-            if src.path == real:
+            if real in src.held:  # its dataset's file, or one holding a link to it
                 src._drop_handle()

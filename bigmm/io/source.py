@@ -98,6 +98,10 @@ class H5Source(Source):
         self.dtype = check_matrix(dset.shape, stored_dtype(dset), label)
         self.chunks = tuple(dset.chunks) if dset.chunks else None
         self.path = os.path.realpath(dset.file.filename)
+        #: The files the source's h5py handle holds open: the dataset's, and the one opened
+        #: for it where an external link led from there to the dataset's (see _drop_handle).
+        self.held = {self.path} | ({os.path.realpath(own_file.filename)}
+                                   if own_file is not None else set())
         with H5LOCK:
             self._object = int(h5o.get_info(dset.id).addr)
             # HDF5 leaves a buffer as it was where nothing was written: zeroed before reads

@@ -10,7 +10,7 @@ import pytest
 
 from bigmm.errors import (DtypeError, IncompleteOutputError, OperandNotFound, OptionError,
                           ReadError, ShapeError, SpecError)
-from bigmm.io import open_input, rawio, source
+from bigmm.io import _h5, open_input, rawio, source
 from bigmm.io.inputs import on_caller_thread
 from bigmm.testing import NoPool, random_matrix
 
@@ -262,6 +262,22 @@ def test_external_storage_falls_back(tmp_path):
         f.create_dataset("A", data=data, external=external)
     with open_input(f"{path}:/A") as src:
         assert src.layout == "h5py" and "external" in src.reason
+        check_reads(src, data)
+
+
+def test_a_dataset_reached_by_an_external_link_releases_the_file_holding_the_link(tmp_path):
+    # an output written into the file of the link (read through h5py: a filter) opens it
+    data = random_matrix((60, 50), np.float32, seed=6)
+    with h5py.File(tmp_path / "target.h5", "w") as f:
+        f.create_dataset("g/A", data=data, chunks=(20, 20), fletcher32=True)
+    link = str(tmp_path / "link.h5")
+    with h5py.File(link, "w") as f:
+        f["ext"] = h5py.ExternalLink("target.h5", "/g/A")
+    with open_input(f"{link}:/ext") as src:
+        assert src.layout == "h5py" and src.path == str(tmp_path / "target.h5")
+        with _h5.H5LOCK:
+            _h5.release_h5_handles(link)
+            h5py.File(link, "a").close()  # (refused while the source held it read-only)
         check_reads(src, data)
 
 
