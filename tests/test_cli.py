@@ -561,3 +561,62 @@ def test_verify_help_gives_the_check_defaults(capsys):
     for flag, value in (("--samples", SAMPLES), ("--probes", PROBES),
                         ("--exact-limit", EXACT_LIMIT)):
         assert re.search(rf"{flag} \S+ [^-]*\(default: {value}\)", text), (flag, text)
+
+
+#: ``bigmm ARGS`` (the command's entry point) that sends itself real signals at chosen calls:
+#: argv[1] lists "module:Owner.function:signal" (a signal before each first call), ";"-separated.
+SIGNAL_AT = """
+import importlib, os, signal, sys, time
+for point in filter(None, sys.argv[1].split(";")):
+    mod, path, sig = point.split(":")
+    owner, name = importlib.import_module(mod), path.split(".")
+    for part in name[:-1]:
+        owner = getattr(owner, part)
+    raw = owner.__dict__[name[-1]] if isinstance(owner, type) else getattr(owner, name[-1])
+    wrap = type(raw) if isinstance(raw, (staticmethod, classmethod)) else (lambda f: f)
+    func, fired = getattr(raw, "__func__", raw), []
+    def f(*args, _func=func, _sig=getattr(signal, sig), _fired=fired, **kwargs):
+        if not _fired:
+            _fired.append(True)
+            os.kill(os.getpid(), _sig)
+            time.sleep(0.05)  # the handler runs here, in the main thread
+        return _func(*args, **kwargs)
+    setattr(owner, name[-1], wrap(f))
+sys.argv = ["bigmm", *sys.argv[2:]]
+from bigmm._command import run
+sys.exit(run())
+"""
+
+
+def _signalled(points: str, *argv, cwd):
+    return subprocess.run([sys.executable, "-c", SIGNAL_AT, points, *map(str, argv)],
+                          capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+
+
+@pytest.mark.parametrize("sig, status, flags", [
+    ("SIGINT", 130, ["--overwrite"]),             # Ctrl-C while the output is opened
+    ("SIGTERM", 143, ["--overwrite", "--json"]),  # a scheduler's stop, a script reading JSON
+])
+def test_interrupted_before_the_journal_gives_the_command_that_runs_again(tmp_path, capsys,
+                                                                          sig, status, flags):
+    # C of another job (alpha 2) is there to be overwritten; a signal before the run wrote its
+    # journal changed nothing: "--resume" would be refused (another job), the command is right
+    a, b, c = (f"{tmp_path / 'm.h5'}:/{x}" for x in "ABC")
+    for spec, shape, seed in ((a, (40, 30), 1), (b, (30, 20), 2)):
+        assert run(capsys, "generate", spec, "--shape", *shape, "--seed", seed)[0] == 0
+    common = ["multiply", a, b, "-o", c, "--memory", "20KB", "--backend", "numpy", "--quiet"]
+    assert run(capsys, *common, "--alpha", 2)[0] == 0
+    p = _signalled(f"bigmm.io.journal:Journal.create:{sig}", *common, *flags, cwd=tmp_path)
+    assert p.returncode == status and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1 and "--resume" not in p.stderr, p.stderr
+    line = p.stderr.strip()
+    assert line.startswith(f"bigmm: error: interrupted before anything was written to {c}")
+    if "--json" in flags:
+        s = json.loads(p.stdout)
+        assert s["ok"] is False and s["error"] == line[len("bigmm: error: "):]
+        assert s["exit_code"] == status and "resumable" not in s
+    again = shlex.split(line.split("run it again: ", 1)[1])
+    assert again[0] == "bigmm" and run(capsys, *again[1:])[0] == 0
+    assert run(capsys, "verify", a, b, c)[0] == 0
+

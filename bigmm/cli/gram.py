@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..precision import PRECISIONS
 from ._common import ok_json
 from .report import format_summary, print_notes, progress_reporter, run_summary
-from .run import backend_name, interrupted, journal_state, note_resumable
+from .run import backend_name, interrupted, journal_state, note_resumable, output_stamp
 
 
 def add_parser(sub, common, backends, dtypes) -> None:
@@ -68,14 +68,14 @@ def cmd_gram(args) -> int:
         else:
             print(plan)
         return 0
-    journal = journal_state(args.out)
+    journal, stamp = journal_state(args.out), output_stamp(args.out)
     with progress_reporter(args.quiet, plan.flops) as progress:
         try:
             out, stats = api.gram(args.a, args.out, trans=trans, upper=args.upper,
                                   progress=progress, resume=args.resume,
                                   overwrite=args.overwrite, stats=True, **kwargs)
         except KeyboardInterrupt as e:
-            return interrupted(args, progress, e)
+            return interrupted(args, progress, e, journal, stamp)
         except Exception as e:
             note_resumable(args, journal, e)
             raise

@@ -41,14 +41,14 @@ def cmd_multiply(args) -> int:
     if not args.quiet and not args.resume:
         _note_budget(api, args, kwargs, plan)
     prof = _new_profile() if args.profile is not None else None
-    journal = journal_state(args.out)
+    journal, stamp = journal_state(args.out), output_stamp(args.out)
     with progress_reporter(args.quiet, plan.flops) as progress:
         try:
             out, stats = api.matmul(args.a, args.b, args.out, **kwargs, progress=progress,
                                     resume=args.resume, overwrite=args.overwrite,
                                     stats=True, profile=prof)
         except KeyboardInterrupt as e:
-            return interrupted(args, progress, e)
+            return interrupted(args, progress, e, journal, stamp)
         except Exception as e:
             note_resumable(args, journal, e)
             raise
@@ -80,14 +80,14 @@ def _multiply_on_cluster(args) -> int:
             print(f"bigmm: dask dashboard at {client.dashboard_link}", file=sys.stderr,
                   flush=True)
         total = 0 if args.quiet else _flops(args.a, args.b, args.trans_a, args.trans_b)
-        journal = journal_state(args.out)
+        journal, stamp = journal_state(args.out), output_stamp(args.out)
         with progress_reporter(args.quiet, total) as progress:
             try:
                 out, plan, stats, backend = run_files(
                     args.a, args.b, args.out, client=client, **kwargs, progress=progress,
                     resume=args.resume, overwrite=args.overwrite)
             except KeyboardInterrupt as e:
-                return interrupted(args, progress, e)
+                return interrupted(args, progress, e, journal, stamp)
             except Exception as e:
                 note_resumable(args, journal, e)
                 raise
@@ -145,14 +145,27 @@ def resume_command(argv: list[str]) -> str:
     return "bigmm " + shlex.join(words + ["--resume"])
 
 
-def interrupted(args, progress, e: KeyboardInterrupt) -> int:
+def interrupted(args, progress, e: KeyboardInterrupt, before=None, stamp=None) -> int:
     """A run into ``args.out`` interrupted: the progress stopped, one line with the command
-    that resumes it (and the --json answer); returns the exit status."""
+    that resumes it (and the --json answer); returns the exit status. ``before`` and
+    ``stamp``: the output's journal (:func:`journal_state`) and files (:func:`output_stamp`)
+    as the run found them. A run interrupted before it journaled anything (planning, opening
+    the output) changed nothing there: the line gives the command as it was, which
+    ``--resume`` could not stand for (an existing output it was to overwrite, a journal of
+    another run); one that had finished the output gives the resume, which finds it done."""
     progress.stop()
     status = interrupted_status()
-    message = f"interrupted; {args.out} is resumable: {resume_command(args.argv)}"
+    after = journal_state(args.out)
+    if (after is not None and (after != before or args.resume)) or (
+            after is None and output_stamp(args.out) != stamp):
+        message = f"interrupted; {args.out} is resumable: {resume_command(args.argv)}"
+        extra = dict(output=str(args.out), resumable=True)
+    else:
+        message = (f"interrupted before anything was written to {args.out}; run it again: "
+                   f"bigmm {shlex.join(args.argv)}")
+        extra = {}
     err(message)
-    fail_json(args, status, message, type(e).__name__, output=str(args.out), resumable=True)
+    fail_json(args, status, message, type(e).__name__, **extra)
     return status
 
 
@@ -167,6 +180,30 @@ def journal_state(out: str):
     except (BigmmError, OSError, ValueError):
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def output_stamp(out: str):
+    """(inode, size, modification time) of the files of the output spec ``out`` (an HDF5
+    file; a Zarr array's folder and its metadata), None for each that is not there."""
+    from ..io.spec import parse_spec
+    from ..io.zarrsink import target_dir
+
+    try:
+        spec = parse_spec(out)
+        paths = [spec.path]
+        if spec.zarr:
+            folder = target_dir(spec, spec.dataset)
+            paths += [folder, os.path.join(folder, "zarr.json")]
+    except (BigmmError, OSError, ValueError):
+        return None
+    stamps = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            stamps.append(None)
+    return tuple(stamps)
 
 
 def note_resumable(args, before, e: BaseException) -> None:
