@@ -620,22 +620,3 @@ def test_interrupted_before_the_journal_gives_the_command_that_runs_again(tmp_pa
     assert again[0] == "bigmm" and run(capsys, *again[1:])[0] == 0
     assert run(capsys, "verify", a, b, c)[0] == 0
 
-
-@pytest.mark.parametrize("second", [
-    "bigmm.cli.run:resume_command:SIGTERM",   # while the message is being made
-    "bigmm.io.sink:Sink.interrupted:SIGINT",  # while the run stops (its tiles committed)
-])
-def test_a_second_signal_while_stopping_keeps_the_resume_command(tmp_path, capsys, second):
-    a, b, c = (f"{tmp_path / 'm.h5'}:/{x}" for x in "ABC")
-    for spec, shape, seed in ((a, (60, 50), 1), (b, (50, 40), 2)):
-        assert run(capsys, "generate", spec, "--shape", *shape, "--seed", seed)[0] == 0
-    argv = ["multiply", a, b, "-o", c, "--memory", "20KB", "--backend", "numpy", "--quiet",
-            "--json"]
-    p = _signalled(f"bigmm.io.filesink:FileSink.write:SIGINT;{second}", *argv, cwd=tmp_path)
-    assert p.returncode == 130 and "Traceback" not in p.stderr, p.stderr
-    assert p.stderr.count("\n") == 1 and "is resumable: " in p.stderr, p.stderr
-    s = json.loads(p.stdout)  # the run's own interruption, resumable
-    assert s["resumable"] is True and s["error_type"] == "Interrupted" and s["exit_code"] == 130
-    command = shlex.split(p.stderr.split("is resumable: ", 1)[1])
-    assert command[-1] == "--resume" and run(capsys, *command[1:])[0] == 0
-    assert run(capsys, "verify", a, b, c)[0] == 0

@@ -81,21 +81,12 @@ def _watch_signals():
     its finished tiles journaled, and says how to resume. Where one lands inside the import of
     a C extension (numpy's), the import may fail with another error, which is then the
     interruption. Only where Python's own handlers are installed, in the main thread. Returns
-    what restores them.
-
-    Only the first signal raises: a second one, while the command stops (the writer finishing
-    its tiles and committing them, the message with the resume command), is recorded and the
-    stopping goes on; a third ends the process at once, as a kill would (the journal holds
-    what was committed)."""
-    import os
+    what restores them."""
     import signal
 
     def handler(signum, frame):
         SIGNALS.append(signum)
-        if len(SIGNALS) == 1:
-            raise KeyboardInterrupt
-        if len(SIGNALS) > 2:
-            os._exit(interrupted_status())
+        raise KeyboardInterrupt
 
     SIGNALS.clear()
     restore = []
