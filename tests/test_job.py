@@ -200,9 +200,11 @@ def test_resume_from_another_directory_and_through_a_symlink(tmp_path, job):
     os.symlink(tmp_path / "a.h5", tmp_path / "elsewhere" / "link-a.h5")
     # relative paths from another working directory, A through a symlink, C by another name
     rc, _, err = cli("multiply", "link-a.h5:/A", "../b.h5:/B", "-o", "../c.h5:/C", "--memory",
-                     BUDGET, "--backend", "numpy", "--resume", kill_at=2,
+                     BUDGET, "--backend", "numpy", "--resume", kill_at=1,
                      cwd=tmp_path / "elsewhere")
-    assert rc == -signal.SIGKILL, err  # killed again, later
+    # killed again, later (at its first record: on a loaded machine the first run's records
+    # may hold several tiles, leaving fewer to resume)
+    assert rc == -signal.SIGKILL, err
     rc, out, err = cli("multiply", "link-a.h5:/A", "../b.h5:/B", "-o", "../c.h5:/C",
                        "--memory", BUDGET, "--backend", "numpy", "--resume", "--json",
                        cwd=tmp_path / "elsewhere")
