@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import OptionError, ShapeError
+from .errors import IncompleteOutputError, OptionError, ShapeError
 from .io import Source, open_input
 from .job import parse_scalar
 from .precision import DEFAULT, ROUNDING, check_dtype, parse_precision
@@ -126,6 +126,20 @@ class _Op:
             yield r0, r1, self.read(r0, r1, 0, n)
 
 
+def _open(x, name: str) -> Source:
+    """``open_input(x)``; a dataset left incomplete by an interrupted ``generate`` says to
+    generate it again (there is no run to resume)."""
+    try:
+        return open_input(x, name=name)
+    except IncompleteOutputError:
+        from .io.generate import incomplete_message
+
+        message = incomplete_message(x, name)
+        if message is None:
+            raise
+        raise IncompleteOutputError(message) from None
+
+
 def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: bool = False,
            trans_b: bool = False, samples: int = SAMPLES, probes: int = PROBES, seed: int = 0,
            exact_limit: int = EXACT_LIMIT, block_elements: int = BLOCK_ELEMENTS,
@@ -146,7 +160,7 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
     sources, owned = [], []
     try:
         for x, name in ((a, "A"), (b, "B"), (c, "C")) + (((c0, "C0"),) if beta != 0 else ()):
-            sources.append(open_input(x, name=name))
+            sources.append(_open(x, name))
             if not isinstance(x, Source):  # the caller closes the sources it passed
                 owned.append(sources[-1])
         opa, opb = _Op(sources[0], trans_a), _Op(sources[1], trans_b)

@@ -620,3 +620,26 @@ def test_interrupted_before_the_journal_gives_the_command_that_runs_again(tmp_pa
     assert again[0] == "bigmm" and run(capsys, *again[1:])[0] == 0
     assert run(capsys, "verify", a, b, c)[0] == 0
 
+
+@pytest.mark.parametrize("name", ["g.h5:/C", "g.zarr:/C"])  # HDF5 and Zarr
+def test_verify_of_a_killed_generate_says_to_generate_again(tmp_path, capsys, name):
+    # generate killed before its first block: C is marked incomplete, and no run can resume it
+    a, b, c = f"{tmp_path / 'm.h5'}:/A", f"{tmp_path / 'm.h5'}:/B", f"{tmp_path / name}"
+    for spec, shape, seed in ((a, (40, 30), 1), (b, (30, 20), 2)):
+        assert run(capsys, "generate", spec, "--shape", *shape, "--seed", seed)[0] == 0
+    p = _signalled("bigmm.io.generate:_draw:SIGKILL", "generate", c, "--shape", 40, 20,
+                   cwd=tmp_path)
+    assert p.returncode == -signal.SIGKILL
+    rc, out, err = run(capsys, "verify", a, b, c)
+    assert rc == 2 and err.count("\n") == 1 and "incomplete" in err, err
+    assert "--resume" not in err and "run generate again with --overwrite" in err, err
+    assert run(capsys, "generate", c, "--shape", 40, 20, "--overwrite")[0] == 0
+    # a multiply's output interrupted keeps its advice: resume it
+    def stop(p):
+        raise KeyboardInterrupt
+
+    import bigmm
+    with pytest.raises(errors.Interrupted):
+        bigmm.matmul(a, b, c, memory="20KB", backend="numpy", overwrite=True, progress=stop)
+    rc, out, err = run(capsys, "verify", a, b, c)
+    assert rc == 2 and "continue it with --resume" in err, err

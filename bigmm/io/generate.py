@@ -16,6 +16,7 @@ gzip); "contiguous" is refused there.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import h5py
@@ -102,6 +103,7 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
                                 chunks=lay.chunks, track_times=False, **lay.filter)
         dset.attrs[COMPLETE_ATTR] = False  # a killed run leaves a dataset marked incomplete
         dset.attrs["bigmm_seed"] = seed  # now, so that the end rewrites one flag in place
+        f.flush()  # the mark on disk: a kill before the end leaves a file HDF5 can open
         try:
             _fill(dset, seed, block_elements, lay.chunks)
         except BaseException:
@@ -111,6 +113,42 @@ def generate(spec, shape, *, dtype: str = "float32", layout: str | None = None,
     finally:
         f.close()
     return f"{path}:{name}"
+
+
+def incomplete_message(x, name: str) -> str | None:
+    """The error's message where ``x`` (a spec, h5py.Dataset or zarr.Array) is marked
+    incomplete as an interrupted ``generate`` leaves it: no run's mark or job record and no
+    journal beside it (an interrupted multiply's output has them, and resumes). None
+    otherwise, or where it cannot be looked at."""
+    from ._h5 import JOB_ATTR, RUN_ATTR
+    from .journal import journal_path
+
+    try:
+        if isinstance(x, h5py.Dataset):
+            spec = parse_spec(f"{x.file.filename}:{x.name}")
+            attrs = dict(x.attrs)
+        elif isinstance(x, np.ndarray) or x is None:
+            return None
+        else:
+            from . import zarrsource
+
+            if zarrsource.is_zarr_array(x):
+                spec, attrs = zarrsource.spec_of(x), dict(x.attrs)
+            else:
+                spec = parse_spec(x)
+                if spec.zarr:
+                    attrs = dict(zarrsource.open_array(spec, name).attrs)
+                else:
+                    with h5py.File(spec.path, "r") as f:
+                        attrs = dict(f[spec.dataset].attrs)
+        if (spec is None or attrs.get(COMPLETE_ATTR, True) or RUN_ATTR in attrs
+                or JOB_ATTR in attrs or os.path.exists(journal_path(spec))):
+            return None
+    except Exception:  # noqa: BLE001 - the open's own error stands
+        return None
+    return (f"Expected a complete dataset. Got {name} ({spec}), left incomplete by an "
+            f"interrupted generate (there is no run to resume); run generate again with "
+            f"overwrite=True.")
 
 
 def block(shape, seed: int, r0: int, r1: int, dtype: str = "float64") -> np.ndarray:
