@@ -643,3 +643,38 @@ def test_verify_of_a_killed_generate_says_to_generate_again(tmp_path, capsys, na
         bigmm.matmul(a, b, c, memory="20KB", backend="numpy", overwrite=True, progress=stop)
     rc, out, err = run(capsys, "verify", a, b, c)
     assert rc == 2 and "continue it with --resume" in err, err
+
+
+# Each case: argv after "multiply" ({a}, {b}, {t} as in ERROR_CASES) and what the error says.
+BEFORE_THE_CLUSTER = [
+    (["{a}", "{b}", "-o", "{t}/c.h5:/C", "--workers", "100000"],              # far too many
+     "Expected --workers as a positive integer, at most "),
+    (["{a}", "{b}", "-o", "{t}/c.h5:/C", "--workers", "-1"],                  # negative
+     "Expected --workers as a positive integer"),
+    (["{t}/nope.h5:/A", "{b}", "-o", "{t}/c.h5:/C", "--workers", "1"], "nope.h5"),  # no input
+    (["{a}", "{a}", "-o", "{t}/c.h5:/C", "--workers", "1"], "inner dimensions"),  # shapes
+    (["{a}", "{b}", "-o", "{t}/old.h5:/C", "--workers", "1"],                 # C exists
+     "Expected no existing output at"),
+    (["{a}", "{b}", "-o", "{a}", "--overwrite", "--workers", "1"], "other than the inputs"),
+]
+
+
+@pytest.mark.parametrize("argv, word", BEFORE_THE_CLUSTER)
+def test_workers_refused_before_the_cluster_starts(tmp_path, capsys, operands, monkeypatch,
+                                                  argv, word):
+    pytest.importorskip("distributed")
+    import bigmm.dask
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(bigmm.dask, "local_cluster", no_cluster)
+    a, b, _, _ = operands
+    with h5py.File(tmp_path / "old.h5", "w") as f:
+        f["C"] = np.zeros((M, N), np.float32)
+    rc, out, err = run(capsys, "multiply", *[w.format(a=a, b=b, t=tmp_path) for w in argv],
+                       "--backend", "numpy")
+    assert rc == 2 and err.count("\n") == 1 and word in err, err
+    if "--workers" in word:
+        assert f"Got {argv[-1]}." in err
+    assert not (tmp_path / "c.h5").exists()

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the tiles on the dask cluster at ADDRESS (tcp://host:8786)")
     m.add_argument("--workers", type=int, default=None, metavar="N",
                    help="run the tiles on a new local dask cluster of N workers "
-                        "(one per GPU where GPUs are usable)")
+                        "(one per GPU where GPUs are usable; at most 4 per CPU core)")
     m.set_defaults(func=cmd_multiply)
 
     pl = sub.add_parser(

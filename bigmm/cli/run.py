@@ -70,10 +70,34 @@ def cmd_multiply(args) -> int:
     return 0
 
 
-def _multiply_on_cluster(args) -> int:
-    """``multiply ... --scheduler ADDRESS | --workers N``: the job's tiles on a dask cluster."""
-    from ..dask import run_files
+#: ``--workers N``: at most this many local workers per CPU core this process may use (each
+#: worker is a process of one thread; a few per core keep the cores busy while others read).
+WORKERS_PER_CORE = 4
 
+
+def max_workers() -> int:
+    """The most workers ``--workers`` starts: WORKERS_PER_CORE per CPU core of this process."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return WORKERS_PER_CORE * max(1, cores)
+
+
+def _multiply_on_cluster(args) -> int:
+    """``multiply ... --scheduler ADDRESS | --workers N``: the job's tiles on a dask cluster,
+    started only once the options, inputs and output are known to be right."""
+    from ..dask import run_files
+    from ..errors import OptionError
+
+    if args.scheduler is not None and args.workers is not None:  # --workers 0 too
+        raise OptionError(f"Expected either --scheduler or --workers. Got both "
+                          f"(--scheduler {args.scheduler!r} --workers {args.workers}).")
+    if args.workers is not None and not 1 <= args.workers <= max_workers():
+        raise OptionError(f"Expected --workers as a positive integer, at most {max_workers()} "
+                          f"({WORKERS_PER_CORE} per CPU core of this process). Got "
+                          f"{args.workers}.")
+    _check_files(args)
     kwargs = _job_kwargs(args)
     with _cluster_client(args.scheduler, args.workers, args.backend) as client:
         if not args.quiet:
@@ -101,6 +125,51 @@ def _multiply_on_cluster(args) -> int:
     elif not args.quiet:
         print(format_summary(summary) + f"\nworkers {workers}")
     return 0
+
+
+def _check_files(args) -> None:
+    """What the run on a cluster refuses about its inputs and output (read-only, in this
+    process): an input missing or unreadable, shapes that do not fit, an output that is an
+    input, cannot be written, or (without --overwrite or --resume) exists already. So that it
+    is said at once, not after the cluster's start-up."""
+    from ..errors import OutputExistsError
+    from ..io import open_input, parse_spec, read_journal, refuse_output_alias
+    from ..io.existing import check_output
+    from ..job import check_operands, parse_scalar
+
+    with open_input(args.a, name="A") as A, open_input(args.b, name="B") as B:
+        m, _, n, _ = check_operands(A, B, args.trans_a, args.trans_b)
+        refuse_output_alias(args.out, [A, B])
+    reads_c = parse_scalar(args.beta, "beta") != 0
+    check_output(args.out, (m, n), reads_c=reads_c, resume=args.resume)
+    if args.overwrite or args.resume:
+        return
+    spec = parse_spec(args.out)
+    if read_journal(args.out) is not None:
+        why = "an interrupted run's journal exists; pass --resume to continue it"
+    elif not reads_c and _output_exists(spec):
+        why = "pass --overwrite to replace it"
+    else:
+        return
+    raise OutputExistsError(f"Expected no existing output at {spec}. Got one: {why}.")
+
+
+def _output_exists(spec) -> bool:
+    """Whether the output ``spec`` names a dataset (or a link) in its HDF5 file, or a Zarr
+    array."""
+    if spec.zarr:
+        from ..io.zarrsink import target_dir
+
+        return os.path.exists(os.path.join(target_dir(spec, spec.dataset), "zarr.json"))
+    if not os.path.isfile(spec.path):
+        return False
+    import h5py
+
+    try:
+        with h5py.File(spec.path, "r") as f:
+            return f.get(spec.dataset, getlink=True) is not None
+    except OSError:  # held open by another run, not HDF5: the run's own error says which
+        return False
 
 
 def _flops(a, b, trans_a: bool, trans_b: bool) -> int:
