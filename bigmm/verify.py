@@ -83,18 +83,22 @@ class VerifyResult:
     checked: int
     tolerance: float
     worst: tuple | None = None
+    #: Where C failed and its record names other options than those checked: which.
+    hint: str = ""
 
     def __str__(self) -> str:
         verdict = "PASSED" if self.passed else "FAILED"
         where = f" at {self.worst}" if self.worst and not self.passed else ""
+        hint = f"; {self.hint}" if self.hint and not self.passed else ""
         return (f"{verdict}: max relative error {self.max_rel_error:.3g}{where} "
                 f"(tolerance {self.tolerance:.3g}, {self.method}, {self.checked} elements "
-                f"checked one by one)")
+                f"checked one by one){hint}")
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "max_rel_error": self.max_rel_error,
                 "method": self.method, "checked": self.checked, "tolerance": self.tolerance,
-                "worst": list(self.worst) if self.worst else None}
+                "worst": list(self.worst) if self.worst else None,
+                "hint": self.hint if not self.passed else ""}
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,8 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
         opc0 = _Op(sources[3], False) if beta != 0 else None
         m, k, n = _check_shapes(opa, opb, opc, opc0)
         upper = _upper(upper, sources[2], m, n)
+        hint = _record_hint(sources[2], dict(alpha=alpha, beta=beta, trans_a=bool(trans_a),
+                                             trans_b=bool(trans_b)))
         tol = tolerance(sources[0].dtype, sources[1].dtype, sources[2].dtype, k, precision)
         floor = underflow(sources[0].dtype, sources[1].dtype, sources[2].dtype, k)
         job = _Job(opa, opb, opc, opc0, alpha, beta, block_elements, floor / tol, upper)
@@ -175,7 +181,8 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
         if m * n * k <= exact_limit:
             with np.errstate(invalid="ignore", over="ignore"):  # Inf or NaN in the operands
                 err, worst = job.exact()
-            return _result(err, worst, tol, f"exact ({note})" if upper else "exact", m * n)
+            return _result(err, worst, tol, f"exact ({note})" if upper else "exact", m * n,
+                           hint)
         _check_sampled_memory(m, k, n, min(samples, m), probes)
         rng = np.random.default_rng(seed)
         rows = np.sort(rng.choice(m, size=min(samples, m), replace=False))
@@ -183,7 +190,7 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
         with np.errstate(invalid="ignore", over="ignore"):
             err, worst = job.sampled(rows, x)
         return _result(err, worst, tol, f"sampled ({len(rows)} rows, {probes} Freivalds probes"
-                       f"{'; ' + note if upper else ''})", len(rows) * n)
+                       f"{'; ' + note if upper else ''})", len(rows) * n, hint)
     finally:
         for s in owned:
             s.close()
@@ -220,9 +227,22 @@ def _eps(name: str) -> float:
     return 2.0 ** -7 if name == "bfloat16" else float(np.finfo(name).eps)
 
 
-def _result(err: float, worst, tol: float, method: str, checked: int) -> VerifyResult:
+def _result(err: float, worst, tol: float, method: str, checked: int,
+            hint: str = "") -> VerifyResult:
     passed = bool(err <= tol)
-    return VerifyResult(passed, float(err), method, int(checked), tol, worst if err > 0 else None)
+    return VerifyResult(passed, float(err), method, int(checked), tol,
+                        worst if err > 0 else None, hint)
+
+
+def _record_hint(c, given: dict) -> str:
+    """Where C's record (a finished bigmm output's job) names other values of ``given``
+    (alpha, beta, trans_a, trans_b) than the check uses: those, in words; else ""."""
+    job = (c.record() or {}).get("job") or {}
+    off = [key for key in given if key in job and job[key] != given[key]]
+    if not off:
+        return ""
+    return (f"C's record says {', '.join(f'{key} {job[key]!r}' for key in off)} (checked with "
+            f"{', '.join(f'{key} {given[key]!r}' for key in off)})")
 
 
 def _check_counts(samples, probes, exact_limit) -> None:
@@ -321,7 +341,7 @@ class _Job:
 
     def sampled(self, rows: np.ndarray, x: np.ndarray) -> tuple[float, tuple | None]:
         """Freivalds' probes over all of C and whole ``rows`` of C, one pass per operand."""
-        (m, k), n = self.opa.shape, self.opc.shape[1]
+        m, n = self.opa.shape[0], self.opc.shape[1]
         if self.alpha == 0:  # A and B are not read (BLAS): C is beta * C0
             ref, spread = np.zeros((m, x.shape[1])), np.zeros((m, x.shape[1]))
             ref_rows, scale_rows = np.zeros((len(rows), n)), np.zeros((len(rows), n))

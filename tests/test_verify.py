@@ -302,6 +302,20 @@ def test_upper_asked_for_without_a_record(exact_limit):
     assert not verify(a, a, a.T @ a, trans_a=True, upper=True, **kw).passed  # mirrored below
 
 
+@pytest.mark.parametrize("exact_limit", [None, 0])  # exact; sampled
+def test_a_failure_names_the_options_the_output_records(tmp_path, exact_limit):
+    kw = {} if exact_limit is None else dict(exact_limit=exact_limit)
+    x = generate(f"{tmp_path / 'x.h5'}:/X", (23, 23), seed=5)
+    c = f"{tmp_path / 'c.h5'}:/C"
+    bigmm.matmul(x, x, c, trans_b=True, alpha=2.0, backend="numpy")
+    r = verify(x, x, c, **kw)  # the product's options left out
+    assert not r.passed and r.hint == ("C's record says alpha 2.0, trans_b True (checked with "
+                                       "alpha 1.0, trans_b False)")
+    assert str(r).endswith("; " + r.hint) and r.to_dict()["hint"] == r.hint
+    r = verify(x, x, c, trans_b=True, alpha=2.0, **kw)
+    assert r.passed and "record" not in str(r) and r.to_dict()["hint"] == ""
+
+
 def test_upper_needs_a_square_product():
     rng = np.random.default_rng()
     a, b = rng.standard_normal((9, 8)), rng.standard_normal((8, 7))
