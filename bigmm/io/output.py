@@ -11,7 +11,6 @@ again is success ("already complete") and resuming it with another job is an err
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from dataclasses import dataclass
@@ -23,8 +22,8 @@ import numpy as np
 from ..errors import (BigmmError, DiskFullError, DtypeError, OperandNotFound, OptionError,
                       OutputExistsError, OutputIsInputError, OutputNotWritable, ResumeError,
                       ShapeError, SpecError)
-from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, release_h5_handles,
-                  reserve_job_record, stored_dtype)
+from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, dtype_name, load_record,
+                  release_h5_handles, reserve_job_record, stored_dtype)
 from .identity import (Footprint, ancestors, array_footprint, describe, mappings_once,
                        overlaps_itself, refuse_alias)
 from .journal import Journal, journal_path, lock_path, parse_journal
@@ -283,7 +282,7 @@ def _inspect(spec: Spec, partial: str, label: str) -> dict:
                 info.update(exists=True, shape=shape, dtype=stored_dtype(obj),
                             complete=bool(obj.attrs.get(COMPLETE_ATTR, True)),
                             flagged=COMPLETE_ATTR in obj.attrs,
-                            record=_loads(raw))
+                            record=load_record(raw))
             if partial in f:  # a run removes it: only if bigmm left it
                 _stale_partial(spec, f.get(partial), partial)
             info["partial"] = isinstance(f.get(partial), h5py.Dataset)
@@ -330,16 +329,6 @@ def check_parents(f: h5py.File, spec: Spec) -> None:
         if not isinstance(obj, h5py.Group):
             raise OutputNotWritable(f"Expected a group at '{parent}' in '{spec.path}' to hold "
                                     f"the output '{spec.dataset}'. Got {h5_kind(obj)}.")
-
-
-def _loads(raw) -> dict | None:
-    if raw is None:
-        return None
-    try:
-        value = json.loads(raw if isinstance(raw, str) else bytes(raw).decode())
-    except (ValueError, TypeError, UnicodeDecodeError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _drop_begun_file(spec: Spec, journal) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import BigmmError, OutputNotWritable, ReadError, WriteError
-from ._h5 import COMPLETE_ATTR, JOB_ATTR, RUN_ATTR
+from ._h5 import COMPLETE_ATTR, JOB_ATTR, RUN_ATTR, load_record
 from .identity import Footprint, ancestors
 from .journal import Journal, finished_job
 from .layout import chunk_cells
@@ -423,7 +423,7 @@ def inspect(spec: Spec, partial: str, label: str) -> dict:
         attrs = meta.get("attributes") or {}
         info.update(exists=True, shape=tuple(meta.get("shape") or ()),
                     dtype=_meta_dtype(meta), complete=bool(attrs.get(COMPLETE_ATTR, True)),
-                    flagged=COMPLETE_ATTR in attrs, record=_loads(attrs.get(JOB_ATTR)),
+                    flagged=COMPLETE_ATTR in attrs, record=load_record(attrs.get(JOB_ATTR)),
                     footprint=Footprint(tree=(st.st_dev, st.st_ino), within=ancestors(folder)),
                     file=(st.st_dev, st.st_ino))
     _stale_partial(spec, target_dir(spec, partial))
@@ -451,16 +451,6 @@ def _meta_dtype(meta: dict):
         return np.dtype(name if isinstance(name, str) else str(name))
     except TypeError:
         return np.dtype("V1")  # reported by the shape/dtype check as not float
-
-
-def _loads(raw) -> dict | None:
-    if raw is None:
-        return None
-    try:
-        value = json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def create(spec: Spec, label: str, shape, dtype, partial: str | None, drop_old: bool,
