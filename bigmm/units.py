@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import time
 
 from .errors import DtypeError, OptionError, SizeParseError
 
@@ -160,6 +161,11 @@ def format_seconds(s: float) -> str:
     m, sec = divmod(int(round(s)), 60)
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s"
+
+
+def format_time_ns(ns: int) -> str:
+    """A file time in nanoseconds since the epoch as local date and time, to the nanosecond."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9)) + f".{ns % 10**9:09d}"
 
 
 def format_rate(flops: float, seconds: float) -> str:

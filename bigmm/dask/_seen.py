@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..errors import OperandNotFound
 from ..io import parse_spec
-from ..io.identity import _when
+from ..units import format_time_ns
 
 #: A Zarr array's metadata file (v3, v2): its size and time stand for the array's.
 _ZARR_META = ("zarr.json", ".zarray")
@@ -29,7 +29,7 @@ class Seen:
     def facts(self) -> str:
         if self.ino is not None:
             return f"inode {self.ino}"
-        return f"{self.size} bytes, modified at {_when(self.mtime_ns)}"
+        return f"{self.size} bytes, modified at {format_time_ns(self.mtime_ns)}"
 
 
 def input_seen(what: str, spec: str, out_file: str | None) -> Seen | None:

@@ -19,13 +19,13 @@ import hashlib
 import os
 import stat
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import OutputIsInputError
+from ..units import format_time_ns
 
 #: The fingerprint samples about this share of an operand's bytes, at least SAMPLE_MIN and at
 #: most SAMPLE_MAX; operands up to SAMPLE_WHOLE bytes are hashed whole.
@@ -130,24 +130,20 @@ def differences(recorded: dict, now: dict, *, volatile: bool = False) -> list[st
 def _file_changes(rf: dict, nf: dict, what: str) -> list[str]:
     """How the file facts ``nf`` differ from those a run recorded, ``rf``, in words."""
     if (rf["size"], rf["mtime_ns"]) != (nf["size"], nf["mtime_ns"]):
-        return [f"{what} modified at {_when(nf['mtime_ns'])} (size {nf['size']}); the run "
-                f"read it as modified at {_when(rf['mtime_ns'])} (size {rf['size']})"]
+        return [f"{what} modified at {format_time_ns(nf['mtime_ns'])} (size {nf['size']}); the run "
+                f"read it as modified at {format_time_ns(rf['mtime_ns'])} (size {rf['size']})"]
     # only where both record it, and modes, owners and links stayed (a chmod or a new hard
     # link moves the change time too)
     if ("ctime_ns" in rf and "ctime_ns" in nf and rf.get("meta") == nf.get("meta")
             and rf["ctime_ns"] != nf["ctime_ns"]):
-        return [f"{what} changed at {_when(nf['ctime_ns'])}, after the run read it (changed at "
-                f"{_when(rf['ctime_ns'])}) with its size and modification time kept (written "
+        return [f"{what} changed at {format_time_ns(nf['ctime_ns'])}, after the run read it (changed at "
+                f"{format_time_ns(rf['ctime_ns'])}) with its size and modification time kept (written "
                 f"in place with its time put back, or renamed)"]
     return []
 
 
 def _paths(files: list[dict]) -> list[str]:
     return [f"'{f['path']}'" for f in files]
-
-
-def _when(ns: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9)) + f".{ns % 10**9:09d}"
 
 
 def _storage(s: dict) -> str:
