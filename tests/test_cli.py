@@ -654,9 +654,37 @@ BEFORE_THE_CLUSTER = [
     (["{t}/nope.h5:/A", "{b}", "-o", "{t}/c.h5:/C", "--workers", "1"], "nope.h5"),  # no input
     (["{a}", "{a}", "-o", "{t}/c.h5:/C", "--workers", "1"], "inner dimensions"),  # shapes
     (["{a}", "{b}", "-o", "{t}/old.h5:/C", "--workers", "1"],                 # C exists
+     "pass --overwrite to replace it"),
+    (["{a}", "{b}", "-o", "{t}/old.h5:/D", "--workers", "1"],                 # a dangling link
+     "pass --overwrite to replace it"),
+    (["{a}", "{b}", "-o", "{t}/old.zarr", "--workers", "1"],                  # a Zarr C exists
      "Expected no existing output at"),
     (["{a}", "{b}", "-o", "{a}", "--overwrite", "--workers", "1"], "other than the inputs"),
 ]
+
+
+def test_workers_with_an_interrupted_runs_journal_say_resume_before_the_cluster(
+        tmp_path, capsys, operands, monkeypatch):
+    pytest.importorskip("distributed")
+    import bigmm
+    import bigmm.dask
+
+    a, b, _, _ = operands
+    c = f"{tmp_path / 'c.h5'}:/C"
+
+    def stop(p):
+        raise KeyboardInterrupt
+
+    with pytest.raises(errors.Interrupted):
+        bigmm.matmul(a, b, c, memory="100KB", backend="numpy", progress=stop)
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(bigmm.dask, "local_cluster", no_cluster)
+    rc, out, err = run(capsys, "multiply", a, b, "-o", c, "--workers", "1", "--backend", "numpy")
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "an interrupted run's journal exists; pass --resume to continue it" in err, err
 
 
 @pytest.mark.parametrize("argv, word", BEFORE_THE_CLUSTER)
@@ -672,6 +700,8 @@ def test_workers_refused_before_the_cluster_starts(tmp_path, capsys, operands, m
     a, b, _, _ = operands
     with h5py.File(tmp_path / "old.h5", "w") as f:
         f["C"] = np.zeros((M, N), np.float32)
+        f["D"] = h5py.SoftLink("/nothing")
+    assert run(capsys, "generate", f"{tmp_path / 'old.zarr'}", "--shape", M, N)[0] == 0
     rc, out, err = run(capsys, "multiply", *[w.format(a=a, b=b, t=tmp_path) for w in argv],
                        "--backend", "numpy")
     assert rc == 2 and err.count("\n") == 1 and word in err, err

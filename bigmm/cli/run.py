@@ -132,44 +132,15 @@ def _check_files(args) -> None:
     process): an input missing or unreadable, shapes that do not fit, an output that is an
     input, cannot be written, or (without --overwrite or --resume) exists already. So that it
     is said at once, not after the cluster's start-up."""
-    from ..errors import OutputExistsError
-    from ..io import open_input, parse_spec, read_journal, refuse_output_alias
+    from ..io import open_input, refuse_output_alias
     from ..io.existing import check_output
     from ..job import check_operands, parse_scalar
 
     with open_input(args.a, name="A") as A, open_input(args.b, name="B") as B:
         m, _, n, _ = check_operands(A, B, args.trans_a, args.trans_b)
         refuse_output_alias(args.out, [A, B])
-    reads_c = parse_scalar(args.beta, "beta") != 0
-    check_output(args.out, (m, n), reads_c=reads_c, resume=args.resume)
-    if args.overwrite or args.resume:
-        return
-    spec = parse_spec(args.out)
-    if read_journal(args.out) is not None:
-        why = "an interrupted run's journal exists; pass --resume to continue it"
-    elif not reads_c and _output_exists(spec):
-        why = "pass --overwrite to replace it"
-    else:
-        return
-    raise OutputExistsError(f"Expected no existing output at {spec}. Got one: {why}.")
-
-
-def _output_exists(spec) -> bool:
-    """Whether the output ``spec`` names a dataset (or a link) in its HDF5 file, or a Zarr
-    array."""
-    if spec.zarr:
-        from ..io.zarrsink import target_dir
-
-        return os.path.exists(os.path.join(target_dir(spec, spec.dataset), "zarr.json"))
-    if not os.path.isfile(spec.path):
-        return False
-    import h5py
-
-    try:
-        with h5py.File(spec.path, "r") as f:
-            return f.get(spec.dataset, getlink=True) is not None
-    except OSError:  # held open by another run, not HDF5: the run's own error says which
-        return False
+    check_output(args.out, (m, n), reads_c=parse_scalar(args.beta, "beta") != 0,
+                 resume=args.resume, overwrite=args.overwrite)
 
 
 def _flops(a, b, trans_a: bool, trans_b: bool) -> int:

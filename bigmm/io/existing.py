@@ -20,7 +20,7 @@ from .identity import array_footprint, refuse_alias
 from .journal import journal_path, parse_journal
 from .lock import h5_open_retry
 from .output import (check_folder, check_in_place, _check_old_c, _check_open, _check_shape,
-                     _storage)
+                     _storage, refuse_existing)
 from .spec import Spec, parse_spec
 
 
@@ -100,14 +100,17 @@ def refuse_output_alias(x, inputs) -> None:
     refuse_alias(info["footprint"], inputs, label)
 
 
-def check_output(x, shape, *, reads_c: bool, resume: bool = False) -> None:
+def check_output(x, shape, *, reads_c: bool, resume: bool = False,
+                 overwrite: bool | None = None) -> None:
     """Refuse, read-only and as :func:`.output.open_output` refuses it, an output ``x`` that
     cannot be written (OutputNotWritable: its directory missing or not writable, a file that
     is not HDF5; an array, dataset or zarr.Array that cannot take C in place:
     :func:`.output.check_in_place`) or, for beta != 0 (``reads_c``), that holds no old C
     (OperandNotFound) or one not of ``shape`` (ShapeError); an h5py.Dataset with no
     dataspace (ShapeError). A resumed output with a journal is left to the run (it may be
-    mid-swap)."""
+    mid-swap). With ``overwrite`` False, an output file or array in the way is refused as
+    the run refuses it (OutputExistsError: an interrupted run's journal without ``resume``,
+    an output C without ``reads_c``); None: not looked at."""
     check_in_place(x, reads_c=reads_c, resume=resume)  # read-only, old C in place, ...
     if isinstance(x, h5py.Dataset):
         spec, label = output_spec(x)
@@ -121,6 +124,13 @@ def check_output(x, shape, *, reads_c: bool, resume: bool = False) -> None:
         return  # a killed run's change to finish first (see refuse_output_alias)
     store = _storage(spec)
     store.check(spec)
-    if not reads_c or (resume and os.path.exists(journal_path(spec))):
+    journaled = parse_journal(journal_path(spec)) is not None
+    refuses = overwrite is False and not resume
+    if not (reads_c or refuses) or (resume and journaled):
         return
-    _check_old_c(spec, store.inspect(spec, spec.dataset + PARTIAL_SUFFIX, label), shape, label)
+    info = store.inspect(spec, spec.dataset + PARTIAL_SUFFIX, label)
+    if refuses:
+        refuse_existing(spec, journaled,
+                        not reads_c and (info["exists"] or bool(info.get("dangling"))))
+    if reads_c:
+        _check_old_c(spec, info, shape, label)

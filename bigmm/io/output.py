@@ -165,6 +165,15 @@ def _check_shape(have_shape, shape, label) -> None:
         raise ShapeError(f"Expected shape {shape} for {label}. Got {tuple(have_shape)}.")
 
 
+def refuse_existing(spec: Spec, journaled: bool, exists: bool) -> None:
+    """OutputExistsError for an output run without overwrite where an interrupted run's
+    journal (``journaled``) or an output (``exists``) is in the way."""
+    if journaled or exists:
+        why = ("an interrupted run's journal exists; pass resume=True to continue it"
+               if journaled else "pass overwrite=True to replace it")
+        raise OutputExistsError(f"Expected no existing output at {spec}. Got one: {why}.")
+
+
 def _check_old_c(spec: Spec, info: dict, shape, label) -> None:
     """OperandNotFound unless the old C (beta != 0) that ``info`` (:func:`_inspect`) describes
     exists, ShapeError unless of ``shape``."""
@@ -432,10 +441,8 @@ def _open_file(spec, label, shape, dtype, inputs, job, overwrite, resume, reads_
         job["inputs"]["C"] = old_c_identity(spec, label, threads)
     fresh = not in_place and (info["exists"] or info.get("dangling")) and not reads_c
     fresh = fresh and not resume
-    if not overwrite and (journal is not None or fresh):
-        why = ("an interrupted run's journal exists; pass resume=True to continue it"
-               if journal is not None else "pass overwrite=True to replace it")
-        raise OutputExistsError(f"Expected no existing output at {spec}. Got one: {why}.")
+    if not overwrite:
+        refuse_existing(spec, journal is not None, fresh)
     if journal is not None:
         journal.remove()
     header = journal_header(spec, shape, dtype, job, partial)
