@@ -564,23 +564,26 @@ def test_verify_help_gives_the_check_defaults(capsys):
 
 
 #: ``bigmm ARGS`` (the command's entry point) that sends itself real signals at chosen calls:
-#: argv[1] lists "module:Owner.function:signal" (a signal before each first call), ";"-separated.
+#: argv[1] lists "module:Owner.function:signal" (a signal before each first call) or
+#: "module:Owner.function:signal:after" (once that call returned), ";"-separated.
 SIGNAL_AT = """
 import importlib, os, signal, sys, time
 for point in filter(None, sys.argv[1].split(";")):
-    mod, path, sig = point.split(":")
+    mod, path, sig, *when = point.split(":")
     owner, name = importlib.import_module(mod), path.split(".")
     for part in name[:-1]:
         owner = getattr(owner, part)
     raw = owner.__dict__[name[-1]] if isinstance(owner, type) else getattr(owner, name[-1])
     wrap = type(raw) if isinstance(raw, (staticmethod, classmethod)) else (lambda f: f)
     func, fired = getattr(raw, "__func__", raw), []
-    def f(*args, _func=func, _sig=getattr(signal, sig), _fired=fired, **kwargs):
+    def f(*args, _func=func, _sig=getattr(signal, sig), _fired=fired, _after=when == ["after"],
+          **kwargs):
+        result = _func(*args, **kwargs) if _after else None
         if not _fired:
             _fired.append(True)
             os.kill(os.getpid(), _sig)
             time.sleep(0.05)  # the handler runs here, in the main thread
-        return _func(*args, **kwargs)
+        return result if _after else _func(*args, **kwargs)
     setattr(owner, name[-1], wrap(f))
 sys.argv = ["bigmm", *sys.argv[2:]]
 from bigmm._command import run
@@ -619,6 +622,51 @@ def test_interrupted_before_the_journal_gives_the_command_that_runs_again(tmp_pa
     again = shlex.split(line.split("run it again: ", 1)[1])
     assert again[0] == "bigmm" and run(capsys, *again[1:])[0] == 0
     assert run(capsys, "verify", a, b, c)[0] == 0
+
+
+def _signal_case(tmp_path, capsys, command: str) -> list:
+    """Small operands in ``tmp_path``; the argv of ``command`` on them (``verify``: of a C that
+    is not their product)."""
+    a, b, c = (f"{tmp_path / 'm.h5'}:/{x}" for x in "ABC")
+    for spec, shape, seed in ((a, (40, 30), 1), (b, (30, 20), 2)):
+        assert run(capsys, "generate", spec, "--shape", *shape, "--seed", seed)[0] == 0
+    if command == "verify":
+        assert run(capsys, "generate", c, "--shape", 40, 20, "--seed", 3)[0] == 0
+        return ["verify", a, b, c]
+    return ["multiply", a, b, "-o", c, "--memory", "20KB", "--backend", "numpy", "--quiet"]
+
+
+@pytest.mark.parametrize("command, status", [("multiply", 0),  # done
+                                             ("verify", 1)])   # a product that fails
+def test_sigterm_while_threads_are_joined_at_exit_ends_with_the_status(tmp_path, capsys,
+                                                                       command, status):
+    # the command has returned: a scheduler's stop as Python joins threads ends the process
+    # with the command's status, not by the signal
+    argv = _signal_case(tmp_path, capsys, command)
+    p = _signalled("threading:_shutdown:SIGTERM", *argv, "--json", cwd=tmp_path)
+    assert p.returncode == status, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr and "interrupted" not in p.stderr, p.stderr
+    assert json.loads(p.stdout)["ok"] is (status == 0)
+    if command == "multiply":
+        assert run(capsys, "verify", *argv[1:3], argv[4])[0] == 0
+
+
+@pytest.mark.parametrize("command, sig, status", [
+    ("multiply", "SIGTERM", 0),  # a scheduler's stop as the command ends: C is complete
+    ("multiply", "SIGINT", 0),
+    ("verify", "SIGTERM", 1),    # a product that fails: its answer's status
+])
+def test_a_signal_after_the_json_answer_keeps_its_status(tmp_path, capsys, command, sig,
+                                                         status):
+    argv = _signal_case(tmp_path, capsys, command)
+    p = _signalled(f"bigmm.cli._common:print_json:{sig}:after", *argv, "--json",
+                   cwd=tmp_path)
+    assert p.returncode == status, (p.returncode, p.stderr)
+    s = json.loads(p.stdout)  # the one answer
+    assert s["ok"] is (status == 0) and s.get("exit_code", 0) == status
+    assert "Traceback" not in p.stderr and "interrupted" not in p.stderr, p.stderr
+    if command == "multiply":
+        assert run(capsys, "verify", *argv[1:3], argv[4])[0] == 0
 
 
 @pytest.mark.parametrize("name", ["g.h5:/C", "g.zarr:/C"])  # HDF5 and Zarr

@@ -4,7 +4,8 @@ Every error a user can cause ends in one line on stderr (``bigmm: error: ...``) 
 ``--debug`` shows the traceback instead. ``verify`` exits 0 on pass and 1 on fail. An interrupted
 ``multiply`` prints the command that resumes it and exits 130 (Ctrl-C) or 143 (SIGTERM, as a
 batch scheduler sends before it kills a job). Under ``--json`` a command prints one JSON object
-on stdout whatever happens: its summary with ``ok`` true, or ``ok`` false with the error.
+on stdout whatever happens: its summary with ``ok`` true, or ``ok`` false with the error; a
+signal once it is printed leaves the exit status it gives (0 for ``ok`` true).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def main(argv=None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:  # outside a command's own handling (parsing), or a second one
-        return _failed(argv, interrupted_status(), "interrupted", "KeyboardInterrupt")
+        return _interrupted(argv)
     finally:
         restore()
 
@@ -53,7 +54,7 @@ def _main(argv: list) -> int:
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
-        return _failed(args, interrupted_status(), "interrupted", "KeyboardInterrupt")
+        return _interrupted(args)
     except (BigmmError, OSError, MemoryError) as e:
         if debug:
             traceback.print_exc()
@@ -62,9 +63,17 @@ def _main(argv: list) -> int:
         if debug:
             traceback.print_exc()
         if SIGNALS:  # Ctrl-C inside an extension's import, which turned it into an ImportError
-            return _failed(args, interrupted_status(), "interrupted", "KeyboardInterrupt")
+            return _interrupted(args)
         return _failed(args, EXIT_INTERNAL, f"internal error: {type(e).__name__}: "
                        f"{one_line(e)} (run with --debug for details)", type(e).__name__)
+
+
+def _interrupted(args) -> int:
+    """A signal outside a run's own handling: the interruption, or, where the command printed
+    its JSON answer already (closing files, joining threads), the status that answer gives."""
+    if ANSWERED:
+        return ANSWERED[0]
+    return _failed(args, interrupted_status(), "interrupted", "KeyboardInterrupt")
 
 
 def _failed(args, status: int, message: str, error_type: str) -> int:

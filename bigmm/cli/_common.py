@@ -14,7 +14,8 @@ EXIT_FAIL, EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 #: The signals (SIGINT, SIGTERM) that interrupted the running command, in order.
 SIGNALS: list = []
 
-#: Not empty once the running command printed its JSON answer (``--json``).
+#: Not empty once the running command printed its JSON answer (``--json``): holds the exit
+#: status that answer gives (0 for ``ok`` true, else its ``exit_code``).
 ANSWERED: list = []
 
 
@@ -42,7 +43,7 @@ def print_json(record: dict) -> None:
     summary was printed) is dropped."""
     if ANSWERED:
         return
-    ANSWERED.append(True)
+    ANSWERED.append(0 if record.get("ok") else int(record.get("exit_code", EXIT_ERROR)))
     import json
 
     try:
