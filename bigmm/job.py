@@ -12,7 +12,7 @@ import numpy as np
 
 from . import filerates, io, planstore
 from .backends import (Backend, Calibrates, Checksums, HostHints, Registers, SplitsPanels,
-                       get_backend)
+                       TimesShapes, get_backend)
 from .backends.numpy import memory_available as host_memory_available
 from .errors import BudgetError, DtypeError, OptionError, ResumeError, ShapeError
 from .executor import RunStats, in_place
@@ -49,6 +49,10 @@ ARRAY_READ_RATE, ARRAY_WRITE_RATE = 15e9, 5e9
 COPY_SHARE = 0.6
 #: Bytes the calibration of a host gemm may hold at least (two 1024^2 float32 operands).
 HOST_CALIBRATION = 8 << 20
+#: A chosen plan's steps are timed at their shape (``TimesShapes``) where it has at least
+#: this many, and the plan chosen again under that rate, at most SHAPE_ROUNDS times: a
+#: library's kernels run some shapes markedly slower than others (see BENCHMARKS.md).
+SHAPE_STEPS, SHAPE_ROUNDS = 32, 3
 #: The most I/O threads taken: the calibration and the runs start and time each (10**7 kept
 #: ``bigmm plan`` of a 60 x 40 product busy for minutes; 1024 plan it in 2 s on 2 cores).
 MAX_IO_THREADS = 1024
@@ -182,34 +186,52 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
         args["step_bytes"] = cpu_step_bytes(threads)
     paths = (_host_paths(be, A, B, None if symmetric else out, dtype, verify, rates)
              if rates is not None else [None])  # a Gram plan's C: mirrored by the writer
-    best, refused = None, None
-    for path in paths:  # the first of equally fast paths: fewer host copies, or none locked
-        path_rates = rates and _io_rates(rates, A, B, out, path[0] if path else "", readers,
-                                         copies_within)
-        if best is not None and path:  # where locking alone outlasts the best plan: skipped
-            lock = lock_seconds(path[1], m, n, k, operand_dtype(dtype, "A").itemsize,
-                                operand_dtype(dtype, "C").itemsize, path_rates)
-            if lock >= (best.predicted_seconds or math.inf):
+
+    def choose(rates: Rates | None, checked: Rates | None):
+        """The fastest plan over the host paths under ``rates`` (and the first refusal)."""
+        best, refused = None, None
+        for path in paths:  # the first of equally fast paths: fewer host copies, none locked
+            path_rates = rates and _io_rates(rates, A, B, out, path[0] if path else "",
+                                             readers, copies_within)
+            if best is not None and path:  # where locking alone outlasts the best: skipped
+                lock = lock_seconds(path[1], m, n, k, operand_dtype(dtype, "A").itemsize,
+                                    operand_dtype(dtype, "C").itemsize, path_rates)
+                if lock >= (best.predicted_seconds or math.inf):
+                    continue
+            kw = dict(args, in_place=path[0], registered=path[1]) if path else dict(args)
+            if verify is not None:  # the checksums take each panel of A as it lands
+                kw["a_span"] = 1
+            if be.staging:
+                kw["rates"] = path_rates
+            try:
+                q = planstore.plan(m, n, k, dtype, **kw, **fixed)  # kept for later runs
+            except BudgetError as e:  # a resumed schedule may fit only the path it ran on
+                if not fixed:
+                    raise
+                refused = refused or e
                 continue
-        kw = dict(args, in_place=path[0], registered=path[1]) if path else dict(args)
-        if verify is not None:  # the checksums take each panel of A as it lands
-            kw["a_span"] = 1
-        if be.staging:
-            kw["rates"] = path_rates
-        try:
-            q = planstore.plan(m, n, k, dtype, **kw, **fixed)  # kept for later processes
-        except BudgetError as e:  # a resumed schedule may fit only the path it ran on
-            if not fixed:
-                raise
-            refused = refused or e
-            continue
-        if checked is not None or q.rates is None:
-            # for the predicted time only; where the gemm does the checks' updates, the tiles
-            # are those of an unchecked run (the checks' near-constant cost would only tip
-            # near-ties)
-            q = replace(q, rates=_checked(path_rates, checked))
-        if best is None or (q.predicted_seconds or 0) < (best.predicted_seconds or 0):
-            best = q
+            if checked is not None or q.rates is None:
+                # for the predicted time only; where the gemm does the checks' updates, the
+                # tiles are those of an unchecked run (the checks' near-constant cost would
+                # only tip near-ties)
+                q = replace(q, rates=_checked(path_rates, checked))
+            if best is None or (q.predicted_seconds or 0) < (best.predicted_seconds or 0):
+                best = q
+        return best, refused
+
+    best, refused = choose(rates, checked)
+    shapes: dict = {}
+    while best is not None and best.rates is not None and isinstance(be, TimesShapes):
+        shape = (best.bm, best.bn, best.bk)  # the chosen plan's steps timed at their shape
+        if shape in shapes or best.n_steps < SHAPE_STEPS or len(shapes) == SHAPE_ROUNDS:
+            break
+        flops = be.shape_flops(*shape, dtype)
+        if flops is None:
+            break
+        shapes[shape] = snap_rate(flops)
+        rates = rates.with_shapes(shapes)
+        checked = checked and checked.with_shapes(shapes)
+        best, refused = choose(rates, checked)
     if best is None:
         raise refused
     if best.rates is not None:  # the time predicted with what the files are now

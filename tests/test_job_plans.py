@@ -104,6 +104,59 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind):
     assert p.predicted_seconds == replace(best, rates=p.rates).predicted_seconds
 
 
+class _ShapeTimingBackend(_StagingBackend):
+    """A staging backend that times its gemm at a step's shape: the ``slow`` shapes at a
+    hundredth of its rate, the others at its rate (None for all with ``untimed``)."""
+
+    def __init__(self, slow=(), untimed=False):
+        super().__init__()
+        self.slow, self.untimed, self.asked = set(slow), untimed, []
+
+    def shape_flops(self, rows, cols, depth, dtype):
+        self.asked.append((rows, cols, depth))
+        if self.untimed:
+            return None
+        return _GPU_RATES.flops * (0.01 if (rows, cols, depth) in self.slow else 1.0)
+
+
+def _plan_with(be, n=2048, memory="8MiB"):
+    a, b = random_matrix((n, n), np.float32), random_matrix((n, n), np.float32, 1)
+    closing = []
+    A, B = job.open_inputs(a, b, closing)
+    try:
+        return job.plan_job(A, B, None, be, alpha=1.0, beta=0.0, trans_a=False,
+                            trans_b=False, memory=memory, host_memory="64MiB", resume=False,
+                            calibrate=True)[0]
+    finally:
+        for x in closing:
+            x.close()
+
+
+def test_a_chosen_plan_whose_step_shape_runs_slow_is_chosen_again():
+    """The chosen plan's steps are timed at their shape; where that shape runs slow, the
+    plan is chosen again under the timed rate (and that plan's shape timed in turn)."""
+    first = _plan_with(_StagingBackend())
+    shape = (first.bm, first.bn, first.bk)
+    be = _ShapeTimingBackend(slow=[shape])
+    p = _plan_with(be)
+    assert be.asked[0] == shape and (p.bm, p.bn, p.bk) != shape
+    assert len(be.asked) <= job.SHAPE_ROUNDS and be.asked[-1] == (p.bm, p.bn, p.bk)
+    assert p.rates.shape_flops(*shape) == snap_rate(0.01 * _GPU_RATES.flops)
+    slowed = replace(first, rates=p.rates)
+    assert p.predicted_seconds < slowed.predicted_seconds  # the plan it left, at that rate
+
+
+@pytest.mark.parametrize("be, n, asked", [
+    (_ShapeTimingBackend(), 2048, 1),                # its rate: the same plan, timed once
+    (_ShapeTimingBackend(untimed=True), 2048, 1),    # cannot be timed now: as it was
+    (_ShapeTimingBackend(), 256, 0),                 # a few steps: not worth timing
+])
+def test_a_plan_whose_shape_runs_at_the_rate_stays(be, n, asked):
+    first = _plan_with(_StagingBackend(), n=n)
+    p = _plan_with(be, n=n)
+    assert p.key() == first.key() and len(be.asked) == asked
+
+
 @pytest.mark.parametrize("out, whole", [
     ("c.h5:/C", True),  # C written to a file: its writes should start early
     (None, False),      # C a new array: not tried (nor faster here: C is copied out fast)

@@ -2,8 +2,8 @@
 
 :class:`Backend` is the core protocol; :class:`Checksums`, :class:`Calibrates`,
 :class:`Describes`, :class:`Profiles`, :class:`HostHints`, :class:`Registers`,
-:class:`SplitsPanels`, :class:`Syrk` and :class:`DeviceBlocks` are optional abilities, tested
-for with ``isinstance``.
+:class:`SplitsPanels`, :class:`Syrk`, :class:`DeviceBlocks` and :class:`TimesShapes` are
+optional abilities, tested for with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import importlib.util
 
 from ..errors import BackendUnavailable
 from .base import (Backend, Calibrates, Checksums, Describes, DeviceBlocks, HostHints,
-                   Profiles, Registers, SplitsPanels, Syrk)
+                   Profiles, Registers, SplitsPanels, Syrk, TimesShapes)
 
 __all__ = ["BACKENDS", "Backend", "Calibrates", "Checksums", "Describes", "DeviceBlocks",
-           "HostHints", "Profiles", "Registers", "SplitsPanels", "Syrk", "get_backend",
-           "probe_cuda"]
+           "HostHints", "Profiles", "Registers", "SplitsPanels", "Syrk", "TimesShapes",
+           "get_backend", "probe_cuda"]
 
 #: Names ``get_backend`` accepts.
 BACKENDS = ("auto", "numpy", "cupy")

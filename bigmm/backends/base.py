@@ -7,6 +7,7 @@ events. Optional abilities are protocols of their own, which code tests for expl
 
 * :class:`Checksums`: the reductions behind ``verify="checksum"``, and their costs;
 * :class:`Calibrates`: the rates the planner predicts a plan's time with;
+* :class:`TimesShapes`: its gemm timed at a plan's step shape;
 * :class:`Profiles`: timing its own copies and kernels into a :class:`bigmm.profile.Profile`;
 * :class:`HostHints`: how the host work around it is best sized (reader threads, map blocks,
   the threads its gemm computes with);
@@ -196,6 +197,18 @@ class Calibrates(Protocol):
         """Rates for the predicted time of a job in ``dtype`` (timed on this machine, not
         yet snapped to the rates' grid); what the timing holds on the device and in pinned
         memory stays within ``limit`` bytes where given."""
+
+
+@runtime_checkable
+class TimesShapes(Protocol):
+    """A backend that times its gemm at the shape of a plan's steps (a library's kernels run
+    some shapes markedly slower than others of the same size)."""
+
+    def shape_flops(self, rows: int, cols: int, depth: int, dtype: str) -> float | None:
+        """Flops per second of a gemm step of ``dtype`` operands, ``rows`` x ``cols`` over
+        ``depth``, adding into its C tile, timed on the device (or kept by an earlier
+        process); None where it cannot be timed now (the device memory it needs is not
+        free)."""
 
 
 @runtime_checkable

@@ -37,7 +37,8 @@ waiting for a buffer to be free or full).
 Besides the core :class:`~.base.Backend` it is :class:`~.base.Checksums` (kernels/
 abft_checksum.cu; bigmm's float32-precision kernel fuses a step's updates),
 :class:`~.base.Calibrates` (:mod:`.cupy_rates`: its gemm, copies, pitched copies, device
-memory and page-locking timed), :class:`~.base.Profiles`,
+memory and page-locking timed), :class:`~.base.TimesShapes` (its gemm at a plan's step
+shape), :class:`~.base.Profiles`,
 :class:`~.base.HostHints` (wide blocks for copies out of file maps),
 :class:`~.base.Registers` (``cudaHostRegister``: a user's array page-locked in place for a
 run, read-only where the process may not write it; anything still locked is released at
@@ -529,6 +530,12 @@ class CupyBackend:
         from . import cupy_rates
 
         return replace(cupy_rates.rates(self, dtype, limit), kept_pinned=KEPT.sizes())
+
+    def shape_flops(self, rows: int, cols: int, depth: int, dtype: str) -> float | None:
+        """Its gemm's rate at a step of this shape (:func:`.cupy_rates.shape_flops`)."""
+        from . import cupy_rates
+
+        return cupy_rates.shape_flops(self, rows, cols, depth, dtype)
 
     def close(self) -> None:
         """Wait for this backend's streams, then free its device buffers (now, not when the

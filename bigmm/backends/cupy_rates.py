@@ -44,7 +44,11 @@ OTHERS_BYTES = 1 << 30
 PITCH = 4
 
 _RATES: dict[tuple, Rates] = {}
+_SHAPES: dict[tuple, float] = {}
 on_measuring(_RATES.clear)  # bigmm calibrate measures them again
+on_measuring(_SHAPES.clear)
+#: Timed calls of a step's shape (after two untimed ones).
+SHAPE_REPEAT = 2
 
 
 def rates(be, dtype: str, limit: int | None = None) -> Rates:
@@ -72,6 +76,54 @@ def rates(be, dtype: str, limit: int | None = None) -> Rates:
         cupy_pinned.use(how)
         _RATES[key] = measured
     return _RATES[key]
+
+
+def shape_flops(be, rows: int, cols: int, depth: int, dtype: str) -> float | None:
+    """Flops per second of ``be``'s gemm at one step of a plan, ``rows`` x ``cols`` over
+    ``depth`` of ``dtype`` operands, adding into C (beta 1): random normal operands on the
+    device, the fastest of SHAPE_REPEAT calls after two (:func:`time_events`); once per
+    process, device, kernel, precision and shape, kept between processes as the rates are.
+    None where the operands do not fit in the device memory free now."""
+    key = (be.device_id, be.kernel, be.precision, str(dtype), rows, cols, depth)
+    if key not in _SHAPES:
+        item = device_dtype(numpy_dtype(str(dtype))).itemsize
+        wc = numpy_dtype(accumulate_dtype(str(dtype))).itemsize
+        need = item * depth * (rows + cols) + wc * rows * cols
+        with cupy.cuda.Device(be.device_id):
+            free, _ = cupy.cuda.runtime.memGetInfo()
+        if need > free:
+            return None
+        _SHAPES[key] = remembered(
+            "cupy-shape", [_device_facts(be.device_id), *key[1:]],
+            lambda: _time_shape(be, numpy_dtype(str(dtype)), rows, cols, depth),
+            quiet=lambda: host_quiet() and gpu_quiet(be.device_id))
+    return _SHAPES[key]
+
+
+def _time_shape(be, dtype: np.dtype, rows: int, cols: int, depth: int) -> float:
+    with cupy.cuda.Device(be.device_id):
+        s = cupy.cuda.Stream(non_blocking=True)
+        a = _normal((rows, depth), dtype)
+        b = _normal((depth, cols), dtype)
+        c = _normal((rows, cols), numpy_dtype(accumulate_dtype(str(dtype))))
+        t = time_events(lambda: be.gemm(a, b, c, 1.0, 1.0, False, False, s), s,
+                        repeat=SHAPE_REPEAT)
+    return 2.0 * rows * cols * depth / t
+
+
+def _normal(shape: tuple, dtype: np.dtype, block: int = 1 << 16) -> cupy.ndarray:
+    """A device array of its own allocation (:func:`_direct`) holding a block of random
+    normal values of ``dtype`` over and over, as the backend holds ``dtype`` (bfloat16 as
+    its uint16 bits)."""
+    size = shape[0] * shape[1]
+    x = cupy.random.standard_normal(min(block, size), dtype=cupy.float32)
+    x = ((x.view(cupy.uint32) >> 16).astype(cupy.uint16) if str(dtype) == "bfloat16"
+         else x.astype(dtype))
+    flat = _direct(size, dtype)
+    whole = size - size % x.size
+    flat[:whole].reshape(-1, x.size)[:] = x
+    flat[whole:] = x[:size - whole]
+    return flat.reshape(shape)
 
 
 def _device_facts(device_id: int) -> list:

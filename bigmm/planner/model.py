@@ -126,14 +126,36 @@ class Rates:
     #: The share of its one-way rate a copy keeps while copies run the other way at once
     #: (1.0: the link carries both directions at full speed; at least MIN_DUPLEX).
     duplex: float = 1.0
+    #: Gemm steps timed at their own shapes, as ``(rows, cols, depth, flops per second)`` of
+    #: a step that adds into its C tile: a library's kernels run some shapes markedly slower
+    #: than others of the same size (see BENCHMARKS.md). A plan whose steps have one of these
+    #: shapes is predicted at that rate (:meth:`for_plan`).
+    shapes: tuple = ()
 
     def for_plan(self, p: Plan) -> "Rates":
         """These rates for ``p``'s products: ``flops`` is ``unsplit_flops`` where p's gemm
         could split its panels ahead but does not (``Plan.splits_ahead``: tiles too small, or
         only the smaller panel rounded ahead), and not plain TF32 reading both as stored."""
+        r = self
         if self.unsplit_flops and p.presplit and not p.splits_ahead and not p.reads_as_stored:
-            return replace(self, flops=self.unsplit_flops)
-        return self
+            r = replace(self, flops=self.unsplit_flops)
+        timed = self.shape_flops(p.bm, p.bn, p.bk)
+        if timed is None:
+            return r
+        # the timing holds the step's last wave and its C traffic, which the model adds back
+        per_flop = 1 / timed - (p.c_itemsize / (p.bk * r.memory_bytes) if r.memory_bytes else 0)
+        return replace(r, flops=1 / per_flop if per_flop > 0 else timed, wave_flops=None)
+
+    def shape_flops(self, rows: int, cols: int, depth: int) -> float | None:
+        """The rate a step of this shape was timed at (None: not timed)."""
+        for r, c, d, flops in self.shapes:
+            if (r, c, d) == (rows, cols, depth):
+                return flops
+        return None
+
+    def with_shapes(self, timed: dict) -> "Rates":
+        """These rates with the steps ``timed`` ({(rows, cols, depth): flops per second})."""
+        return replace(self, shapes=tuple(sorted((*shape, f) for shape, f in timed.items())))
 
     def load_rate(self, nbytes: float) -> float:
         """Bytes per second the host reads loads of ``nbytes`` at: ``read_bytes``, or less
@@ -162,7 +184,8 @@ class Rates:
                        thread_bytes=snap_rate(self.thread_bytes),
                        unsplit_flops=snap_rate(self.unsplit_flops),
                        decode_bytes=tuple(snap_rate(x) or 0.0 for x in self.decode_bytes),
-                       duplex=snap_rate(self.duplex))
+                       duplex=snap_rate(self.duplex),
+                       shapes=tuple((r, c, d, snap_rate(f)) for r, c, d, f in self.shapes))
 
     def gemm_seconds(self, flops: float, steps: int, depth: int, added: float) -> float:
         """Seconds of ``steps`` gemm steps doing ``flops`` over ``depth`` (their depths

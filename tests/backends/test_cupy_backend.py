@@ -564,6 +564,8 @@ def test_a_second_process_plans_with_the_first_ones_kept_calibration(tmp_path, f
         "    raise AssertionError('measured again')\n"
         "if sys.argv[1] == 'reuse':\n"
         "    cupy_rates._calibrate = calibrate._copy_rate = measured\n"
+        "    if sys.argv[2] == 'plan':\n"
+        "        cupy_rates._time_shape = measured\n"
         "    calibrate._copy_row_seconds = calibrate._issue_seconds = measured\n"
         "a = np.ones((2000, 3000), np.float32); b = np.ones((3000, 1000), np.float32)\n"
         "t0 = time.perf_counter()\n"
@@ -587,8 +589,8 @@ def test_a_second_process_plans_with_the_first_ones_kept_calibration(tmp_path, f
         runs = []
     for mode in ("fresh", "reuse")[len(runs):]:
         env[calibration.MODE_ENV] = mode if mode == "fresh" else ""
-        out = subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run([sys.executable, "-c", code, mode, first], env=env,
+                             capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     before, second = runs
@@ -597,6 +599,39 @@ def test_a_second_process_plans_with_the_first_ones_kept_calibration(tmp_path, f
         assert second["key"] == before["key"] and second["rates"] == before["rates"]
     # one store for this machine (beside it the host copies' compiled library)
     assert len([f for f in os.listdir(tmp_path) if f.startswith("calibration-")]) == 1
+
+
+@pytest.mark.parametrize("kernel, dtype", [
+    ("bigmm", "float32"),        # its own kernel
+    ("cublas-tf32", "float32"),  # cuBLAS on tensor cores
+    ("cublas", "bfloat16"),      # half-precision operands (uint16 bits on the device)
+    ("cublas", "float64"),
+])
+def test_the_gemm_is_timed_at_a_steps_shape_once_a_process(kernel, dtype):
+    from bigmm.backends import TimesShapes
+
+    be = _backend(kernel)
+    try:
+        assert isinstance(be, TimesShapes)
+        rate = be.shape_flops(1280, 2304, 768, dtype)
+        assert 1e11 < rate < 3e15
+        t0 = time.perf_counter()
+        assert be.shape_flops(1280, 2304, 768, dtype) == rate  # kept for the process
+        assert time.perf_counter() - t0 < 0.01
+        free = cupy.cuda.runtime.memGetInfo()[0]
+        wide = 1 << max(12, (free // 4).bit_length() // 2 + 1)  # C alone beyond what is free
+        assert be.shape_flops(wide, wide, 256, dtype) is None
+    finally:
+        be.close()
+
+
+def test_a_plan_of_many_steps_is_predicted_at_its_shapes_timed_rate():
+    import bigmm
+
+    a = np.ones((8192, 8192), np.float32)
+    p = bigmm.plan(a, a, memory="1GiB", backend="cupy", kernel="cublas")
+    assert p.n_steps >= 32
+    assert p.rates.shape_flops(p.bm, p.bn, p.bk) is not None
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])  # the tiles' dtypes

@@ -113,6 +113,24 @@ def test_gemm_steps_cost_their_c_traffic_and_their_last_wave():
         base + 0.5 * 1024 * 128 * 128 * 528 / 52e12)  # a tile's first step only writes it
 
 
+def test_a_plan_whose_steps_were_timed_at_their_shape_is_predicted_at_that_rate():
+    """A step timed at its own shape (C traffic and last wave included) costs the model that
+    time; plans of other shapes keep the calibrated rate; the timed rates snap too."""
+    plan = make_plan(**N32, rates=H100_PINNED, tile=(4096, 4096, 1024), order="stream")
+    other = make_plan(**N32, rates=H100_PINNED, tile=(2048, 4096, 1024), order="stream")
+    timed = H100_PINNED.with_shapes({(4096, 4096, 1024): 40e12})
+    assert timed.shape_flops(4096, 4096, 1024) == 40e12
+    assert timed.shape_flops(2048, 4096, 1024) is None
+    r = timed.for_plan(plan)
+    step = r.step_seconds(4096, 4096, 1024, 4, last=False, accumulates=True)
+    assert step == pytest.approx(2 * 4096 * 4096 * 1024 / 40e12 + STEP_SECONDS)
+    assert timed.for_plan(other) == H100_PINNED.with_shapes({(4096, 4096, 1024): 40e12})
+    assert predict_seconds(plan, timed) > predict_seconds(plan, H100_PINNED)
+    assert predict_seconds(other, timed) == predict_seconds(other, H100_PINNED)
+    snapped = replace(timed, shapes=((4096, 4096, 1024, 40e12 * 1.003),)).snapped()
+    assert snapped.shapes == ((4096, 4096, 1024, snap_rate(40e12)),)
+
+
 def test_calibrated_rates_snap_to_one_grid():
     """Rates a few tenths of a per cent apart (two processes timing one machine) snap to the
     same values, and so give the same plan; the grid's step is 2^(1/16), 4.4%."""
