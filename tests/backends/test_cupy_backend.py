@@ -629,7 +629,7 @@ def test_a_plan_of_many_steps_is_predicted_at_its_shapes_timed_rate():
     import bigmm
 
     a = np.ones((8192, 8192), np.float32)
-    p = bigmm.plan(a, a, memory="1GiB", backend="cupy", kernel="cublas")
+    p = bigmm.plan(a, a, memory="256MiB", backend="cupy", kernel="cublas")
     assert p.n_steps >= 32
     assert p.rates.shape_flops(p.bm, p.bn, p.bk) is not None
 
