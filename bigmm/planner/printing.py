@@ -55,7 +55,9 @@ def table(p) -> str:
     if t is not None and p.files:
         rows.append(("files", p.files))
     if t is not None:
-        rows.append(("predicted time", format_seconds(t)))
+        timed = p.rates.shape_flops(p.bm, p.bn, p.bk) if p.rates is not None else None
+        rows.append(("predicted time", format_seconds(t) + (
+            f" (its steps timed at their shape: {timed / 1e12:.1f} TFLOP/s)" if timed else "")))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

@@ -127,6 +127,8 @@ def test_a_plan_whose_steps_were_timed_at_their_shape_is_predicted_at_that_rate(
     assert timed.for_plan(other) == H100_PINNED.with_shapes({(4096, 4096, 1024): 40e12})
     assert predict_seconds(plan, timed) > predict_seconds(plan, H100_PINNED)
     assert predict_seconds(other, timed) == predict_seconds(other, H100_PINNED)
+    assert "its steps timed at their shape: 40.0 TFLOP/s" in str(replace(plan, rates=timed))
+    assert "timed at their shape" not in str(replace(other, rates=timed))
     snapped = replace(timed, shapes=((4096, 4096, 1024, 40e12 * 1.003),)).snapped()
     assert snapped.shapes == ((4096, 4096, 1024, snap_rate(40e12)),)
 
