@@ -50,9 +50,10 @@ COPY_SHARE = 0.6
 #: Bytes the calibration of a host gemm may hold at least (two 1024^2 float32 operands).
 HOST_CALIBRATION = 8 << 20
 #: A chosen plan's steps are timed at their shape (``TimesShapes``) where it has at least
-#: this many, and the plan chosen again under that rate, at most SHAPE_ROUNDS times: a
-#: library's kernels run some shapes markedly slower than others (see BENCHMARKS.md).
-SHAPE_STEPS, SHAPE_ROUNDS = 32, 3
+#: SHAPE_STEPS of them, and where that rate is more than SHAPE_TOLERANCE off the model's the
+#: plan is chosen again under it, at most SHAPE_ROUNDS times: a library's kernels run some
+#: shapes markedly slower than others (see BENCHMARKS.md).
+SHAPE_STEPS, SHAPE_ROUNDS, SHAPE_TOLERANCE = 32, 3, 0.1
 #: The most I/O threads taken: the calibration and the runs start and time each (10**7 kept
 #: ``bigmm plan`` of a 60 x 40 product busy for minutes; 1024 plan it in 2 s on 2 cores).
 MAX_IO_THREADS = 1024
@@ -226,8 +227,8 @@ def plan_job(A, B, out, be, *, alpha, beta, trans_a, trans_b, memory, host_memor
         if shape in shapes or best.n_steps < SHAPE_STEPS or len(shapes) == SHAPE_ROUNDS:
             break
         flops = be.shape_flops(*shape, dtype)
-        if flops is None:
-            break
+        if flops is None or abs(flops / _modelled(rates, best) - 1) <= SHAPE_TOLERANCE:
+            break  # near what the model gives it: near ties are not chosen again on noise
         shapes[shape] = snap_rate(flops)
         rates = rates.with_shapes(shapes)
         checked = checked and checked.with_shapes(shapes)
@@ -261,6 +262,13 @@ def decoding(A, B, symmetric: bool, readers: int):
     sources = (A, None if symmetric else B)
     return offered(tuple(s.decode_bytes if s else 0 for s in sources),
                    tuple((s.decode_threads or readers) if s else 0 for s in sources))
+
+
+def _modelled(rates: Rates, p: Plan) -> float:
+    """The flops per second ``rates`` give a step of ``p`` that adds into its C tile."""
+    r = rates.for_plan(p)
+    flops = 2.0 * p.bm * p.bn * p.bk
+    return flops / (r.gemm_seconds(flops, 1, p.bk, p.c_itemsize * p.bm * p.bn) - r.per_step)
 
 
 def _with_arithmetic(p: Plan, arithmetic: str) -> Plan:

@@ -106,17 +106,17 @@ def test_staging_backends_plan_by_time_with_the_inputs_rates(tmp_path, kind):
 
 class _ShapeTimingBackend(_StagingBackend):
     """A staging backend that times its gemm at a step's shape: the ``slow`` shapes at a
-    hundredth of its rate, the others at its rate (None for all with ``untimed``)."""
+    hundredth of its rate, the others at ``rate`` times it (None for all with ``untimed``)."""
 
-    def __init__(self, slow=(), untimed=False):
+    def __init__(self, slow=(), untimed=False, rate=1.0):
         super().__init__()
-        self.slow, self.untimed, self.asked = set(slow), untimed, []
+        self.slow, self.untimed, self.rate, self.asked = set(slow), untimed, rate, []
 
     def shape_flops(self, rows, cols, depth, dtype):
         self.asked.append((rows, cols, depth))
         if self.untimed:
             return None
-        return _GPU_RATES.flops * (0.01 if (rows, cols, depth) in self.slow else 1.0)
+        return _GPU_RATES.flops * (0.01 if (rows, cols, depth) in self.slow else self.rate)
 
 
 def _plan_with(be, n=2048, memory="8MiB"):
@@ -148,6 +148,7 @@ def test_a_chosen_plan_whose_step_shape_runs_slow_is_chosen_again():
 
 @pytest.mark.parametrize("be, n, asked", [
     (_ShapeTimingBackend(), 2048, 1),                # its rate: the same plan, timed once
+    (_ShapeTimingBackend(rate=0.93), 2048, 1),       # within the tolerance: as modelled
     (_ShapeTimingBackend(untimed=True), 2048, 1),    # cannot be timed now: as it was
     (_ShapeTimingBackend(), 256, 0),                 # a few steps: not worth timing
 ])
@@ -155,6 +156,7 @@ def test_a_plan_whose_shape_runs_at_the_rate_stays(be, n, asked):
     first = _plan_with(_StagingBackend(), n=n)
     p = _plan_with(be, n=n)
     assert p.key() == first.key() and len(be.asked) == asked
+    assert p.rates.shapes == ()  # nothing the model needs to be told
 
 
 @pytest.mark.parametrize("out, whole", [
