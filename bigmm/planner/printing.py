@@ -55,7 +55,10 @@ def table(p) -> str:
     if t is not None and p.files:
         rows.append(("files", p.files))
     if t is not None:
-        timed = p.rates.shape_flops(p.bm, p.bn, p.bk) if p.rates is not None else None
+        from .model import Rates  # (the model imports the schedule, which prints)
+
+        timed = (p.rates.shape_flops(p.bm, p.bn, p.bk) if isinstance(p.rates, Rates)
+                 else None)  # a plan may be timed by any model of time
         rows.append(("predicted time", format_seconds(t) + (
             f" (its steps timed at their shape: {timed / 1e12:.1f} TFLOP/s)" if timed else "")))
     width = max(len(k) for k, _ in rows)
