@@ -148,10 +148,7 @@ class Rates:
 
     def shape_flops(self, rows: int, cols: int, depth: int) -> float | None:
         """The rate a step of this shape was timed at (None: not timed)."""
-        for r, c, d, flops in self.shapes:
-            if (r, c, d) == (rows, cols, depth):
-                return flops
-        return None
+        return next((f for r, c, d, f in self.shapes if (r, c, d) == (rows, cols, depth)), None)
 
     def with_shapes(self, timed: dict) -> "Rates":
         """These rates with the steps ``timed`` ({(rows, cols, depth): flops per second})."""
