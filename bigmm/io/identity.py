@@ -31,8 +31,11 @@ from ..units import format_time_ns
 #: most SAMPLE_MAX; operands up to SAMPLE_WHOLE bytes are hashed whole.
 SAMPLE_SHARE = 1 / 4096
 SAMPLE_MIN, SAMPLE_MAX, SAMPLE_WHOLE = 64 << 10, 4 << 20, 256 << 10
-#: Bytes read at a time where a fingerprint hashes all of an operand.
+#: Bytes per block (in the hash's order) where a fingerprint hashes all of an operand.
 WHOLE_BLOCK = 16 << 20
+#: Bytes read into one buffer at a time, rows of a block in order (of an input decoding
+#: chunks: the block, each of its chunks decoded once), so the hash holds no more memory.
+PIECE = 1 << 20
 #: Elements per sampled row segment of an unchunked operand.
 SEGMENT = 8192
 
@@ -164,13 +167,30 @@ def fingerprint(src, whole: bool = False) -> str:
     h.update(f"{m}x{n}:{dt.str}".encode())
     regions = (_blocks(m, n, dt.itemsize) if whole and total > SAMPLE_WHOLE
                else sample_regions(src.shape, dt.itemsize, src.chunks, total))
+    piece = WHOLE_BLOCK if getattr(src, "decode_bytes", 0) else PIECE
+    flat = None
     for r0, r1, c0, c1 in regions:
-        buf = np.empty((r1 - r0, c1 - c0), dt)
-        src.read(r0, r1, c0, c1, buf)
-        if dt.kind != "f":  # bfloat16 (native, as NumPy holds it): its bits, little-endian
-            buf = buf.view(f"=u{dt.itemsize}")
-        h.update(np.ascontiguousarray(buf, dtype=buf.dtype.newbyteorder("<")).tobytes())
+        for p0, p1, q0, q1 in _pieces(r0, r1, c0, c1, dt.itemsize, piece):
+            size = (p1 - p0) * (q1 - q0)
+            if flat is None or flat.size < size:
+                flat = None  # the one buffer, grown in place of the last
+                flat = np.empty(size, dt)
+            buf = flat[:size].reshape(p1 - p0, q1 - q0)
+            src.read(p0, p1, q0, q1, buf)
+            if dt.kind != "f":  # bfloat16 (native, as NumPy holds it): its bits, little-endian
+                buf = buf.view(f"=u{dt.itemsize}")
+            h.update(np.ascontiguousarray(buf, dtype=buf.dtype.newbyteorder("<")))
     return h.hexdigest()
+
+
+def _pieces(r0: int, r1: int, c0: int, c1: int, itemsize: int, piece: int):
+    """Region [r0, r1) x [c0, c1) in pieces of at most ``piece`` bytes (one element at least)
+    whose bytes, one after another, are the region's in row-major order: bands of whole rows,
+    or a row in parts where one row is larger."""
+    width = min(c1 - c0, max(1, piece // itemsize))
+    rows = max(1, piece // (width * itemsize)) if width == c1 - c0 else 1
+    return [(p0, min(r1, p0 + rows), q0, min(c1, q0 + width))
+            for p0 in range(r0, r1, rows) for q0 in range(c0, c1, width)]
 
 
 def _blocks(m: int, n: int, itemsize: int) -> list[tuple[int, int, int, int]]:

@@ -3,6 +3,7 @@ lies (HDF5 objects, mapped file ranges, memory), on real files, links, maps and 
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 from multiprocessing import shared_memory
@@ -200,6 +201,18 @@ def test_fingerprint_reads_a_sliver_of_a_large_operand():
 
     fingerprint(Counting())
     assert sum(reads) <= SAMPLE_MAX < 40000**2 * 4 / 700
+
+
+@pytest.mark.parametrize("shape", [(3, 140000), (700, 600)])  # rows over 1 MiB; whole rows
+def test_whole_fingerprint_hashes_the_data_in_order_a_piece_at_a_time(tmp_path, shape):
+    # read in pieces into one buffer (rows in bands, a long row in parts): the hash is still
+    # that of all the data in row-major order, little-endian
+    data = random_matrix(shape, np.float64, seed=2)
+    write(str(tmp_path / "a.h5"), data.astype(">f8"))  # big-endian: converted as hashed
+    with open_input(f"{tmp_path}/a.h5:/A", name="A") as src:
+        h = hashlib.blake2b(f"{shape[0]}x{shape[1]}:{src.dtype.str}".encode(), digest_size=16)
+        h.update(data.astype("<f8").tobytes())
+        assert fingerprint(src, whole=True) == h.hexdigest()
 
 
 # ----- footprints -------------------------------------------------------------------------
