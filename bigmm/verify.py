@@ -52,13 +52,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from .errors import IncompleteOutputError, OptionError, ShapeError
 from .io import Source, open_input
 from .job import parse_scalar
 from .precision import DEFAULT, ROUNDING, check_dtype, parse_precision
-from .units import accumulate_dtype, common_dtype, dtype_name, format_bytes, parse_seed
+from .units import (accumulate_dtype, common_dtype, dtype_name, format_bytes, numpy_dtype,
+                    parse_seed)
 
 #: Default M*N*K up to which every element is checked (about 2 GFLOP in float64).
 EXACT_LIMIT = 1_000_000_000
@@ -212,9 +214,10 @@ def underflow(a_dtype, b_dtype, c_dtype, k: int) -> float:
     """The absolute error an element may carry beyond ``tolerance`` times its scale: products
     and sums that underflow (flushed to zero on some hardware: the smallest normal number of
     the accumulating dtype each, for the k products and two more sums) and C's own rounding
-    near zero."""
+    near zero (to its subnormals, kept as C is converted: the smallest one)."""
     operands = common_dtype(dtype_name(a_dtype), dtype_name(b_dtype))
-    return (k + 2) * _tiny(accumulate_dtype(operands)) + _tiny(dtype_name(c_dtype))
+    return ((k + 2) * _tiny(accumulate_dtype(operands))
+            + float(ml_dtypes.finfo(numpy_dtype(dtype_name(c_dtype))).smallest_subnormal))
 
 
 def _tiny(name: str) -> float:

@@ -104,6 +104,20 @@ def test_products_that_underflow_pass(scale, exact_limit):
     assert not verify(a, b, c).passed
 
 
+@pytest.mark.parametrize("exact_limit", [10**12, 0])
+def test_a_float16_c_below_its_smallest_normal_is_still_checked(exact_limit):
+    # products of about 1e-5 are float16 subnormals, held to 2**-24: the allowance for C's
+    # rounding near zero was float16's smallest normal (6.1e-5), which passed a C of zeros
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((300, 40)) * 1e-3).astype(np.float16)
+    b = (rng.standard_normal((40, 200)) * 1e-3).astype(np.float16)
+    c = bigmm.matmul(a, b, out_dtype="float16", backend="numpy")
+    assert verify(a, b, c, exact_limit=exact_limit).passed
+    assert not verify(a, b, np.zeros_like(c), exact_limit=exact_limit).passed
+    c[7, 9] = -c[7, 9]
+    assert not verify(a, b, c, exact_limit=exact_limit).passed
+
+
 def test_incomplete_output_is_an_error(tmp_path):
     a, b, xa, xb = _operands(tmp_path, 9, 8, 7, "float64")
     c = _write(tmp_path, "C", _product(xa, xb, "float64"), complete=False)
