@@ -345,6 +345,26 @@ def test_cli_refuses_a_float16_output_too_narrow(tmp_path, capsys):
     assert "--out-dtype float32" in err and "Traceback" not in err
 
 
+def test_cli_overflow_of_a_kept_float16_c_does_not_advise_an_out_dtype_it_refuses(tmp_path,
+                                                                                   capsys):
+    # beta != 0 keeps old C's float16: the error advised --out-dtype float32 alone, which the
+    # next run refuses ("Expected --out-dtype float16 (or none) for the existing output")
+    with h5py.File(tmp_path / "ab.h5", "w") as f:
+        f["A"] = np.ones((5, 6), np.float16)
+        f["B"] = np.ones((6, 4), np.float16)
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f["C"] = np.full((5, 4), 40000, np.float16)
+    ab, out = str(tmp_path / "ab.h5"), f"{tmp_path / 'c.h5'}:/C"
+    rc = main(["multiply", f"{ab}:/A", f"{ab}:/B", "-o", out, "--beta", "2", "-q"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "bigmm: error: Expected the product to fit C's dtype float16" in err
+    assert "keeps its dtype: convert it to float32 first" in err
+    rc = main(["multiply", f"{ab}:/A", f"{ab}:/B", "-o", out, "--beta", "2", "--resume",
+               "--out-dtype", "float32", "-q"])
+    assert rc == 2 and "(or none) for the existing output" in capsys.readouterr().err
+
+
 # ----- resume ---------------------------------------------------------------------------------
 
 class _StopAfter:

@@ -257,4 +257,6 @@ def converted(src: np.ndarray, dtype, where: str) -> np.ndarray:
     raise OutputOverflowError(
         f"Expected the product to fit C's dtype {name} (largest finite value {largest:.6g}). "
         f"Got {int(lost.sum())} values beyond it in {where} (largest magnitude "
-        f"{float(np.abs(src[lost]).max()):.4g}): write C as {wide} (out_dtype={wide}).")
+        f"{float(np.abs(src[lost]).max()):.4g}): write C as {wide} (out_dtype={wide} for a "
+        f"new C; an output that is kept, in place or holding old C, keeps its dtype: "
+        f"convert it to {wide} first).")
