@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Callable, Union
 from . import filerates, io
 from .backends import Profiles, get_backend
 from .backends.numpy import memory_available as host_memory_available
+from .backends.numpy import memory_total as host_memory_total
 from .checksum import parse_verify
-from .errors import OptionError, OutputTooLarge
+from .errors import BudgetError, OptionError, OutputTooLarge
 from .executor import STAGES, Progress, RunStats, execute
 from .executor.register import Locked, held
 from .advice import budget_note as job_budget_note
@@ -30,6 +31,7 @@ from .io.existing import check_output
 from .job import (check_operands, check_symmetric_c, complete_stats, open_inputs, open_output,
                   output_dtype, parse_io_threads, parse_scalar, plan_job, resolve_backend)
 from .planner import Plan
+from .planner.decode import host_total
 from .profile import Profile
 from .units import format_bytes
 
@@ -148,6 +150,7 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
                           resume=resume, calibrate=be.staging, verify=verify,
                           out_dtype=out_dtype, io_threads=threads, kernel=kernel,
                           precision=precision, symmetric=symmetric, upper=upper, files=files)
+        _check_fits_ram(p)
         if out is None:
             _check_array_result(p, output_dtype(None, p.dtype, out_dtype).itemsize)
         if (p.symmetric and p.reads_c and not p.upper
@@ -272,6 +275,19 @@ def _opened(a, b, backend: str, kernel: str | None, precision: str | None = None
         yield be, A, B, closing
     finally:
         _close_quietly(closing, be)
+
+
+def _check_fits_ram(p: Plan) -> None:
+    """BudgetError before anything is written where the plan's host buffers (the compute
+    buffers without staging, staging and decode buffers) exceed this machine's RAM: budgets
+    given larger than the machine would end the run by swapping or an out-of-memory kill."""
+    need, total = host_total(p), host_memory_total()
+    if need > total:
+        raise BudgetError(f"Expected budgets whose plan fits in this machine's RAM "
+                          f"({format_bytes(total)}). Got a plan holding {format_bytes(need)} "
+                          f"of host memory (memory={format_bytes(p.device_budget)}, "
+                          f"host_memory={format_bytes(p.host_budget)}); give smaller "
+                          f"budgets, or none for the defaults.")
 
 
 def _check_array_result(p: Plan, itemsize: int) -> None:

@@ -791,3 +791,43 @@ def test_page_locked_takes_numpy_arrays_only():
     with pytest.raises(errors.OptionError, match="Expected NumPy arrays to page-lock. Got list"):
         with bigmm.page_locked(np.zeros(3), [1.0, 2.0], backend="numpy"):
             pass
+
+
+def _declared(tmp_path) -> tuple[str, str, int]:
+    """A and B declared twice as large as this machine's RAM each (never written: the run
+    reads only samples of their fill value), and a budget of eight times the RAM."""
+    from bigmm.backends.numpy import memory_total
+
+    total = memory_total()
+    n = -(-int((2 * total / 4) ** 0.5) // 4096) * 4096
+    specs = []
+    for name in "AB":
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:
+            f.create_dataset(name, shape=(n, n), dtype=np.float32, chunks=(4096, 4096))
+        specs.append(f"{tmp_path / f'{name}.h5'}:/{name}")
+    return specs[0], specs[1], 8 * total
+
+
+def test_budgets_beyond_the_machines_ram_are_refused_before_anything_is_written(tmp_path):
+    from bigmm.backends.numpy import memory_total
+    from bigmm.planner.decode import host_total
+
+    a, b, budget = _declared(tmp_path)
+    c = f"{tmp_path / 'c.h5'}:/C"
+    with pytest.raises(errors.BudgetError, match=r"fits in this machine's RAM \("):
+        bigmm.matmul(a, b, c, memory=budget, backend="numpy")
+    assert not (tmp_path / "c.h5").exists()
+    # a plan for another machine is still printed; the default budgets fit this one
+    assert host_total(bigmm.plan(a, b, c, memory=budget, backend="numpy")) > memory_total()
+    assert host_total(bigmm.plan(a, b, c, backend="numpy")) <= memory_total()
+
+
+def test_the_cli_names_the_budget_flags_beyond_the_machines_ram(tmp_path, capsys):
+    from bigmm.cli import main
+
+    a, b, budget = _declared(tmp_path)
+    rc = main(["multiply", a, b, "-o", f"{tmp_path / 'c.h5'}:/C", "--memory", str(budget),
+               "--backend", "numpy"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "(--memory " in err and "--host-memory " in err
+    assert not (tmp_path / "c.h5").exists()

@@ -276,14 +276,23 @@ class NumpyBackend:
 
 def memory_available() -> int:
     """MemAvailable from /proc/meminfo in bytes (free physical pages where that is missing)."""
+    return _meminfo("MemAvailable:", "SC_AVPHYS_PAGES")
+
+
+def memory_total() -> int:
+    """MemTotal from /proc/meminfo in bytes (all physical pages where that is missing)."""
+    return _meminfo("MemTotal:", "SC_PHYS_PAGES")
+
+
+def _meminfo(field: str, pages: str) -> int:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _check_gemm(a, b, c, trans_a: bool, trans_b: bool) -> tuple[str, tuple[int, int, int]]:
