@@ -625,6 +625,16 @@ def test_the_gemm_is_timed_at_a_steps_shape_once_a_process(kernel, dtype):
         be.close()
 
 
+def test_steps_of_panels_split_ahead_are_not_timed_alone():
+    be = _backend("bigmm", precision="tf32x3")
+    try:
+        if not be.split_parts:
+            pytest.skip("this GPU's TF32 kernels do not split panels ahead")
+        assert be.shape_flops(1280, 2304, 768, "float32") is None
+    finally:
+        be.close()
+
+
 def test_a_plan_of_many_steps_is_predicted_at_its_shapes_timed_rate():
     """The chosen plan's step is timed at its shape: the plan is predicted at that rate, or
     the rate lies within the tolerance of the model's (or the plan chosen again at a timed
