@@ -47,8 +47,9 @@ _RATES: dict[tuple, Rates] = {}
 _SHAPES: dict[tuple, float] = {}
 on_measuring(_RATES.clear)  # bigmm calibrate measures them again
 on_measuring(_SHAPES.clear)
-#: Timed calls of a step's shape (after two untimed ones).
-SHAPE_REPEAT = 2
+#: Timed calls of a step's shape (after two untimed ones), and the shapes' rates kept for
+#: later processes at most (the newest).
+SHAPE_REPEAT, SHAPES_KEPT = 2, 256
 
 
 def rates(be, dtype: str, limit: int | None = None) -> Rates:
@@ -96,7 +97,7 @@ def shape_flops(be, rows: int, cols: int, depth: int, dtype: str) -> float | Non
         _SHAPES[key] = remembered(
             "cupy-shape", [_device_facts(be.device_id), *key[1:]],
             lambda: _time_shape(be, numpy_dtype(str(dtype)), rows, cols, depth),
-            quiet=lambda: host_quiet() and gpu_quiet(be.device_id))
+            quiet=lambda: host_quiet() and gpu_quiet(be.device_id), limit=SHAPES_KEPT)
     return _SHAPES[key]
 
 
