@@ -133,15 +133,16 @@ def differences(recorded: dict, now: dict, *, volatile: bool = False) -> list[st
 def _file_changes(rf: dict, nf: dict, what: str) -> list[str]:
     """How the file facts ``nf`` differ from those a run recorded, ``rf``, in words."""
     if (rf["size"], rf["mtime_ns"]) != (nf["size"], nf["mtime_ns"]):
-        return [f"{what} modified at {format_time_ns(nf['mtime_ns'])} (size {nf['size']}); the run "
-                f"read it as modified at {format_time_ns(rf['mtime_ns'])} (size {rf['size']})"]
+        return [f"{what} modified at {format_time_ns(nf['mtime_ns'])} (size {nf['size']}); "
+                f"the run read it as modified at {format_time_ns(rf['mtime_ns'])} "
+                f"(size {rf['size']})"]
     # only where both record it, and modes, owners and links stayed (a chmod or a new hard
     # link moves the change time too)
     if ("ctime_ns" in rf and "ctime_ns" in nf and rf.get("meta") == nf.get("meta")
             and rf["ctime_ns"] != nf["ctime_ns"]):
-        return [f"{what} changed at {format_time_ns(nf['ctime_ns'])}, after the run read it (changed at "
-                f"{format_time_ns(rf['ctime_ns'])}) with its size and modification time kept (written "
-                f"in place with its time put back, or renamed)"]
+        return [f"{what} changed at {format_time_ns(nf['ctime_ns'])}, after the run read it "
+                f"(changed at {format_time_ns(rf['ctime_ns'])}) with its size and modification "
+                f"time kept (written in place with its time put back, or renamed)"]
     return []
 
 
