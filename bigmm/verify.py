@@ -173,9 +173,10 @@ def verify(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, c0=None, trans_a: 
         opc = _Op(sources[2], False)
         opc0 = _Op(sources[3], False) if beta != 0 else None
         m, k, n = _check_shapes(opa, opb, opc, opc0)
-        upper = _upper(upper, sources[2], m, n)
-        hint = _record_hint(sources[2], dict(alpha=alpha, beta=beta, trans_a=bool(trans_a),
-                                             trans_b=bool(trans_b)))
+        recorded = (sources[2].record() or {}).get("job") or {}  # C's job, where bigmm wrote C
+        upper = _upper(upper, recorded, m, n)
+        hint = _record_hint(recorded, dict(alpha=alpha, beta=beta, trans_a=bool(trans_a),
+                                           trans_b=bool(trans_b)))
         tol = tolerance(sources[0].dtype, sources[1].dtype, sources[2].dtype, k, precision)
         floor = underflow(sources[0].dtype, sources[1].dtype, sources[2].dtype, k)
         job = _Job(opa, opb, opc, opc0, alpha, beta, block_elements, floor / tol, upper)
@@ -237,10 +238,9 @@ def _result(err: float, worst, tol: float, method: str, checked: int,
                         worst if err > 0 else None, hint)
 
 
-def _record_hint(c, given: dict) -> str:
-    """Where C's record (a finished bigmm output's job) names other values of ``given``
+def _record_hint(job: dict, given: dict) -> str:
+    """Where C's recorded ``job`` (a finished bigmm output's) names other values of ``given``
     (alpha, beta, trans_a, trans_b) than the check uses: those, in words; else ""."""
-    job = (c.record() or {}).get("job") or {}
     off = [key for key in given if key in job and job[key] != given[key]]
     if not off:
         return ""
@@ -270,11 +270,11 @@ def _check_sampled_memory(m: int, k: int, n: int, rows: int, probes: int) -> Non
                           f"available.")
 
 
-def _upper(upper, c, m: int, n: int) -> bool:
-    """Whether C holds only the upper triangle: as asked, else as C's record says (a Gram
-    product written with ``upper``); ShapeError where the product is not square."""
+def _upper(upper, job: dict, m: int, n: int) -> bool:
+    """Whether C holds only the upper triangle: as asked, else as C's recorded ``job`` says (a
+    Gram product written with ``upper``); ShapeError where the product is not square."""
     if upper is None:
-        upper = bool(((c.record() or {}).get("job") or {}).get("upper"))
+        upper = bool(job.get("upper"))
     elif not isinstance(upper, (bool, np.bool_)):
         raise OptionError(f"Expected upper to be True, False or None. Got {upper!r}.")
     if upper and m != n:
