@@ -155,13 +155,10 @@ def _flops(a, b, trans_a: bool, trans_b: bool) -> int:
 
 @contextlib.contextmanager
 def _cluster_client(scheduler: str | None, workers: int | None, backend: str):
-    """A client of the cluster at ``scheduler``, or of a new local one of ``workers``."""
+    """A client of the cluster at ``scheduler``, or of a new local one of ``workers`` (one of
+    them given: :func:`_multiply_on_cluster` refuses both)."""
     from ..dask import connect, local_cluster
-    from ..errors import OptionError
 
-    if scheduler is not None and workers is not None:  # --workers 0 and --scheduler '' too
-        raise OptionError(f"Expected either --scheduler or --workers. Got both "
-                          f"(--scheduler {scheduler!r} --workers {workers}).")
     if scheduler is not None:
         with connect(scheduler) as client:
             yield client
