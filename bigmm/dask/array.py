@@ -144,12 +144,16 @@ def _common_float(x, y) -> np.dtype:
     return numpy_dtype(common_dtype(*names))
 
 
+def _from_cupy(meta) -> bool:
+    """Whether ``meta``'s type comes from CuPy (told by its module: CuPy is not imported)."""
+    return type(meta).__module__.split(".")[0] == "cupy"
+
+
 def _check_chunk_type(meta, name: str) -> None:
     """DtypeError for chunks other than plain NumPy or CuPy arrays: the gemm reads their raw
     values, so a masked array's masked elements would count as data."""
     kind = type(meta)
-    if kind is np.ndarray or (kind.__module__.split(".")[0] == "cupy"
-                              and kind.__name__ == "ndarray"):
+    if kind is np.ndarray or (_from_cupy(meta) and kind.__name__ == "ndarray"):
         return
     raise DtypeError(f"Expected {name} with NumPy or CuPy chunks. Got {kind.__module__}."
                      f"{kind.__name__} chunks (bigmm would ignore what they add to the values, "
@@ -158,7 +162,7 @@ def _check_chunk_type(meta, name: str) -> None:
 
 def _array_backend(backend: str, meta) -> str:
     """The backend name for chunks like ``meta``: "auto" follows the chunk type."""
-    gpu = type(meta).__module__.split(".")[0] == "cupy"
+    gpu = _from_cupy(meta)
     if not isinstance(backend, str) or backend.lower() not in BACKENDS:
         raise BackendUnavailable(f"Expected backend to be one of {', '.join(BACKENDS)}. "
                                  f"Got {backend!r}.")
