@@ -18,12 +18,7 @@ address is aligned with the file offset (the GPU's pinned buffers, page-aligned,
 that the output layer aligns to pages), else through a small aligned bounce buffer (also where
 the kernel cannot use the source in place: EFAULT); the partial pages at either end go through
 the page cache by ``pwrite``, and so do pieces whose runs are shorter than ``DIRECT_MIN``
-bytes (copied into a shared map where the sink has one). A tile wider than the output's
-chunks (a Zarr array written in place, chunked narrower than the run's tiles) reaches each
-chunk in rows as long as the chunk is wide, apart in the tile's buffer but one sequential
-range of the file: such a piece is one run, its rows gathered by one ``pwritev`` (each row
-aligned) or through the bounce buffer (1.21x the rate of writing its rows through the page
-cache: see BENCHMARKS.md). A direct write has reached the device
+bytes (copied into a shared map where the sink has one). A direct write has reached the device
 when it returns; :meth:`DirectWrites.sync` is one ``fdatasync``, which commits the file system's
 metadata (reserved extents becoming written) and flushes the device's write cache, so a tile
 journaled after it is durable, as before.
@@ -56,8 +51,6 @@ ALIGN = 4096
 DIRECT_MIN = 256 << 10
 #: An unaligned source is written through an aligned buffer of this many bytes per call.
 BOUNCE_BYTES = 1 << 20
-#: Rows one ``pwritev`` gathers at most (the kernel's limit on its buffers).
-IOV_MAX = 1024
 #: statfs ``f_type`` of file systems held in memory (tmpfs, ramfs, hugetlbfs).
 MEMORY_FS = {0x01021994, 0x858458F6, 0x958458F6}
 
@@ -113,33 +106,19 @@ def _whole_rows(piece, src: np.ndarray) -> bool:
     return ca == 0 and cb == bc and d - c == src.shape[1]
 
 
-def _gathered(piece, itemsize: int) -> bool:
-    """True when the piece spans its stored block's full width in rows shorter than
-    DIRECT_MIN: one sequential byte range of the file, gathered from the source's rows (a
-    tile wider than its output's chunks)."""
-    _, (_, bc), (_, _, ca, cb), _ = piece
-    return ca == 0 and cb == bc and bc * itemsize < DIRECT_MIN
-
-
 def run_bytes(piece, src: np.ndarray, itemsize: int) -> int:
     """The length of the sequential runs :func:`runs` cuts the piece into."""
     _, _, (ra, rb, ca, cb), _ = piece
-    whole = _whole_rows(piece, src) or _gathered(piece, itemsize)
-    return (cb - ca) * itemsize * ((rb - ra) if whole else 1)
+    return (cb - ca) * itemsize * ((rb - ra) if _whole_rows(piece, src) else 1)
 
 
 def runs(piece, src: np.ndarray, itemsize: int):
     """The sequential byte runs of one stored piece (:func:`.region.clip_pieces`) of the
-    C-contiguous ``src``, as (file offset, uint8 view of the source bytes, or a list of such
-    views of its rows where they lie apart in ``src``): a piece that spans its stored block's
-    full width is one run (:func:`_gathered` where its rows are short and ``src`` is wider),
-    else each of its rows."""
+    C-contiguous ``src``, as (file offset, uint8 view of the source bytes): a piece that spans
+    its stored block's full width (and the source's) is one run, else each of its rows."""
     base, (_, bc), (ra, rb, ca, cb), (a, b, c, d) = piece
     if _whole_rows(piece, src):
         return [(base + ra * bc * itemsize, src[a:b].reshape(-1).view(np.uint8))]
-    if _gathered(piece, itemsize):
-        return [(base + ra * bc * itemsize, [src[a + i, c:d].view(np.uint8)
-                                             for i in range(b - a)])]
     return [(base + ((ra + i) * bc + ca) * itemsize, src[a + i, c:d].view(np.uint8))
             for i in range(b - a)]
 
@@ -153,22 +132,6 @@ def _pwrite_all(fd: int, view, offset: int) -> None:
             raise OSError(errno.EIO, f"write of {len(view) - done} bytes at {offset + done} "
                           f"made no progress")
         done += n
-
-
-def _pwritev_all(fd: int, views: list, offset: int) -> None:
-    """Write the ``views`` one after another at ``offset`` (``pwritev``, again for what a
-    short write left); a write that makes no progress is an OSError."""
-    while views:
-        n = os.pwritev(fd, views, offset)
-        if n <= 0:
-            raise OSError(errno.EIO, f"write of {sum(len(v) for v in views)} bytes at "
-                          f"{offset} made no progress")
-        offset += n
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views = views[1:]
-        if n:
-            views = [views[0][n:]] + views[1:]
 
 
 def _write_direct(fd: int, view, offset: int) -> None:
@@ -221,11 +184,8 @@ class DirectWrites:
                 except BufferError:  # a failed write's frame still holds a view of it
                     pass
 
-    def _run(self, offset: int, view, bounce):
-        """Write one run: its aligned middle direct, its partial end pages cached (a run
-        gathered from rows: :meth:`_gather`)."""
-        if isinstance(view, list):
-            return self._gather(offset, view, bounce)
+    def _run(self, offset: int, view: np.ndarray, bounce):
+        """Write one run: its aligned middle direct, its partial end pages cached."""
         n = len(view)
         head = -offset % ALIGN
         mid = (n - head) // ALIGN * ALIGN if n > head else 0
@@ -253,46 +213,6 @@ class DirectWrites:
             self.direct = False  # alignment refused here: through the page cache from now on
             self._pwrite(offset + head, body)
         return self._tail(offset, view, head + mid, bounce)
-
-    def _gather(self, offset: int, rows: list, bounce):
-        """Write a run gathered from ``rows`` (uint8 views of one length) at ``offset``:
-        direct from the rows themselves (``pwritev``) where each is aligned, else through
-        the bounce buffer a block of rows at a time; row by row where it cannot go direct."""
-        width = len(rows[0])
-        aligned = offset % ALIGN == 0 and width % ALIGN == 0
-        if not self.direct or not aligned or width > BOUNCE_BYTES:
-            for i, row in enumerate(rows):
-                bounce = self._run(offset + i * width, row, bounce)
-            return bounce
-        try:
-            if self.zero_copy and all(r.ctypes.data % ALIGN == 0 for r in rows):
-                try:
-                    for i in range(0, len(rows), IOV_MAX):
-                        _pwritev_all(self.dfd, rows[i:i + IOV_MAX], offset + i * width)
-                    self._count("direct", width * len(rows))
-                    return bounce
-                except OSError as exc:
-                    if exc.errno != errno.EFAULT:
-                        raise
-                    self.zero_copy = False  # memory the kernel cannot pin for I/O: bounce
-            bounce = bounce or mmap.mmap(-1, BOUNCE_BYTES)
-            buf = np.frombuffer(bounce, np.uint8)
-            per = BOUNCE_BYTES // width
-            for i in range(0, len(rows), per):
-                block = rows[i:i + per]
-                for j, row in enumerate(block):
-                    hostcopy.copy(buf[j * width:(j + 1) * width], row)
-                _write_direct(self.dfd, memoryview(bounce)[:len(block) * width],
-                              offset + i * width)
-            del buf
-            self._count("bounced", width * len(rows))
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            self.direct = False  # alignment refused here: through the page cache from now on
-            for i, row in enumerate(rows):
-                self._pwrite(offset + i * width, row)
-        return bounce
 
     def _tail(self, offset: int, view: np.ndarray, done: int, bounce):
         if done < len(view):

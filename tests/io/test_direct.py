@@ -144,47 +144,6 @@ def test_any_piece_any_alignment(folder, base, br, bc, data, shift, minimum):
     assert read_file(path) == expected(size, base, (br, bc), (r0, r1), (c0, c1), src)
 
 
-# case: row bytes of each block, source shift from a page, which counters must be non-zero
-ACROSS = [
-    ("zero-copy", 4096, 0, {"direct"}),  # page rows from a page-aligned source: pwritev
-    ("bounced", 4096, 16, {"bounced"}),  # the same rows 16 bytes past a page: bounced
-    ("odd-rows", 3000, 0, {"cached"}),  # rows of no whole pages: through the page cache
-]
-
-
-@pytest.mark.parametrize("case,row_bytes,shift,used", ACROSS, ids=[c[0] for c in ACROSS])
-def test_a_region_across_side_by_side_blocks(folder, monkeypatch, case, row_bytes, shift,
-                                             used):
-    """Rows of a region spanning three blocks side by side (a tile wider than its output's
-    chunks): each block's part of them is one run of the file, gathered from the source's
-    rows, and exactly its bytes land."""
-    monkeypatch.setattr(direct, "DIRECT_MIN", 64 << 10)
-    br, bc = 48, row_bytes // 4
-    path = str(folder / "c.bin")
-    size = 3 * br * bc * 4 + 4096
-    fd = poisoned_file(path, size)
-    blocks = [(j * br * bc * 4, (br, bc), (0, br, 0, bc), (0, br, j * bc, (j + 1) * bc))
-              for j in range(3)]
-    w = direct.DirectWrites(fd, path, np.float32,
-                            MappedWrites(FileMap(fd, 0, size, path=path, writable=True),
-                                         np.float32))
-    try:
-        src = aligned((32, 3 * bc), np.float32, shift)
-        src[...] = random_matrix(src.shape, np.float32, seed=5)
-        w.write(clip_pieces(blocks, 8, 40, 0, 3 * bc), src)
-        w.sync()
-    finally:
-        w.close()
-        os.close(fd)
-    want = np.full(size, POISON, np.uint8)
-    for j in range(3):
-        view = want[j * br * bc * 4:(j + 1) * br * bc * 4].view(np.float32).reshape(br, bc)
-        view[8:40] = src[:, j * bc:(j + 1) * bc]
-    assert read_file(path) == want.tobytes()
-    assert {k for k, v in w.bytes.items() if v} == used, w.bytes
-    assert sum(w.bytes.values()) == src.nbytes
-
-
 def test_runs_of_a_piece():
     src = np.arange(6 * 10, dtype=np.float64).reshape(6, 10)
     # a piece spanning its block's full width (and the source's): one run
@@ -195,10 +154,6 @@ def test_runs_of_a_piece():
     rows = direct.runs((0, (9, 20), (1, 3, 4, 9), (2, 4, 3, 8)), src, 8)
     assert [(o, len(v)) for o, v in rows] == [((1 * 20 + 4) * 8, 40), ((2 * 20 + 4) * 8, 40)]
     assert rows[1][1].tobytes() == src[3, 3:8].tobytes()
-    # a piece spanning its block's full width, the source wider: one run of its rows
-    gathered = direct.runs((0, (9, 4), (1, 3, 0, 4), (2, 4, 3, 7)), src, 8)
-    assert [(o, len(v)) for o, v in gathered] == [(1 * 4 * 8, 2)]
-    assert b"".join(v.tobytes() for v in gathered[0][1]) == src[2:4, 3:7].tobytes()
 
 
 def test_a_refused_alignment_goes_through_the_page_cache(folder, monkeypatch):

@@ -67,29 +67,6 @@ def test_chunk_files_written_direct_or_cached(tmp_path, monkeypatch, mode, write
         assert counts["direct"] == counts["bounced"] == 0 and counts["cached"] == m * n * 4
 
 
-def test_tiles_wider_than_the_chunks_go_direct_row_by_row_gathered(tmp_path, monkeypatch):
-    # an array chunked narrower than the run's tiles (as one written in place may be): each
-    # chunk's part of a tile is one range of its file, its page-long rows gathered by pwritev
-    if not direct.supports_direct(str(tmp_path)):
-        pytest.skip("no O_DIRECT on this file system")
-    monkeypatch.setattr(direct, "MODE", "direct")
-    m, n, cr, cc = 512, 4096, 256, 1024  # chunks of 4 KiB rows, tiles of four of them
-    data = random_matrix((m, n), np.float32, seed=9)
-    spec = f"{tmp_path / 'c.zarr'}:/C"
-    sink = open_output(spec, shape=(m, n), dtype=np.float32, inputs=[], job={"plan": "x"},
-                       tile=(cr, cc))
-    buf = np.frombuffer(mmap.mmap(-1, cr * n * 4), np.float32).reshape(cr, n)
-    for r0 in range(0, m, cr):
-        buf[...] = data[r0:r0 + cr]
-        sink.write(r0, r0 + cr, 0, n, buf)
-    sink.commit([(0, 0), (1, 0)])
-    counts = dict(sink._files.bytes)
-    sink.finish()
-    sink.close()
-    assert np.array_equal(_read(spec)[0], data)
-    assert counts == {"direct": m * n * 4, "bounced": 0, "cached": 0}, counts
-
-
 # How many threads write pieces of each tile at once (each piece a band of rows).
 THREADS = [
     2,  # two writers meeting at each chunk
