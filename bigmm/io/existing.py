@@ -124,9 +124,11 @@ def check_output(x, shape, *, reads_c: bool, resume: bool = False,
         return  # a killed run's change to finish first (see refuse_output_alias)
     store = _storage(spec)
     store.check(spec)
-    journaled = parse_journal(journal_path(spec)) is not None
     refuses = overwrite is False and not resume
-    if not (reads_c or refuses) or (resume and journaled):
+    if not (reads_c or refuses):
+        return
+    journaled = parse_journal(journal_path(spec)) is not None
+    if resume and journaled:
         return
     info = store.inspect(spec, spec.dataset + PARTIAL_SUFFIX, label)
     if refuses:
