@@ -2,7 +2,7 @@
 """The warm HDF5 job against its floor, round by round: bigmm's run over the warm storage
 floor measured in the same round.
 
-Writes A and B (n x n float32, chunked ``--chunk`` square) into ``--dir``, reads them once so
+Writes A and B (n x n float32, standard normal, chunked ``--chunk`` square) into ``--dir``, reads them once so
 that they are cached, and checks one run's C with a float64 probe (C x = A (B x) for a random
 x). Then each of ``--rounds`` rounds measures the warm floor (``storage.py``: A and B read and
 C written once, at once, buffered and with ``O_DIRECT`` writes, the faster) and runs bigmm's
@@ -23,12 +23,14 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import storage  # noqa: E402
+from e2e_common import random_f32, write_h5  # noqa: E402
 
 import bigmm  # noqa: E402
 from bigmm.profile import Profile  # noqa: E402
@@ -37,18 +39,11 @@ from bigmm.profile import Profile  # noqa: E402
 PROBE_TOLERANCE = 1e-4
 
 
-def write_inputs(folder: str, n: int, chunk: int, seed: int) -> tuple[str, str]:
-    """A and B as chunked HDF5 files of uniform values in [-0.5, 0.5); their specs."""
-    rng = np.random.default_rng(seed)
-    specs = []
-    for name in "AB":
-        path = os.path.join(folder, f"{name.lower()}.h5")
-        with h5py.File(path, "w") as f:
-            d = f.create_dataset(name, (n, n), np.float32, chunks=(chunk, chunk))
-            for r in range(0, n, chunk):
-                d[r:r + chunk] = rng.random((min(chunk, n - r), n), dtype=np.float32) - 0.5
-        specs.append(f"{path}:/{name}")
-    return specs[0], specs[1]
+def write_inputs(folder: str, n: int, chunk: int, seed: int, threads: int) -> tuple[str, str]:
+    """A and B, standard normal, as chunked HDF5 files (``e2e_common``); their specs."""
+    return tuple(write_h5(Path(folder) / f"{name.lower()}.h5", name,
+                          random_f32(n, seed + i, threads), chunk)
+                 for i, name in enumerate("AB"))
 
 
 def probe(spec_a: str, spec_b: str, spec_c: str, n: int, rows: int, x) -> float:
@@ -96,7 +91,7 @@ def main() -> int:
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
-    spec_a, spec_b = write_inputs(args.dir, args.n, args.chunk, args.seed)
+    spec_a, spec_b = write_inputs(args.dir, args.n, args.chunk, args.seed, args.threads)
     spec_c = f"{os.path.join(args.dir, 'c.h5')}:/C"
     inputs = [s.rsplit(":/", 1)[0] for s in (spec_a, spec_b)]
     storage.warm(inputs, args.threads)
