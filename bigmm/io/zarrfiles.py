@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,10 @@ OLD_SUFFIX = ".bigmm-old"
 #: The file :func:`swap` puts in a directory before moving it aside: only one so marked is
 #: bigmm's to remove.
 SET_ASIDE = ".bigmm-set-aside"
+#: zarr-python writes a file through a temporary beside it, ``<stem>.<32 hex digits>.partial``
+#: (left behind where the process is killed mid-write); of a node's metadata, its stem "zarr".
+ZARR_TEMP = re.compile(r"[^.]*\.[0-9a-f]{32}\.partial")
+ZARR_META_TEMP = re.compile(r"zarr\.[0-9a-f]{32}\.partial")
 #: Chunk files made durable at once by a commit.
 SYNC_THREADS = 8
 #: Finished chunks kept open (not yet durable) before a commit makes them durable anyway.
@@ -375,12 +380,26 @@ def _fsync_all(fds: list[int]) -> None:
         fut.result()
 
 
-def drop_stale(folder: str) -> None:
-    """Remove the temporary chunk files an interrupted run left in an array's directory."""
+def drop_stale(folder: str, store: str | None = None) -> None:
+    """Remove the temporary files an interrupted run left in an array's directory (its chunk
+    files, and zarr-python's temporaries of its metadata and chunks), and zarr-python's
+    temporaries of the metadata of the groups above it, up to the ``store``'s root, which the
+    run's creation of the array wrote (the output's lock is held: no other writer's)."""
     for here, _dirs, files in os.walk(folder):
         for name in files:
-            if name.endswith(TMP_SUFFIX):
-                try:
-                    os.unlink(os.path.join(here, name))
-                except OSError:
-                    pass
+            if name.endswith(TMP_SUFFIX) or ZARR_TEMP.fullmatch(name):
+                _unlink(os.path.join(here, name))
+    here, top = os.path.realpath(folder), os.path.realpath(store or folder)
+    while here != top and here.startswith(top + os.sep):
+        here = os.path.dirname(here)
+        with os.scandir(here) as entries:
+            for entry in entries:
+                if ZARR_META_TEMP.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    _unlink(entry.path)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

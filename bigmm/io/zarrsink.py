@@ -110,7 +110,7 @@ class ZarrSink(JournaledSink):
         arr = open_array(Spec(store, "/" + path, ZARR), self.label, mode="r+")
         self.done = self._trusted(journal, lambda found: _read_spans(arr, self.dtype, found))
         codec, _ = direct_codec(arr)
-        drop_stale(self.dir)
+        drop_stale(self.dir, store)
         if codec == "" and result is None and tiles_hold_chunks(arr, chunks):
             self._files = ChunkFiles(self.dir, self.shape, arr.chunks, stored_dtype(arr),
                                      arr.metadata.encode_chunk_key, ahead=AHEAD)

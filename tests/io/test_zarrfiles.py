@@ -67,6 +67,29 @@ def test_chunk_files_written_direct_or_cached(tmp_path, monkeypatch, mode, write
         assert counts["direct"] == counts["bounced"] == 0 and counts["cached"] == m * n * 4
 
 
+def test_temporaries_a_killed_zarr_write_left_are_dropped_on_resume(tmp_path):
+    # zarr-python writes each file through "<stem>.<32 hex>.partial" beside it: a run killed
+    # mid-write leaves it (the store's and a group's metadata, the array's, a chunk's)
+    spec = f"{tmp_path / 'c.zarr'}:/G/C"
+    sink = open_output(spec, shape=(64, 64), dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(32, 32))
+    sink.close()  # interrupted: its journal kept
+    store = tmp_path / "c.zarr"
+    hexes = iter(f"{i:032x}" for i in range(1, 10))
+    left = [store / f"zarr.{next(hexes)}.partial", store / "G" / f"zarr.{next(hexes)}.partial",
+            store / "G" / "C" / f"zarr.{next(hexes)}.partial",
+            store / "G" / "C" / f"0.{next(hexes)}.partial"]
+    kept = [store / "notes.partial",  # not of zarr-python's form
+            store / f"other.{next(hexes)}.partial",  # above the array: not metadata's
+            tmp_path / f"zarr.{next(hexes)}.partial"]  # outside the store
+    for path in left + kept:
+        path.write_bytes(b"x")
+    sink = open_output(spec, shape=(64, 64), dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(32, 32), resume=True)
+    sink.close()
+    assert [p for p in left if p.exists()] == [] and all(p.exists() for p in kept)
+
+
 # How many threads write pieces of each tile at once (each piece a band of rows).
 THREADS = [
     2,  # two writers meeting at each chunk
