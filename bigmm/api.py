@@ -155,7 +155,8 @@ def _multiply(a, b, out, *, alpha, beta, trans_a, trans_b, memory, host_memory, 
             _check_array_result(p, output_dtype(None, p.dtype, out_dtype).itemsize)
         if (p.symmetric and p.reads_c and not p.upper
                 and not (resume and io.read_journal(out) is not None)):
-            check_symmetric_c(out, p.n)  # a resumed run's C was checked when it started
+            # (a resumed run's C was checked when it started)
+            check_symmetric_c(out, p.n, p.host_budget)
         sink = open_output(out, p, job, A, B, overwrite=overwrite, resume=resume,
                            out_dtype=out_dtype)
         closing.append(sink)

@@ -472,32 +472,47 @@ def open_output(out, p: Plan, job: dict, A, B, *, overwrite: bool, resume: bool,
     return sink
 
 
-#: Edge of the square blocks of old C compared with their mirrors (two blocks held at a time).
+#: Largest edge of the square blocks of old C compared with their mirrors (two blocks held at
+#: a time); smaller where the host budget is (SYMMETRY_MIN_BLOCK at least).
 SYMMETRY_BLOCK = 1024
+SYMMETRY_MIN_BLOCK = 64
 
 
-def check_symmetric_c(out, n: int) -> None:
+def symmetry_block(budget: int, itemsize: int) -> int:
+    """The edge of the blocks :func:`check_symmetric_c` compares within ``budget`` bytes: two
+    blocks of ``itemsize`` bytes an element and four boolean masks as large, in multiples of
+    SYMMETRY_MIN_BLOCK up to SYMMETRY_BLOCK."""
+    per = 2 * itemsize + 4  # bytes an element: its block and its mirror, and boolean masks
+    edge = math.isqrt(max(0, int(budget)) // per) // SYMMETRY_MIN_BLOCK * SYMMETRY_MIN_BLOCK
+    return min(SYMMETRY_BLOCK, max(SYMMETRY_MIN_BLOCK, edge))
+
+
+def check_symmetric_c(out, n: int, budget: int) -> None:
     """Refuse an old C ``out`` that is not symmetric (OptionError naming the first element
     found that differs from its mirror; NaNs equal), opened read-only and read once in square
-    blocks: a Gram product with beta != 0 writes its lower triangle as the transpose of its
-    upper. ShapeError where it is not n x n."""
+    blocks held within the host ``budget`` (:func:`symmetry_block`): a Gram product with
+    beta != 0 writes its lower triangle as the transpose of its upper. ShapeError where it is
+    not n x n."""
     with io.open_input(out, name="C") as src:
         if tuple(src.shape) != (n, n):
             raise ShapeError(f"Expected shape {(n, n)} for {output_label(out)}. "
                              f"Got {tuple(src.shape)}.")
-        b = SYMMETRY_BLOCK
+        b = symmetry_block(budget, src.dtype.itemsize)
+        held = [np.empty(b * b, src.dtype) for _ in range(2)]  # the two blocks' buffers
         for i0 in range(0, n, b):
             i1 = min(n, i0 + b)
             for j0 in range(i0, n, b):
                 j1 = min(n, j0 + b)
-                x = np.empty((i1 - i0, j1 - j0), src.dtype)
+                x = held[0][:(i1 - i0) * (j1 - j0)].reshape(i1 - i0, j1 - j0)
                 src.read(i0, i1, j0, j1, x)
                 y = x
                 if j0 != i0:
-                    y = np.empty((j1 - j0, i1 - i0), src.dtype)
+                    y = held[1][:(j1 - j0) * (i1 - i0)].reshape(j1 - j0, i1 - i0)
                     src.read(j0, j1, i0, i1, y)
                 y = y.T
-                differ = (x != y) & ~(np.isnan(x) & np.isnan(y))
+                differ = x != y
+                if differ.any():  # NaN differs from itself: NaNs in both places are equal
+                    differ &= ~(np.isnan(x) & np.isnan(y))
                 if differ.any():
                     r, c = (int(v) for v in np.argwhere(differ)[0])
                     raise OptionError(

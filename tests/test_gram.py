@@ -119,6 +119,32 @@ def test_old_c_not_symmetric(tmp_path, fmt):
     assert np.all(np.tril(got(c), -1) == 0)
 
 
+@pytest.mark.parametrize("budget, dtype", [
+    (1 << 20, np.float32),   # a 1 MiB host budget: blocks of 256 (1024 would hold 12 MiB)
+    (3 << 20, np.float64),   # 3 MiB, float64: blocks of 384
+])
+def test_old_c_symmetry_check_holds_its_blocks_within_the_host_budget(budget, dtype):
+    import tracemalloc
+
+    from bigmm.job import check_symmetric_c
+
+    n = 1500  # blocks of any edge leave a ragged last row and column
+    x = random_matrix((n, n), dtype, seed=21)
+    c = x + x.T
+    check_symmetric_c(c, n, budget)  # the modules it imports on first use, loaded
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        check_symmetric_c(c, n, budget)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert peak <= budget
+    c[1400, 3] += 1  # far from the first block: still found
+    with pytest.raises(OptionError, match=r"C\[3, 1400\]|C\[1400, 3\]"):
+        check_symmetric_c(c, n, budget)
+
+
 @pytest.mark.parametrize("fmt", ["h5", "zarr"])  # HDF5 and Zarr outputs
 def test_old_c_not_symmetric_with_resume_and_no_journal(tmp_path, fmt):
     # resume=True with nothing to resume starts the run: its old C is checked as without
