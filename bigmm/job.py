@@ -472,18 +472,14 @@ def open_output(out, p: Plan, job: dict, A, B, *, overwrite: bool, resume: bool,
     return sink
 
 
-#: Largest edge of the square blocks of old C compared with their mirrors (two blocks held at
-#: a time); smaller where the host budget is (SYMMETRY_MIN_BLOCK at least).
-SYMMETRY_BLOCK = 1024
-SYMMETRY_MIN_BLOCK = 64
+#: Edges of the square blocks of old C compared with their mirrors: at most, and at least.
+SYMMETRY_BLOCK, SYMMETRY_MIN_BLOCK = 1024, 64
 
 
 def symmetry_block(budget: int, itemsize: int) -> int:
-    """The edge of the blocks :func:`check_symmetric_c` compares within ``budget`` bytes: two
-    blocks of ``itemsize`` bytes an element and four boolean masks as large, in multiples of
-    SYMMETRY_MIN_BLOCK up to SYMMETRY_BLOCK."""
-    per = 2 * itemsize + 4  # bytes an element: its block and its mirror, and boolean masks
-    edge = math.isqrt(max(0, int(budget)) // per) // SYMMETRY_MIN_BLOCK * SYMMETRY_MIN_BLOCK
+    """The edge of :func:`check_symmetric_c`'s blocks within ``budget`` bytes: a block and its
+    mirror of ``itemsize`` bytes an element, and four boolean masks (multiples of 64)."""
+    edge = math.isqrt(max(0, int(budget)) // (2 * itemsize + 4)) // 64 * 64
     return min(SYMMETRY_BLOCK, max(SYMMETRY_MIN_BLOCK, edge))
 
 
