@@ -11,10 +11,12 @@ files in two threads). So the arrays of the common layouts are read by a **direc
 source's ``layout`` says which):
 
 * ``zarr-raw``: chunks stored uncompressed (``bytes`` codec, either byte order): each chunk
-  file is a row-major block, copied into the destination through a map of the file kept for
-  the source's life (as HDF5 inputs are, :class:`.mapped.FileMaps`; with ``preadv`` where
-  :data:`MAPPED_READS` is off),
-  the byte order converted in the copy; any part of a chunk is read alone, so plans need not
+  file is a row-major block, read into the destination with ``preadv`` (its rows gathered in
+  one call), or, for chunk files of at least :data:`MAPPED_MIN_BYTES`, copied through a map of
+  the file kept for the source's life (as HDF5 inputs are, :class:`.mapped.FileMaps`; never
+  where :data:`MAPPED_READS` is off), the byte order converted after the read or in the copy:
+  a small file's map would release its pages file by file, far more often than an HDF5
+  file's blocks do; any part of a chunk is read alone, so plans need not
   align to these chunks (``panel_chunks`` is None). Before a region's chunks are copied, the
   kernel is asked to read their parts ahead (``posix_fadvise(WILLNEED)``, see
   :func:`read_ahead`): a thread copies its chunks one after another, and a chunk file's pages
@@ -66,9 +68,11 @@ from ..units import dtype_name
 TMP_SUFFIX = ".bigmm-tmp"
 #: Compressors read on the direct path, by their Zarr v3 name.
 DIRECT_CODECS = ("zstd", "blosc", "gzip")
-#: Uncompressed chunks are copied through a map of their file (as HDF5 inputs are), else read
-#: with ``preadv`` per row.
+#: Uncompressed chunk files of at least MAPPED_MIN_BYTES are copied through a map of the file
+#: (as HDF5 inputs are) where this is on; smaller ones are read with ``preadv`` (see
+#: docs/benchmarks-history.md, "Zarr's small chunk files read with preadv").
 MAPPED_READS = True
+MAPPED_MIN_BYTES = 8 << 20
 #: Uncompressed parts at least this fraction of a chunk's width are read ahead (narrower
 #: ones would ask mostly for bytes the region does not need).
 READ_AHEAD_WIDTH = 0.5
@@ -206,6 +210,7 @@ class ZarrSource(Source):
         self._pool = None
         self._pool_lock = threading.Lock()
         self._local = threading.local()
+        self._maps: FileMaps | None = None  # large raw chunks' maps
         codec, self.reason = direct_codec(arr)
         self._codec = codec
         spec = spec_of(arr)
@@ -219,7 +224,7 @@ class ZarrSource(Source):
             self._fill = np.array(arr.fill_value, dtype=self.dtype)
             self._chunk_bytes = self.chunks[0] * self.chunks[1] * self.dtype.itemsize
             self._key = arr.metadata.encode_chunk_key
-            if codec == "":  # raw chunks are copied out of maps of their files
+            if codec == "" and MAPPED_READS and self._chunk_bytes >= MAPPED_MIN_BYTES:
                 self._maps = FileMaps(self._chunk_bytes, step=map_step)
         self._facts = self._describe() if self.dir is not None else None
         self._decoded = None
@@ -359,7 +364,7 @@ class ZarrSource(Source):
         cr, cc = self.chunks
         dest = out[a0 - r0:a1 - r0, b0 - c0:b1 - c0]
         path = self.chunk_path(ci, cj)
-        if self._decoded is None and MAPPED_READS:
+        if self._maps is not None:
             with self._maps.use(path) as fmap:
                 if fmap is None:
                     dest[...] = self._fill
@@ -421,7 +426,7 @@ class ZarrSource(Source):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        if self._codec == "":
+        if self._maps is not None:
             self._maps.close()
         if self._decoded is not None:
             self._decoded.close()

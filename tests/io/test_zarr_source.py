@@ -142,17 +142,19 @@ def _regions(m, n):
 
 
 @pytest.mark.parametrize("mapped,step", [
-    (True, 4 << 20),  # raw chunks copied through maps of their files
+    (True, 4 << 20),  # raw chunks copied through maps of their files (of any size here)
     (True, 4096),     # the same in blocks of one page, each released before the next
-    (False, 4 << 20), # raw chunks read with preadv per row
+    (False, 4 << 20), # raw chunks read with preadv, their rows gathered
 ])
 @pytest.mark.parametrize("case", range(len(LAYOUTS)), ids=[
     f"{c}-{e}-{np.dtype(d).name}-{p or 'root'}" for c, _, e, d, p, _ in LAYOUTS])
 def test_every_layout_reads_right(stores, monkeypatch, case, mapped, step):
     monkeypatch.setattr(zarrsource, "MAPPED_READS", mapped)
+    monkeypatch.setattr(zarrsource, "MAPPED_MIN_BYTES", 0)
     spec, data = stores[case]
     with open_input(spec, name="A", threads=3, map_step=step) as src:
         assert src._map_step == step
+        assert (src._maps is not None) == (mapped and LAYOUTS[case][5] == "zarr-raw")
         assert src.layout == LAYOUTS[case][5]
         assert src.shape == (M, N) and src.dtype == np.dtype(data.dtype).newbyteorder("=")
         assert src.chunks == LAYOUTS[case][1]
@@ -162,6 +164,20 @@ def test_every_layout_reads_right(stores, monkeypatch, case, mapped, step):
             out = np.full((r1 - r0, c1 - c0), np.nan, src.dtype)
             src.read(r0, r1, c0, c1, out)
             assert np.array_equal(out, data[r0:r1, c0:c1]), (r0, r1, c0, c1)
+
+
+@pytest.mark.parametrize("least,mapped", [
+    (40 * 50 * 8, True),      # chunk files of the threshold's size and up: through maps
+    (40 * 50 * 8 + 1, False), # smaller ones: read with preadv
+])
+def test_raw_chunk_files_are_mapped_from_a_size_up(stores, monkeypatch, least, mapped):
+    monkeypatch.setattr(zarrsource, "MAPPED_MIN_BYTES", least)
+    spec, data = stores[0]  # float64 chunks of 40 x 50
+    with open_input(spec, name="A", threads=3) as src:
+        assert (src._maps is not None) == mapped
+        out = np.full((M, N), np.nan)
+        src.read(0, M, 0, N, out)
+        assert np.array_equal(out, data)
 
 
 @pytest.mark.parametrize("case", [i for i, c in enumerate(LAYOUTS) if c[5] != "zarr"])
@@ -388,8 +404,13 @@ def test_a_spoiled_chunk_is_a_read_error(tmp_path, codec, spoil, words):
         assert "rows 0:30" in str(err.value)
 
 
-def test_a_raw_chunk_cut_short_after_it_was_read_is_a_read_error(tmp_path):
-    # its map is kept for the next read: the file's size is checked again before the copy
+@pytest.mark.parametrize("least,words", [
+    (0, "shorter"),           # mapped: the map is kept, the file's size checked again
+    (1 << 30, "holds 100 b"), # read with preadv: its size checked at every read
+])
+def test_a_raw_chunk_cut_short_after_it_was_read_is_a_read_error(tmp_path, monkeypatch, least,
+                                                                  words):
+    monkeypatch.setattr(zarrsource, "MAPPED_MIN_BYTES", least)
     data = random_matrix((30, 30), np.float32, seed=5)
     zarr_array(tmp_path / "b.zarr", data, chunks=(10, 10))
     with open_input(str(tmp_path / "b.zarr")) as src:
@@ -397,7 +418,7 @@ def test_a_raw_chunk_cut_short_after_it_was_read_is_a_read_error(tmp_path):
         src.read(0, 30, 0, 30, out)
         assert np.array_equal(out, data)
         os.truncate(tmp_path / "b.zarr" / "c" / "1" / "2", 100)
-        with pytest.raises(errors.ReadError, match="shorter"):
+        with pytest.raises(errors.ReadError, match=words):
             src.read(0, 30, 0, 30, out)
 
 
