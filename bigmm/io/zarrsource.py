@@ -11,18 +11,19 @@ files in two threads). So the arrays of the common layouts are read by a **direc
 source's ``layout`` says which):
 
 * ``zarr-raw``: chunks stored uncompressed (``bytes`` codec, either byte order): each chunk
-  file is a row-major block, read into the destination with ``preadv`` (its rows gathered in
-  one call), or, for chunk files of at least :data:`MAPPED_MIN_BYTES`, copied through a map of
-  the file kept for the source's life (as HDF5 inputs are, :class:`.mapped.FileMaps`; never
-  where :data:`MAPPED_READS` is off), the byte order converted after the read or in the copy:
-  a small file's map would release its pages file by file, far more often than an HDF5
-  file's blocks do; any part of a chunk is read alone, so plans need not
-  align to these chunks (``panel_chunks`` is None). Before a region's chunks are copied, the
-  kernel is asked to read their parts ahead (``posix_fadvise(WILLNEED)``, see
-  :func:`read_ahead`): a thread copies its chunks one after another, and a chunk file's pages
-  would otherwise be read only when the copy reaches them, one file at a time, where an HDF5
-  file's read-ahead runs on into the next chunk. Parts narrower than half a chunk's rows are
-  left to the kernel (the range asked for would be mostly bytes the region does not need);
+  file is a row-major block, read into the destination with ``preadv`` (the rows of its
+  part the vectors of a read), or, for chunk files of at least :data:`MAPPED_MIN_BYTES`,
+  copied through a map of the file kept for the source's life (as HDF5 inputs are,
+  :class:`.mapped.FileMaps`; never where :data:`MAPPED_READS` is off), the byte order
+  converted after the read or in the copy: a small file's map would release its pages file
+  by file, far more often than an HDF5 file's blocks do; any part of a chunk is read alone,
+  so plans need not align to these chunks (``panel_chunks`` is None). Before a region's
+  chunks are copied, the kernel is asked to read their parts ahead
+  (``posix_fadvise(WILLNEED)``, see :func:`read_ahead`): a thread copies its chunks one
+  after another, and a chunk file's pages would otherwise be read only when the copy reaches
+  them, one file at a time, where an HDF5 file's read-ahead runs on into the next chunk.
+  Parts narrower than half a chunk's rows are left to the kernel (the range asked for would
+  be mostly bytes the region does not need);
 * ``zarr-zstd``, ``zarr-blosc``, ``zarr-gzip``: ``bytes`` then one of those compressors: each
   chunk file is read whole and decoded in the reader threads by the very numcodecs codec
   zarr-python's own codec wraps (they release the GIL; gzip streamed through ``zlib``), then
