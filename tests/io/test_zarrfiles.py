@@ -132,6 +132,36 @@ def test_writers_meeting_at_new_chunk_files(tmp_path, threads):
     assert not _leftovers(tmp_path / "c.zarr")
 
 
+def test_a_commit_makes_its_chunk_files_and_their_new_directories_durable(tmp_path,
+                                                                         monkeypatch):
+    m, n, t = 300, 500, 128
+    data = random_matrix((m, n), np.float32, seed=9)
+    spec = f"{tmp_path / 'c.zarr'}:/C"
+    sink = open_output(spec, shape=(m, n), dtype=np.float32, inputs=[], job={"plan": "x"},
+                       tile=(t, t))
+    synced, fsync = set(), os.fsync
+
+    def recorded(fd):
+        synced.add(os.fstat(fd).st_ino)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    tiles = [(i, j) for i in range(-(-m // t)) for j in range(-(-n // t))]
+    for i, j in tiles:
+        r0, c0 = i * t, j * t
+        sink.write(r0, min(m, r0 + t), c0, min(n, c0 + t), data[r0:r0 + t, c0:c0 + t].copy())
+    sink.commit(tiles)
+    array = tmp_path / "c.zarr" / "C"
+    files = [array / "c" / str(i) / str(j) for i, j in tiles]
+    folders = {array / "c"} | {f.parent for f in files}
+    assert all(f.exists() for f in files)
+    assert {os.stat(p).st_ino for p in files} <= synced  # each chunk file's bytes
+    assert {os.stat(p).st_ino for p in folders} <= synced  # each new name in its folder
+    sink.finish()
+    sink.close()
+    assert np.array_equal(_read(spec)[0], data)
+
+
 def _tmp(folder, i, j):
     return folder / "c" / str(i) / f"{j}.bigmm-tmp"
 
