@@ -14,9 +14,9 @@ source's ``layout`` says which):
   file is a row-major block, read into the destination with ``preadv`` (the rows of its
   part the vectors of a read), or, for chunk files of at least :data:`MAPPED_MIN_BYTES`,
   copied through a map of the file kept for the source's life (as HDF5 inputs are,
-  :class:`.mapped.FileMaps`; never where :data:`MAPPED_READS` is off), the byte order
-  converted after the read or in the copy: a small file's map would release its pages file
-  by file, far more often than an HDF5 file's blocks do; any part of a chunk is read alone,
+  :class:`.mapped.FileMaps`), the byte order converted after the read or in the copy: a
+  small file's map would release its pages file by file, far more often than an HDF5 file's
+  blocks do; any part of a chunk is read alone,
   so plans need not align to these chunks (``panel_chunks`` is None). Before a region's
   chunks are copied, the kernel is asked to read their parts ahead
   (``posix_fadvise(WILLNEED)``, see :func:`read_ahead`): a thread copies its chunks one
@@ -69,10 +69,9 @@ from ..units import dtype_name
 TMP_SUFFIX = ".bigmm-tmp"
 #: Compressors read on the direct path, by their Zarr v3 name.
 DIRECT_CODECS = ("zstd", "blosc", "gzip")
-#: Uncompressed chunk files of at least MAPPED_MIN_BYTES are copied through a map of the file
-#: (as HDF5 inputs are) where this is on; smaller ones are read with ``preadv`` (see
+#: Uncompressed chunk files of at least this many bytes are copied through a map of the file
+#: (as HDF5 inputs are); smaller ones are read with ``preadv`` (see
 #: docs/benchmarks-history.md, "Zarr's small chunk files read with preadv").
-MAPPED_READS = True
 MAPPED_MIN_BYTES = 8 << 20
 #: Uncompressed parts at least this fraction of a chunk's width are read ahead (narrower
 #: ones would ask mostly for bytes the region does not need).
@@ -225,7 +224,7 @@ class ZarrSource(Source):
             self._fill = np.array(arr.fill_value, dtype=self.dtype)
             self._chunk_bytes = self.chunks[0] * self.chunks[1] * self.dtype.itemsize
             self._key = arr.metadata.encode_chunk_key
-            if codec == "" and MAPPED_READS and self._chunk_bytes >= MAPPED_MIN_BYTES:
+            if codec == "" and self._chunk_bytes >= MAPPED_MIN_BYTES:
                 self._maps = FileMaps(self._chunk_bytes, step=map_step)
         self._facts = self._describe() if self.dir is not None else None
         self._decoded = None
