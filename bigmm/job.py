@@ -478,8 +478,10 @@ SYMMETRY_BLOCK, SYMMETRY_MIN_BLOCK = 1024, 64
 
 def symmetry_block(budget: int, itemsize: int) -> int:
     """The edge of :func:`check_symmetric_c`'s blocks within ``budget`` bytes: a block and its
-    mirror of ``itemsize`` bytes an element, and four boolean masks (multiples of 64)."""
-    edge = math.isqrt(max(0, int(budget)) // (2 * itemsize + 4)) // 64 * 64
+    mirror of ``itemsize`` bytes an element, and four boolean masks (multiples of
+    SYMMETRY_MIN_BLOCK)."""
+    step = SYMMETRY_MIN_BLOCK
+    edge = math.isqrt(max(0, int(budget)) // (2 * itemsize + 4)) // step * step
     return min(SYMMETRY_BLOCK, max(SYMMETRY_MIN_BLOCK, edge))
 
 
