@@ -62,7 +62,7 @@ from ._h5 import (COMPLETE_ATTR, H5LOCK, JOB_ATTR, RUN_ATTR, h5_type, read_regio
                   reserve_job_record, write_job_record, write_region)
 from .durable import fsync_path
 from .h5atomic import opener
-from .identity import fingerprint
+from .identity import WrittenFingerprint, fingerprint
 from .journal import Journal, finished_job
 from .layout import chunk_cells, probe_layout
 from .lock import h5_open_retry
@@ -146,6 +146,7 @@ class FileSink(JournaledSink):
         self._writes = None  # a DirectWrites or MappedWrites, where the storage is reserved
         self._reserved = False
         self._finished = False
+        self._taken: WrittenFingerprint | None = None  # of C, from the tiles as written
         if journal.swap:  # all tiles are durable; finish() completes the swap
             self.layout = "done"
             return
@@ -159,6 +160,7 @@ class FileSink(JournaledSink):
             f = self._h5("r")
             try:
                 lay = probe_layout(f[self.target])
+                self._taken = WrittenFingerprint(self.shape, self.dtype, f[self.target].chunks)
                 self.done = self._trusted(self.journal, functools.partial(
                     _read_spans, f[self.target], self.dtype))
             finally:
@@ -258,16 +260,16 @@ class FileSink(JournaledSink):
             if self._fd is None:
                 with H5LOCK:
                     write_region(self._dset, np.s_[r0:r1, c0:c1], src)
-                return
-            pieces = self._pieces(r0, r1, c0, c1)
-            if self._writes is not None:
-                self._writes.write(pieces, src)
-                return
-            write_pieces(self._fd, pieces, np.ascontiguousarray(src), self.dtype.itemsize)
+            elif self._writes is not None:
+                self._writes.write(self._pieces(r0, r1, c0, c1), src)
+            else:
+                write_pieces(self._fd, self._pieces(r0, r1, c0, c1), np.ascontiguousarray(src),
+                             self.dtype.itemsize)
         except BigmmError:
             raise
         except Exception as exc:
             raise self._write_error(r0, r1, c0, c1, exc) from exc
+        self._taken.add(r0, r1, c0, c1, src)
 
     def raw_region(self, r0, r1, c0, c1) -> RawRegion | None:
         """The region's place in the file while it is written raw (None through h5py)."""
@@ -315,7 +317,7 @@ class FileSink(JournaledSink):
         if self.reads_c and not self.journal.swap:
             self.journal.append({"swap": True})
         record = finished_job(self.journal.header.get("job") or {})
-        record["result"] = self._fingerprint()
+        record["result"] = (self._taken and self._taken.digest()) or self._fingerprint()
         with H5LOCK:
             release_h5_handles(self.path)
             try:

@@ -164,8 +164,7 @@ def fingerprint(src, whole: bool = False) -> str:
     m, n = src.shape
     dt = np.dtype(src.dtype)
     total = m * n * dt.itemsize
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{m}x{n}:{dt.str}".encode())
+    h = _fingerprint_hash(src.shape, dt)
     regions = (_blocks(m, n, dt.itemsize) if whole and total > SAMPLE_WHOLE
                else sample_regions(src.shape, dt.itemsize, src.chunks, total))
     piece = WHOLE_BLOCK if getattr(src, "decode_bytes", 0) else PIECE
@@ -178,10 +177,62 @@ def fingerprint(src, whole: bool = False) -> str:
                 flat = np.empty(size, dt)
             buf = flat[:size].reshape(p1 - p0, q1 - q0)
             src.read(p0, p1, q0, q1, buf)
-            if dt.kind != "f":  # bfloat16 (native, as NumPy holds it): its bits, little-endian
-                buf = buf.view(f"=u{dt.itemsize}")
-            h.update(np.ascontiguousarray(buf, dtype=buf.dtype.newbyteorder("<")))
+            _hash_values(h, buf)
     return h.hexdigest()
+
+
+def _fingerprint_hash(shape, dtype):
+    m, n = shape
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{m}x{n}:{np.dtype(dtype).str}".encode())
+    return h
+
+
+def _hash_values(h, buf: np.ndarray) -> None:
+    """Feed ``buf``'s elements to ``h`` in row-major order, little-endian."""
+    if buf.dtype.kind != "f":  # bfloat16 (native, as NumPy holds it): its bits, little-endian
+        buf = buf.view(f"=u{buf.dtype.itemsize}")
+    h.update(np.ascontiguousarray(buf, dtype=buf.dtype.newbyteorder("<")))
+
+
+class WrittenFingerprint:
+    """The :func:`fingerprint` of an output taken from its tiles as they are written, so that
+    a finished output need not be read back: :meth:`add` keeps the elements of the sampled
+    regions a write holds (from any thread); :meth:`digest` is the fingerprint where every
+    sampled element was written through :meth:`add`, else None (tiles an earlier run or
+    another process wrote: read the output back). ``chunks``: the output's as its Source
+    reports them."""
+
+    def __init__(self, shape, dtype, chunks):
+        dt = np.dtype(dtype)
+        self.shape, self.dtype = tuple(int(x) for x in shape), dt
+        total = self.shape[0] * self.shape[1] * dt.itemsize
+        self._regions = sample_regions(self.shape, dt.itemsize, chunks, total)
+        self._bounds = np.array(self._regions, dtype=np.int64).reshape(-1, 4)
+        self._values = [np.empty((r1 - r0, c1 - c0), dt) for r0, r1, c0, c1 in self._regions]
+        self._written = [np.zeros((r1 - r0, c1 - c0), bool) for r0, r1, c0, c1 in self._regions]
+        self._lock = threading.Lock()
+
+    def add(self, r0: int, r1: int, c0: int, c1: int, src: np.ndarray) -> None:
+        """Keep what ``src`` (rows r0:r1, columns c0:c1, as written) holds of the samples."""
+        b = self._bounds
+        hits = np.flatnonzero((b[:, 0] < r1) & (b[:, 1] > r0) & (b[:, 2] < c1) & (b[:, 3] > c0))
+        for k in hits:
+            g0, g1, h0, h1 = self._regions[k]
+            a0, a1, b0, b1 = max(r0, g0), min(r1, g1), max(c0, h0), min(c1, h1)
+            with self._lock:
+                self._values[k][a0 - g0:a1 - g0, b0 - h0:b1 - h0] = \
+                    src[a0 - r0:a1 - r0, b0 - c0:b1 - c0]
+                self._written[k][a0 - g0:a1 - g0, b0 - h0:b1 - h0] = True
+
+    def digest(self) -> str | None:
+        with self._lock:
+            if not all(w.all() for w in self._written):
+                return None
+            h = _fingerprint_hash(self.shape, self.dtype)
+            for v in self._values:
+                _hash_values(h, v)
+        return h.hexdigest()
 
 
 def _pieces(r0: int, r1: int, c0: int, c1: int, itemsize: int, piece: int):

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import BigmmError, OutputNotWritable, ReadError, WriteError
 from ._h5 import COMPLETE_ATTR, JOB_ATTR, RUN_ATTR, load_record
-from .identity import Footprint, ancestors
+from .identity import Footprint, WrittenFingerprint, ancestors
 from .journal import Journal, finished_job
 from .layout import chunk_cells
 from .sink import JournaledSink, Sink, _check_tile, _write_error
@@ -103,12 +103,14 @@ class ZarrSink(JournaledSink):
         self._touched: set[tuple] = set()
         self._lock = threading.Lock()
         self._finished = False
+        self._taken: WrittenFingerprint | None = None  # of C, from the tiles as written
         if journal.swap:  # all tiles are durable; finish() completes the swap
             self.layout = "done"
             return
         store, path = target_location(spec, target)
         arr = open_array(Spec(store, "/" + path, ZARR), self.label, mode="r+")
         self.done = self._trusted(journal, lambda found: _read_spans(arr, self.dtype, found))
+        self._taken = WrittenFingerprint(self.shape, self.dtype, arr.chunks)
         codec, _ = direct_codec(arr)
         drop_stale(self.dir, store)
         if codec == "" and result is None and tiles_hold_chunks(arr, chunks):
@@ -138,14 +140,15 @@ class ZarrSink(JournaledSink):
         try:
             if self._files is not None:
                 self._files.write(r0, r1, c0, c1, src)
-                return
-            with self._lock:
-                self._arr[r0:r1, c0:c1] = src
-                self._touched.update(_storage_cells(self._arr, r0, r1, c0, c1))
+            else:
+                with self._lock:
+                    self._arr[r0:r1, c0:c1] = src
+                    self._touched.update(_storage_cells(self._arr, r0, r1, c0, c1))
         except BigmmError:
             raise
         except Exception as exc:
             raise self._write_error(r0, r1, c0, c1, exc) from exc
+        self._taken.add(r0, r1, c0, c1, src)
 
     @property
     def writes(self) -> str:
@@ -192,7 +195,7 @@ class ZarrSink(JournaledSink):
                 self.journal.append({"swap": True})
             swap(name, target_dir(self.spec, self.target))
         record = finished_job(self.journal.header.get("job") or {})
-        record["result"] = self._fingerprint()
+        record["result"] = (self._taken and self._taken.digest()) or self._fingerprint()
         write_attributes(name, {JOB_ATTR: json.dumps(record, sort_keys=True),
                                 COMPLETE_ATTR: True})
         self.journal.remove()

@@ -13,8 +13,12 @@ import hdf5plugin
 import numpy as np
 import pytest
 
+import bigmm
+
 from bigmm.errors import DiskFullError, IncompleteOutputError, OutputExistsError, WriteError
 from bigmm.io import mapped, open_input, open_output, read_journal
+from bigmm.io.filesink import FileSink
+from bigmm.io.identity import fingerprint
 from bigmm.io.journal import Journal, journal_path, parse_journal
 from bigmm.io.spec import parse_spec
 from bigmm.testing import random_matrix
@@ -376,3 +380,37 @@ def test_resume_into_a_dataset_that_is_not_raw_writable(tmp_path, inputs, reads_
             np.testing.assert_array_equal(buf, old)
         finish_all(sink, new)
     np.testing.assert_array_equal(read_back(spec), new)
+
+
+@pytest.mark.parametrize("given", [False, True])  # a new contiguous C; the caller's chunked one
+def test_a_finished_output_is_fingerprinted_from_its_tiles(tmp_path, monkeypatch, given):
+    # the finished product's fingerprint is taken from the tiles as written (C is not read
+    # back), and it is the one a resume reads back: the finished output is the job's
+    a = random_matrix((530, 170), np.float32, seed=11)
+    b = random_matrix((170, 410), np.float32, seed=12)  # C of 850 KiB: sampled
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["A"], f["B"] = a, b
+        if given:
+            f.create_dataset("C", shape=(530, 410), dtype="f4", chunks=(64, 50),
+                             compression="gzip")
+    sa, sb, sc = f"{tmp_path}/in.h5:/A", f"{tmp_path}/in.h5:/B", f"{tmp_path}/c.h5:/C"
+    kw = dict(memory=400_000, backend="numpy")
+
+    def read_back_instead(self):
+        raise AssertionError("the finished output was read back")
+
+    monkeypatch.setattr(FileSink, "_fingerprint", read_back_instead)
+    if given:
+        sc = f"{tmp_path}/in.h5:/C"
+        with h5py.File(tmp_path / "in.h5", "r+") as f:
+            bigmm.matmul(sa, sb, f["C"], overwrite=True, **kw)
+    else:
+        bigmm.matmul(sa, sb, sc, **kw)
+    monkeypatch.undo()
+    with open_input(sc, name="C") as src:
+        assert (src.chunks is not None) == given
+        with h5py.File(src.where()["path"], "r") as f:
+            record = json.loads(f["C"].attrs["bigmm_job"])
+        assert record["result"] == fingerprint(src)
+    _, stats = bigmm.matmul(sa, sb, sc, resume=True, stats=True, **kw)
+    assert stats.tiles_done == 0

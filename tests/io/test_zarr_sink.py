@@ -25,7 +25,9 @@ from bigmm.io import open_input, open_output, read_journal  # noqa: E402
 from bigmm.io.generate import generate  # noqa: E402
 from bigmm.io.journal import journal_path, lock_path  # noqa: E402
 from bigmm.io.spec import parse_spec  # noqa: E402
-from bigmm.io.zarrsink import OLD_SUFFIX, PARTIAL_SUFFIX, ZarrRegionSink  # noqa: E402
+from bigmm.io.identity import fingerprint  # noqa: E402
+from bigmm.io.zarrsink import (OLD_SUFFIX, PARTIAL_SUFFIX, ZarrRegionSink,  # noqa: E402
+                               ZarrSink)
 from bigmm.testing import (random_matrix, reference_gemm, relative_error,  # noqa: E402
                            tolerance, zarr_array)
 from zarr_cases import KW, K, M, N, _leftovers, _read  # noqa: E402
@@ -347,6 +349,36 @@ def test_an_array_written_in_place(tmp_path, ab):
     ro = zarr.open_array(str(tmp_path / "ip.zarr"), mode="r")
     with pytest.raises(errors.OutputNotWritable, match="read-only"):
         bigmm.matmul(sa, sb, ro, **KW)
+
+
+@pytest.mark.parametrize("given", [False, True])  # a new array in chunk files; the caller's
+def test_a_finished_output_is_fingerprinted_from_its_tiles(tmp_path, monkeypatch, given):
+    # (zstd, big-endian, written through zarr-python) the finished product's fingerprint is
+    # taken from the tiles as written, not read back, and a resume reads the same one back
+    a = random_matrix((530, 170), np.float64, seed=11)
+    b = random_matrix((170, 410), np.float64, seed=12)  # C of 1.7 MB: sampled
+    sa = f"{tmp_path / 'in.zarr'}:/A"
+    zarr_array(tmp_path / "in.zarr", a, path="A", chunks=(100, 170))
+    sb = f"{tmp_path / 'in.zarr'}:/B"
+    zarr_array(tmp_path / "in.zarr", b, path="B", chunks=(170, 100))
+    sc, out = str(tmp_path / "c.zarr"), str(tmp_path / "c.zarr")
+    if given:
+        out = zarr_array(sc, np.zeros((530, 410)), chunks=(64, 50), codec="zstd", endian="big")
+    kw = dict(memory=900_000, backend="numpy")
+
+    def read_back_instead(self):
+        raise AssertionError("the finished output was read back")
+
+    monkeypatch.setattr(ZarrSink, "_fingerprint", read_back_instead)
+    bigmm.matmul(sa, sb, out, **kw)
+    monkeypatch.undo()
+    got, attrs, arr = _read(sc)
+    assert relative_error(got, a @ b) <= tolerance(np.float64, 170)
+    assert bool(arr.compressors) == given
+    with open_input(sc, name="C") as src:
+        assert json.loads(attrs["bigmm_job"])["result"] == fingerprint(src)
+    _, stats = bigmm.matmul(sa, sb, sc, resume=True, stats=True, **kw)
+    assert stats.tiles_done == 0
 
 
 # ----- regions written by other processes ----------------------------------------------------------
