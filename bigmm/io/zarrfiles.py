@@ -35,9 +35,14 @@ ZARR_META_TEMP = re.compile(r"zarr\.[0-9a-f]{32}\.partial")
 SYNC_THREADS = 8
 #: Finished chunks kept open (not yet durable) before a commit makes them durable anyway.
 MAX_READY = 256
+#: Chunk files written with ``O_DIRECT`` wherever :func:`.direct.wants_direct` (a device's file
+#: system), as HDF5 outputs are; False: through the page cache, the write-back started at once,
+#: unless ``direct.MODE`` is "direct" (cached writes ran Zarr jobs sooner, cold and warm:
+#: BENCHMARKS.md).
+DIRECT_WRITES = False
 #: Chunk files an output makes ahead of its writers, on a thread of its own, in the order
 #: the writers have been asking for chunks (row-major, or column-major where the last two
-#: were one above the other): making one (create, reserve, open for ``O_DIRECT``) takes
+#: were one above the other): making one (create, size or reserve, open) takes
 #: milliseconds, which the writers of a tile would otherwise wait for.
 AHEAD = 2
 
@@ -123,11 +128,12 @@ class ChunkFiles:
     of a chunk is written once (a region cut across chunks writes its part of each); a chunk
     is finished once all of its elements are written.
 
-    Where the file system is backed by a device (:data:`.direct.MODE`), a chunk file's
-    storage is reserved at once and its long sequential runs (a whole chunk when a tile is a
-    chunk) are written with ``O_DIRECT`` (:class:`.direct.DirectWrites`), as HDF5 outputs
-    are; elsewhere, and for short runs, through the page cache with the write-back started at
-    once. Either way :meth:`publish` ``fsync``\\ s a chunk before it is renamed into place.
+    A chunk file is written through the page cache, its write-back started as each run of
+    rows lands (:data:`DIRECT_WRITES`); with ``O_DIRECT`` where :data:`.direct.MODE` is
+    "direct": its storage then reserved at once and its long sequential runs (a whole chunk
+    when a tile is a chunk) written direct (:class:`.direct.DirectWrites`), short runs
+    through the cache. Either way :meth:`publish` ``fsync``\\ s a chunk before it is renamed
+    into place.
 
     With ``ahead`` (the whole output's files, not a region's), the next ``ahead`` chunk files
     are made on a thread of their own (:data:`AHEAD`); those never written are dropped by
@@ -292,7 +298,7 @@ class ChunkFiles:
         """Give the new chunk file its full size: storage reserved and a direct writer where
         direct writes are used (decided on the first file), else a sparse file."""
         if self._direct is None:
-            self._direct = direct.wants_direct(fd)
+            self._direct = direct.MODE == "direct" or (DIRECT_WRITES and direct.wants_direct(fd))
         if self._direct:
             try:  # a failed attempt's blocks are given back
                 reserve(fd, 0, self.chunk_bytes, release=[(0, self.chunk_bytes)])

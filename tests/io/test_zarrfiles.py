@@ -18,7 +18,7 @@ zarr = pytest.importorskip("zarr")
 
 import bigmm  # noqa: E402
 from bigmm import errors  # noqa: E402
-from bigmm.io import direct, open_output, read_journal  # noqa: E402
+from bigmm.io import direct, open_output, read_journal, zarrfiles  # noqa: E402
 from bigmm.io.zarrfiles import SET_ASIDE  # noqa: E402
 from bigmm.io.zarrsink import OLD_SUFFIX, PARTIAL_SUFFIX, swap  # noqa: E402
 from bigmm.testing import fail_after, random_matrix, relative_error, tolerance  # noqa: E402
@@ -31,6 +31,7 @@ WRITES = [
     # (bigmm.io.direct.MODE, how the chunk files are written)
     ("direct", "direct"),   # O_DIRECT wherever it opens (skipped where it does not)
     ("mapped", "cached"),   # through the page cache
+    ("auto", "cached"),     # bigmm's choice: the page cache, on a disk too
 ]
 
 
@@ -293,6 +294,34 @@ def test_disk_full_under_direct_chunk_writes_is_one_error_and_resumes(tmp_path, 
         else:
             # a reservation asks for one byte, then the chunk: the fourth file's chunk fails
             mp.setattr(os, "posix_fallocate", fail_after(os.posix_fallocate, 7))
+        with pytest.raises(errors.DiskFullError, match="c.zarr") as err:
+            bigmm.matmul(sa, sb, sc, **KW)
+    assert "resume" in str(err.value)
+    assert _read(sc)[1]["bigmm_complete"] is False and read_journal(sc) is not None
+    bigmm.matmul(sa, sb, sc, resume=True, **KW)
+    assert _read(sc)[0].tobytes() == _read(ref)[0].tobytes()
+    assert read_journal(sc) is None and not _leftovers(tmp_path / "c.zarr")
+
+
+CACHED_FULL = [
+    # where the disk fills up under chunk writes through the page cache
+    "write",    # the third write of rows into a chunk file
+    "publish",  # the second commit's fsync of its finished chunk files
+]
+
+
+@pytest.mark.parametrize("where", CACHED_FULL)
+def test_disk_full_under_cached_chunk_writes_is_one_error_and_resumes(tmp_path, ab,
+                                                                      monkeypatch, where):
+    sa, sb, a, b = ab
+    ref = f"{tmp_path / 'ref.zarr'}:/C"
+    bigmm.matmul(sa, sb, ref, **KW)
+    sc = f"{tmp_path / 'c.zarr'}:/C"
+    with monkeypatch.context() as mp:
+        if where == "write":
+            mp.setattr(zarrfiles, "write_block", fail_after(zarrfiles.write_block, 2))
+        else:
+            mp.setattr(zarrfiles, "_fsync_all", fail_after(zarrfiles._fsync_all, 1))
         with pytest.raises(errors.DiskFullError, match="c.zarr") as err:
             bigmm.matmul(sa, sb, sc, **KW)
     assert "resume" in str(err.value)
