@@ -271,57 +271,40 @@ def test_a_chunk_file_that_cannot_be_made_fails_every_writer_waiting_for_it(tmp_
 
 
 FULL = [
-    # where the disk fills up under direct chunk writes
-    "write",    # the third O_DIRECT write
-    "reserve",  # the fourth chunk file's reservation (posix_fallocate)
+    # (how chunk files are written, where the disk fills up)
+    ("direct", "write"),    # the third O_DIRECT write
+    ("direct", "reserve"),  # the fourth chunk file's reservation (posix_fallocate)
+    ("cached", "write"),    # the third write of rows into a chunk file, through the cache
+    ("cached", "publish"),  # the second commit's fsync of its finished chunk files
 ]
 
 
-@pytest.mark.parametrize("where", FULL)
-def test_disk_full_under_direct_chunk_writes_is_one_error_and_resumes(tmp_path, ab,
-                                                                      monkeypatch, where):
-    if not direct.supports_direct(str(tmp_path)):
+def _fill_up(mp, writes: str, where: str) -> None:
+    if writes == "direct":
+        mp.setattr(direct, "MODE", "direct")
+        mp.setattr(direct, "DIRECT_MIN", 0)  # every whole page of a run written direct
+    if where == "write" and writes == "direct":
+        mp.setattr(direct, "_write_direct", fail_after(direct._write_direct, 2))
+    elif where == "write":
+        mp.setattr(zarrfiles, "write_block", fail_after(zarrfiles.write_block, 2))
+    elif where == "reserve":
+        # a reservation asks for one byte, then the chunk: the fourth file's chunk fails
+        mp.setattr(os, "posix_fallocate", fail_after(os.posix_fallocate, 7))
+    else:
+        mp.setattr(zarrfiles, "_fsync_all", fail_after(zarrfiles._fsync_all, 1))
+
+
+@pytest.mark.parametrize("writes,where", FULL)
+def test_disk_full_under_chunk_writes_is_one_error_and_resumes(tmp_path, ab, monkeypatch,
+                                                               writes, where):
+    if writes == "direct" and not direct.supports_direct(str(tmp_path)):
         pytest.skip("no O_DIRECT on this file system")
     sa, sb, a, b = ab
     ref = f"{tmp_path / 'ref.zarr'}:/C"
     bigmm.matmul(sa, sb, ref, **KW)
     sc = f"{tmp_path / 'c.zarr'}:/C"
     with monkeypatch.context() as mp:
-        mp.setattr(direct, "MODE", "direct")
-        mp.setattr(direct, "DIRECT_MIN", 0)  # every whole page of a run written direct
-        if where == "write":
-            mp.setattr(direct, "_write_direct", fail_after(direct._write_direct, 2))
-        else:
-            # a reservation asks for one byte, then the chunk: the fourth file's chunk fails
-            mp.setattr(os, "posix_fallocate", fail_after(os.posix_fallocate, 7))
-        with pytest.raises(errors.DiskFullError, match="c.zarr") as err:
-            bigmm.matmul(sa, sb, sc, **KW)
-    assert "resume" in str(err.value)
-    assert _read(sc)[1]["bigmm_complete"] is False and read_journal(sc) is not None
-    bigmm.matmul(sa, sb, sc, resume=True, **KW)
-    assert _read(sc)[0].tobytes() == _read(ref)[0].tobytes()
-    assert read_journal(sc) is None and not _leftovers(tmp_path / "c.zarr")
-
-
-CACHED_FULL = [
-    # where the disk fills up under chunk writes through the page cache
-    "write",    # the third write of rows into a chunk file
-    "publish",  # the second commit's fsync of its finished chunk files
-]
-
-
-@pytest.mark.parametrize("where", CACHED_FULL)
-def test_disk_full_under_cached_chunk_writes_is_one_error_and_resumes(tmp_path, ab,
-                                                                      monkeypatch, where):
-    sa, sb, a, b = ab
-    ref = f"{tmp_path / 'ref.zarr'}:/C"
-    bigmm.matmul(sa, sb, ref, **KW)
-    sc = f"{tmp_path / 'c.zarr'}:/C"
-    with monkeypatch.context() as mp:
-        if where == "write":
-            mp.setattr(zarrfiles, "write_block", fail_after(zarrfiles.write_block, 2))
-        else:
-            mp.setattr(zarrfiles, "_fsync_all", fail_after(zarrfiles._fsync_all, 1))
+        _fill_up(mp, writes, where)
         with pytest.raises(errors.DiskFullError, match="c.zarr") as err:
             bigmm.matmul(sa, sb, sc, **KW)
     assert "resume" in str(err.value)
