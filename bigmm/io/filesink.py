@@ -146,7 +146,6 @@ class FileSink(JournaledSink):
         self._writes = None  # a DirectWrites or MappedWrites, where the storage is reserved
         self._reserved = False
         self._finished = False
-        self._taken: WrittenFingerprint | None = None  # of C, from the tiles as written
         if journal.swap:  # all tiles are durable; finish() completes the swap
             self.layout = "done"
             return
@@ -159,10 +158,11 @@ class FileSink(JournaledSink):
             release_h5_handles(self.path)
             f = self._h5("r")
             try:
-                lay = probe_layout(f[self.target])
-                self._taken = WrittenFingerprint(self.shape, self.dtype, f[self.target].chunks)
+                dset = f[self.target]
+                lay = probe_layout(dset)
+                self._taken = WrittenFingerprint(self.shape, self.dtype, dset.chunks)
                 self.done = self._trusted(self.journal, functools.partial(
-                    _read_spans, f[self.target], self.dtype))
+                    _read_spans, dset, self.dtype))
             finally:
                 f.close()
             raw = lay.kind == "contiguous" or (lay.kind == "chunked"
@@ -317,7 +317,7 @@ class FileSink(JournaledSink):
         if self.reads_c and not self.journal.swap:
             self.journal.append({"swap": True})
         record = finished_job(self.journal.header.get("job") or {})
-        record["result"] = (self._taken and self._taken.digest()) or self._fingerprint()
+        record["result"] = self._result()
         with H5LOCK:
             release_h5_handles(self.path)
             try:

@@ -117,6 +117,17 @@ class JournaledSink(Sink):
     (:meth:`_trusted`)."""
 
     takes_samples = True
+    #: C's fingerprint as its tiles are written (:class:`.identity.WrittenFingerprint`), set
+    #: where the sink opens its output to write.
+    _taken = None
+
+    def _result(self) -> str:
+        """The finished product's fingerprint: as written, else read back (``_fingerprint``)
+        where this run did not write every sampled element."""
+        return (self._taken is not None and self._taken.digest()) or self._fingerprint()
+
+    def _fingerprint(self) -> str:
+        raise NotImplementedError
 
     def _trusted(self, journal, read) -> frozenset:
         """The journal's tiles, less those whose samples ``read`` (see

@@ -103,7 +103,6 @@ class ZarrSink(JournaledSink):
         self._touched: set[tuple] = set()
         self._lock = threading.Lock()
         self._finished = False
-        self._taken: WrittenFingerprint | None = None  # of C, from the tiles as written
         if journal.swap:  # all tiles are durable; finish() completes the swap
             self.layout = "done"
             return
@@ -195,7 +194,7 @@ class ZarrSink(JournaledSink):
                 self.journal.append({"swap": True})
             swap(name, target_dir(self.spec, self.target))
         record = finished_job(self.journal.header.get("job") or {})
-        record["result"] = (self._taken and self._taken.digest()) or self._fingerprint()
+        record["result"] = self._result()
         write_attributes(name, {JOB_ATTR: json.dumps(record, sort_keys=True),
                                 COMPLETE_ATTR: True})
         self.journal.remove()
